@@ -1,0 +1,69 @@
+// Argument checks shared by the CPU and CUDA implementations. The Python
+// wrappers (localargmax/ops.py) check the same things first and raise
+// ValueError/TypeError with fuller messages; these keep direct
+// torch.ops.localargmax.* calls from ever crashing or reading out of bounds.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+#include "common/packed_key.h"
+
+namespace localargmax {
+
+inline void check_shard_argmax_args(const at::Tensor& hidden, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& bias,
+                                    int64_t vocab_start, int64_t num_valid) {
+  TORCH_CHECK_VALUE(hidden.dim() == 2, "shard_argmax: hidden must be 2-D [batch, hidden_size], got ",
+                    hidden.dim(), "-D");
+  TORCH_CHECK_VALUE(weight.dim() == 2, "shard_argmax: weight must be 2-D [rows, hidden_size], got ",
+                    weight.dim(), "-D");
+  const auto dt = weight.scalar_type();
+  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf,
+                   "shard_argmax: weight dtype must be float32, bfloat16 or float16, got ", dt);
+  TORCH_CHECK_TYPE(hidden.scalar_type() == dt, "shard_argmax: hidden dtype (", hidden.scalar_type(),
+                   ") must equal weight dtype (", dt, ")");
+  TORCH_CHECK_VALUE(hidden.size(1) == weight.size(1), "shard_argmax: hidden is [", hidden.size(0), ", ",
+                    hidden.size(1), "] but weight is [", weight.size(0), ", ", weight.size(1),
+                    "]; their last dimensions (hidden_size) must match");
+  TORCH_CHECK_VALUE(weight.size(0) <= 1 || weight.size(1) == 0 || weight.stride(1) == 1,
+                    "shard_argmax: weight rows must be contiguous (stride(1) == 1), got strides ",
+                    weight.strides());
+  TORCH_CHECK_VALUE(hidden.device() == weight.device(), "shard_argmax: hidden is on ", hidden.device(),
+                    " but weight is on ", weight.device());
+  TORCH_CHECK_VALUE(vocab_start >= 0, "shard_argmax: vocab_start must be >= 0, got ", vocab_start);
+  TORCH_CHECK_VALUE(num_valid >= 0 && num_valid <= weight.size(0),
+                    "shard_argmax: num_valid must be in [0, rows=", weight.size(0), "], got ", num_valid);
+  TORCH_CHECK_VALUE(num_valid == 0 ||
+                        static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(num_valid) - 1 <=
+                            kMaxGlobalIndex,
+                    "shard_argmax: global indices vocab_start + num_valid - 1 must be <= ", kMaxGlobalIndex,
+                    " (the packed key holds 32-bit indices), got vocab_start=", vocab_start,
+                    " num_valid=", num_valid);
+  if (bias.has_value()) {
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0),
+                      "shard_argmax: bias must be 1-D [rows=", weight.size(0), "], got shape ", bias->sizes());
+    TORCH_CHECK_TYPE(bias->scalar_type() == dt || bias->scalar_type() == at::kFloat,
+                     "shard_argmax: bias dtype must be float32 or the weight dtype (", dt, "), got ",
+                     bias->scalar_type());
+    TORCH_CHECK_VALUE(bias->device() == weight.device(), "shard_argmax: bias is on ", bias->device(),
+                      " but weight is on ", weight.device());
+  }
+}
+
+inline void check_merge_keys_args(const at::Tensor& keys, const std::optional<at::Tensor>& d2t) {
+  TORCH_CHECK_VALUE(keys.dim() == 1 || keys.dim() == 2,
+                    "merge_keys: keys must be [tp, batch] or [batch], got shape ", keys.sizes());
+  TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "merge_keys: keys must be int64, got ",
+                   keys.scalar_type());
+  if (d2t.has_value()) {
+    TORCH_CHECK_VALUE(d2t->dim() == 1, "merge_keys: d2t must be 1-D [draft_vocab], got shape ", d2t->sizes());
+    TORCH_CHECK_TYPE(d2t->scalar_type() == at::kLong, "merge_keys: d2t must be int64, got ",
+                     d2t->scalar_type());
+    TORCH_CHECK_VALUE(d2t->device() == keys.device(), "merge_keys: d2t is on ", d2t->device(),
+                      " but keys are on ", keys.device());
+  }
+}
+
+}  // namespace localargmax

@@ -1,0 +1,44 @@
+// The CPU fused "hidden x weight_shard^T -> per-row best key" kernel, on a
+// range of vocabulary tiles. No torch headers here: this header is compiled
+// twice (shard_argmax_tiles_avx2.cpp with -mavx2 -mfma -mf16c, and
+// shard_argmax_tiles_generic.cpp with the baseline ISA) and the caller in
+// shard_argmax_cpu.cpp picks one at run time. Both variants do exactly the
+// same float operations in the same order (8 independent float32 lanes, a
+// multiply then an add per step, no FMA contraction, a fixed final tree), so
+// they give bit-identical logits, and the per-row reduction order depends on
+// k only (DESIGN.md rule 5).
+#pragma once
+
+#include <cstdint>
+
+namespace localargmax {
+namespace cpu {
+
+enum class WeightDtype : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+struct ShardArgmaxProblem {
+  const float* hidden;     // [batch, hidden_pad] float32, zero-padded to hidden_pad
+  const void* weight;      // [num_valid rows used, ldw] in weight_dtype
+  WeightDtype weight_dtype;
+  int64_t ldw;             // elements between weight rows (>= hidden_size)
+  const float* bias;       // [num_valid] float32, or nullptr
+  int64_t batch;
+  int64_t hidden_size;     // H
+  int64_t hidden_pad;      // H rounded up to a multiple of kLanes
+  int64_t num_valid;       // rows [0, num_valid) of the shard are evaluated
+  int64_t vocab_start;     // global index of local row 0
+};
+
+constexpr int kLanes = 8;        // float32 lanes per accumulator
+constexpr int64_t kTileRows = 64;  // vocabulary rows per parallel work item
+
+// Reduces rows [tile_begin * kTileRows, min(tile_end * kTileRows, num_valid))
+// and folds each batch row's best key into best_keys[0, batch) (max).
+// scratch: at least 4 * hidden_pad floats, private to the calling thread.
+void shard_argmax_tiles_avx2(const ShardArgmaxProblem& p, int64_t tile_begin,
+                             int64_t tile_end, float* scratch, uint64_t* best_keys);
+void shard_argmax_tiles_generic(const ShardArgmaxProblem& p, int64_t tile_begin,
+                                int64_t tile_end, float* scratch, uint64_t* best_keys);
+
+}  // namespace cpu
+}  // namespace localargmax

@@ -1,0 +1,29 @@
+// The whole operator surface of localargmax, in one screen. Each backend
+// registers its implementations next to them (cpu/*.cpp, cuda/*.cu).
+#include <Python.h>
+#include <torch/library.h>
+
+TORCH_LIBRARY(localargmax, m) {
+  // hidden [B, H], weight [rows, H], bias [rows]? -> packed keys [B] int64
+  m.def("shard_argmax(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid) -> Tensor");
+  // keys [tp, B] or [B] int64, d2t [draft_vocab]? int64 -> (ids [B] int64, values [B] float32)
+  m.def("merge_keys(Tensor keys, Tensor? d2t) -> (Tensor, Tensor)");
+}
+
+// `import localargmax._C` loads this library and so runs the registrations.
+extern "C" PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  PyObject* module = PyModule_Create(&module_def);
+  if (module == nullptr) return nullptr;
+#ifdef LOCALARGMAX_WITH_CUDA
+  const long with_cuda = 1;
+#else
+  const long with_cuda = 0;
+#endif
+  // localargmax._C.WITH_CUDA: whether this build compiled the CUDA kernels.
+  if (PyModule_AddIntConstant(module, "WITH_CUDA", with_cuda) != 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}

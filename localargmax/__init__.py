@@ -1,0 +1,44 @@
+"""localargmax: fused vocab-parallel lm_head argmax for greedy speculative drafting.
+
+Each TP rank computes ``hidden @ weight_shard.T`` *and* the row-wise argmax in
+one fused kernel (the logits never touch memory), the ranks exchange one
+64-bit packed key per row instead of all-gathering ``[batch, vocab]`` logits,
+and every rank merges the keys and maps draft ids to target ids with ``d2t``.
+
+Public API:
+    shard_argmax, merge_keys, decode_keys   the ops (torch.ops.localargmax.*)
+    lm_head_argmax                          the whole step (kernel + collective + merge)
+    exchange_keys                           the collective step alone
+    shard_vocab, VocabShard                 the standard vocab-parallel layout
+    build_d2t, validate_d2t                 EAGLE-3 draft-to-target maps
+    localargmax.baselines                   full_gather_argmax, unfused_local_argmax
+    localargmax.reference                   the float64 reference
+
+The semantics and the key format are fixed in DESIGN.md.
+"""
+from . import _C
+from .collective import exchange_keys
+from .d2t import build_d2t, draft_to_target_ids, validate_d2t
+from .layout import VocabShard, shard_vocab
+from .ops import MAX_GLOBAL_INDEX, decode_keys, merge_keys, shard_argmax
+from .step import lm_head_argmax
+
+WITH_CUDA: bool = bool(_C.WITH_CUDA)
+"""Whether this build compiled the CUDA kernels."""
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MAX_GLOBAL_INDEX",
+    "VocabShard",
+    "WITH_CUDA",
+    "build_d2t",
+    "decode_keys",
+    "draft_to_target_ids",
+    "exchange_keys",
+    "lm_head_argmax",
+    "merge_keys",
+    "shard_argmax",
+    "shard_vocab",
+    "validate_d2t",
+]

@@ -1,0 +1,75 @@
+"""The one collective of a local-argmax step: move one packed key per row per
+rank, through ``torch.distributed`` (NCCL on GPUs, gloo on CPU).
+
+This module is the single dispatch point for communicators: everything that
+exchanges keys goes through :func:`exchange_keys`.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+REDUCE_MODES = ("all_gather", "all_reduce")
+
+# Keys are unsigned; torch, NCCL and gloo only have signed int64. XOR with the
+# top bit makes signed order equal unsigned order (DESIGN.md, "The packed key").
+_SIGN_BIT = -(2**63)
+
+Group = Union[None, dist.ProcessGroup, Callable[[torch.Tensor], torch.Tensor]]
+
+
+def world_size_of(group: Group) -> int:
+    """TP world size of ``group`` (1 for ``None``; -1 for a callable, unknown)."""
+    if group is None:
+        return 1
+    if isinstance(group, dist.ProcessGroup):
+        return dist.get_world_size(group)
+    return -1
+
+
+def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_gather") -> torch.Tensor:
+    """Exchange this rank's packed keys with the other TP ranks.
+
+    Args:
+        keys: ``[B]`` int64 packed keys from :func:`localargmax.shard_argmax`.
+        group: ``None`` (world size 1: no communication), a
+            ``torch.distributed.ProcessGroup``, or a callable
+            ``all_gather(keys [B]) -> keys [tp, B]`` an engine already owns.
+        reduce: ``"all_gather"`` (``tp`` keys per row arrive, merged by
+            :func:`localargmax.merge_keys`) or ``"all_reduce"`` (all-reduce MAX
+            on sign-flipped keys: fewer bytes). Both give identical ids.
+
+    Returns:
+        ``[tp, B]`` int64 keys, rank-major (``[1, B]`` after an all-reduce or
+        for world size 1).
+
+    Raises:
+        ValueError for an unknown ``reduce`` mode, a callable with
+        ``reduce="all_reduce"``, or a callable returning the wrong shape;
+        TypeError for an unsupported ``group`` type.
+    """
+    if reduce not in REDUCE_MODES:
+        raise ValueError(f"reduce must be one of {REDUCE_MODES}, got {reduce!r}")
+    if group is None:
+        return keys.unsqueeze(0)
+    if isinstance(group, dist.ProcessGroup):
+        if reduce == "all_gather":
+            gathered = funcol.all_gather_tensor(keys, 0, group)
+            return funcol.wait_tensor(gathered).view(-1, keys.shape[0])
+        flipped = funcol.all_reduce(keys ^ _SIGN_BIT, "max", group)
+        return (funcol.wait_tensor(flipped) ^ _SIGN_BIT).unsqueeze(0)
+    if callable(group):
+        if reduce != "all_gather":
+            raise ValueError("a callable group is an all-gather: use reduce='all_gather'")
+        gathered = group(keys)
+        if not isinstance(gathered, torch.Tensor) or gathered.dim() != 2 or gathered.shape[1] != keys.shape[0]:
+            shape = tuple(gathered.shape) if isinstance(gathered, torch.Tensor) else type(gathered).__name__
+            raise ValueError(f"the group callable must return keys [tp, B={keys.shape[0]}], got {shape}")
+        return gathered
+    raise TypeError(
+        "group must be None, a torch.distributed.ProcessGroup or a callable all_gather(keys [B]) -> [tp, B], "
+        f"got {type(group).__name__}"
+    )

@@ -1,0 +1,52 @@
+"""The standard vocab-parallel layout of an lm_head across TP ranks."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class VocabShard(NamedTuple):
+    """One TP rank's slice of a vocab-parallel lm_head.
+
+    Attributes:
+        vocab_start: global vocabulary index of the shard's local row 0.
+        rows: rows the shard holds (equal on every rank; includes padding).
+        num_valid: rows ``[0, num_valid)`` are vocabulary; the rest is padding
+            (``0 <= num_valid <= rows``; 0 for a shard that is all padding).
+    """
+
+    vocab_start: int
+    rows: int
+    num_valid: int
+
+
+def shard_vocab(vocab_size: int, rank: int, world_size: int, pad_to: int = 64) -> VocabShard:
+    """The standard vocab-parallel layout (vLLM's ``VocabParallelEmbedding``).
+
+    The vocabulary is padded up to a multiple of ``pad_to``, then split into
+    ``world_size`` equal shards of ``rows = ceil(padded / world_size)`` rows;
+    rank ``r`` holds global rows ``[r * rows, (r + 1) * rows)``. Padding sits at
+    the end, so the last shards may be partly or wholly padding. When
+    ``world_size`` divides the padded size this is exactly vLLM's layout.
+
+    Args:
+        vocab_size: number of real vocabulary entries (>= 1).
+        rank: this TP rank, ``0 <= rank < world_size``.
+        world_size: TP world size (>= 1).
+        pad_to: padding granularity of the whole vocabulary (>= 1).
+
+    Returns:
+        VocabShard(vocab_start, rows, num_valid).
+
+    Raises:
+        ValueError naming the argument for out-of-range values.
+    """
+    for name, value in (("vocab_size", vocab_size), ("world_size", world_size), ("pad_to", pad_to)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
+    padded = -(-vocab_size // pad_to) * pad_to
+    rows = -(-padded // world_size)
+    vocab_start = rank * rows
+    num_valid = max(0, min(rows, vocab_size - vocab_start))
+    return VocabShard(vocab_start, rows, num_valid)

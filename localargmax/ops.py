@@ -1,0 +1,193 @@
+"""Thin wrappers over ``torch.ops.localargmax.*`` with their docstrings, argument
+checks and fake (meta) kernels for ``torch.compile``.
+
+The packed key (DESIGN.md, "The packed key") is an ``int64`` tensor holding the
+bits of the unsigned 64-bit key
+
+    key = (ordered(value) << 32) | (0xFFFFFFFF - global_index)
+
+so that the unsigned maximum over any set of keys is ``torch.argmax``'s answer
+over the same entries (larger value, NaN above all, then smaller index). Key 0
+means "no valid entry".
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import _C  # noqa: F401  (loads the library: registers torch.ops.localargmax)
+
+MAX_GLOBAL_INDEX = 0xFFFFFFFE
+"""Largest global vocabulary index a packed key can carry (2**32 - 2)."""
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_tensor(name: str, value, dims: str) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor {dims}, got {type(value).__name__}")
+
+
+def check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid) -> None:
+    """Raise ValueError/TypeError naming the argument if the shard_argmax inputs
+    are malformed. Shared by the public wrapper and the fake kernel."""
+    _check_tensor("hidden", hidden, "[batch, hidden_size]")
+    _check_tensor("weight", weight, "[rows, hidden_size]")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D [rows, hidden_size], got shape {tuple(weight.shape)}")
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden must be 2-D [batch, hidden_size], got shape {tuple(hidden.shape)}")
+    if weight.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"weight dtype must be float32, bfloat16 or float16, got {weight.dtype}")
+    if hidden.dtype != weight.dtype:
+        raise TypeError(f"hidden dtype ({hidden.dtype}) must equal weight dtype ({weight.dtype})")
+    if hidden.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"hidden is {tuple(hidden.shape)} and weight is {tuple(weight.shape)}: "
+            "their last dimension (hidden_size) must match"
+        )
+    if hidden.device != weight.device:
+        raise ValueError(f"hidden is on {hidden.device} but weight is on {weight.device}; both must be on one device")
+    if weight.shape[0] > 1 and weight.shape[1] > 0 and weight.stride(1) != 1:
+        raise ValueError(
+            f"weight rows must be contiguous (stride(1) == 1), got strides {weight.stride()}; "
+            "call weight.contiguous() once at load time"
+        )
+    for name, value in (("vocab_start", vocab_start), ("num_valid", num_valid)):
+        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if vocab_start < 0:
+        raise ValueError(f"vocab_start must be >= 0, got {vocab_start}")
+    rows = weight.shape[0]
+    if not 0 <= num_valid <= rows:
+        raise ValueError(f"num_valid must be in [0, rows={rows}], got {num_valid}")
+    if num_valid > 0 and vocab_start + num_valid - 1 > MAX_GLOBAL_INDEX:
+        raise ValueError(
+            f"global indices up to vocab_start + num_valid - 1 = {vocab_start + num_valid - 1} exceed "
+            f"{MAX_GLOBAL_INDEX}, the largest index a packed key holds (32 bits)"
+        )
+    if bias is not None:
+        _check_tensor("bias", bias, f"[rows={rows}]")
+        if bias.dim() != 1 or bias.shape[0] != rows:
+            raise ValueError(f"bias must be 1-D [rows={rows}], got shape {tuple(bias.shape)}")
+        if bias.dtype not in (torch.float32, weight.dtype):
+            raise TypeError(f"bias dtype must be float32 or the weight dtype ({weight.dtype}), got {bias.dtype}")
+        if bias.device != weight.device:
+            raise ValueError(f"bias is on {bias.device} but weight is on {weight.device}")
+
+
+def check_merge_keys_args(keys, d2t) -> None:
+    """Raise ValueError/TypeError naming the argument if merge_keys inputs are malformed."""
+    _check_tensor("keys", keys, "[tp, batch] or [batch]")
+    if keys.dim() not in (1, 2):
+        raise ValueError(f"keys must be [tp, batch] or [batch], got shape {tuple(keys.shape)}")
+    if keys.dtype != torch.int64:
+        raise TypeError(f"keys must be int64 packed keys, got {keys.dtype}")
+    if keys.dim() == 2 and keys.shape[0] == 0 and keys.shape[1] > 0:
+        raise ValueError(f"keys has 0 ranks (shape {tuple(keys.shape)})")
+    if d2t is not None:
+        _check_tensor("d2t", d2t, "[draft_vocab] int64")
+        if d2t.dim() != 1:
+            raise ValueError(f"d2t must be 1-D [draft_vocab], got shape {tuple(d2t.shape)}")
+        if d2t.dtype != torch.int64:
+            raise TypeError(f"d2t must be int64, got {d2t.dtype}")
+        if d2t.device != keys.device:
+            raise ValueError(f"d2t is on {d2t.device} but keys are on {keys.device}")
+
+
+def shard_argmax(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    vocab_start: int = 0,
+    num_valid: Optional[int] = None,
+    bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Fused ``hidden @ weight.T (+ bias)`` and row-wise argmax over one vocab shard.
+
+    The logits are never materialized: each row's best entry is reduced on the
+    fly to one packed key (DESIGN.md, "The packed key").
+
+    Args:
+        hidden: ``[B, H]`` hidden states; float32, bfloat16 or float16; any device
+            the library was built for (CPU always, CUDA when compiled).
+        weight: ``[rows, H]`` this rank's lm_head shard, same dtype and device as
+            ``hidden``, rows contiguous (``stride(1) == 1``).
+        vocab_start: global vocabulary index of the shard's row 0 (>= 0).
+        num_valid: rows ``[0, num_valid)`` are vocabulary; rows at or past it are
+            padding and never win (DESIGN.md rule 4). Default: all rows.
+        bias: optional ``[rows]`` float32 or weight-dtype bias.
+
+    Returns:
+        ``[B]`` int64 packed keys; 0 for every row when ``num_valid == 0``.
+        Products are accumulated in float32; the per-row order depends on ``k``
+        only, so identical weight rows give identical logits (rule 5).
+
+    Raises:
+        TypeError / ValueError: naming the argument, for wrong ranks, shapes,
+            dtypes, devices, non-contiguous weight rows, ``num_valid`` outside
+            ``[0, rows]``, ``vocab_start < 0`` or global indices past 2**32 - 2.
+    """
+    if num_valid is None:
+        num_valid = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else 0
+    check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
+    return torch.ops.localargmax.shard_argmax.default(hidden, weight, bias, vocab_start, num_valid)
+
+
+def merge_keys(keys: torch.Tensor, d2t: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Merge the ranks' packed keys, decode, and map draft ids to target ids.
+
+    Args:
+        keys: ``[tp, B]`` (rank-major, as an all-gather along dim 0 lays them
+            out) or ``[B]`` int64 packed keys.
+        d2t: optional ``[draft_vocab]`` int64 offset table; the result is
+            ``k + d2t[k]`` for the winning draft id ``k`` (EAGLE-3 convention).
+
+    Returns:
+        ``(ids, values)``: ``ids`` ``[B]`` int64 global (or target) vocabulary
+        ids; ``values`` ``[B]`` float32, the winning logit, exact.
+
+    Raises:
+        TypeError / ValueError for malformed inputs. On CPU also ValueError when
+        a row has no valid entry on any rank (all keys 0) or the winning draft id
+        lies outside ``d2t``; on CUDA (no host sync allowed) those rows get id -1
+        and value NaN instead.
+    """
+    check_merge_keys_args(keys, d2t)
+    ids, values = torch.ops.localargmax.merge_keys.default(keys, d2t)
+    return ids, values
+
+
+def decode_keys(keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Decode packed keys of any shape into ``(global_index, value)``.
+
+    Args:
+        keys: int64 packed keys, any shape, CPU or CUDA.
+
+    Returns:
+        ``(ids, values)`` of the same shape: int64 global indices and the exact
+        float32 values (every NaN decodes to the canonical quiet NaN).
+
+    Raises:
+        TypeError if ``keys`` is not int64; on CPU ValueError for key 0 ("no
+        valid entry"), which has no index (CUDA gives -1 / NaN there).
+    """
+    _check_tensor("keys", keys, "int64 packed keys")
+    if keys.dtype != torch.int64:
+        raise TypeError(f"keys must be int64 packed keys, got {keys.dtype}")
+    ids, values = torch.ops.localargmax.merge_keys.default(keys.reshape(1, -1), None)
+    return ids.reshape(keys.shape), values.reshape(keys.shape)
+
+
+@torch.library.register_fake("localargmax::shard_argmax")
+def _shard_argmax_fake(hidden, weight, bias, vocab_start, num_valid):
+    check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
+    return hidden.new_empty((hidden.shape[0],), dtype=torch.int64)
+
+
+@torch.library.register_fake("localargmax::merge_keys")
+def _merge_keys_fake(keys, d2t):
+    check_merge_keys_args(keys, d2t)
+    batch = keys.shape[-1]
+    return keys.new_empty((batch,), dtype=torch.int64), keys.new_empty((batch,), dtype=torch.float32)
