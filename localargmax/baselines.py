@@ -72,7 +72,7 @@ def full_gather_argmax(
     logits = _local_logits(hidden, weight, num_valid, bias)
     batch = logits.shape[0]
     if tp > 1:
-        gathered = funcol.wait_tensor(funcol.all_gather_tensor(logits.contiguous(), 0, group))  # [tp * B, rows]
+        gathered = funcol.wait_tensor(funcol.all_gather_single(logits.contiguous(), 0, group))  # [tp * B, rows]
         logits = gathered.view(tp, batch, rows).permute(1, 0, 2).reshape(batch, tp * rows)
     ids = logits.argmax(dim=1)
     if d2t is not None:
@@ -120,7 +120,7 @@ def unfused_local_argmax(
     pairs = torch.stack([values, (local_ids + vocab_start).float()], dim=1)  # [B, 2] float32
     batch = pairs.shape[0]
     if tp > 1:
-        pairs = funcol.wait_tensor(funcol.all_gather_tensor(pairs.contiguous(), 0, group)).view(tp, batch, 2)
+        pairs = funcol.wait_tensor(funcol.all_gather_single(pairs.contiguous(), 0, group)).view(tp, batch, 2)
     else:
         pairs = pairs.unsqueeze(0)
     best_rank = pairs[:, :, 0].argmax(dim=0)  # first rank wins ties; NaN wins

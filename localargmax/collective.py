@@ -57,7 +57,7 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
         return keys.unsqueeze(0)
     if isinstance(group, dist.ProcessGroup):
         if reduce == "all_gather":
-            gathered = funcol.all_gather_tensor(keys, 0, group)
+            gathered = funcol.all_gather_single(keys, 0, group)
             return funcol.wait_tensor(gathered).view(-1, keys.shape[0])
         flipped = funcol.all_reduce(keys ^ _SIGN_BIT, "max", group)
         return (funcol.wait_tensor(flipped) ^ _SIGN_BIT).unsqueeze(0)

@@ -18,13 +18,13 @@ namespace {
 
 using TilesFn = void (*)(const ShardArgmaxProblem&, int64_t, int64_t, float*, uint64_t*);
 
-// AVX2 + F16C when the CPU has them, unless LOCALARGMAX_CPU_ISA=generic.
+// AVX2 + FMA + F16C when the CPU has them, unless LOCALARGMAX_CPU_ISA=generic.
 // Both variants give bit-identical keys (see shard_argmax_tiles.h).
 TilesFn pick_tiles_fn() {
   const char* isa = std::getenv("LOCALARGMAX_CPU_ISA");
   if (isa != nullptr && std::strcmp(isa, "generic") == 0) return shard_argmax_tiles_generic;
 #if defined(__x86_64__) || defined(__i386__)
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return shard_argmax_tiles_avx2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) return shard_argmax_tiles_avx2;
 #endif
   return shard_argmax_tiles_generic;
 }

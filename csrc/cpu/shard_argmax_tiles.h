@@ -3,9 +3,9 @@
 // twice (shard_argmax_tiles_avx2.cpp with -mavx2 -mfma -mf16c, and
 // shard_argmax_tiles_generic.cpp with the baseline ISA) and the caller in
 // shard_argmax_cpu.cpp picks one at run time. Both variants do exactly the
-// same float operations in the same order (8 independent float32 lanes, a
-// multiply then an add per step, no FMA contraction, a fixed final tree), so
-// they give bit-identical logits, and the per-row reduction order depends on
+// same float operations in the same order (8 independent float32 lanes, one
+// correctly rounded fused multiply-add per step, no other contraction, a fixed
+// final tree), so they give bit-identical logits, and the per-row reduction order depends on
 // k only (DESIGN.md rule 5).
 #pragma once
 

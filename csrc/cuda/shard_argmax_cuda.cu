@@ -39,6 +39,31 @@ __device__ __forceinline__ float load_float(const T* p) {
   return to_float(p[0]);
 }
 
+// The 16 bytes of a uint4 as 16 / sizeof(T) floats, by bit operations (taking
+// the address of the vector would put it in local memory).
+__device__ __forceinline__ void unpack(const uint4& v, float (&out)[4], float) {
+  out[0] = __uint_as_float(v.x);
+  out[1] = __uint_as_float(v.y);
+  out[2] = __uint_as_float(v.z);
+  out[3] = __uint_as_float(v.w);
+}
+__device__ __forceinline__ void unpack(const uint4& v, float (&out)[8], __nv_bfloat16) {
+  const unsigned int u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(u[i] << 16);
+    out[2 * i + 1] = __uint_as_float(u[i] & 0xFFFF0000u);
+  }
+}
+__device__ __forceinline__ void unpack(const uint4& v, float (&out)[8], __half) {
+  const unsigned int u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] & 0xFFFFu)));
+    out[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] >> 16)));
+  }
+}
+
 // NB batch rows per pass; VEC elements per lane per step (16 bytes when the
 // rows are 16-byte aligned, else 1).
 template <typename T, int NB, int VEC>
@@ -67,16 +92,16 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int64_t k = static_cast<int64_t>(lane) * VEC; k < hidden_size; k += 32 * VEC) {
         if constexpr (VEC > 1) {
           // hidden_size % VEC == 0 on this path, so the vector is whole.
-          const uint4 wv = __ldg(reinterpret_cast<const uint4*>(wrow + k));
-          const T* w = reinterpret_cast<const T*>(&wv);
+          float w[VEC];
+          unpack(__ldg(reinterpret_cast<const uint4*>(wrow + k)), w, T{});
 #pragma unroll
           for (int j = 0; j < NB; ++j) {
             if (b0 + j < batch) {
-              const uint4 hv = __ldg(reinterpret_cast<const uint4*>(hidden + (b0 + j) * ldh + k));
-              const T* h = reinterpret_cast<const T*>(&hv);
+              float h[VEC];
+              unpack(__ldg(reinterpret_cast<const uint4*>(hidden + (b0 + j) * ldh + k)), h, T{});
               float s = acc[j];
 #pragma unroll
-              for (int e = 0; e < VEC; ++e) s = __fadd_rn(s, __fmul_rn(to_float(w[e]), to_float(h[e])));
+              for (int e = 0; e < VEC; ++e) s = __fadd_rn(s, __fmul_rn(w[e], h[e]));
               acc[j] = s;
             }
           }
