@@ -9,7 +9,8 @@ Public API:
     shard_argmax, merge_keys, decode_keys   the ops (torch.ops.localargmax.*)
     lm_head_argmax                          the whole step (kernel + collective + merge)
     exchange_keys                           the collective step alone
-    shard_vocab, VocabShard                 the standard vocab-parallel layout
+    shard_vocab, VocabShard, check_layouts  the standard vocab-parallel layout
+    VocabParallelLMHead, LocalArgmaxMixin   drop-in pieces for draft models
     build_d2t, validate_d2t                 EAGLE-3 draft-to-target maps
     localargmax.baselines                   full_gather_argmax, unfused_local_argmax
     localargmax.reference                   the float64 reference
@@ -19,7 +20,8 @@ The semantics and the key format are fixed in DESIGN.md.
 from . import _C
 from .collective import exchange_keys
 from .d2t import build_d2t, draft_to_target_ids, validate_d2t
-from .layout import VocabShard, shard_vocab
+from .layout import VocabShard, check_layouts, shard_vocab
+from .lm_head import LocalArgmaxMixin, VocabParallelLMHead
 from .ops import MAX_GLOBAL_INDEX, decode_keys, merge_keys, shard_argmax
 from .step import lm_head_argmax
 
@@ -30,7 +32,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MAX_GLOBAL_INDEX",
+    "LocalArgmaxMixin",
+    "VocabParallelLMHead",
     "VocabShard",
+    "check_layouts",
     "WITH_CUDA",
     "build_d2t",
     "decode_keys",

@@ -50,3 +50,42 @@ def shard_vocab(vocab_size: int, rank: int, world_size: int, pad_to: int = 64) -
     vocab_start = rank * rows
     num_valid = max(0, min(rows, vocab_size - vocab_start))
     return VocabShard(vocab_start, rows, num_valid)
+
+
+def check_layouts(shard: VocabShard, hidden_size: int, group) -> None:
+    """Check once, at construction, that the TP ranks of ``group`` hold a
+    consistent vocab-parallel layout; one ``all_gather_object`` of the layouts.
+
+    Consistent means: equal ``rows`` and ``hidden_size`` on every rank, and the
+    valid ranges ``[vocab_start, vocab_start + num_valid)`` disjoint. Every rank
+    sees the same gathered data and so raises the same error: no rank is left
+    waiting in a later collective.
+
+    Args:
+        shard: this rank's VocabShard.
+        hidden_size: this rank's H.
+        group: a ``torch.distributed.ProcessGroup``; ``None`` checks nothing.
+
+    Raises:
+        ValueError naming the ranks that disagree.
+    """
+    if group is None:
+        return
+    import torch.distributed as dist
+
+    mine = (int(shard.vocab_start), int(shard.rows), int(shard.num_valid), int(hidden_size))
+    layouts = [None] * dist.get_world_size(group)
+    dist.all_gather_object(layouts, mine, group=group)
+    problems = []
+    for field, index in (("rows", 1), ("hidden_size", 3)):
+        values = {}
+        for rank, layout in enumerate(layouts):
+            values.setdefault(layout[index], []).append(rank)
+        if len(values) > 1:
+            problems.append(f"{field} differs across ranks: " + "; ".join(f"ranks {r} have {v}" for v, r in values.items()))
+    spans = sorted((start, start + valid, rank) for rank, (start, _, valid, _) in enumerate(layouts) if valid > 0)
+    for (s0, e0, r0), (s1, e1, r1) in zip(spans, spans[1:]):
+        if s1 < e0:
+            problems.append(f"ranks {r0} and {r1} both hold vocabulary ids [{s1}, {min(e0, e1)})")
+    if problems:
+        raise ValueError("inconsistent vocab-parallel layouts: " + " | ".join(problems) + f" (all layouts (vocab_start, rows, num_valid, hidden_size) by rank: {layouts})")

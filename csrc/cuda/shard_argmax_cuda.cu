@@ -16,127 +16,15 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <torch/library.h>
 
 #include "../checks.h"
-#include "../common/packed_key.h"
+
+#include "shard_argmax_kernel.cuh"
 
 namespace localargmax {
 namespace cuda {
 namespace {
-
-constexpr int kWarps = 8;
-constexpr int kRowsPerBlock = 64;
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ float load_float(const T* p) {
-  return to_float(p[0]);
-}
-
-// The 16 bytes of a uint4 as 16 / sizeof(T) floats, by bit operations (taking
-// the address of the vector would put it in local memory).
-__device__ __forceinline__ void unpack(const uint4& v, float (&out)[4], float) {
-  out[0] = __uint_as_float(v.x);
-  out[1] = __uint_as_float(v.y);
-  out[2] = __uint_as_float(v.z);
-  out[3] = __uint_as_float(v.w);
-}
-__device__ __forceinline__ void unpack(const uint4& v, float (&out)[8], __nv_bfloat16) {
-  const unsigned int u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __uint_as_float(u[i] << 16);
-    out[2 * i + 1] = __uint_as_float(u[i] & 0xFFFF0000u);
-  }
-}
-__device__ __forceinline__ void unpack(const uint4& v, float (&out)[8], __half) {
-  const unsigned int u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] & 0xFFFFu)));
-    out[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] >> 16)));
-  }
-}
-
-// NB batch rows per pass; VEC elements per lane per step (16 bytes when the
-// rows are 16-byte aligned, else 1).
-template <typename T, int NB, int VEC>
-__global__ void __launch_bounds__(kWarps * 32)
-    shard_argmax_kernel(const T* __restrict__ hidden, int64_t ldh, const T* __restrict__ weight,
-                        int64_t ldw, const T* __restrict__ bias_t, const float* __restrict__ bias_f,
-                        int64_t batch, int64_t hidden_size, int64_t num_valid, int64_t vocab_start,
-                        unsigned long long* __restrict__ keys) {
-  __shared__ unsigned long long block_best[kWarps][NB];
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
-  const int64_t num_batch_chunks = (batch + NB - 1) / NB;
-
-  for (int64_t chunk = blockIdx.y; chunk < num_batch_chunks; chunk += gridDim.y) {
-    const int64_t b0 = chunk * NB;
-    unsigned long long best[NB];
-#pragma unroll
-    for (int j = 0; j < NB; ++j) best[j] = kNoEntryKey;
-
-    for (int64_t row = row_begin + warp; row < row_begin + kRowsPerBlock && row < num_valid; row += kWarps) {
-      float acc[NB];
-#pragma unroll
-      for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
-      const T* wrow = weight + row * ldw;
-      for (int64_t k = static_cast<int64_t>(lane) * VEC; k < hidden_size; k += 32 * VEC) {
-        if constexpr (VEC > 1) {
-          // hidden_size % VEC == 0 on this path, so the vector is whole.
-          float w[VEC];
-          unpack(__ldg(reinterpret_cast<const uint4*>(wrow + k)), w, T{});
-#pragma unroll
-          for (int j = 0; j < NB; ++j) {
-            if (b0 + j < batch) {
-              float h[VEC];
-              unpack(__ldg(reinterpret_cast<const uint4*>(hidden + (b0 + j) * ldh + k)), h, T{});
-              float s = acc[j];
-#pragma unroll
-              for (int e = 0; e < VEC; ++e) s = __fadd_rn(s, __fmul_rn(w[e], h[e]));
-              acc[j] = s;
-            }
-          }
-        } else {
-          const float w = load_float(wrow + k);
-#pragma unroll
-          for (int j = 0; j < NB; ++j)
-            if (b0 + j < batch) acc[j] = __fadd_rn(acc[j], __fmul_rn(w, load_float(hidden + (b0 + j) * ldh + k)));
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < NB; ++j) {
-        float s = acc[j];
-#pragma unroll
-        for (int offset = 16; offset > 0; offset /= 2) s = __fadd_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, offset));
-        if (bias_f != nullptr) s = __fadd_rn(s, bias_f[row]);
-        if (bias_t != nullptr) s = __fadd_rn(s, to_float(bias_t[row]));
-        const unsigned long long key = pack_key(s, static_cast<uint64_t>(vocab_start + row));
-        if (b0 + j < batch && key > best[j]) best[j] = key;
-      }
-    }
-    if (lane == 0) {
-#pragma unroll
-      for (int j = 0; j < NB; ++j) block_best[warp][j] = best[j];
-    }
-    __syncthreads();
-    if (threadIdx.x < NB && b0 + threadIdx.x < batch) {
-      unsigned long long m = kNoEntryKey;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) m = max_key(m, block_best[w][threadIdx.x]);
-      if (m != kNoEntryKey) atomicMax(keys + b0 + threadIdx.x, m);
-    }
-    __syncthreads();
-  }
-}
 
 template <typename T, int NB>
 void launch_nb(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
@@ -151,7 +39,9 @@ void launch_nb(const at::Tensor& hidden, const at::Tensor& weight, const at::Ten
   const bool vec_ok = hidden_size % kVec == 0 && ldh % kVec == 0 && ldw % kVec == 0 &&
                       reinterpret_cast<uintptr_t>(hp) % 16 == 0 && reinterpret_cast<uintptr_t>(wp) % 16 == 0;
   const int64_t blocks_x = (num_valid + kRowsPerBlock - 1) / kRowsPerBlock;
-  TORCH_CHECK(blocks_x <= 0x7FFFFFFF, "shard_argmax: too many vocabulary rows (", num_valid, ")");
+  TORCH_CHECK_VALUE(blocks_x <= 0x7FFFFFFF, "shard_argmax: too many vocabulary rows (", num_valid, ")");
+  TORCH_CHECK_VALUE(hidden_size < (int64_t{1} << 30), "shard_argmax: hidden_size must be < 2**30 on CUDA, got ",
+                    hidden_size);
   const int64_t chunks = (batch + NB - 1) / NB;
   const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
   const dim3 block(kWarps * 32);

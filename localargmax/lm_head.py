@@ -1,0 +1,187 @@
+"""Drop-in pieces for draft models: a vocab-parallel lm_head module and the
+``LocalArgmaxMixin.get_top_tokens`` interface engines use for local-argmax
+drafting (vLLM PR #39419's interface, see shared/seed/)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .collective import Group
+from .layout import VocabShard, check_layouts, shard_vocab
+from .step import lm_head_argmax
+
+
+class VocabParallelLMHead(nn.Module):
+    """One TP rank's shard of a vocab-parallel lm_head, greedy by default.
+
+    Holds ``weight [rows, H]`` (and optionally ``bias [rows]``) for the global
+    rows ``[vocab_start, vocab_start + rows)`` of the padded vocabulary; rows at
+    or past ``num_valid`` are padding and never win.
+
+    Args:
+        vocab_size: real vocabulary size V (draft vocabulary for an EAGLE-3 head).
+        hidden_size: H.
+        rank, world_size: this TP rank and the TP world size; the layout is
+            :func:`localargmax.shard_vocab` ``(V, rank, world_size, pad_to)``.
+        group: ``None`` (world size 1), a ``torch.distributed.ProcessGroup`` or a
+            callable ``all_gather(keys [B]) -> [tp, B]``. With a ProcessGroup the
+            ranks' layouts are all-gathered and checked once here.
+        pad_to: vocabulary padding granularity.
+        bias: whether the head has a bias.
+        reduce: ``"all_gather"`` or ``"all_reduce"`` for :meth:`forward`.
+        dtype, device: of the parameters.
+
+    Raises:
+        ValueError on a layout inconsistent across ranks (naming the ranks).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        group: Group = None,
+        pad_to: int = 64,
+        bias: bool = False,
+        reduce: str = "all_gather",
+        dtype: Optional[torch.dtype] = None,
+        device=None,
+    ):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.shard: VocabShard = shard_vocab(vocab_size, rank, world_size, pad_to)
+        self.group = group
+        self.reduce = reduce
+        self.weight = nn.Parameter(torch.zeros(self.shard.rows, hidden_size, dtype=dtype, device=device), requires_grad=False)
+        self.bias = (
+            nn.Parameter(torch.zeros(self.shard.rows, dtype=dtype, device=device), requires_grad=False) if bias else None
+        )
+        if isinstance(group, torch.distributed.ProcessGroup):
+            check_layouts(self.shard, hidden_size, group)
+
+    @classmethod
+    def from_full(
+        cls,
+        weight: torch.Tensor,
+        rank: int,
+        world_size: int,
+        *,
+        group: Group = None,
+        pad_to: int = 64,
+        bias: Optional[torch.Tensor] = None,
+        reduce: str = "all_gather",
+    ) -> "VocabParallelLMHead":
+        """Slice (and zero-pad) rank ``rank``'s shard out of a full lm_head.
+
+        Args:
+            weight: ``[V, H]`` full lm_head (float32 / bfloat16 / float16).
+            bias: optional ``[V]`` full bias.
+            Others as in the constructor.
+        """
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            raise ValueError(f"weight must be a 2-D tensor [vocab_size, hidden_size], got {getattr(weight, 'shape', weight)}")
+        vocab_size, hidden_size = weight.shape
+        if bias is not None and (bias.dim() != 1 or bias.shape[0] != vocab_size):
+            raise ValueError(f"bias must be [vocab_size={vocab_size}], got shape {tuple(bias.shape)}")
+        head = cls(vocab_size, hidden_size, rank=rank, world_size=world_size, group=group, pad_to=pad_to,
+                   bias=bias is not None, reduce=reduce, dtype=weight.dtype, device=weight.device)
+        start, _, valid = head.shard
+        with torch.no_grad():
+            head.weight[:valid].copy_(weight[start:start + valid])
+            if bias is not None:
+                head.bias[:valid].copy_(bias[start:start + valid])
+        return head
+
+    @property
+    def vocab_start(self) -> int:
+        return self.shard.vocab_start
+
+    @property
+    def num_valid(self) -> int:
+        return self.shard.num_valid
+
+    def forward(self, hidden: torch.Tensor, d2t: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``[B, H]`` hidden states -> ``[B]`` int64 greedy ids (target ids with ``d2t``)."""
+        return lm_head_argmax(hidden, self.weight, vocab_start=self.shard.vocab_start, num_valid=self.shard.num_valid,
+                              bias=self.bias, d2t=d2t, group=self.group, reduce=self.reduce)
+
+    def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[B, rows]`` this shard's logits (weight dtype), for non-greedy paths;
+        columns at or past ``num_valid`` are padding (set to -inf)."""
+        logits = hidden @ self.weight.T
+        if self.bias is not None:
+            logits = logits + self.bias
+        if self.shard.num_valid < self.shard.rows:
+            logits[:, self.shard.num_valid:] = float("-inf")
+        return logits
+
+    def extra_repr(self) -> str:
+        s = self.shard
+        return f"vocab_size={self.vocab_size}, hidden_size={self.hidden_size}, vocab_start={s.vocab_start}, rows={s.rows}, num_valid={s.num_valid}"
+
+
+def _lm_head_layout(lm_head):
+    """(weight, bias, vocab_start, num_valid, group) of our module or of a
+    vLLM-style ``ParallelLMHead`` (``weight``, optional ``bias``,
+    ``shard_indices.org_vocab_start_index / org_vocab_end_index``)."""
+    if isinstance(lm_head, VocabParallelLMHead):
+        return lm_head.weight, lm_head.bias, lm_head.shard.vocab_start, lm_head.shard.num_valid, lm_head.group
+    missing = [a for a in ("weight", "shard_indices") if not hasattr(lm_head, a)]
+    if missing:
+        raise AttributeError(
+            f"get_top_tokens needs self.lm_head to be a localargmax.VocabParallelLMHead or a vLLM-style "
+            f"ParallelLMHead; {type(lm_head).__name__} has no attribute {missing[0]!r}"
+        )
+    idx = lm_head.shard_indices
+    for a in ("org_vocab_start_index", "org_vocab_end_index", "num_org_vocab_padding"):
+        if not hasattr(idx, a):
+            raise AttributeError(f"get_top_tokens: lm_head.shard_indices ({type(idx).__name__}) has no attribute {a!r}")
+    start, end = int(idx.org_vocab_start_index), int(idx.org_vocab_end_index)
+    return lm_head.weight, getattr(lm_head, "bias", None), start, end - start, getattr(lm_head, "tp_group", None)
+
+
+class LocalArgmaxMixin:
+    """Gives a draft model ``get_top_tokens(hidden_states) -> ids [B] int64``:
+    greedy ids of its vocab-parallel lm_head without gathering the logits.
+
+    Reads from ``self``:
+      * ``lm_head``: a :class:`VocabParallelLMHead`, or a vLLM-style
+        ``ParallelLMHead`` (``weight``, optional ``bias``, ``shard_indices``
+        with ``org_vocab_start_index``, ``org_vocab_end_index``,
+        ``num_org_vocab_padding``; its group is ``lm_head.tp_group`` if set, or
+        ``self.local_argmax_group``).
+      * ``draft_id_to_target_id``: ``[draft_vocab]`` int64 d2t, or ``None`` /
+        absent when draft and target vocabularies are the same.
+      * optionally a logit scale (``self.logit_scale`` or
+        ``self.logits_processor.scale``) and a soft-cap
+        (``self.logits_processor.soft_cap`` / ``self.final_logit_softcapping``):
+        a positive scale and any soft-cap ``tanh(x / c) * c`` are monotonic, so
+        they leave the argmax unchanged and cost nothing. A non-positive scale
+        would turn argmax into argmin (or a constant) and raises ValueError.
+
+    Raises:
+        AttributeError naming the missing attribute; ValueError for a
+        non-positive logit scale.
+    """
+
+    def get_top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        lm_head = getattr(self, "lm_head", None)
+        if lm_head is None:
+            raise AttributeError(f"{type(self).__name__} uses LocalArgmaxMixin but has no attribute 'lm_head'")
+        weight, bias, vocab_start, num_valid, group = _lm_head_layout(lm_head)
+        if group is None:
+            group = getattr(self, "local_argmax_group", None)
+        scale = getattr(self, "logit_scale", None)
+        if scale is None:
+            scale = getattr(getattr(self, "logits_processor", None), "scale", None)
+        if scale is not None and not isinstance(scale, torch.Tensor) and not float(scale) > 0:
+            raise ValueError(f"logit scale must be > 0 for greedy drafting by argmax, got {scale}")
+        d2t = getattr(self, "draft_id_to_target_id", None)
+        reduce = getattr(lm_head, "reduce", "all_gather")
+        return lm_head_argmax(hidden_states, weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias,
+                              d2t=d2t, group=group, reduce=reduce)
