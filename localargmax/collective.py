@@ -6,7 +6,8 @@ exchanges keys goes through :func:`exchange_keys`.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+import os
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -56,6 +57,9 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
     if group is None:
         return keys.unsqueeze(0)
     if isinstance(group, dist.ProcessGroup):
+        backend = str(dist.get_backend(group))
+        if backend == "nccl" and keys.device.type != "cuda":
+            raise ValueError(f"group uses the NCCL backend but keys are on {keys.device}: use a gloo group for CPU tensors")
         if reduce == "all_gather":
             gathered = funcol.all_gather_single(keys, 0, group)
             return funcol.wait_tensor(gathered).view(-1, keys.shape[0])
@@ -73,3 +77,31 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
         "group must be None, a torch.distributed.ProcessGroup or a callable all_gather(keys [B]) -> [tp, B], "
         f"got {type(group).__name__}"
     )
+
+
+def debug_enabled() -> bool:
+    """True when ``LOCALARGMAX_DEBUG=1``: every step then checks that the ranks agree."""
+    return os.environ.get("LOCALARGMAX_DEBUG", "0") == "1"
+
+
+def check_step_consistency(group: Group, fields: Sequence[int], names: Sequence[str]) -> None:
+    """Opt-in per-step check (``LOCALARGMAX_DEBUG=1``): all-gather a few ints
+    describing this rank's call (batch size, hidden size, ...) and raise, on
+    every rank alike, if they differ. Without it a rank with another batch size
+    makes the key collective read garbage or fail obscurely.
+
+    Raises:
+        ValueError naming the field and the ranks that disagree.
+    """
+    if not isinstance(group, dist.ProcessGroup):
+        return
+    device = torch.device("cuda", torch.cuda.current_device()) if str(dist.get_backend(group)) == "nccl" else torch.device("cpu")
+    mine = torch.tensor(list(fields), dtype=torch.int64, device=device)
+    table = funcol.wait_tensor(funcol.all_gather_single(mine, 0, group)).view(-1, len(fields)).cpu()
+    for column, name in enumerate(names):
+        values = {}
+        for rank, value in enumerate(table[:, column].tolist()):
+            values.setdefault(value, []).append(rank)
+        if len(values) > 1:
+            detail = "; ".join(f"ranks {ranks}: {value}" for value, ranks in values.items())
+            raise ValueError(f"LOCALARGMAX_DEBUG: ranks disagree on {name} ({detail})")

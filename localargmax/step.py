@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from .collective import Group, exchange_keys
+from .collective import Group, check_step_consistency, debug_enabled, exchange_keys
 from .ops import merge_keys, shard_argmax
 
 
@@ -50,7 +50,18 @@ def lm_head_argmax(
     Raises:
         TypeError / ValueError naming the argument for malformed inputs (see
         :func:`localargmax.shard_argmax`, :func:`localargmax.exchange_keys`).
+        With ``LOCALARGMAX_DEBUG=1`` every step first all-gathers the batch
+        size, hidden size, shard rows and d2t length and raises ValueError on
+        every rank if they differ. A rank that never arrives surfaces as the
+        group's own timeout (``init_process_group(timeout=...)``).
     """
+    if debug_enabled():
+        check_step_consistency(
+            group,
+            [hidden.shape[0] if hidden.dim() else -1, hidden.shape[-1] if hidden.dim() else -1,
+             weight.shape[0] if weight.dim() else -1, 0 if d2t is None else d2t.shape[0]],
+            ["batch size", "hidden size", "shard rows", "d2t length"],
+        )
     keys = shard_argmax(hidden, weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias)
     gathered = exchange_keys(keys, group, reduce)
     ids, _ = merge_keys(gathered, d2t)
