@@ -19,16 +19,9 @@ REDUCE_MODES = ("all_gather", "all_reduce")
 # top bit makes signed order equal unsigned order (DESIGN.md, "The packed key").
 _SIGN_BIT = -(2**63)
 
-Group = Union[None, dist.ProcessGroup, Callable[[torch.Tensor], torch.Tensor]]
+Group = Union[None, dist.ProcessGroup, Callable[[torch.Tensor], torch.Tensor], "cupy.cuda.nccl.NcclCommunicator"]
 
 
-def world_size_of(group: Group) -> int:
-    """TP world size of ``group`` (1 for ``None``; -1 for a callable, unknown)."""
-    if group is None:
-        return 1
-    if isinstance(group, dist.ProcessGroup):
-        return dist.get_world_size(group)
-    return -1
 
 
 def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_gather") -> torch.Tensor:
@@ -37,8 +30,11 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
     Args:
         keys: ``[B]`` int64 packed keys from :func:`localargmax.shard_argmax`.
         group: ``None`` (world size 1: no communication), a
-            ``torch.distributed.ProcessGroup``, or a callable
-            ``all_gather(keys [B]) -> keys [tp, B]`` an engine already owns.
+            ``torch.distributed.ProcessGroup`` (the default path), a
+            ``cupy.cuda.nccl.NcclCommunicator`` (optional extra
+            ``localargmax[cupy]``; CUDA keys, torch's current stream), or a
+            callable ``all_gather(keys [B]) -> keys [tp, B]`` an engine already
+            owns (e.g. its tensor-parallel all-gather).
         reduce: ``"all_gather"`` (``tp`` keys per row arrive, merged by
             :func:`localargmax.merge_keys`) or ``"all_reduce"`` (all-reduce MAX
             on sign-flipped keys: fewer bytes). Both give identical ids.
@@ -49,8 +45,9 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
 
     Raises:
         ValueError for an unknown ``reduce`` mode, a callable with
-        ``reduce="all_reduce"``, or a callable returning the wrong shape;
-        TypeError for an unsupported ``group`` type.
+        ``reduce="all_reduce"``, a callable returning the wrong shape, an NCCL
+        group or communicator with CPU keys; TypeError for an unsupported
+        ``group`` type; ImportError for a cupy communicator without cupy.
     """
     if reduce not in REDUCE_MODES:
         raise ValueError(f"reduce must be one of {REDUCE_MODES}, got {reduce!r}")
@@ -65,6 +62,8 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
             return funcol.wait_tensor(gathered).view(-1, keys.shape[0])
         flipped = funcol.all_reduce(keys ^ _SIGN_BIT, "max", group)
         return (funcol.wait_tensor(flipped) ^ _SIGN_BIT).unsqueeze(0)
+    if _is_nccl_communicator(group):
+        return _exchange_with_cupy_nccl(keys, group, reduce)
     if callable(group):
         if reduce != "all_gather":
             raise ValueError("a callable group is an all-gather: use reduce='all_gather'")
@@ -74,9 +73,38 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
             raise ValueError(f"the group callable must return keys [tp, B={keys.shape[0]}], got {shape}")
         return gathered
     raise TypeError(
-        "group must be None, a torch.distributed.ProcessGroup or a callable all_gather(keys [B]) -> [tp, B], "
-        f"got {type(group).__name__}"
+        "group must be None, a torch.distributed.ProcessGroup, a cupy.cuda.nccl.NcclCommunicator or a callable "
+        f"all_gather(keys [B]) -> [tp, B], got {type(group).__name__}"
     )
+
+
+def _is_nccl_communicator(group) -> bool:
+    """A cupy ``NcclCommunicator`` (duck-typed: cupy is an optional extra)."""
+    return all(hasattr(group, a) for a in ("allGather", "allReduce", "size", "rank_id"))
+
+
+def _exchange_with_cupy_nccl(keys: torch.Tensor, comm, reduce: str) -> torch.Tensor:
+    """The key exchange over a cupy NCCL communicator, on torch's current stream."""
+    try:
+        from cupy.cuda import nccl
+    except ImportError as e:
+        raise ImportError(
+            "a cupy NcclCommunicator was passed as group but cupy is not importable; "
+            "install the optional extra: pip install 'localargmax[cupy]'"
+        ) from e
+    if keys.device.type != "cuda":
+        raise ValueError(f"a cupy NCCL communicator needs CUDA keys, got keys on {keys.device}")
+    stream = torch.cuda.current_stream(keys.device).cuda_stream
+    keys = keys.contiguous()
+    batch = keys.shape[0]
+    if reduce == "all_gather":
+        out = torch.empty((comm.size(), batch), dtype=torch.int64, device=keys.device)
+        comm.allGather(keys.data_ptr(), out.data_ptr(), batch, nccl.NCCL_INT64, stream)
+        return out
+    flipped = keys ^ _SIGN_BIT
+    out = torch.empty_like(flipped)
+    comm.allReduce(flipped.data_ptr(), out.data_ptr(), batch, nccl.NCCL_INT64, nccl.NCCL_MAX, stream)
+    return (out ^ _SIGN_BIT).unsqueeze(0)
 
 
 def debug_enabled() -> bool:
