@@ -52,6 +52,23 @@ inline void check_shard_argmax_args(const at::Tensor& hidden, const at::Tensor& 
   }
 }
 
+constexpr int64_t kMaxTopk = 64;
+
+inline void check_topk_arg(int64_t k) {
+  TORCH_CHECK_VALUE(k >= 1 && k <= kMaxTopk, "shard_topk: k must be in [1, ", kMaxTopk, "], got ", k);
+}
+
+inline void check_sample_args(const at::Tensor& hidden, const at::Tensor& temperature, int64_t offset) {
+  TORCH_CHECK_VALUE(temperature.dim() == 1 && temperature.size(0) == hidden.size(0),
+                    "shard_sample: temperature must be 1-D [batch=", hidden.size(0), "], got shape ",
+                    temperature.sizes());
+  TORCH_CHECK_TYPE(temperature.scalar_type() == at::kFloat, "shard_sample: temperature must be float32, got ",
+                   temperature.scalar_type());
+  TORCH_CHECK_VALUE(temperature.device() == hidden.device(), "shard_sample: temperature is on ", temperature.device(),
+                    " but hidden is on ", hidden.device());
+  TORCH_CHECK_VALUE(offset >= 0, "shard_sample: offset must be >= 0, got ", offset);
+}
+
 inline void check_merge_keys_args(const at::Tensor& keys, const std::optional<at::Tensor>& d2t) {
   TORCH_CHECK_VALUE(keys.dim() == 1 || keys.dim() == 2,
                     "merge_keys: keys must be [tp, batch] or [batch], got shape ", keys.sizes());

@@ -6,6 +6,11 @@
 TORCH_LIBRARY(localargmax, m) {
   // hidden [B, H], weight [rows, H], bias [rows]? -> packed keys [B] int64
   m.def("shard_argmax(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid) -> Tensor");
+  // the k largest keys per row, descending (0 = empty slot): [B, k] int64, 1 <= k <= 64
+  m.def("shard_topk(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, int k) -> Tensor");
+  // Gumbel-max: key of logit / T + Gumbel(seed, offset + b, global index); T == 0 rows greedy. [B] int64
+  m.def("shard_sample(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, "
+        "Tensor temperature, int seed, int offset) -> Tensor");
   // keys [tp, B] or [B] int64, d2t [draft_vocab]? int64 -> (ids [B] int64, values [B] float32)
   m.def("merge_keys(Tensor keys, Tensor? d2t) -> (Tensor, Tensor)");
 }

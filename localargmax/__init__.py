@@ -7,7 +7,9 @@ and every rank merges the keys and maps draft ids to target ids with ``d2t``.
 
 Public API:
     shard_argmax, merge_keys, decode_keys   the ops (torch.ops.localargmax.*)
+    shard_topk, shard_sample                top-k and Gumbel-max sampling ops
     lm_head_argmax                          the whole step (kernel + collective + merge)
+    lm_head_topk, lm_head_sample            the same for top-k and tp-invariant sampling
     exchange_keys                           the collective step alone
     shard_vocab, VocabShard, check_layouts  the standard vocab-parallel layout
     VocabParallelLMHead, LocalArgmaxMixin   drop-in pieces for draft models
@@ -22,8 +24,8 @@ from .collective import exchange_keys
 from .d2t import build_d2t, draft_to_target_ids, validate_d2t
 from .layout import VocabShard, check_layouts, shard_vocab
 from .lm_head import LocalArgmaxMixin, VocabParallelLMHead
-from .ops import MAX_GLOBAL_INDEX, decode_keys, merge_keys, shard_argmax
-from .step import lm_head_argmax
+from .ops import MAX_GLOBAL_INDEX, MAX_TOPK, decode_keys, merge_keys, shard_argmax, shard_sample, shard_topk
+from .step import lm_head_argmax, lm_head_sample, lm_head_topk
 
 WITH_CUDA: bool = bool(_C.WITH_CUDA)
 """Whether this build compiled the CUDA kernels."""
@@ -32,6 +34,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MAX_GLOBAL_INDEX",
+    "MAX_TOPK",
     "LocalArgmaxMixin",
     "VocabParallelLMHead",
     "VocabShard",
@@ -42,8 +45,12 @@ __all__ = [
     "draft_to_target_ids",
     "exchange_keys",
     "lm_head_argmax",
+    "lm_head_sample",
+    "lm_head_topk",
     "merge_keys",
     "shard_argmax",
+    "shard_sample",
+    "shard_topk",
     "shard_vocab",
     "validate_d2t",
 ]

@@ -28,7 +28,8 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
     """Exchange this rank's packed keys with the other TP ranks.
 
     Args:
-        keys: ``[B]`` int64 packed keys from :func:`localargmax.shard_argmax`.
+        keys: ``[B]`` int64 packed keys from :func:`localargmax.shard_argmax`
+            (or ``[B, k]`` from :func:`localargmax.shard_topk`, all-gather only).
         group: ``None`` (world size 1: no communication), a
             ``torch.distributed.ProcessGroup`` (the default path), a
             ``cupy.cuda.nccl.NcclCommunicator`` (optional extra
@@ -40,8 +41,8 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
             on sign-flipped keys: fewer bytes). Both give identical ids.
 
     Returns:
-        ``[tp, B]`` int64 keys, rank-major (``[1, B]`` after an all-reduce or
-        for world size 1).
+        ``[tp, *keys.shape]`` int64 keys, rank-major (``[1, B]`` after an
+        all-reduce or for world size 1).
 
     Raises:
         ValueError for an unknown ``reduce`` mode, a callable with
@@ -51,6 +52,8 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
     """
     if reduce not in REDUCE_MODES:
         raise ValueError(f"reduce must be one of {REDUCE_MODES}, got {reduce!r}")
+    if reduce == "all_reduce" and keys.dim() != 1:
+        raise ValueError(f"reduce='all_reduce' merges top-1 keys [B] only, got keys of shape {tuple(keys.shape)}")
     if group is None:
         return keys.unsqueeze(0)
     if isinstance(group, dist.ProcessGroup):
@@ -59,7 +62,7 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
             raise ValueError(f"group uses the NCCL backend but keys are on {keys.device}: use a gloo group for CPU tensors")
         if reduce == "all_gather":
             gathered = funcol.all_gather_single(keys, 0, group)
-            return funcol.wait_tensor(gathered).view(-1, keys.shape[0])
+            return funcol.wait_tensor(gathered).view(-1, *keys.shape)
         flipped = funcol.all_reduce(keys ^ _SIGN_BIT, "max", group)
         return (funcol.wait_tensor(flipped) ^ _SIGN_BIT).unsqueeze(0)
     if _is_nccl_communicator(group):
@@ -68,9 +71,10 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
         if reduce != "all_gather":
             raise ValueError("a callable group is an all-gather: use reduce='all_gather'")
         gathered = group(keys)
-        if not isinstance(gathered, torch.Tensor) or gathered.dim() != 2 or gathered.shape[1] != keys.shape[0]:
+        if not isinstance(gathered, torch.Tensor) or gathered.dim() != keys.dim() + 1 or gathered.shape[1:] != keys.shape:
             shape = tuple(gathered.shape) if isinstance(gathered, torch.Tensor) else type(gathered).__name__
-            raise ValueError(f"the group callable must return keys [tp, B={keys.shape[0]}], got {shape}")
+            want = ", ".join(["tp"] + [f"{n}" for n in keys.shape])
+            raise ValueError(f"the group callable must return keys [{want}] (B={keys.shape[0]}), got {shape}")
         return gathered
     raise TypeError(
         "group must be None, a torch.distributed.ProcessGroup, a cupy.cuda.nccl.NcclCommunicator or a callable "
@@ -96,14 +100,13 @@ def _exchange_with_cupy_nccl(keys: torch.Tensor, comm, reduce: str) -> torch.Ten
         raise ValueError(f"a cupy NCCL communicator needs CUDA keys, got keys on {keys.device}")
     stream = torch.cuda.current_stream(keys.device).cuda_stream
     keys = keys.contiguous()
-    batch = keys.shape[0]
     if reduce == "all_gather":
-        out = torch.empty((comm.size(), batch), dtype=torch.int64, device=keys.device)
-        comm.allGather(keys.data_ptr(), out.data_ptr(), batch, nccl.NCCL_INT64, stream)
+        out = torch.empty((comm.size(), *keys.shape), dtype=torch.int64, device=keys.device)
+        comm.allGather(keys.data_ptr(), out.data_ptr(), keys.numel(), nccl.NCCL_INT64, stream)
         return out
     flipped = keys ^ _SIGN_BIT
     out = torch.empty_like(flipped)
-    comm.allReduce(flipped.data_ptr(), out.data_ptr(), batch, nccl.NCCL_INT64, nccl.NCCL_MAX, stream)
+    comm.allReduce(flipped.data_ptr(), out.data_ptr(), keys.numel(), nccl.NCCL_INT64, nccl.NCCL_MAX, stream)
     return (out ^ _SIGN_BIT).unsqueeze(0)
 
 

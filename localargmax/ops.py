@@ -159,6 +159,100 @@ def merge_keys(keys: torch.Tensor, d2t: Optional[torch.Tensor] = None) -> Tuple[
     return ids, values
 
 
+MAX_TOPK = 64
+"""Largest k of :func:`shard_topk`."""
+
+
+def check_topk_arg(k) -> None:
+    if isinstance(k, bool) or not isinstance(k, (int, torch.SymInt)) or not 1 <= k <= MAX_TOPK:
+        raise ValueError(f"k must be an int in [1, {MAX_TOPK}], got {k!r}")
+
+
+def check_sample_args(hidden, temperature, seed, offset) -> None:
+    _check_tensor("temperature", temperature, f"[batch={hidden.shape[0]}] float32")
+    if temperature.dim() != 1 or temperature.shape[0] != hidden.shape[0]:
+        raise ValueError(f"temperature must be 1-D [batch={hidden.shape[0]}], got shape {tuple(temperature.shape)}")
+    if temperature.dtype != torch.float32:
+        raise TypeError(f"temperature must be float32, got {temperature.dtype}")
+    if temperature.device != hidden.device:
+        raise ValueError(f"temperature is on {temperature.device} but hidden is on {hidden.device}")
+    for name, value in (("seed", seed), ("offset", offset)):
+        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or not 0 <= value < 2**63:
+            raise ValueError(f"{name} must be an int in [0, 2**63), got {value!r}")
+
+
+def shard_topk(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    k: int,
+    *,
+    vocab_start: int = 0,
+    num_valid: Optional[int] = None,
+    bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """The shard's ``k`` best entries per row, as packed keys, fused like
+    :func:`shard_argmax` (the logits are never materialized).
+
+    Args:
+        hidden, weight, vocab_start, num_valid, bias: as in :func:`shard_argmax`.
+        k: ``1 <= k <= 64``.
+
+    Returns:
+        ``[B, k]`` int64 packed keys, sorted descending (unsigned), i.e. in
+        ``torch.topk(logits, k, sorted=True)`` order with ties to the smaller
+        index; slots past the shard's ``num_valid`` entries hold key 0.
+
+    Raises:
+        TypeError / ValueError as :func:`shard_argmax`, and for ``k`` outside ``[1, 64]``.
+    """
+    if num_valid is None:
+        num_valid = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else 0
+    check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
+    check_topk_arg(k)
+    return torch.ops.localargmax.shard_topk.default(hidden, weight, bias, vocab_start, num_valid, k)
+
+
+def shard_sample(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    temperature: torch.Tensor,
+    seed: int,
+    offset: int = 0,
+    *,
+    vocab_start: int = 0,
+    num_valid: Optional[int] = None,
+    bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Gumbel-max sampling over one shard, fused like :func:`shard_argmax`.
+
+    Each row's key is the best of ``logit[b, v] / T[b] + g(seed, offset + b, v)``
+    over the shard, with ``g`` standard Gumbel noise from Philox 4x32-10 keyed
+    by the *global* vocabulary index ``v`` (csrc/common/philox.h), so the merged
+    sample is the same for every TP size and shard layout. Rows with ``T == 0``
+    are greedy (no noise).
+
+    Args:
+        hidden, weight, vocab_start, num_valid, bias: as in :func:`shard_argmax`.
+        temperature: ``[B]`` float32 on the device of ``hidden``, ``>= 0``.
+        seed: Philox key, ``0 <= seed < 2**63``.
+        offset: Philox subsequence of row 0 (row ``b`` uses ``offset + b``);
+            advance it by ``B`` every step for fresh noise.
+
+    Returns:
+        ``[B]`` int64 packed keys (their values are the perturbed scores).
+
+    Raises:
+        TypeError / ValueError as :func:`shard_argmax`, and for a malformed
+        ``temperature``, ``seed`` or ``offset``.
+    """
+    if num_valid is None:
+        num_valid = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else 0
+    check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
+    check_sample_args(hidden, temperature, seed, offset)
+    return torch.ops.localargmax.shard_sample.default(hidden, weight, bias, vocab_start, num_valid, temperature,
+                                                      seed, offset)
+
+
 def decode_keys(keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Decode packed keys of any shape into ``(global_index, value)``.
 
@@ -183,6 +277,20 @@ def decode_keys(keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
 @torch.library.register_fake("localargmax::shard_argmax")
 def _shard_argmax_fake(hidden, weight, bias, vocab_start, num_valid):
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
+    return hidden.new_empty((hidden.shape[0],), dtype=torch.int64)
+
+
+@torch.library.register_fake("localargmax::shard_topk")
+def _shard_topk_fake(hidden, weight, bias, vocab_start, num_valid, k):
+    check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
+    check_topk_arg(k)
+    return hidden.new_empty((hidden.shape[0], k), dtype=torch.int64)
+
+
+@torch.library.register_fake("localargmax::shard_sample")
+def _shard_sample_fake(hidden, weight, bias, vocab_start, num_valid, temperature, seed, offset):
+    check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
+    check_sample_args(hidden, temperature, seed, offset)
     return hidden.new_empty((hidden.shape[0],), dtype=torch.int64)
 
 

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from .collective import Group, check_step_consistency, debug_enabled, exchange_keys
-from .ops import merge_keys, shard_argmax
+from .ops import merge_keys, shard_argmax, shard_sample, shard_topk
 
 
 def lm_head_argmax(
@@ -65,4 +65,111 @@ def lm_head_argmax(
     keys = shard_argmax(hidden, weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias)
     gathered = exchange_keys(keys, group, reduce)
     ids, _ = merge_keys(gathered, d2t)
+    return ids
+
+
+_SIGN_BIT = -(2**63)
+
+
+def _resolve_temperature(temperature, hidden: torch.Tensor) -> torch.Tensor:
+    if isinstance(temperature, torch.Tensor):
+        if temperature.dim() == 0:
+            temperature = temperature.reshape(1).expand(hidden.shape[0])
+        t = temperature.to(torch.float32)
+        if t.device.type == "cpu" and not torch.compiler.is_compiling() and bool((t < 0).any() | t.isnan().any()):
+            raise ValueError("temperature must be >= 0 (0 = greedy) and not NaN")
+        return t.contiguous()
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise ValueError(f"temperature must be a float >= 0 (0 = greedy) or a float32 tensor [B], got {temperature!r}")
+    return torch.full((hidden.shape[0],), float(temperature), dtype=torch.float32, device=hidden.device)
+
+
+def lm_head_topk(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    k: int,
+    *,
+    vocab_start: int = 0,
+    num_valid: Optional[int] = None,
+    bias: Optional[torch.Tensor] = None,
+    d2t: Optional[torch.Tensor] = None,
+    group: Group = None,
+):
+    """Global top-k of a vocab-parallel lm_head (tree drafting), without
+    gathering logits: each rank's fused top-k (:func:`localargmax.shard_topk`),
+    one all-gather of ``k`` keys per row per rank (``8·k·B`` bytes sent), and a
+    merge that keeps the ``k`` largest keys.
+
+    Same answer as ``torch.topk(logits, k, sorted=True)`` on the full unpadded
+    logits, ties ordered by smallest index, NaN largest.
+
+    Args:
+        hidden, weight, vocab_start, num_valid, bias, d2t, group: as in
+            :func:`lm_head_argmax` (a callable group gets keys ``[B, k]`` and
+            returns ``[tp, B, k]``).
+        k: ``1 <= k <= 64``, at most the valid vocabulary size.
+
+    Returns:
+        ``(ids [B, k] int64, values [B, k] float32)``: ids (target ids with
+        ``d2t``) in descending order of their exact float32 logits ``values``.
+
+    Raises:
+        TypeError / ValueError for malformed inputs; ValueError when ``k``
+        exceeds the valid vocabulary (on CPU; on CUDA such slots get id -1).
+    """
+    if group is None and isinstance(num_valid, int) and isinstance(k, int) and 1 <= k and num_valid < k:
+        raise ValueError(f"k={k} exceeds the valid vocabulary (num_valid={num_valid})")
+    keys = shard_topk(hidden, weight, k, vocab_start=vocab_start, num_valid=num_valid, bias=bias)
+    gathered = exchange_keys(keys, group, "all_gather")  # [tp, B, k]
+    batch = keys.shape[0]
+    candidates = gathered.permute(1, 0, 2).reshape(batch, -1) ^ _SIGN_BIT  # signed order == unsigned order
+    merged = candidates.topk(k, dim=1, sorted=True).values ^ _SIGN_BIT
+    if merged.device.type == "cpu" and not torch.compiler.is_compiling() and bool((merged == 0).any()):
+        raise ValueError(f"k={k} exceeds the valid vocabulary summed over all ranks")
+    ids, values = merge_keys(merged.reshape(1, -1), None)
+    ids, values = ids.view(batch, k), values.view(batch, k)
+    if d2t is not None:
+        ids = ids + d2t[ids]
+    return ids, values
+
+
+def lm_head_sample(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    temperature,
+    seed: int,
+    offset: int = 0,
+    vocab_start: int = 0,
+    num_valid: Optional[int] = None,
+    bias: Optional[torch.Tensor] = None,
+    d2t: Optional[torch.Tensor] = None,
+    group: Group = None,
+    reduce: str = "all_gather",
+) -> torch.Tensor:
+    """Sample ``ids ~ softmax(logits / T)`` of a vocab-parallel lm_head with
+    ``O(tp)`` communication: Gumbel-max, ``argmax_v (logit[b, v] / T[b] + g)``,
+    where the noise ``g`` comes from Philox 4x32-10 keyed by
+    ``(seed, offset + b, global index v)`` inside the fused kernel
+    (:func:`localargmax.shard_sample`). The noise depends on the global index
+    only, so the sample is identical for every TP size and shard layout
+    (tp-invariant sampling); one key per row per rank is exchanged.
+
+    Args:
+        temperature: a float ``>= 0`` or a float32 tensor ``[B]``; ``T == 0``
+            rows are greedy.
+        seed: ``0 <= seed < 2**63``; offset: Philox subsequence of row 0
+            (advance by ``B`` per step for fresh noise).
+        Others: as in :func:`lm_head_argmax`.
+
+    Returns:
+        ``[B]`` int64 sampled ids (target ids with ``d2t``), the same on every rank.
+
+    Raises:
+        TypeError / ValueError naming the argument for malformed inputs, a
+        negative or NaN temperature (checked for CPU tensors and Python floats).
+    """
+    t = _resolve_temperature(temperature, hidden)
+    keys = shard_sample(hidden, weight, t, seed, offset, vocab_start=vocab_start, num_valid=num_valid, bias=bias)
+    ids, _ = merge_keys(exchange_keys(keys, group, reduce), d2t)
     return ids

@@ -117,7 +117,7 @@ def test_callable_group_is_an_all_gather(gen):
         ids = localargmax.lm_head_argmax(hidden, h.weight, vocab_start=h.vocab_start, num_valid=h.num_valid,
                                          group=lambda k: keys)
         assert torch.equal(ids, want)
-    with pytest.raises(ValueError, match=r"must return keys \[tp, B=5\]"):
+    with pytest.raises(ValueError, match=r"must return keys \[tp, 5\] \(B=5\)"):
         localargmax.lm_head_argmax(hidden, weight, group=lambda k: k)
     with pytest.raises(ValueError, match="reduce='all_gather'"):
         localargmax.lm_head_argmax(hidden, weight, group=lambda k: keys, reduce="all_reduce")

@@ -1,11 +1,13 @@
-// CPU implementation of localargmax::shard_argmax: the fused matmul + argmax,
-// parallel over vocabulary tiles; the logits are never materialized.
+// CPU implementations of localargmax::shard_argmax, shard_topk and
+// shard_sample: the fused matmul + reduction, parallel over vocabulary tiles;
+// the logits are never materialized.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <cstring>
 #include <vector>
 
@@ -37,13 +39,16 @@ WeightDtype weight_dtype_of(at::ScalarType t) {
   }
 }
 
-at::Tensor shard_argmax_cpu(const at::Tensor& hidden, const at::Tensor& weight,
-                            const std::optional<at::Tensor>& bias, int64_t vocab_start,
-                            int64_t num_valid) {
-  check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
+// The fused kernel with its reduction policy: keys [B, topk] (see
+// ShardArgmaxProblem). Chunks of tiles run in parallel, each into its own
+// slot of `partial`; the chunks are then merged per batch row. No dependence
+// on thread ids or timing.
+at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                        int64_t vocab_start, int64_t num_valid, int64_t topk, const at::Tensor& temperature,
+                        uint64_t seed, uint64_t offset) {
   const int64_t batch = hidden.size(0);
   const int64_t hidden_size = hidden.size(1);
-  at::Tensor keys = at::zeros({batch}, hidden.options().dtype(at::kLong));
+  at::Tensor keys = at::zeros({batch, topk}, hidden.options().dtype(at::kLong));
   if (batch == 0 || num_valid == 0) return keys;
 
   const int64_t hidden_pad = (hidden_size + kLanes - 1) / kLanes * kLanes;
@@ -51,6 +56,8 @@ at::Tensor shard_argmax_cpu(const at::Tensor& hidden, const at::Tensor& weight,
   hidden_f32.narrow(1, 0, hidden_size).copy_(hidden);
   at::Tensor bias_f32;
   if (bias.has_value()) bias_f32 = bias->narrow(0, 0, num_valid).to(at::kFloat).contiguous();
+  at::Tensor temperature_f32;
+  if (temperature.defined()) temperature_f32 = temperature.to(at::kFloat).contiguous();
 
   ShardArgmaxProblem p;
   p.hidden = hidden_f32.data_ptr<float>();
@@ -63,30 +70,71 @@ at::Tensor shard_argmax_cpu(const at::Tensor& hidden, const at::Tensor& weight,
   p.hidden_pad = hidden_pad;
   p.num_valid = num_valid;
   p.vocab_start = vocab_start;
+  p.topk = topk;
+  p.temperature = temperature_f32.defined() ? temperature_f32.data_ptr<float>() : nullptr;
+  p.seed = seed;
+  p.offset = offset;
 
-  // Fixed chunks of tiles, each reduced into its own row of `partial`, then
-  // an unsigned max over chunks: no dependence on thread ids or timing.
   const int64_t num_tiles = (num_valid + kTileRows - 1) / kTileRows;
   const int64_t num_chunks = std::min<int64_t>(num_tiles, 4 * static_cast<int64_t>(at::get_num_threads()));
-  std::vector<uint64_t> partial(static_cast<size_t>(num_chunks * batch), 0);
+  const int64_t per_chunk = batch * topk;
+  std::vector<uint64_t> partial(static_cast<size_t>(num_chunks * per_chunk), 0);
   const TilesFn tiles_fn = pick_tiles_fn();
   at::parallel_for(0, num_chunks, 1, [&](int64_t c_begin, int64_t c_end) {
     std::vector<float> scratch(static_cast<size_t>(4 * hidden_pad + kLanes));
     for (int64_t c = c_begin; c < c_end; ++c) {
       const int64_t t0 = c * num_tiles / num_chunks;
       const int64_t t1 = (c + 1) * num_tiles / num_chunks;
-      tiles_fn(p, t0, t1, scratch.data(), partial.data() + c * batch);
+      tiles_fn(p, t0, t1, scratch.data(), partial.data() + c * per_chunk);
     }
   });
   auto* out = reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>());
-  for (int64_t c = 0; c < num_chunks; ++c)
-    for (int64_t b = 0; b < batch; ++b) out[b] = max_key(out[b], partial[c * batch + b]);
+  if (topk == 1) {
+    for (int64_t c = 0; c < num_chunks; ++c)
+      for (int64_t b = 0; b < batch; ++b) out[b] = max_key(out[b], partial[c * per_chunk + b]);
+    return keys;
+  }
+  std::vector<uint64_t> candidates(static_cast<size_t>(num_chunks * topk));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t c = 0; c < num_chunks; ++c)
+      std::copy_n(partial.data() + c * per_chunk + b * topk, topk, candidates.data() + c * topk);
+    std::partial_sort(candidates.begin(), candidates.begin() + topk, candidates.end(), std::greater<uint64_t>());
+    std::copy_n(candidates.data(), topk, out + b * topk);
+  }
   return keys;
+}
+
+at::Tensor shard_argmax_cpu(const at::Tensor& hidden, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias, int64_t vocab_start,
+                            int64_t num_valid) {
+  check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
+  return reduce_shard(hidden, weight, bias, vocab_start, num_valid, 1, at::Tensor(), 0, 0).view({-1});
+}
+
+at::Tensor shard_topk_cpu(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                          int64_t vocab_start, int64_t num_valid, int64_t k) {
+  check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
+  check_topk_arg(k);
+  return reduce_shard(hidden, weight, bias, vocab_start, num_valid, k, at::Tensor(), 0, 0);
+}
+
+at::Tensor shard_sample_cpu(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                            int64_t vocab_start, int64_t num_valid, const at::Tensor& temperature, int64_t seed,
+                            int64_t offset) {
+  check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
+  check_sample_args(hidden, temperature, offset);
+  return reduce_shard(hidden, weight, bias, vocab_start, num_valid, 1, temperature, static_cast<uint64_t>(seed),
+                      static_cast<uint64_t>(offset))
+      .view({-1});
 }
 
 }  // namespace
 }  // namespace cpu
 
-TORCH_LIBRARY_IMPL(localargmax, CPU, m) { m.impl("shard_argmax", &cpu::shard_argmax_cpu); }
+TORCH_LIBRARY_IMPL(localargmax, CPU, m) {
+  m.impl("shard_argmax", &cpu::shard_argmax_cpu);
+  m.impl("shard_topk", &cpu::shard_topk_cpu);
+  m.impl("shard_sample", &cpu::shard_sample_cpu);
+}
 
 }  // namespace localargmax

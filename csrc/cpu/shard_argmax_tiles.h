@@ -27,13 +27,20 @@ struct ShardArgmaxProblem {
   int64_t hidden_pad;      // H rounded up to a multiple of kLanes
   int64_t num_valid;       // rows [0, num_valid) of the shard are evaluated
   int64_t vocab_start;     // global index of local row 0
+  int64_t topk;            // keys kept per batch row, sorted descending (1: argmax)
+  const float* temperature;  // [batch] sampling temperatures, or nullptr (greedy);
+                             // rows with temperature 0 are greedy too
+  uint64_t seed;           // sampling: Philox key
+  uint64_t offset;         // sampling: Philox subsequence of batch row b is offset + b
 };
 
 constexpr int kLanes = 8;        // float32 lanes per accumulator
 constexpr int64_t kTileRows = 64;  // vocabulary rows per parallel work item
 
 // Reduces rows [tile_begin * kTileRows, min(tile_end * kTileRows, num_valid))
-// and folds each batch row's best key into best_keys[0, batch) (max).
+// and folds each batch row's keys into best_keys[b * topk, (b + 1) * topk)
+// (the topk largest, descending; key 0 = empty slot). With a temperature the
+// key's value is logit / T + Gumbel noise (common/philox.h) instead of logit.
 // scratch: at least 4 * hidden_pad floats, private to the calling thread.
 void shard_argmax_tiles_avx2(const ShardArgmaxProblem& p, int64_t tile_begin,
                              int64_t tile_end, float* scratch, uint64_t* best_keys);

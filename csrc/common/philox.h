@@ -1,0 +1,61 @@
+// Philox 4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
+// 3", SC'11; the generator behind torch's CUDA RNG and cuRAND's
+// curand_init(seed, subsequence, offset)) and the Gumbel noise of the
+// tp-invariant sampler. Shared by the CPU and CUDA kernels.
+//
+// Noise for (seed, row, global vocab index v): Philox with
+//   key     = (seed lo, seed hi)
+//   counter = (v lo, v hi, row lo, row hi)
+// i.e. cuRAND's subsequence = row, 128-bit block = v; the first output word
+// x gives u = (x + 0.5) / 2^32 in (0, 1), and g = -log(-log(u)) (in double,
+// rounded to float). The noise depends on the global index only, never on the
+// shard, so the sampled token is the same for every TP layout.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "packed_key.h"
+
+namespace localargmax {
+
+constexpr uint32_t kPhiloxM0 = 0xD2511F53u;
+constexpr uint32_t kPhiloxM1 = 0xCD9E8D57u;
+constexpr uint32_t kPhiloxW0 = 0x9E3779B9u;
+constexpr uint32_t kPhiloxW1 = 0xBB67AE85u;
+
+LAM_HD void mulhilo32(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+  const uint64_t p = static_cast<uint64_t>(a) * static_cast<uint64_t>(b);
+  hi = static_cast<uint32_t>(p >> 32);
+  lo = static_cast<uint32_t>(p);
+}
+
+// Ten rounds of Philox 4x32 on ctr with key (k0, k1); the result replaces ctr.
+LAM_HD void philox4x32_10(uint32_t (&ctr)[4], uint32_t k0, uint32_t k1) {
+  for (int round = 0; round < 10; ++round) {
+    uint32_t hi0, lo0, hi1, lo1;
+    mulhilo32(kPhiloxM0, ctr[0], hi0, lo0);
+    mulhilo32(kPhiloxM1, ctr[2], hi1, lo1);
+    const uint32_t c0 = hi1 ^ ctr[1] ^ k0;
+    const uint32_t c1 = lo1;
+    const uint32_t c2 = hi0 ^ ctr[3] ^ k1;
+    const uint32_t c3 = lo0;
+    ctr[0] = c0;
+    ctr[1] = c1;
+    ctr[2] = c2;
+    ctr[3] = c3;
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
+  }
+}
+
+// Standard Gumbel noise for (seed, row, global vocabulary index).
+LAM_HD float gumbel_noise(uint64_t seed, uint64_t row, uint64_t index) {
+  uint32_t ctr[4] = {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
+                     static_cast<uint32_t>(row), static_cast<uint32_t>(row >> 32)};
+  philox4x32_10(ctr, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  const double u = (static_cast<double>(ctr[0]) + 0.5) * (1.0 / 4294967296.0);
+  return static_cast<float>(-log(-log(u)));
+}
+
+}  // namespace localargmax
