@@ -27,7 +27,7 @@ inline void check_shard_argmax_args(const at::Tensor& hidden, const at::Tensor& 
   TORCH_CHECK_VALUE(hidden.size(1) == weight.size(1), "shard_argmax: hidden is [", hidden.size(0), ", ",
                     hidden.size(1), "] but weight is [", weight.size(0), ", ", weight.size(1),
                     "]; their last dimensions (hidden_size) must match");
-  TORCH_CHECK_VALUE(weight.size(0) <= 1 || weight.size(1) == 0 || weight.stride(1) == 1,
+  TORCH_CHECK_VALUE(weight.size(1) <= 1 || weight.stride(1) == 1,
                     "shard_argmax: weight rows must be contiguous (stride(1) == 1), got strides ",
                     weight.strides());
   TORCH_CHECK_VALUE(hidden.device() == weight.device(), "shard_argmax: hidden is on ", hidden.device(),

@@ -62,7 +62,7 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
             raise ValueError(f"group uses the NCCL backend but keys are on {keys.device}: use a gloo group for CPU tensors")
         if reduce == "all_gather":
             gathered = funcol.all_gather_single(keys, 0, group)
-            return funcol.wait_tensor(gathered).view(-1, *keys.shape)
+            return funcol.wait_tensor(gathered).view(dist.get_world_size(group), *keys.shape)
         flipped = funcol.all_reduce(keys ^ _SIGN_BIT, "max", group)
         return (funcol.wait_tensor(flipped) ^ _SIGN_BIT).unsqueeze(0)
     if _is_nccl_communicator(group):

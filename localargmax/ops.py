@@ -49,7 +49,7 @@ def check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid) -> Non
         )
     if hidden.device != weight.device:
         raise ValueError(f"hidden is on {hidden.device} but weight is on {weight.device}; both must be on one device")
-    if weight.shape[0] > 1 and weight.shape[1] > 0 and weight.stride(1) != 1:
+    if weight.shape[1] > 1 and weight.stride(1) != 1:
         raise ValueError(
             f"weight rows must be contiguous (stride(1) == 1), got strides {weight.stride()}; "
             "call weight.contiguous() once at load time"

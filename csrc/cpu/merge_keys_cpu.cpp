@@ -34,7 +34,7 @@ std::tuple<at::Tensor, at::Tensor> merge_keys_cpu(const at::Tensor& keys_in,
                       " has no valid vocabulary entry on any rank (all keys are 0: every shard has "
                       "num_valid == 0)");
     int64_t id = static_cast<int64_t>(key_index(best));
-    if (d2t_ptr != nullptr) {
+    if (d2t.defined()) {
       TORCH_CHECK_VALUE(id < draft_vocab, "merge_keys: winning draft id ", id,
                         " is outside d2t (length ", draft_vocab, ")");
       id += d2t_ptr[id];

@@ -20,7 +20,7 @@ namespace cuda {
 namespace {
 
 __global__ void merge_keys_kernel(const unsigned long long* __restrict__ keys, int64_t tp, int64_t batch,
-                                  const int64_t* __restrict__ d2t, int64_t draft_vocab,
+                                  bool has_d2t, const int64_t* __restrict__ d2t, int64_t draft_vocab,
                                   int64_t* __restrict__ ids, float* __restrict__ values) {
   const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= batch) return;
@@ -32,7 +32,7 @@ __global__ void merge_keys_kernel(const unsigned long long* __restrict__ keys, i
     return;
   }
   int64_t id = static_cast<int64_t>(key_index(best));
-  if (d2t != nullptr) id = id < draft_vocab ? id + d2t[id] : -1;
+  if (has_d2t) id = id < draft_vocab ? id + d2t[id] : -1;
   ids[b] = id;
   values[b] = key_value(best);
 }
@@ -51,7 +51,7 @@ std::tuple<at::Tensor, at::Tensor> merge_keys_cuda(const at::Tensor& keys_in, co
   constexpr int kThreads = 256;
   const int64_t blocks = (batch + kThreads - 1) / kThreads;
   merge_keys_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      reinterpret_cast<const unsigned long long*>(keys.data_ptr<int64_t>()), tp, batch,
+      reinterpret_cast<const unsigned long long*>(keys.data_ptr<int64_t>()), tp, batch, d2t.defined(),
       d2t.defined() ? d2t.data_ptr<int64_t>() : nullptr, d2t.defined() ? d2t.size(0) : 0,
       ids.data_ptr<int64_t>(), values.data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
