@@ -1,5 +1,6 @@
-// CUDA implementation of localargmax::shard_argmax: one pass over the weight
-// shard, the argmax taken in the same pass, the logits never written.
+// CUDA implementations of localargmax::shard_argmax, shard_sample and
+// shard_topk: one pass over the weight shard, the reduction taken in the same
+// pass, the logits never written.
 //
 // Layout: a block of kWarps warps owns kRowsPerBlock vocabulary rows; each
 // warp takes rows in turn and computes the dot product of the row with NB
@@ -18,6 +19,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <limits>
+
 #include "../checks.h"
 
 #include "shard_argmax_kernel.cuh"
@@ -26,9 +29,9 @@ namespace localargmax {
 namespace cuda {
 namespace {
 
-template <typename T, int NB>
+template <typename T, int NB, bool TOPK>
 void launch_nb(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
-               const at::Tensor& bias_f, int64_t vocab_start, int64_t num_valid, at::Tensor& keys) {
+               const at::Tensor& bias_f, int64_t vocab_start, int64_t num_valid, const ShardReduce& out) {
   const int64_t batch = hidden.size(0);
   const int64_t hidden_size = hidden.size(1);
   const int64_t ldh = hidden.stride(0);
@@ -39,44 +42,40 @@ void launch_nb(const at::Tensor& hidden, const at::Tensor& weight, const at::Ten
   const bool vec_ok = hidden_size % kVec == 0 && ldh % kVec == 0 && ldw % kVec == 0 &&
                       reinterpret_cast<uintptr_t>(hp) % 16 == 0 && reinterpret_cast<uintptr_t>(wp) % 16 == 0;
   const int64_t blocks_x = (num_valid + kRowsPerBlock - 1) / kRowsPerBlock;
-  TORCH_CHECK_VALUE(blocks_x <= 0x7FFFFFFF, "shard_argmax: too many vocabulary rows (", num_valid, ")");
-  TORCH_CHECK_VALUE(hidden_size < (int64_t{1} << 30), "shard_argmax: hidden_size must be < 2**30 on CUDA, got ",
-                    hidden_size);
   const int64_t chunks = (batch + NB - 1) / NB;
   const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
   const dim3 block(kWarps * 32);
   const T* bt = bias_t.defined() ? reinterpret_cast<const T*>(bias_t.data_ptr()) : nullptr;
   const float* bf = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
-  auto* kp = reinterpret_cast<unsigned long long*>(keys.data_ptr<int64_t>());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (vec_ok) {
-    shard_argmax_kernel<T, NB, kVec><<<grid, block, 0, stream>>>(hp, ldh, wp, ldw, bt, bf, batch, hidden_size,
-                                                                 num_valid, vocab_start, kp);
+    shard_argmax_kernel<T, NB, kVec, TOPK><<<grid, block, 0, stream>>>(hp, ldh, wp, ldw, bt, bf, batch, hidden_size,
+                                                                       num_valid, vocab_start, out);
   } else {
-    shard_argmax_kernel<T, NB, 1><<<grid, block, 0, stream>>>(hp, ldh, wp, ldw, bt, bf, batch, hidden_size,
-                                                              num_valid, vocab_start, kp);
+    shard_argmax_kernel<T, NB, 1, TOPK><<<grid, block, 0, stream>>>(hp, ldh, wp, ldw, bt, bf, batch, hidden_size,
+                                                                    num_valid, vocab_start, out);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T>
-void launch(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
-            const at::Tensor& bias_f, int64_t vocab_start, int64_t num_valid, at::Tensor& keys) {
+template <typename T, bool TOPK>
+void launch_batch(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
+                  const at::Tensor& bias_f, int64_t vocab_start, int64_t num_valid, const ShardReduce& out) {
   const int64_t batch = hidden.size(0);
-  if (batch <= 1) return launch_nb<T, 1>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, keys);
-  if (batch <= 2) return launch_nb<T, 2>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, keys);
-  if (batch <= 4) return launch_nb<T, 4>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, keys);
-  return launch_nb<T, 8>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, keys);
+  if (batch <= 1) return launch_nb<T, 1, TOPK>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
+  if (batch <= 2) return launch_nb<T, 2, TOPK>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
+  if (batch <= 4) return launch_nb<T, 4, TOPK>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
+  return launch_nb<T, 8, TOPK>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
 }
 
-at::Tensor shard_argmax_cuda(const at::Tensor& hidden_in, const at::Tensor& weight,
-                             const std::optional<at::Tensor>& bias, int64_t vocab_start, int64_t num_valid) {
-  check_shard_argmax_args(hidden_in, weight, bias, vocab_start, num_valid);
-  const c10::cuda::CUDAGuard guard(weight.device());
-  const int64_t batch = hidden_in.size(0);
-  at::Tensor keys = at::zeros({batch}, hidden_in.options().dtype(at::kLong));  // memset on the current stream
-  if (batch == 0 || num_valid == 0) return keys;
+// Runs the fused kernel in one mode on the current stream, under a device guard.
+void launch(const at::Tensor& hidden_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+            int64_t vocab_start, int64_t num_valid, const ShardReduce& out, bool topk_mode) {
   const at::Tensor hidden = hidden_in.stride(1) == 1 ? hidden_in : hidden_in.contiguous();
+  TORCH_CHECK_VALUE((num_valid + kRowsPerBlock - 1) / kRowsPerBlock <= 0x7FFFFFFF,
+                    "shard_argmax: too many vocabulary rows (", num_valid, ")");
+  TORCH_CHECK_VALUE(hidden.size(1) < (int64_t{1} << 30), "shard_argmax: hidden_size must be < 2**30 on CUDA, got ",
+                    hidden.size(1));
   at::Tensor bias_t, bias_f;
   if (bias.has_value()) {
     if (bias->scalar_type() == at::kFloat && weight.scalar_type() != at::kFloat)
@@ -84,18 +83,73 @@ at::Tensor shard_argmax_cuda(const at::Tensor& hidden_in, const at::Tensor& weig
     else
       bias_t = bias->contiguous();
   }
+#define LAM_LAUNCH(T)                                                                          \
+  (topk_mode ? launch_batch<T, true>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out) \
+             : launch_batch<T, false>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out))
   switch (weight.scalar_type()) {
-    case at::kFloat: launch<float>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, keys); break;
-    case at::kHalf: launch<__half>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, keys); break;
-    case at::kBFloat16: launch<__nv_bfloat16>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, keys); break;
+    case at::kFloat: LAM_LAUNCH(float); break;
+    case at::kHalf: LAM_LAUNCH(__half); break;
+    case at::kBFloat16: LAM_LAUNCH(__nv_bfloat16); break;
     default: TORCH_CHECK_TYPE(false, "shard_argmax: unsupported dtype ", weight.scalar_type());
   }
+#undef LAM_LAUNCH
+}
+
+unsigned long long* key_ptr(at::Tensor& t) { return reinterpret_cast<unsigned long long*>(t.data_ptr<int64_t>()); }
+
+at::Tensor shard_argmax_cuda(const at::Tensor& hidden, const at::Tensor& weight,
+                             const std::optional<at::Tensor>& bias, int64_t vocab_start, int64_t num_valid) {
+  check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
+  const c10::cuda::CUDAGuard guard(weight.device());
+  at::Tensor keys = at::zeros({hidden.size(0)}, hidden.options().dtype(at::kLong));  // memset on the current stream
+  if (hidden.size(0) == 0 || num_valid == 0) return keys;
+  launch(hidden, weight, bias, vocab_start, num_valid, ShardReduce{key_ptr(keys), nullptr, 1, nullptr, 0, 0}, false);
   return keys;
+}
+
+at::Tensor shard_sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                             int64_t vocab_start, int64_t num_valid, const at::Tensor& temperature, int64_t seed,
+                             int64_t offset) {
+  check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
+  check_sample_args(hidden, temperature, offset);
+  const c10::cuda::CUDAGuard guard(weight.device());
+  at::Tensor keys = at::zeros({hidden.size(0)}, hidden.options().dtype(at::kLong));
+  if (hidden.size(0) == 0 || num_valid == 0) return keys;
+  const at::Tensor t = temperature.contiguous();
+  launch(hidden, weight, bias, vocab_start, num_valid,
+         ShardReduce{key_ptr(keys), nullptr, 1, t.data_ptr<float>(), static_cast<uint64_t>(seed),
+                     static_cast<uint64_t>(offset)},
+         false);
+  return keys;
+}
+
+// Top-k: each block's top-k per batch row, then torch.topk over the blocks'
+// lists (on sign-flipped keys: signed order == unsigned order).
+at::Tensor shard_topk_cuda(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                           int64_t vocab_start, int64_t num_valid, int64_t k) {
+  check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
+  check_topk_arg(k);
+  const c10::cuda::CUDAGuard guard(weight.device());
+  const int64_t batch = hidden.size(0);
+  if (batch == 0 || num_valid == 0) return at::zeros({batch, k}, hidden.options().dtype(at::kLong));
+  const int64_t blocks_x = (num_valid + kRowsPerBlock - 1) / kRowsPerBlock;
+  at::Tensor block_topk = at::empty({blocks_x, batch, k}, hidden.options().dtype(at::kLong));
+  launch(hidden, weight, bias, vocab_start, num_valid, ShardReduce{nullptr, key_ptr(block_topk), static_cast<int>(k),
+                                                                   nullptr, 0, 0},
+         true);
+  const int64_t sign = std::numeric_limits<int64_t>::min();
+  at::Tensor flipped = block_topk.permute({1, 0, 2}).reshape({batch, blocks_x * k}).bitwise_xor(sign);
+  const int64_t kept = std::min<int64_t>(k, blocks_x * k);
+  return std::get<0>(flipped.topk(kept, 1, true, true)).bitwise_xor(sign);
 }
 
 }  // namespace
 }  // namespace cuda
 
-TORCH_LIBRARY_IMPL(localargmax, CUDA, m) { m.impl("shard_argmax", &cuda::shard_argmax_cuda); }
+TORCH_LIBRARY_IMPL(localargmax, CUDA, m) {
+  m.impl("shard_argmax", &cuda::shard_argmax_cuda);
+  m.impl("shard_topk", &cuda::shard_topk_cuda);
+  m.impl("shard_sample", &cuda::shard_sample_cuda);
+}
 
 }  // namespace localargmax

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "../common/packed_key.h"
+#include "../common/philox.h"
 
 namespace localargmax {
 namespace cuda {
@@ -49,15 +50,29 @@ __device__ __forceinline__ void unpack(const uint4& v, float (&out)[8], T tag) {
   unpack_pair(v.w, out[6], out[7], tag);
 }
 
+// What the kernel reduces to (one launch, one mode).
+struct ShardReduce {
+  unsigned long long* keys;  // argmax / sample: [batch] keys, zeroed before the launch
+  unsigned long long* block_topk;  // top-k: [gridDim.x, batch, topk], or nullptr
+  int topk;                  // top-k: keys kept per row (1..64)
+  const float* temperature;  // sample: [batch], or nullptr; T <= 0 rows are greedy
+  uint64_t seed;             // sample: Philox key
+  uint64_t offset;           // sample: Philox subsequence of batch row 0
+};
+
 // NB batch rows per pass; VEC elements per lane per step (16 bytes when the
-// rows are 16-byte aligned, else 1).
-template <typename T, int NB, int VEC>
+// rows are 16-byte aligned, else 1). TOPK: each block writes the topk best
+// keys of its kRowsPerBlock rows per batch row to out.block_topk instead of
+// folding one key into out.keys with atomicMax.
+template <typename T, int NB, int VEC, bool TOPK>
 __global__ void __launch_bounds__(kWarps * 32)
     shard_argmax_kernel(const T* __restrict__ hidden, int64_t ldh, const T* __restrict__ weight,
                         int64_t ldw, const T* __restrict__ bias_t, const float* __restrict__ bias_f,
                         int64_t batch, int64_t hidden_size, int64_t num_valid, int64_t vocab_start,
-                        unsigned long long* __restrict__ keys) {
+                        ShardReduce out) {
   __shared__ unsigned long long block_best[kWarps][NB];
+  __shared__ unsigned long long candidates[TOPK ? kRowsPerBlock : 1][NB];
+  __shared__ unsigned long long lists[TOPK ? NB : 1][TOPK ? 64 : 1];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
@@ -68,6 +83,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     unsigned long long best[NB];
 #pragma unroll
     for (int j = 0; j < NB; ++j) best[j] = kNoEntryKey;
+    if constexpr (TOPK) {
+      for (int i = threadIdx.x; i < kRowsPerBlock * NB; i += blockDim.x) candidates[i / NB][i % NB] = kNoEntryKey;
+      __syncthreads();
+    }
 
     for (int64_t row = row_begin + warp; row < row_begin + kRowsPerBlock && row < num_valid; row += kWarps) {
       float acc[NB];
@@ -97,6 +116,7 @@ __global__ void __launch_bounds__(kWarps * 32)
             if (b0 + j < batch) acc[j] = __fadd_rn(acc[j], __fmul_rn(w, load_float(hidden + (b0 + j) * ldh + k)));
         }
       }
+      const uint64_t global_index = static_cast<uint64_t>(vocab_start + row);
 #pragma unroll
       for (int j = 0; j < NB; ++j) {
         float s = acc[j];
@@ -104,22 +124,53 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int offset = 16; offset > 0; offset /= 2) s = __fadd_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, offset));
         if (bias_f != nullptr) s = __fadd_rn(s, bias_f[row]);
         if (bias_t != nullptr) s = __fadd_rn(s, to_float(bias_t[row]));
-        const unsigned long long key = pack_key(s, static_cast<uint64_t>(vocab_start + row));
-        if (b0 + j < batch && key > best[j]) best[j] = key;
+        if (b0 + j < batch) {
+          if (out.temperature != nullptr) {
+            const float t = out.temperature[b0 + j];
+            if (t > 0.0f)
+              s = __fadd_rn(__fdiv_rn(s, t), gumbel_noise(out.seed, out.offset + static_cast<uint64_t>(b0 + j), global_index));
+          }
+          const unsigned long long key = pack_key(s, global_index);
+          if constexpr (TOPK) {
+            if (lane == 0) candidates[row - row_begin][j] = key;
+          } else if (key > best[j]) {
+            best[j] = key;
+          }
+        }
       }
     }
-    if (lane == 0) {
+    if constexpr (TOPK) {
+      __syncthreads();
+      // Thread j keeps the topk largest of the block's candidates for batch row
+      // b0 + j, sorted descending, by insertion into a shared list.
+      const int j = threadIdx.x;
+      if (j < NB && b0 + j < batch) {
+        for (int i = 0; i < out.topk; ++i) lists[j][i] = kNoEntryKey;
+        for (int r = 0; r < kRowsPerBlock; ++r) {
+          const unsigned long long key = candidates[r][j];
+          int i = out.topk - 1;
+          if (key <= lists[j][i]) continue;
+          for (; i > 0 && lists[j][i - 1] < key; --i) lists[j][i] = lists[j][i - 1];
+          lists[j][i] = key;
+        }
+        unsigned long long* dst = out.block_topk + (static_cast<int64_t>(blockIdx.x) * batch + b0 + j) * out.topk;
+        for (int i = 0; i < out.topk; ++i) dst[i] = lists[j][i];
+      }
+      __syncthreads();
+    } else {
+      if (lane == 0) {
 #pragma unroll
-      for (int j = 0; j < NB; ++j) block_best[warp][j] = best[j];
-    }
-    __syncthreads();
-    if (threadIdx.x < NB && b0 + threadIdx.x < batch) {
-      unsigned long long m = kNoEntryKey;
+        for (int j = 0; j < NB; ++j) block_best[warp][j] = best[j];
+      }
+      __syncthreads();
+      if (threadIdx.x < NB && b0 + threadIdx.x < batch) {
+        unsigned long long m = kNoEntryKey;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) m = max_key(m, block_best[w][threadIdx.x]);
-      if (m != kNoEntryKey) atomicMax(keys + b0 + threadIdx.x, m);
+        for (int w = 0; w < kWarps; ++w) m = max_key(m, block_best[w][threadIdx.x]);
+        if (m != kNoEntryKey) atomicMax(out.keys + b0 + threadIdx.x, m);
+      }
+      __syncthreads();
     }
-    __syncthreads();
   }
 }
 
