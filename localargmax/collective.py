@@ -57,6 +57,8 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
     if group is None:
         return keys.unsqueeze(0)
     if isinstance(group, dist.ProcessGroup):
+        if dist.get_world_size(group) == 1:  # nothing to exchange: skip the collective's latency
+            return keys.unsqueeze(0)
         backend = str(dist.get_backend(group))
         if backend == "nccl" and keys.device.type != "cuda":
             raise ValueError(f"group uses the NCCL backend but keys are on {keys.device}: use a gloo group for CPU tensors")

@@ -1,0 +1,245 @@
+"""``localargmax-bench`` / ``python -m localargmax.bench``: compare the fused
+local-argmax step with what engines do today, on real and engine-sized
+lm_heads. Run with ``--help`` for what is measured and examples."""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from typing import List, Optional
+
+DESCRIPTION = """\
+Benchmark greedy token selection from a vocab-parallel lm_head under tensor
+parallelism (TP). Spawns --tp ranks on this machine (gloo on CPU, NCCL with
+--device cuda), or runs as one rank under torchrun. Each rank holds a
+zero-padded [rows, H] shard (localargmax.shard_vocab, pad_to=64).
+
+methods (one step = hidden [B, H] in, ids [B] out, identical on every rank):
+  full-gather      torch matmul -> local logits [B, rows] in the weight dtype,
+                   all-gather of the logits to [B, tp*rows], argmax
+                   (localargmax.baselines.full_gather_argmax; today's path)
+  unfused-local    torch matmul + max over the shard, all-gather of
+                   (value, index) float32 pairs, pick the best rank
+                   (localargmax.baselines.unfused_local_argmax)
+  fused            one fused kernel (matmul + argmax, logits never stored) ->
+                   one packed int64 key per row, all-gather of tp keys, merge
+                   (localargmax.lm_head_argmax, reduce="all_gather")
+  fused-allreduce  the same with an all-reduce MAX of the keys
+                   (localargmax.lm_head_argmax, reduce="all_reduce")
+
+columns:
+  median_us, p90_us   step time. Every timed step starts after a barrier (not
+                      timed); the time is rank 0's wall time until its ids
+                      are ready (CUDA: after synchronize). All methods end in
+                      a collective, so this includes waiting for every rank.
+  sent_B (bytes_sent_per_rank)  payload one rank contributes to the collective
+                      per step: full-gather B*rows*itemsize; unfused-local
+                      8*B (two float32); fused and fused-allreduce 8*B (one key).
+  recv_B (bytes_recv_per_rank)  all-gather: (tp-1)*payload. all-reduce: the
+                      ring-algorithm ESTIMATE 2*(tp-1)/tp*payload (the real
+                      traffic depends on the backend's algorithm).
+  speedup             full-gather median / this median (same shape, batch).
+  agree               fraction of rows whose ids (on every rank) equal the
+                      float64 reference: logits of the full unpadded lm_head in
+                      float64 (inputs first rounded to --dtype), torch.argmax,
+                      then d2t. Synthetic shapes: rank 0 regenerates the weight
+                      block by block from the seed and keeps the first maximum
+                      across blocks (torch.argmax rule), independent of the
+                      kernels under test.
+  --kernel-only: GB/s = weight bytes / median time; of_stream = GB/s divided
+                      by the stream-read row (torch.mv of the same bytes viewed
+                      as float32 with a ones vector: a pure streaming read);
+                      vs_torch = torch-matmul-max median / this median.
+
+models (shape names in the rows):
+  minilm (default)    real all-MiniLM-L6-v2 [30522, 384] word embeddings as the
+                      lm_head, hidden states of its encoder over English
+                      docstrings of Python stdlib modules. Two shapes: "minilm"
+                      (full vocab) and "minilm-d2t8192" (EAGLE-3 draft vocab of
+                      the 8192 most frequent tokens of that text, with d2t).
+  qwen3, llama3, deepseek-v3   synthetic 151936x4096, 128256x4096, 129280x7168
+  synthetic           synthetic --vocab V --hidden H
+  Synthetic weights are N(0,1)/sqrt(H) from --seed, generated per block.
+"""
+
+EPILOG = """\
+examples:
+  localargmax-bench                                   # tp=2 gloo, minilm, fp32, B=1,8,64
+  localargmax-bench --json bench/results/cpu_minilm_default.json
+  localargmax-bench --model qwen3 --batch 1,8 --steps 5
+  localargmax-bench --model synthetic --vocab 262144 --hidden 2048 --methods full-gather,fused
+  localargmax-bench --device cuda --tp 8 --model deepseek-v3 --json -
+  torchrun --nproc-per-node 8 -m localargmax.bench --device cuda --model qwen3
+  localargmax-bench --kernel-only --model qwen3 --rows 75968 --dtype bfloat16
+  localargmax-bench --smoke --json out.json           # tiny, for tests (or LOCALARGMAX_BENCH_SMOKE=1)
+"""
+
+MODELS = ("minilm", "synthetic", "qwen3", "llama3", "deepseek-v3")
+SMOKE_ENV = "LOCALARGMAX_BENCH_SMOKE"
+SMOKE_SHAPE = (1003, 64)  # a tiny synthetic vocab that does not divide by 64
+
+
+class UsageError(ValueError):
+    """A bad combination of command-line options."""
+
+
+def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+    """The argument parser (its --help is the user documentation)."""
+    from .runner import DTYPES, METHODS
+
+    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=MODELS, default="minilm", help="lm_head and inputs (default: minilm)")
+    p.add_argument("--vocab", type=int, help="vocabulary size, with --model synthetic")
+    p.add_argument("--hidden", type=int, help="hidden size, with --model synthetic")
+    p.add_argument("--draft-vocab", type=int, help="minilm: size K of the d2t draft-vocab shape (default 8192; 0 skips it)")
+    p.add_argument("--tp", type=int, help="ranks (default 2; under torchrun: WORLD_SIZE)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo) or cuda (NCCL); default cpu")
+    p.add_argument("--dtype", choices=tuple(DTYPES), help="weight/hidden dtype (default: float32 for minilm, bfloat16 for synthetic)")
+    p.add_argument("--batch", default="1,8,64", help="comma-separated batch sizes (default 1,8,64)")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
+    p.add_argument("--steps", type=int, help="timed steps per row (default: 100 minilm, 10 big shapes on CPU; 200 on CUDA)")
+    p.add_argument("--warmup", type=int, help="untimed steps before them (default: 10 minilm, 2 big shapes on CPU; 20 on CUDA)")
+    p.add_argument("--threads", type=int, help="torch threads per rank (default max(1, cpu_count // tp))")
+    p.add_argument("--seed", type=int, default=0, help="seed of sampled positions and synthetic weights (default 0)")
+    p.add_argument("--json", metavar="PATH", help="write {env, rows, command} as JSON to PATH ('-' = stdout, table to stderr)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--kernel-only", action="store_true", help="time the local step alone on one process (fused-kernel, torch-matmul-max, stream-read)")
+    p.add_argument("--rows", type=int, help="--kernel-only: shard rows (default: the tp=2 shard, e.g. 75968 for qwen3)")
+    p.add_argument("--max-seconds", type=float, default=10.0, help="--kernel-only: cut timed calls to fit this many seconds per row (default 10; 0 = no cut)")
+    p.add_argument("--smoke", action="store_true", help=f"tiny fast run for tests (also {SMOKE_ENV}=1): B=1,4, 3 steps, plus a tiny synthetic shape")
+    return p
+
+
+def _int_list(text: str, what: str) -> List[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{what} must be integers >= 1, got {text!r}")
+    return values
+
+
+def make_config(args, command: List[str]):
+    """Check the options and return ``(RunConfig, shape_builder, smoke)``; the
+    builder is called later (it may load the model). Raises UsageError."""
+    import torch
+
+    from .runner import METHODS, RunConfig, under_torchrun
+
+    smoke = args.smoke or os.environ.get(SMOKE_ENV, "") not in ("", "0")
+    synthetic = args.model != "minilm"
+    if (args.vocab or args.hidden) and args.model != "synthetic":
+        raise UsageError("--vocab/--hidden go with --model synthetic")
+    if args.model == "synthetic" and not smoke and not (args.vocab and args.hidden):
+        raise UsageError("--model synthetic needs --vocab V and --hidden H (both >= 1)")
+    if synthetic and args.draft_vocab:
+        raise UsageError("--draft-vocab applies to --model minilm only")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise UsageError(f"unknown method(s) {unknown or args.methods!r}; choose from {', '.join(METHODS)}")
+    if args.device == "cuda":
+        from .. import WITH_CUDA
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: torch.cuda.is_available() is False (no GPU or a CPU-only torch)")
+        if not WITH_CUDA:
+            raise UsageError("--device cuda: this build of localargmax has no CUDA kernels (rebuild with CUDA)")
+    if args.kernel_only and args.tp not in (None, 1):
+        raise UsageError("--kernel-only runs one process: drop --tp")
+    if under_torchrun() and not args.kernel_only:
+        world = int(os.environ["WORLD_SIZE"])
+        if args.tp not in (None, world):
+            raise UsageError(f"--tp {args.tp} but torchrun started WORLD_SIZE={world} ranks")
+        tp = world
+    else:
+        tp = 1 if args.kernel_only else (args.tp if args.tp is not None else 2)
+    if tp < 1:
+        raise UsageError(f"--tp must be >= 1, got {tp}")
+    if args.device == "cuda" and not under_torchrun() and tp > torch.cuda.device_count():
+        raise UsageError(f"--tp {tp} needs {tp} GPUs, this machine has {torch.cuda.device_count()}")
+    big = synthetic and not smoke
+    cuda = args.device == "cuda"
+    steps = args.steps if args.steps is not None else (3 if smoke else 200 if cuda else 10 if big else 100)
+    warmup = args.warmup if args.warmup is not None else (1 if smoke else 20 if cuda else 2 if big else 10)
+    if steps < 1 or warmup < 0:
+        raise UsageError("--steps must be >= 1 and --warmup >= 0")
+    threads = args.threads if args.threads is not None else max(1, (os.cpu_count() or 1) // tp)
+    if threads < 1:
+        raise UsageError("--threads must be >= 1")
+    batches = [1, 4] if smoke and args.batch == "1,8,64" else _int_list(args.batch, "--batch")
+    dtype = args.dtype or ("bfloat16" if synthetic else "float32")
+    cfg = RunConfig(tp=tp, device=args.device, dtype=dtype, batches=batches, methods=methods, steps=steps,
+                    warmup=warmup, threads=threads, json_path=args.json, command=command,
+                    progress=not args.no_progress)
+    draft_vocab = 8192 if args.draft_vocab is None else args.draft_vocab
+    if draft_vocab < 0:
+        raise UsageError("--draft-vocab must be >= 0")
+    for name in ("vocab", "hidden"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be >= 1")
+
+    def build_shapes():
+        from . import data
+
+        tiny = data.synthetic_shape("synthetic", *SMOKE_SHAPE, seed=args.seed)
+        if smoke:  # minilm (both shapes) + the tiny synthetic shape; kernel-only / synthetic: tiny only
+            real = [] if (args.kernel_only or synthetic) else data.minilm_shapes(draft_vocab, max(batches), seed=args.seed)
+            return real + [tiny]
+        if args.model == "minilm":
+            return data.minilm_shapes(0 if args.kernel_only else draft_vocab, max(batches), seed=args.seed)
+        return [data.synthetic_shape(args.model, args.vocab, args.hidden, seed=args.seed)]
+
+    return cfg, build_shapes, smoke
+
+
+def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+    """Run the benchmark; returns the process exit code (0 ok, 1 a rank
+    failed, 2 usage error, 130 interrupted)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = prog or "localargmax-bench"
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    try:
+        cfg, build_shapes, smoke = make_config(args, shlex.split(prog) + argv)
+        shapes = build_shapes()
+        if args.kernel_only:
+            rows = kernel_rows(args, shapes[0])
+    except (UsageError, RuntimeError, ValueError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    try:
+        if args.kernel_only:
+            from .kernel import run_kernel_only
+            from .report import finish
+
+            finish(run_kernel_only(cfg, shapes[0], rows, 0.0 if smoke else args.max_seconds), cfg, kernel_only=True)
+            return 0
+        from .runner import launch
+
+        return launch(cfg, shapes)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+
+
+def kernel_rows(args, shape) -> int:
+    """``--rows``, or the tp=2 shard of the shape's lm_head; checked against real heads."""
+    from ..layout import shard_vocab
+
+    rows = args.rows if args.rows is not None else shard_vocab(shape.lm_rows, 0, 2, pad_to=64).rows
+    if rows < 1:
+        raise UsageError("--rows must be >= 1")
+    if shape.weight is not None and rows > shape.lm_rows:
+        raise UsageError(f"--rows {rows} is more than the {shape.name} lm_head's {shape.lm_rows} rows")
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())

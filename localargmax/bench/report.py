@@ -1,0 +1,124 @@
+"""Result output: the environment record, speedup columns, the text table and
+the JSON file ``{"env": {...}, "rows": [...], "command": "..."}``."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+from typing import List, Optional
+
+import torch
+
+
+def cpu_name() -> str:
+    """The CPU's ``model name`` from /proc/cpuinfo (else ``platform.processor()``)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def env_info(device: str, threads: int) -> dict:
+    """Versions and hardware of this run: python, torch, localargmax, platform,
+    CPU name and count, torch threads per rank, the 1/5/15-minute load average
+    when the run ended (other work on the machine skews CPU timings); for CUDA
+    the GPU name, driver and CUDA version."""
+    from .. import __version__
+
+    env = dict(python=platform.python_version(), torch=torch.__version__, localargmax=__version__,
+               platform=platform.platform(), cpu=cpu_name(), cpu_count=os.cpu_count(), threads_per_rank=threads,
+               loadavg=[round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None)
+    if device == "cuda":
+        env["gpu"] = torch.cuda.get_device_name()
+        env["cuda"] = torch.version.cuda
+        env["driver"] = _nvidia_driver()
+    return env
+
+
+def _nvidia_driver() -> Optional[str]:
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:  # driver's CUDA version, e.g. 13000 -> "cuda-driver-api 13.0"
+        version = torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else None
+        return f"cuda-driver-api {version // 1000}.{version % 1000 // 10}" if version else None
+    except Exception:  # noqa: BLE001  best effort only
+        return None
+
+
+def add_speedups(rows: List[dict], baseline: str, column: str) -> None:
+    """Set ``row[column]`` = baseline median / row median, for rows with the
+    same shape and batch as a ``baseline`` row (None where there is none)."""
+    base = {(r["shape"], r["batch"]): r["median_us"] for r in rows if r["method"] == baseline}
+    for r in rows:
+        b = base.get((r["shape"], r["batch"]))
+        if b is not None and r["method"] != "stream-read":
+            r[column] = b / r["median_us"]
+
+
+_MULTI_COLUMNS = (("method", "method"), ("shape", "shape"), ("tp", "tp"), ("batch", "batch"),
+                  ("median_us", "median_us"), ("p90_us", "p90_us"), ("bytes_sent_per_rank", "sent_B"),
+                  ("bytes_recv_per_rank", "recv_B"), ("speedup_vs_full_gather", "speedup"), ("agree", "agree"))
+_KERNEL_COLUMNS = (("method", "method"), ("shape", "shape"), ("rows", "rows"), ("batch", "batch"),
+                   ("dtype", "dtype"), ("median_us", "median_us"), ("p90_us", "p90_us"), ("gbps", "GB/s"),
+                   ("fraction_of_stream", "of_stream"), ("speedup_vs_torch", "vs_torch"), ("agree", "agree"))
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if value >= 100:
+            return f"{value:.0f}"
+        return f"{value:.3f}" if value < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def format_table(rows: List[dict], kernel_only: bool) -> str:
+    """Plain aligned text table of the rows (numbers right-aligned)."""
+    columns = _KERNEL_COLUMNS if kernel_only else _MULTI_COLUMNS
+    cells = [[title for _, title in columns]] + [[_fmt(r.get(key)) for key, _ in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = []
+    for n, row in enumerate(cells):
+        parts = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join(parts).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def finish(rows: List[dict], cfg, kernel_only: bool) -> None:
+    """Print the table (to stderr when the JSON goes to stdout) and write the JSON."""
+    to_stdout = cfg.json_path == "-"
+    out = sys.stderr if to_stdout else sys.stdout
+    if rows:
+        first = rows[0]
+        header = (f"device={first['device']} dtype={first['dtype']} threads/rank={cfg.threads} "
+                  f"steps={cfg.steps} warmup={cfg.warmup}")
+        print(header, file=out)
+    print(format_table(rows, kernel_only), file=out, flush=True)
+    if cfg.json_path:
+        doc = {"env": env_info(cfg.device, cfg.threads), "rows": rows, "command": shlex.join(cfg.command)}
+        text = json.dumps(doc, indent=2)
+        if to_stdout:
+            print(text, flush=True)
+        else:
+            directory = os.path.dirname(os.path.abspath(cfg.json_path))
+            os.makedirs(directory, exist_ok=True)
+            with open(cfg.json_path, "w") as f:
+                f.write(text + "\n")
+            print(f"wrote {len(rows)} rows to {cfg.json_path}", file=out)

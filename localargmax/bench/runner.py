@@ -1,0 +1,243 @@
+"""The per-rank timing loop of the multi-rank benchmark, and how ranks start.
+
+Timing (documented in ``--help``): every timed step is preceded by a barrier
+(outside the timed region); the step time is rank 0's wall time from the
+barrier's return until the method's ids are ready on rank 0 (CUDA: after
+``torch.cuda.synchronize()``). Because every method ends in a collective,
+rank 0 cannot finish before the slowest rank has contributed its share.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .. import lm_head_argmax
+from ..baselines import FLOAT32_EXACT_INDEX_LIMIT, full_gather_argmax, unfused_local_argmax
+from . import report
+from .data import Shape, reference_ids, weight_shard
+
+METHODS = ("full-gather", "unfused-local", "fused", "fused-allreduce")
+"""The methods of the multi-rank benchmark, in table order."""
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class RunConfig:
+    """Everything a rank needs to know about the run (picklable for spawn)."""
+
+    tp: int
+    device: str
+    dtype: str
+    batches: List[int]
+    methods: List[str]
+    steps: int
+    warmup: int
+    threads: int
+    json_path: Optional[str] = None
+    command: List[str] = field(default_factory=list)
+    progress: bool = True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def comm_bytes(method: str, batch: int, rows: int, itemsize: int, tp: int):
+    """``(bytes_sent_per_rank, bytes_recv_per_rank)`` of one step.
+
+    Sent is the payload a rank contributes: the ``[batch, rows]`` logits in the
+    weight dtype for full-gather, 8 bytes per row otherwise (two float32 for
+    unfused-local, one int64 key for fused*). Received is ``(tp - 1) * payload``
+    for an all-gather and the ring all-reduce estimate
+    ``2 * (tp - 1) / tp * payload`` for fused-allreduce.
+    """
+    payload = batch * rows * itemsize if method == "full-gather" else 8 * batch
+    if method == "fused-allreduce":
+        return payload, int(round(2 * (tp - 1) / tp * payload))
+    return payload, (tp - 1) * payload
+
+
+def make_step(method: str, hidden, weight, layout, d2t, group):
+    """A no-argument callable running one step of ``method`` on this rank, returning ids."""
+    kwargs = dict(vocab_start=layout.vocab_start, num_valid=layout.num_valid, d2t=d2t, group=group)
+    if method == "full-gather":
+        return lambda: full_gather_argmax(hidden, weight, **kwargs)
+    if method == "unfused-local":
+        return lambda: unfused_local_argmax(hidden, weight, **kwargs)
+    if method == "fused":
+        return lambda: lm_head_argmax(hidden, weight, reduce="all_gather", **kwargs)
+    if method == "fused-allreduce":
+        return lambda: lm_head_argmax(hidden, weight, reduce="all_reduce", **kwargs)
+    raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+
+
+def run_rank(local_rank: int, cfg: RunConfig, shapes: Sequence[Shape], port: Optional[int]) -> None:
+    """Entry point of one rank: join the process group (``tcp://127.0.0.1:port``
+    when spawned, ``env://`` under torchrun when ``port`` is None), benchmark
+    every shape, and on rank 0 print the table and write the JSON."""
+    cuda = cfg.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    if port is None:
+        dist.init_process_group("nccl" if cuda else "gloo", init_method="env://")
+    else:
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                rank=local_rank, world_size=cfg.tp)
+    try:
+        rank = dist.get_rank()
+        if port is None:  # torchrun: every rank built its inputs; make them bit-identical
+            _broadcast_hidden_pools(shapes, torch.device("cuda", local_rank) if cuda else torch.device("cpu"))
+        rows = benchmark_rank(rank, local_rank, cfg, shapes)
+        if rank == 0:
+            report.finish(rows, cfg, kernel_only=False)
+    finally:
+        dist.destroy_process_group()
+
+
+def _broadcast_hidden_pools(shapes: Sequence[Shape], device) -> None:
+    for shape in shapes:
+        if shape.hidden_pool is not None:
+            pool = shape.hidden_pool.to(device)
+            dist.broadcast(pool, src=0)
+            shape.hidden_pool = pool.cpu()
+
+
+def _sync_and_barrier(cuda: bool, local_rank: int):
+    def barrier():
+        if cuda:
+            dist.barrier(device_ids=[local_rank])
+            torch.cuda.synchronize()
+        else:
+            dist.barrier()
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    return barrier, sync
+
+
+def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[Shape]) -> List[dict]:
+    """Time every (shape, batch, method) on this rank; rank 0 returns the rows
+    (other ranks return ``[]``)."""
+    torch.set_num_threads(cfg.threads)
+    tp, cuda = cfg.tp, cfg.device == "cuda"
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    dtype = DTYPES[cfg.dtype]
+    group = dist.group.WORLD
+    barrier, sync = _sync_and_barrier(cuda, local_rank)
+    max_batch = max(cfg.batches)
+    total = len(shapes) * len(cfg.batches) * len(cfg.methods) * (cfg.warmup + cfg.steps)
+    bar = None
+    if rank == 0 and cfg.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, file=sys.stderr, unit="step", dynamic_ncols=True, leave=False)
+    rows = []
+    for shape in shapes:
+        weight, layout = weight_shard(shape, rank, tp, dtype, device)
+        d2t = shape.d2t.to(device) if shape.d2t is not None else None
+        hidden_all = shape.hidden_states(max_batch)
+        if bar is not None:
+            bar.set_description(f"{shape.name}: float64 reference")
+        reference = reference_ids(shape, hidden_all, dtype) if rank == 0 else None
+        for batch in cfg.batches:
+            hidden = hidden_all[:batch].to(dtype).to(device)
+            for method in cfg.methods:
+                if bar is not None:
+                    bar.set_description(f"{shape.name} B={batch} {method}")
+                if method == "unfused-local" and tp * layout.rows > FLOAT32_EXACT_INDEX_LIMIT:
+                    if rank == 0:
+                        print(f"skipping unfused-local for {shape.name}: padded vocab {tp * layout.rows} >= 2**24", file=sys.stderr)
+                    if bar is not None:
+                        bar.update(cfg.warmup + cfg.steps)
+                    continue
+                step = make_step(method, hidden, weight, layout, d2t, group)
+                times = []
+                for i in range(cfg.warmup + cfg.steps):
+                    barrier()
+                    start = time.perf_counter()
+                    ids = step()
+                    sync()
+                    elapsed = time.perf_counter() - start
+                    if i >= cfg.warmup:
+                        times.append(elapsed)
+                    if bar is not None:
+                        bar.update(1)
+                gathered = [torch.empty_like(ids) for _ in range(tp)]
+                dist.all_gather(gathered, ids)
+                if rank != 0:
+                    continue
+                ids_by_rank = torch.stack([g.cpu() for g in gathered])
+                agree = (ids_by_rank == reference[:batch]).all(dim=0).double().mean().item()
+                sent, recv = comm_bytes(method, batch, layout.rows, weight.element_size(), tp)
+                times_us = np.array(times) * 1e6
+                rows.append(dict(
+                    method=method, model=shape.model, shape=shape.name, tp=tp, batch=batch,
+                    vocab=shape.vocab, hidden=shape.hidden, draft_vocab=shape.draft_vocab, rows=layout.rows,
+                    dtype=cfg.dtype, device=cfg.device, steps=cfg.steps,
+                    median_us=float(np.median(times_us)), p90_us=float(np.percentile(times_us, 90)),
+                    bytes_sent_per_rank=sent, bytes_recv_per_rank=recv,
+                    speedup_vs_full_gather=None, agree=agree,
+                ))
+        del weight
+    if bar is not None:
+        bar.close()
+    report.add_speedups(rows, "full-gather", "speedup_vs_full_gather")
+    return rows
+
+
+def launch(cfg: RunConfig, shapes: Sequence[Shape]) -> int:
+    """Run ``cfg.tp`` ranks: in this process under torchrun (``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK`` set), else spawned here. Returns an exit code.
+
+    Spawned ranks are joined; on Ctrl-C or when one rank fails, the others are
+    terminated, so no rank is left behind.
+    """
+    if under_torchrun():
+        run_rank(int(os.environ["LOCAL_RANK"]), cfg, shapes, None)
+        return 0
+    import torch.multiprocessing as mp
+
+    port = free_port()
+    ctx = mp.start_processes(run_rank, args=(cfg, shapes, port), nprocs=cfg.tp, join=False, start_method="spawn")
+    try:
+        while not ctx.join():
+            pass
+    except KeyboardInterrupt:
+        _terminate(ctx.processes)
+        print("localargmax-bench: interrupted; ranks terminated", file=sys.stderr)
+        return 130
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:  # join() stopped the other ranks
+        _terminate(ctx.processes)
+        print(f"localargmax-bench: a rank failed:\n{exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def under_torchrun() -> bool:
+    """Whether torchrun (or a similar launcher) started this process as one rank."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+def _terminate(processes) -> None:
+    for proc in processes:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in processes:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()

