@@ -72,8 +72,8 @@ void launch_batch(const at::Tensor& hidden, const at::Tensor& weight, const at::
 void launch(const at::Tensor& hidden_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
             int64_t vocab_start, int64_t num_valid, const ShardReduce& out, bool topk_mode) {
   const at::Tensor hidden = hidden_in.stride(1) == 1 ? hidden_in : hidden_in.contiguous();
-  TORCH_CHECK_VALUE((num_valid + kRowsPerBlock - 1) / kRowsPerBlock <= 0x7FFFFFFF,
-                    "shard_argmax: too many vocabulary rows (", num_valid, ")");
+  TORCH_CHECK_VALUE(num_valid < (int64_t{1} << 31) - kRowsPerBlock,
+                    "shard_argmax: a CUDA shard holds fewer than 2**31 rows, got num_valid=", num_valid);
   TORCH_CHECK_VALUE(hidden.size(1) < (int64_t{1} << 30), "shard_argmax: hidden_size must be < 2**30 on CUDA, got ",
                     hidden.size(1));
   at::Tensor bias_t, bias_f;

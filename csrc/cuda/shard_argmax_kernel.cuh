@@ -65,7 +65,9 @@ struct ShardReduce {
 // keys of its kRowsPerBlock rows per batch row to out.block_topk instead of
 // folding one key into out.keys with atomicMax.
 template <typename T, int NB, int VEC, bool TOPK>
-__global__ void __launch_bounds__(kWarps * 32)
+// minBlocksPerSM = 2: without it ptxas spilled a 64-bit value to the stack in
+// some instantiations on sm_80 / sm_100 (tests/test_cuda_build.py checks).
+__global__ void __launch_bounds__(kWarps * 32, 2)
     shard_argmax_kernel(const T* __restrict__ hidden, int64_t ldh, const T* __restrict__ weight,
                         int64_t ldw, const T* __restrict__ bias_t, const float* __restrict__ bias_f,
                         int64_t batch, int64_t hidden_size, int64_t num_valid, int64_t vocab_start,
@@ -75,7 +77,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   __shared__ unsigned long long lists[TOPK ? NB : 1][TOPK ? 64 : 1];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
+  // Row indices fit in 32 bits (the launcher checks num_valid < 2**31); 64-bit
+  // row arithmetic made ptxas spill on sm_80 / sm_100.
+  const int row_begin = static_cast<int>(blockIdx.x) * kRowsPerBlock;
+  const int row_end = min(row_begin + kRowsPerBlock, static_cast<int>(num_valid));
   const int64_t num_batch_chunks = (batch + NB - 1) / NB;
 
   for (int64_t chunk = blockIdx.y; chunk < num_batch_chunks; chunk += gridDim.y) {
@@ -88,11 +93,11 @@ __global__ void __launch_bounds__(kWarps * 32)
       __syncthreads();
     }
 
-    for (int64_t row = row_begin + warp; row < row_begin + kRowsPerBlock && row < num_valid; row += kWarps) {
+    for (int row = row_begin + warp; row < row_end; row += kWarps) {
       float acc[NB];
 #pragma unroll
       for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
-      const T* wrow = weight + row * ldw;
+      const T* wrow = weight + static_cast<int64_t>(row) * ldw;
       for (int k = lane * VEC; k < static_cast<int>(hidden_size); k += 32 * VEC) {
         if constexpr (VEC > 1) {
           // hidden_size % VEC == 0 on this path, so the vector is whole.
@@ -116,7 +121,7 @@ __global__ void __launch_bounds__(kWarps * 32)
             if (b0 + j < batch) acc[j] = __fadd_rn(acc[j], __fmul_rn(w, load_float(hidden + (b0 + j) * ldh + k)));
         }
       }
-      const uint64_t global_index = static_cast<uint64_t>(vocab_start + row);
+      const uint64_t global_index = static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(row);
 #pragma unroll
       for (int j = 0; j < NB; ++j) {
         float s = acc[j];
