@@ -1,6 +1,8 @@
-"""What engines do today, for the benchmark to compare against.
+"""What engines do today, for the benchmark to compare against: greedy
+(:func:`full_gather_argmax`, :func:`unfused_local_argmax`), top-k
+(:func:`full_gather_topk`) and sampling (:func:`full_gather_sample`).
 
-Both baselines assume the standard contiguous layout of
+All baselines assume the standard contiguous layout of
 :func:`localargmax.shard_vocab`: rank ``r`` of ``tp`` holds global rows
 ``[r * rows, (r + 1) * rows)``, padding at the end of the vocabulary.
 """
@@ -125,6 +127,122 @@ def unfused_local_argmax(
         pairs = pairs.unsqueeze(0)
     best_rank = pairs[:, :, 0].argmax(dim=0)  # first rank wins ties; NaN wins
     ids = pairs[best_rank, torch.arange(batch, device=pairs.device), 1].to(torch.int64)
+    if d2t is not None:
+        ids = ids + d2t[ids]
+    return ids
+
+
+def _gathered_logits(hidden, weight, vocab_start, num_valid, bias, group):
+    """``[B, tp * rows]`` logits in the weight dtype on every rank (padding -inf):
+    the local logits, all-gathered in rank order (the full-gather path)."""
+    rank, tp = _rank_and_size(group)
+    rows = weight.shape[0]
+    num_valid = rows if num_valid is None else num_valid
+    _check_standard_layout(vocab_start, rows, rank)
+    logits = _local_logits(hidden, weight, num_valid, bias)
+    batch = logits.shape[0]
+    if tp > 1:
+        gathered = funcol.wait_tensor(funcol.all_gather_single(logits.contiguous(), 0, group))  # [tp * B, rows]
+        logits = gathered.view(tp, batch, rows).permute(1, 0, 2).reshape(batch, tp * rows)
+    return logits
+
+
+def full_gather_topk(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    k: int,
+    *,
+    vocab_start: int = 0,
+    num_valid: Optional[int] = None,
+    bias: Optional[torch.Tensor] = None,
+    d2t: Optional[torch.Tensor] = None,
+    group: Optional[dist.ProcessGroup] = None,
+):
+    """Today's top-k path (tree drafting): local logits ``[B, rows]`` by torch
+    matmul in the weight dtype, padding set to -inf, all-gather of the logits
+    to ``[B, tp * rows]`` on every rank, ``torch.topk(k)``, then ``id + d2t[id]``.
+    Sends ``B * rows * itemsize`` bytes per rank, like :func:`full_gather_argmax`.
+
+    The top-k runs on logits rounded to the weight dtype, and ``torch.topk``
+    does not specify the order of tied values, so ties (frequent in bf16) may
+    come out in any order; :func:`localargmax.lm_head_topk` orders them by the
+    smallest index. Padding (-inf) can only be returned for a row with fewer
+    than ``k`` valid logits above -inf.
+
+    Args:
+        hidden: ``[B, H]``, the weight's dtype, the same on every rank.
+        weight: ``[rows, H]`` this rank's shard (float32 / bfloat16 / float16).
+        k: ``1 <= k <= tp * rows``.
+        vocab_start, num_valid, bias, d2t, group: as in :func:`full_gather_argmax`.
+
+    Returns:
+        ``(ids [B, k] int64, values [B, k])``: ids (target ids with ``d2t``) in
+        descending order of their logits ``values`` (in the weight dtype).
+
+    Raises:
+        ValueError for ``k`` out of range or a non-standard layout; TypeError
+        when hidden and weight dtypes differ or ``group`` is not a ProcessGroup.
+    """
+    _, tp = _rank_and_size(group)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= tp * weight.shape[0]:
+        raise ValueError(f"k must be an int in [1, tp * rows = {tp * weight.shape[0]}], got {k!r}")
+    logits = _gathered_logits(hidden, weight, vocab_start, num_valid, bias, group)
+    values, ids = logits.topk(k, dim=1, sorted=True)
+    if d2t is not None:
+        ids = ids + d2t[ids]
+    return ids, values
+
+
+def full_gather_sample(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    temperature: float,
+    generator: Optional[torch.Generator] = None,
+    vocab_start: int = 0,
+    num_valid: Optional[int] = None,
+    bias: Optional[torch.Tensor] = None,
+    d2t: Optional[torch.Tensor] = None,
+    group: Optional[dist.ProcessGroup] = None,
+) -> torch.Tensor:
+    """Today's sampling path: all-gather the logits as in :func:`full_gather_argmax`
+    (``[B, tp * rows]`` in the weight dtype, padding -inf, ``B * rows * itemsize``
+    bytes sent per rank), then ``softmax(logits.float() / temperature)`` and
+    ``torch.multinomial(probs, 1, generator=generator)``, then ``id + d2t[id]``.
+
+    Every rank draws the sample itself from the same gathered probabilities. The
+    ranks agree only if their generators are in the same state: create one per
+    rank with the same seed (``torch.Generator(device).manual_seed(seed)``) and
+    make the same calls on every rank (same hardware and torch version too).
+    ``generator=None`` uses torch's global generator, which must then be seeded
+    identically on every rank. Unlike :func:`localargmax.lm_head_sample`, the
+    draw depends on the random stream and on the padded width ``tp * rows``, so
+    it is not the same sample for another ``tp``. Padding has probability 0 and
+    is never drawn.
+
+    Args:
+        hidden, weight, vocab_start, num_valid, bias, d2t, group: as in
+            :func:`full_gather_argmax`.
+        temperature: a float ``>= 0``; ``0`` is greedy (``argmax``, no draw).
+        generator: a ``torch.Generator`` on the logits' device, or None.
+
+    Returns:
+        ``[B]`` int64 sampled ids (target ids with ``d2t``).
+
+    Raises:
+        ValueError for a negative, NaN or non-number temperature or a
+        non-standard layout; TypeError as in :func:`full_gather_argmax`;
+        RuntimeError (from ``torch.multinomial``) for a row whose logits are
+        all -inf or hold NaN or +inf.
+    """
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise ValueError(f"temperature must be a float >= 0 (0 = greedy), got {temperature!r}")
+    logits = _gathered_logits(hidden, weight, vocab_start, num_valid, bias, group)
+    if temperature == 0:
+        ids = logits.argmax(dim=1)
+    else:
+        probs = torch.softmax(logits.float() / float(temperature), dim=1)
+        ids = torch.multinomial(probs, 1, generator=generator).squeeze(1)
     if d2t is not None:
         ids = ids + d2t[ids]
     return ids

@@ -8,6 +8,8 @@ import sys
 import pytest
 import torch
 
+from localargmax.bench import runner
+from localargmax.bench.cli import build_parser, make_config
 from localargmax.bench.report import format_table
 from localargmax.bench.runner import comm_bytes
 
@@ -38,7 +40,8 @@ def run_bench(*args, timeout=600):
 def test_help_exits_zero_and_teaches():
     proc = run_bench("--help", timeout=120)
     assert proc.returncode == 0, proc.stderr
-    for word in ("full-gather", "unfused-local", "fused-allreduce", "bytes_recv_per_rank", "2*(tp-1)/tp", "examples"):
+    for word in ("full-gather", "unfused-local", "fused-allreduce", "bytes_recv_per_rank", "2*(tp-1)/tp", "examples",
+                 "--op", "topk", "sample", "tp_invariance", "8*K*B", "--timeout", "instead of hanging"):
         assert word in proc.stdout
 
 
@@ -48,6 +51,20 @@ def test_help_exits_zero_and_teaches():
     (["--smoke", "--batch", "1,x"], "--batch"),
     (["--smoke", "--vocab", "10", "--hidden", "4"], "--model synthetic"),
     (["--smoke", "--kernel-only", "--tp", "2"], "--kernel-only"),
+    (["--smoke", "--kernel-only", "--op", "topk"], "not --kernel-only"),
+    (["--smoke", "--kernel-only", "--k", "4"], "not --kernel-only"),
+    (["--smoke", "--kernel-only", "--temperature", "0.5"], "not --kernel-only"),
+    (["--smoke", "--k", "4"], "--k goes with --op topk"),
+    (["--smoke", "--op", "sample", "--k", "4"], "--k goes with --op topk"),
+    (["--smoke", "--op", "topk", "--temperature", "0.5"], "--temperature goes with --op sample"),
+    (["--smoke", "--op", "topk", "--k", "0"], "--k must be in 1..64"),
+    (["--smoke", "--op", "topk", "--k", "65"], "--k must be in 1..64"),
+    (["--smoke", "--op", "sample", "--temperature", "-1"], "--temperature must be"),
+    (["--smoke", "--op", "sample", "--temperature", "nan"], "--temperature must be"),
+    (["--smoke", "--op", "topk", "--methods", "fused,unfused-local"], "not available with --op topk"),
+    (["--smoke", "--op", "sample", "--methods", "fused-allreduce"], "not available with --op sample"),
+    (["--smoke", "--op", "sample", "--seed", "-1"], "--seed"),
+    (["--smoke", "--timeout", "0"], "--timeout"),
 ])
 def test_usage_errors_are_clear(args, message):
     proc = run_bench(*args, timeout=120)
@@ -80,6 +97,7 @@ def test_smoke_run_json(tmp_path):
     assert {r["batch"] for r in rows} == {1, 4}
     for r in rows:
         assert ROW_FIELDS <= set(r), ROW_FIELDS - set(r)
+        assert r["op"] == "argmax" and "k" not in r and "tp_invariance" not in r
         assert r["median_us"] > 0 and r["p90_us"] >= r["median_us"]
         tp, batch = r["tp"], r["batch"]
         if r["method"].startswith("fused"):
@@ -93,6 +111,81 @@ def test_smoke_run_json(tmp_path):
         else:
             assert r["bytes_recv_per_rank"] == (tp - 1) * r["bytes_sent_per_rank"]
         assert (r["draft_vocab"] is not None) == ("d2t" in r["shape"])
+
+
+def run_op_smoke(tmp_path, *args):
+    """A --smoke run of ``args``; returns its rows after the checks every op shares."""
+    out = tmp_path / "out.json"
+    proc = run_bench("--smoke", "--json", str(out), "--no-progress", *args,
+                     *([] if HAVE_MINILM else ["--model", "synthetic"]))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    shapes = {r["shape"] for r in rows}
+    assert "synthetic-1003x64" in shapes
+    if HAVE_MINILM:
+        assert {"minilm", "minilm-d2t8192"} <= shapes
+    assert {r["method"] for r in rows} == {"full-gather", "fused"}  # the default methods of topk and sample
+    assert {r["batch"] for r in rows} == {1, 4}
+    for r in rows:
+        assert ROW_FIELDS | {"op"} <= set(r), ROW_FIELDS - set(r)
+        assert r["median_us"] > 0 and r["p90_us"] >= r["median_us"]
+        assert r["bytes_recv_per_rank"] == (r["tp"] - 1) * r["bytes_sent_per_rank"]
+        if r["method"] == "full-gather":
+            assert r["bytes_sent_per_rank"] == ITEMSIZE[r["dtype"]] * r["batch"] * r["rows"]
+            assert r["speedup_vs_full_gather"] == 1.0
+    return rows
+
+
+def test_smoke_topk_json(tmp_path):
+    rows = run_op_smoke(tmp_path, "--op", "topk", "--k", "4")
+    for r in rows:
+        assert r["op"] == "topk" and r["k"] == 4
+        assert 0.0 <= r["agree"] <= 1.0
+        if r["method"] == "fused":
+            assert r["agree"] == 1.0, r  # exact float32 order == the float64 reference top-4
+            assert r["bytes_sent_per_rank"] == 8 * 4 * r["batch"]
+    table = format_table(rows, kernel_only=False).splitlines()
+    assert table[0].split()[:5] == ["method", "shape", "tp", "batch", "k"]
+
+
+def test_smoke_sample_json(tmp_path):
+    rows = run_op_smoke(tmp_path, "--op", "sample", "--temperature", "0.8")
+    for r in rows:
+        assert {"temperature", "seed", "offset", "tp_invariance", "ranks_agree"} <= set(r)
+        assert r["op"] == "sample" and r["temperature"] == 0.8 and r["seed"] == 0
+        assert r["agree"] is None  # another random stream: not comparable with a reference
+        assert r["ranks_agree"] == 1.0, r  # full-gather too: every rank's generator has the same seed
+        if r["method"] == "fused":
+            assert r["tp_invariance"] == 1.0, r
+            assert r["bytes_sent_per_rank"] == 8 * r["batch"]
+        else:
+            assert r["tp_invariance"] is None
+    assert format_table(rows, kernel_only=False).splitlines()[0].split()[-2:] == ["agree", "tp_inv"]
+
+
+def test_timeout_reaches_init_process_group(monkeypatch):
+    """--timeout (default 60 s) becomes init_process_group(timeout=...) on the
+    spawn path (tcp://, port given) and the torchrun path (env://, port None)."""
+    import datetime
+
+    assert make_config(build_parser().parse_args(["--smoke"]), [])[0].timeout == 60.0
+    cfg = make_config(build_parser().parse_args(["--smoke", "--timeout", "7.5"]), [])[0]
+    assert cfg.timeout == 7.5
+    calls = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_init(backend, **kwargs):
+        calls.append(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(runner.dist, "init_process_group", fake_init)
+    for port in (12345, None):
+        with pytest.raises(Stop):
+            runner.run_rank(0, cfg, [], port)
+    assert [c["timeout"] for c in calls] == [datetime.timedelta(seconds=7.5)] * 2
+    assert calls[0]["init_method"] == "tcp://127.0.0.1:12345" and calls[1]["init_method"] == "env://"
 
 
 def test_kernel_only_smoke_has_gbps(tmp_path):
@@ -115,6 +208,8 @@ def test_comm_bytes():
     assert comm_bytes("fused", 8, 15264, 2, 4) == (64, 192)
     assert comm_bytes("fused-allreduce", 8, 15264, 2, 4) == (64, 96)
     assert comm_bytes("fused-allreduce", 8, 15264, 2, 1) == (64, 0)
+    assert comm_bytes("fused", 8, 15264, 2, 4, k=16) == (8 * 16 * 8, 3 * 8 * 16 * 8)  # topk: one key per candidate
+    assert comm_bytes("full-gather", 8, 15264, 2, 4, k=16) == (8 * 15264 * 2, 3 * 8 * 15264 * 2)
 
 
 def test_format_table_aligns_columns():
@@ -123,3 +218,23 @@ def test_format_table_aligns_columns():
     lines = format_table(rows, kernel_only=False).splitlines()
     assert len(lines) == 3 and len({len(line) for line in lines[:2]}) == 1
     assert "1234" in lines[2] and lines[2].rstrip().endswith("1.000")
+    assert lines[0].split() == ["method", "shape", "tp", "batch", "median_us", "p90_us", "sent_B", "recv_B",
+                                "speedup", "agree"]  # argmax: no k, no tp_inv
+    topk = [dict(rows[0], op="topk", k=8, bytes_sent_per_rank=64)]
+    assert format_table(topk, kernel_only=False).splitlines()[0].split()[3:5] == ["batch", "k"]
+    sample = [dict(rows[0], op="sample", agree=None, tp_invariance=1.0)]
+    lines = format_table(sample, kernel_only=False).splitlines()
+    assert lines[0].split()[-1] == "tp_inv" and lines[2].split()[-2:] == ["-", "1.000"]
+
+
+def test_sample_reference_skips_when_the_full_head_does_not_fit(monkeypatch, capsys):
+    from localargmax.bench import data, kernel
+
+    shape = data.synthetic_shape("synthetic", 1003, 64, seed=0)
+    cfg = make_config(build_parser().parse_args(["--smoke", "--op", "sample"]), [])[0]
+    hidden = shape.hidden_states(4)
+    ids = runner.sample_reference(shape, hidden, torch.bfloat16, torch.device("cpu"), cfg)
+    assert ids.shape == (4,) and bool((ids < 1003).all())
+    monkeypatch.setattr(kernel, "_mem_available", lambda: 1000)
+    assert runner.sample_reference(shape, hidden, torch.bfloat16, torch.device("cpu"), cfg) is None
+    assert "skipping tp_invariance for synthetic-1003x64" in capsys.readouterr().err

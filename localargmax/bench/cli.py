@@ -10,12 +10,14 @@ import sys
 from typing import List, Optional
 
 DESCRIPTION = """\
-Benchmark greedy token selection from a vocab-parallel lm_head under tensor
-parallelism (TP). Spawns --tp ranks on this machine (gloo on CPU, NCCL with
---device cuda), or runs as one rank under torchrun. Each rank holds a
+Benchmark token selection from a vocab-parallel lm_head under tensor
+parallelism (TP): greedy ids (--op argmax, the default), top-k (--op topk) or
+sampling (--op sample). Spawns --tp ranks on this machine (gloo on CPU, NCCL
+with --device cuda), or runs as one rank under torchrun. Each rank holds a
 zero-padded [rows, H] shard (localargmax.shard_vocab, pad_to=64).
 
-methods (one step = hidden [B, H] in, ids [B] out, identical on every rank):
+--op argmax methods (one step = hidden [B, H] in, ids [B] out, identical on
+every rank; default: all four):
   full-gather      torch matmul -> local logits [B, rows] in the weight dtype,
                    all-gather of the logits to [B, tp*rows], argmax
                    (localargmax.baselines.full_gather_argmax; today's path)
@@ -28,6 +30,22 @@ methods (one step = hidden [B, H] in, ids [B] out, identical on every rank):
   fused-allreduce  the same with an all-reduce MAX of the keys
                    (localargmax.lm_head_argmax, reduce="all_reduce")
 
+--op topk --k K methods (ids [B, K], best first; K in 1..64, default 8):
+  full-gather      all-gather of the logits as above, torch.topk(K)
+                   (localargmax.baselines.full_gather_topk)
+  fused            fused top-K kernel -> K packed keys per row, all-gather of
+                   tp*K keys, merge (localargmax.lm_head_topk)
+
+--op sample --temperature T methods (ids [B] ~ softmax(logits / T); T >= 0,
+default 1.0, 0 = greedy):
+  full-gather      all-gather of the logits as above, softmax(logits.float()/T),
+                   torch.multinomial with a generator seeded with --seed on
+                   every rank (localargmax.baselines.full_gather_sample)
+  fused            Gumbel-max inside the fused kernel, Philox noise keyed by
+                   (--seed, offset 0 + row, global vocab index), one key per
+                   row (localargmax.lm_head_sample). Every timed step uses the
+                   same seed and offset.
+
 columns:
   median_us, p90_us   step time. Every timed step starts after a barrier (not
                       timed); the time is rank 0's wall time until its ids
@@ -35,7 +53,8 @@ columns:
                       a collective, so this includes waiting for every rank.
   sent_B (bytes_sent_per_rank)  payload one rank contributes to the collective
                       per step: full-gather B*rows*itemsize; unfused-local
-                      8*B (two float32); fused and fused-allreduce 8*B (one key).
+                      8*B (two float32); fused and fused-allreduce 8*B (one key);
+                      fused topk 8*K*B (one key per candidate).
   recv_B (bytes_recv_per_rank)  all-gather: (tp-1)*payload. all-reduce: the
                       ring-algorithm ESTIMATE 2*(tp-1)/tp*payload (the real
                       traffic depends on the backend's algorithm).
@@ -47,6 +66,18 @@ columns:
                       block by block from the seed and keeps the first maximum
                       across blocks (torch.argmax rule), independent of the
                       kernels under test.
+                      --op topk: fraction of rows whose K ids, in order, equal
+                      the float64 reference top-K (larger logit first, ties to
+                      the smaller index; a stable sort), mapped by d2t.
+                      --op sample: "-" (another random stream, not comparable).
+  k                   --op topk only: K.
+  tp_inv (tp_invariance)  --op sample, fused only: fraction of rows whose
+                      sample (on every rank) equals lm_head_sample on rank 0
+                      with group=None on the whole unpadded lm_head in --dtype,
+                      same seed and offset: the sample must not depend on tp.
+                      "-" when the full matrix does not fit in memory.
+                      (JSON: sample rows also hold ranks_agree, the fraction
+                      of rows whose sample is the same on every rank.)
   --kernel-only: GB/s = weight bytes / median time; of_stream = GB/s divided
                       by the stream-read row (torch.mv of the same bytes viewed
                       as float32 with a ones vector: a pure streaming read);
@@ -69,6 +100,8 @@ examples:
   localargmax-bench --json bench/results/cpu_minilm_default.json
   localargmax-bench --model qwen3 --batch 1,8 --steps 5
   localargmax-bench --model synthetic --vocab 262144 --hidden 2048 --methods full-gather,fused
+  localargmax-bench --op topk --k 8 --json bench/results/cpu_minilm_topk8.json
+  localargmax-bench --op sample --temperature 0.7 --model qwen3 --batch 8 --steps 5
   localargmax-bench --device cuda --tp 8 --model deepseek-v3 --json -
   torchrun --nproc-per-node 8 -m localargmax.bench --device cuda --model qwen3
   localargmax-bench --kernel-only --model qwen3 --rows 75968 --dtype bfloat16
@@ -86,7 +119,7 @@ class UsageError(ValueError):
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     """The argument parser (its --help is the user documentation)."""
-    from .runner import DTYPES, METHODS
+    from .runner import DTYPES, OP_METHODS, OPS
 
     p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -98,11 +131,20 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo) or cuda (NCCL); default cpu")
     p.add_argument("--dtype", choices=tuple(DTYPES), help="weight/hidden dtype (default: float32 for minilm, bfloat16 for synthetic)")
     p.add_argument("--batch", default="1,8,64", help="comma-separated batch sizes (default 1,8,64)")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
+    p.add_argument("--op", choices=OPS, help="what a step computes: argmax (greedy, default), topk (--k ids per row) or "
+                   "sample (softmax(logits / --temperature)); not with --kernel-only")
+    p.add_argument("--k", type=int, help="--op topk: ids per row, 1..64 (default 8)")
+    p.add_argument("--temperature", type=float, help="--op sample: temperature T >= 0 (default 1.0; 0 = greedy)")
+    methods_help = "; ".join(f"{op}: {','.join(m)}" for op, m in OP_METHODS.items())
+    p.add_argument("--methods", help=f"comma-separated subset of the --op's methods (default: all of them; {methods_help})")
     p.add_argument("--steps", type=int, help="timed steps per row (default: 100 minilm, 10 big shapes on CPU; 200 on CUDA)")
     p.add_argument("--warmup", type=int, help="untimed steps before them (default: 10 minilm, 2 big shapes on CPU; 20 on CUDA)")
     p.add_argument("--threads", type=int, help="torch threads per rank (default max(1, cpu_count // tp))")
-    p.add_argument("--seed", type=int, default=0, help="seed of sampled positions and synthetic weights (default 0)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of sampled positions, synthetic weights and --op sample's noise (default 0)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="every collective this run starts fails after this long instead of hanging, e.g. when a "
+                        "rank dies (default 60)")
     p.add_argument("--json", metavar="PATH", help="write {env, rows, command} as JSON to PATH ('-' = stdout, table to stderr)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--kernel-only", action="store_true", help="time the local step alone on one process (fused-kernel, torch-matmul-max, stream-read)")
@@ -127,7 +169,8 @@ def make_config(args, command: List[str]):
     builder is called later (it may load the model). Raises UsageError."""
     import torch
 
-    from .runner import METHODS, RunConfig, under_torchrun
+    from .. import MAX_TOPK
+    from .runner import OP_METHODS, RunConfig, under_torchrun
 
     smoke = args.smoke or os.environ.get(SMOKE_ENV, "") not in ("", "0")
     synthetic = args.model != "minilm"
@@ -137,10 +180,32 @@ def make_config(args, command: List[str]):
         raise UsageError("--model synthetic needs --vocab V and --hidden H (both >= 1)")
     if synthetic and args.draft_vocab:
         raise UsageError("--draft-vocab applies to --model minilm only")
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in METHODS]
+    if args.kernel_only and (args.op not in (None, "argmax") or args.k is not None or args.temperature is not None):
+        raise UsageError("--op topk/sample, --k and --temperature apply to the multi-rank benchmark, not --kernel-only "
+                         "(which times the argmax kernel)")
+    op = args.op or "argmax"
+    if args.k is not None and op != "topk":
+        raise UsageError("--k goes with --op topk")
+    if args.temperature is not None and op != "sample":
+        raise UsageError("--temperature goes with --op sample")
+    k = 8 if args.k is None else args.k
+    if not 1 <= k <= MAX_TOPK:
+        raise UsageError(f"--k must be in 1..{MAX_TOPK}, got {k}")
+    temperature = 1.0 if args.temperature is None else args.temperature
+    if not 0 <= temperature < float("inf"):
+        raise UsageError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if op == "sample" and not 0 <= args.seed < 2**63:
+        raise UsageError(f"--op sample needs 0 <= --seed < 2**63, got {args.seed}")
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    op_methods = OP_METHODS[op]
+    methods = list(op_methods) if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in OP_METHODS["argmax"]]
     if unknown or not methods:
-        raise UsageError(f"unknown method(s) {unknown or args.methods!r}; choose from {', '.join(METHODS)}")
+        raise UsageError(f"unknown method(s) {unknown or args.methods!r}; choose from {', '.join(op_methods)}")
+    unavailable = [m for m in methods if m not in op_methods]
+    if unavailable:
+        raise UsageError(f"method(s) {', '.join(unavailable)} not available with --op {op}; choose from {', '.join(op_methods)}")
     if args.device == "cuda":
         from .. import WITH_CUDA
 
@@ -174,7 +239,8 @@ def make_config(args, command: List[str]):
     dtype = args.dtype or ("bfloat16" if synthetic else "float32")
     cfg = RunConfig(tp=tp, device=args.device, dtype=dtype, batches=batches, methods=methods, steps=steps,
                     warmup=warmup, threads=threads, json_path=args.json, command=command,
-                    progress=not args.no_progress)
+                    progress=not args.no_progress, op=op, k=k, temperature=temperature, seed=args.seed,
+                    timeout=args.timeout)
     draft_vocab = 8192 if args.draft_vocab is None else args.draft_vocab
     if draft_vocab < 0:
         raise UsageError("--draft-vocab must be >= 0")
@@ -206,6 +272,10 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     try:
         cfg, build_shapes, smoke = make_config(args, shlex.split(prog) + argv)
         shapes = build_shapes()
+        if cfg.op == "topk":
+            for shape in shapes:
+                if cfg.k > shape.lm_rows:
+                    raise UsageError(f"--k {cfg.k} is more than the {shape.name} lm_head's {shape.lm_rows} rows")
         if args.kernel_only:
             rows = kernel_rows(args, shapes[0])
     except (UsageError, RuntimeError, ValueError) as exc:

@@ -152,6 +152,38 @@ def reference_ids(shape: Shape, hidden: torch.Tensor, dtype: torch.dtype, start:
     return best_idx
 
 
+def reference_topk(shape: Shape, hidden: torch.Tensor, dtype: torch.dtype, k: int) -> torch.Tensor:
+    """``[B, k]`` int64 float64-reference top-k ids of the whole unpadded
+    lm_head, mapped by ``d2t``.
+
+    ``hidden`` and the weights are first rounded to ``dtype`` (as in
+    :func:`reference_ids`); the float64 logits come from
+    ``localargmax.reference.reference_logits`` (real models: the whole matrix;
+    synthetic: block by block, concatenated in row order) and are ordered by
+    larger value, then smaller index (a stable sort of ``-logits``).
+    """
+    hidden = hidden.to(dtype)
+    if shape.weight is not None:
+        logits = reference_logits(hidden, shape.weight.to(dtype))
+    else:
+        logits = torch.cat([reference_logits(hidden, rows.to(dtype)) for _, rows in shape.blocks(0, shape.lm_rows)], dim=1)
+    ids = torch.sort(-logits, dim=1, stable=True).indices[:, :k]
+    if shape.d2t is not None:
+        ids = ids + shape.d2t[ids]
+    return ids
+
+
+def full_weight(shape: Shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """The whole unpadded ``[lm_rows, H]`` lm_head in ``dtype`` on ``device``
+    (synthetic shapes: assembled from :meth:`Shape.blocks`)."""
+    if shape.weight is not None:
+        return shape.weight.to(device=device, dtype=dtype).contiguous()
+    weight = torch.empty(shape.lm_rows, shape.hidden, dtype=dtype, device=device)
+    for row0, rows in shape.blocks(0, shape.lm_rows):
+        weight[row0 : row0 + rows.shape[0]].copy_(rows.to(dtype))
+    return weight
+
+
 def synthetic_shape(model: str, vocab: Optional[int], hidden: Optional[int], seed: int) -> Shape:
     """A synthetic shape: a preset name (``qwen3``, ``llama3``, ``deepseek-v3``)
     or ``"synthetic"`` with explicit ``vocab`` and ``hidden``."""

@@ -87,9 +87,21 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def _multi_columns(rows: List[dict]) -> tuple:
+    """The multi-rank columns: a ``k`` column after ``batch`` when there are
+    topk rows, ``tp_inv`` (tp_invariance) after ``agree`` when there are sample
+    rows; argmax rows get exactly :data:`_MULTI_COLUMNS`."""
+    columns = list(_MULTI_COLUMNS)
+    if any(r.get("op") == "topk" for r in rows):
+        columns.insert(columns.index(("batch", "batch")) + 1, ("k", "k"))
+    if any(r.get("op") == "sample" for r in rows):
+        columns.append(("tp_invariance", "tp_inv"))
+    return tuple(columns)
+
+
 def format_table(rows: List[dict], kernel_only: bool) -> str:
     """Plain aligned text table of the rows (numbers right-aligned)."""
-    columns = _KERNEL_COLUMNS if kernel_only else _MULTI_COLUMNS
+    columns = _KERNEL_COLUMNS if kernel_only else _multi_columns(rows)
     cells = [[title for _, title in columns]] + [[_fmt(r.get(key)) for key, _ in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     lines = []
@@ -109,6 +121,11 @@ def finish(rows: List[dict], cfg, kernel_only: bool) -> None:
         first = rows[0]
         header = (f"device={first['device']} dtype={first['dtype']} threads/rank={cfg.threads} "
                   f"steps={cfg.steps} warmup={cfg.warmup}")
+        op = first.get("op", "argmax")
+        if op == "topk":
+            header += f" op=topk k={first['k']}"
+        elif op == "sample":
+            header += f" op=sample temperature={first['temperature']:g} seed={first['seed']} offset={first['offset']}"
         print(header, file=out)
     print(format_table(rows, kernel_only), file=out, flush=True)
     if cfg.json_path:

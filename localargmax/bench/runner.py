@@ -5,9 +5,14 @@ Timing (documented in ``--help``): every timed step is preceded by a barrier
 barrier's return until the method's ids are ready on rank 0 (CUDA: after
 ``torch.cuda.synchronize()``). Because every method ends in a collective,
 rank 0 cannot finish before the slowest rank has contributed its share.
+
+``--op`` picks what a step computes: greedy ids (``argmax``), the top ``k``
+ids (``topk``, tree drafting) or a sample of ``softmax(logits / T)``
+(``sample``); see :data:`OP_METHODS` for the methods of each.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import sys
@@ -19,13 +24,24 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import lm_head_argmax
-from ..baselines import FLOAT32_EXACT_INDEX_LIMIT, full_gather_argmax, unfused_local_argmax
+from .. import lm_head_argmax, lm_head_sample, lm_head_topk
+from ..baselines import (FLOAT32_EXACT_INDEX_LIMIT, full_gather_argmax, full_gather_sample, full_gather_topk,
+                         unfused_local_argmax)
 from . import report
-from .data import Shape, reference_ids, weight_shard
+from .data import Shape, full_weight, reference_ids, reference_topk, weight_shard
 
 METHODS = ("full-gather", "unfused-local", "fused", "fused-allreduce")
-"""The methods of the multi-rank benchmark, in table order."""
+"""The methods of the multi-rank benchmark (``--op argmax``), in table order."""
+
+OPS = ("argmax", "topk", "sample")
+"""What one step computes (``--op``)."""
+
+OP_METHODS = {"argmax": METHODS, "topk": ("full-gather", "fused"), "sample": ("full-gather", "fused")}
+"""The methods available for each op, in table order (also the default set)."""
+
+SAMPLE_OFFSET = 0
+"""Philox offset of every timed ``--op sample`` step (the seed is ``--seed``):
+each step draws the same noise, so every step does the same work."""
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -45,6 +61,11 @@ class RunConfig:
     json_path: Optional[str] = None
     command: List[str] = field(default_factory=list)
     progress: bool = True
+    op: str = "argmax"
+    k: int = 8
+    temperature: float = 1.0
+    seed: int = 0
+    timeout: float = 60.0
 
 
 def free_port() -> int:
@@ -54,24 +75,39 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def comm_bytes(method: str, batch: int, rows: int, itemsize: int, tp: int):
+def comm_bytes(method: str, batch: int, rows: int, itemsize: int, tp: int, k: int = 1):
     """``(bytes_sent_per_rank, bytes_recv_per_rank)`` of one step.
 
     Sent is the payload a rank contributes: the ``[batch, rows]`` logits in the
     weight dtype for full-gather, 8 bytes per row otherwise (two float32 for
-    unfused-local, one int64 key for fused*). Received is ``(tp - 1) * payload``
-    for an all-gather and the ring all-reduce estimate
-    ``2 * (tp - 1) / tp * payload`` for fused-allreduce.
+    unfused-local, one int64 key for fused*), times ``k`` for fused top-k (one
+    key per candidate). Received is ``(tp - 1) * payload`` for an all-gather and
+    the ring all-reduce estimate ``2 * (tp - 1) / tp * payload`` for
+    fused-allreduce.
     """
-    payload = batch * rows * itemsize if method == "full-gather" else 8 * batch
+    payload = batch * rows * itemsize if method == "full-gather" else 8 * k * batch
     if method == "fused-allreduce":
         return payload, int(round(2 * (tp - 1) / tp * payload))
     return payload, (tp - 1) * payload
 
 
-def make_step(method: str, hidden, weight, layout, d2t, group):
-    """A no-argument callable running one step of ``method`` on this rank, returning ids."""
+def make_step(method: str, hidden, weight, layout, d2t, group, op: str = "argmax", k: int = 8,
+              temperature: float = 1.0, seed: int = 0, generator=None):
+    """A no-argument callable running one step of ``method`` for ``op`` on this
+    rank, returning ids (``[B]``; ``[B, k]`` for topk). ``sample``: the fused
+    step uses ``seed`` and :data:`SAMPLE_OFFSET`, full-gather draws from
+    ``generator``."""
     kwargs = dict(vocab_start=layout.vocab_start, num_valid=layout.num_valid, d2t=d2t, group=group)
+    if method not in OP_METHODS.get(op, ()):
+        raise ValueError(f"method {method!r} is not available for op {op!r}; choose from {OP_METHODS.get(op, OPS)}")
+    if op == "topk":
+        if method == "full-gather":
+            return lambda: full_gather_topk(hidden, weight, k, **kwargs)[0]
+        return lambda: lm_head_topk(hidden, weight, k, **kwargs)[0]
+    if op == "sample":
+        if method == "full-gather":
+            return lambda: full_gather_sample(hidden, weight, temperature=temperature, generator=generator, **kwargs)
+        return lambda: lm_head_sample(hidden, weight, temperature=temperature, seed=seed, offset=SAMPLE_OFFSET, **kwargs)
     if method == "full-gather":
         return lambda: full_gather_argmax(hidden, weight, **kwargs)
     if method == "unfused-local":
@@ -90,11 +126,12 @@ def run_rank(local_rank: int, cfg: RunConfig, shapes: Sequence[Shape], port: Opt
     cuda = cfg.device == "cuda"
     if cuda:
         torch.cuda.set_device(local_rank)
+    timeout = datetime.timedelta(seconds=cfg.timeout)  # a dead rank fails every collective instead of hanging
     if port is None:
-        dist.init_process_group("nccl" if cuda else "gloo", init_method="env://")
+        dist.init_process_group("nccl" if cuda else "gloo", init_method="env://", timeout=timeout)
     else:
         dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                                rank=local_rank, world_size=cfg.tp)
+                                rank=local_rank, world_size=cfg.tp, timeout=timeout)
     try:
         rank = dist.get_rank()
         if port is None:  # torchrun: every rank built its inputs; make them bit-identical
@@ -102,6 +139,9 @@ def run_rank(local_rank: int, cfg: RunConfig, shapes: Sequence[Shape], port: Opt
         rows = benchmark_rank(rank, local_rank, cfg, shapes)
         if rank == 0:
             report.finish(rows, cfg, kernel_only=False)
+        # Leave together: a rank tearing gloo down while another still uses it
+        # was seen to abort ("terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -130,8 +170,13 @@ def _sync_and_barrier(cuda: bool, local_rank: int):
 
 
 def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[Shape]) -> List[dict]:
-    """Time every (shape, batch, method) on this rank; rank 0 returns the rows
-    (other ranks return ``[]``)."""
+    """Time every (shape, batch, method) of ``cfg.op`` on this rank; rank 0
+    returns the rows (other ranks return ``[]``).
+
+    Rank 0 also computes the checks: ``agree`` against the float64 reference
+    (argmax: :func:`reference_ids`; topk: :func:`reference_topk`; sample: None,
+    a different random stream is not comparable) and, for fused sample rows,
+    ``tp_invariance`` against :func:`sample_reference`."""
     torch.set_num_threads(cfg.threads)
     tp, cuda = cfg.tp, cfg.device == "cuda"
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
@@ -151,8 +196,14 @@ def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[
         d2t = shape.d2t.to(device) if shape.d2t is not None else None
         hidden_all = shape.hidden_states(max_batch)
         if bar is not None:
-            bar.set_description(f"{shape.name}: float64 reference")
-        reference = reference_ids(shape, hidden_all, dtype) if rank == 0 else None
+            bar.set_description(f"{shape.name}: reference")
+        reference = single = None
+        if rank == 0 and cfg.op == "argmax":
+            reference = reference_ids(shape, hidden_all, dtype)
+        elif rank == 0 and cfg.op == "topk":
+            reference = reference_topk(shape, hidden_all, dtype, cfg.k)
+        elif rank == 0 and cfg.op == "sample" and "fused" in cfg.methods:
+            single = sample_reference(shape, hidden_all, dtype, device, cfg)
         for batch in cfg.batches:
             hidden = hidden_all[:batch].to(dtype).to(device)
             for method in cfg.methods:
@@ -164,7 +215,9 @@ def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[
                     if bar is not None:
                         bar.update(cfg.warmup + cfg.steps)
                     continue
-                step = make_step(method, hidden, weight, layout, d2t, group)
+                generator = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.op == "sample" else None
+                step = make_step(method, hidden, weight, layout, d2t, group, cfg.op, cfg.k, cfg.temperature,
+                                 cfg.seed, generator)
                 times = []
                 for i in range(cfg.warmup + cfg.steps):
                     barrier()
@@ -176,27 +229,69 @@ def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[
                         times.append(elapsed)
                     if bar is not None:
                         bar.update(1)
+                ids = ids.contiguous()
                 gathered = [torch.empty_like(ids) for _ in range(tp)]
                 dist.all_gather(gathered, ids)
                 if rank != 0:
                     continue
-                ids_by_rank = torch.stack([g.cpu() for g in gathered])
-                agree = (ids_by_rank == reference[:batch]).all(dim=0).double().mean().item()
-                sent, recv = comm_bytes(method, batch, layout.rows, weight.element_size(), tp)
+                ids_by_rank = torch.stack([g.cpu() for g in gathered])  # [tp, B] or [tp, B, k]
+                k = cfg.k if cfg.op == "topk" else 1
+                sent, recv = comm_bytes(method, batch, layout.rows, weight.element_size(), tp, k if method == "fused" else 1)
                 times_us = np.array(times) * 1e6
-                rows.append(dict(
-                    method=method, model=shape.model, shape=shape.name, tp=tp, batch=batch,
+                row = dict(
+                    method=method, op=cfg.op, model=shape.model, shape=shape.name, tp=tp, batch=batch,
                     vocab=shape.vocab, hidden=shape.hidden, draft_vocab=shape.draft_vocab, rows=layout.rows,
                     dtype=cfg.dtype, device=cfg.device, steps=cfg.steps,
                     median_us=float(np.median(times_us)), p90_us=float(np.percentile(times_us, 90)),
                     bytes_sent_per_rank=sent, bytes_recv_per_rank=recv,
-                    speedup_vs_full_gather=None, agree=agree,
-                ))
+                    speedup_vs_full_gather=None, agree=_fraction_equal(ids_by_rank, reference, batch),
+                )
+                if cfg.op == "topk":
+                    row["k"] = cfg.k
+                if cfg.op == "sample":
+                    row.update(temperature=cfg.temperature, seed=cfg.seed, offset=SAMPLE_OFFSET,
+                               ranks_agree=_fraction_equal(ids_by_rank, ids_by_rank[0], batch),
+                               tp_invariance=_fraction_equal(ids_by_rank, single, batch) if method == "fused" else None)
+                rows.append(row)
         del weight
     if bar is not None:
         bar.close()
     report.add_speedups(rows, "full-gather", "speedup_vs_full_gather")
     return rows
+
+
+def _fraction_equal(ids_by_rank: torch.Tensor, expected: Optional[torch.Tensor], batch: int) -> Optional[float]:
+    """Fraction of the ``batch`` rows whose ids (all ``k`` of them, in order)
+    equal ``expected`` on every rank; None when there is no ``expected``."""
+    if expected is None:
+        return None
+    same = ids_by_rank == expected[:batch]
+    return same.reshape(same.shape[0], batch, -1).all(dim=2).all(dim=0).double().mean().item()
+
+
+def sample_reference(shape: Shape, hidden_all: torch.Tensor, dtype: torch.dtype, device, cfg: RunConfig) -> Optional[torch.Tensor]:
+    """The tp-invariance reference of ``--op sample`` (rank 0): ``[N]`` ids of
+    ``lm_head_sample(hidden, full_weight, temperature, seed, offset, d2t,
+    group=None)`` on the whole unpadded lm_head in the run dtype, one process.
+    Fused sampling keys its noise by the global vocab index, so every tp must
+    return these ids. None (with a message) when the full matrix would take
+    more than 40% of the free memory of ``device``."""
+    nbytes = shape.lm_rows * shape.hidden * torch.empty((), dtype=dtype).element_size()
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        from .kernel import _mem_available
+
+        free = _mem_available()
+    if nbytes > 0.4 * free:
+        print(f"skipping tp_invariance for {shape.name}: the full lm_head ({nbytes / 2**30:.1f} GiB) does not fit "
+              f"in 40% of the free memory ({free / 2**30:.1f} GiB)", file=sys.stderr)
+        return None
+    weight = full_weight(shape, dtype, device)
+    d2t = shape.d2t.to(device) if shape.d2t is not None else None
+    ids = lm_head_sample(hidden_all.to(dtype).to(device), weight, temperature=cfg.temperature, seed=cfg.seed,
+                         offset=SAMPLE_OFFSET, d2t=d2t)
+    return ids.cpu()
 
 
 def launch(cfg: RunConfig, shapes: Sequence[Shape]) -> int:
