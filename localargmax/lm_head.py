@@ -145,6 +145,27 @@ def _lm_head_layout(lm_head):
     return lm_head.weight, getattr(lm_head, "bias", None), start, end - start, getattr(lm_head, "tp_group", None)
 
 
+def _check_logit_scale(owner, scale) -> None:
+    """Refuse a non-positive logit scale (argmax would become argmin). Python
+    numbers are checked every call; a tensor scale once per version (its value
+    is read on the host, so a CUDA scale costs one sync per in-place update,
+    never one per step, and nothing inside torch.compile or graph capture)."""
+    if not isinstance(scale, torch.Tensor):
+        if not float(scale) > 0:
+            raise ValueError(f"logit scale must be > 0 for greedy drafting by argmax, got {scale}")
+        return
+    if torch.compiler.is_compiling():
+        return
+    stamp = (id(scale), scale._version)
+    if getattr(owner, "_localargmax_scale_checked", None) == stamp:
+        return
+    if scale.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    if not bool((scale > 0).all()):
+        raise ValueError(f"logit scale must be > 0 for greedy drafting by argmax, got {scale.detach().cpu().tolist()}")
+    object.__setattr__(owner, "_localargmax_scale_checked", stamp)
+
+
 class LocalArgmaxMixin:
     """Gives a draft model ``get_top_tokens(hidden_states) -> ids [B] int64``:
     greedy ids of its vocab-parallel lm_head without gathering the logits.
@@ -179,8 +200,8 @@ class LocalArgmaxMixin:
         scale = getattr(self, "logit_scale", None)
         if scale is None:
             scale = getattr(getattr(self, "logits_processor", None), "scale", None)
-        if scale is not None and not isinstance(scale, torch.Tensor) and not float(scale) > 0:
-            raise ValueError(f"logit scale must be > 0 for greedy drafting by argmax, got {scale}")
+        if scale is not None:
+            _check_logit_scale(self, scale)
         d2t = getattr(self, "draft_id_to_target_id", None)
         reduce = getattr(lm_head, "reduce", "all_gather")
         return lm_head_argmax(hidden_states, weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias,
