@@ -50,6 +50,8 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
         group or communicator with CPU keys; TypeError for an unsupported
         ``group`` type; ImportError for a cupy communicator without cupy.
     """
+    if not isinstance(keys, torch.Tensor) or keys.dtype != torch.int64:
+        raise TypeError(f"keys must be an int64 torch.Tensor of packed keys, got {getattr(keys, 'dtype', type(keys).__name__)}")
     if reduce not in REDUCE_MODES:
         raise ValueError(f"reduce must be one of {REDUCE_MODES}, got {reduce!r}")
     if reduce == "all_reduce" and keys.dim() != 1:

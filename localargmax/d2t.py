@@ -27,6 +27,8 @@ def build_d2t(token_counts: torch.Tensor, draft_vocab_size: int) -> torch.Tensor
     """
     if not isinstance(token_counts, torch.Tensor) or token_counts.dim() != 1:
         raise ValueError("token_counts must be a 1-D tensor [target_vocab]")
+    if token_counts.is_floating_point() and bool(token_counts.isnan().any() | (token_counts < 0).any()):
+        raise ValueError("token_counts must be non-negative counts without NaN")
     target_vocab = token_counts.shape[0]
     if isinstance(draft_vocab_size, bool) or not isinstance(draft_vocab_size, int) or not 1 <= draft_vocab_size <= target_vocab:
         raise ValueError(f"draft_vocab_size must be an int in [1, {target_vocab}], got {draft_vocab_size!r}")

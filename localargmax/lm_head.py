@@ -52,6 +52,8 @@ class VocabParallelLMHead(nn.Module):
         device=None,
     ):
         super().__init__()
+        if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size < 0:
+            raise ValueError(f"hidden_size must be an int >= 0, got {hidden_size!r}")
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.shard: VocabShard = shard_vocab(vocab_size, rank, world_size, pad_to)
@@ -86,8 +88,8 @@ class VocabParallelLMHead(nn.Module):
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
             raise ValueError(f"weight must be a 2-D tensor [vocab_size, hidden_size], got {getattr(weight, 'shape', weight)}")
         vocab_size, hidden_size = weight.shape
-        if bias is not None and (bias.dim() != 1 or bias.shape[0] != vocab_size):
-            raise ValueError(f"bias must be [vocab_size={vocab_size}], got shape {tuple(bias.shape)}")
+        if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dim() != 1 or bias.shape[0] != vocab_size):
+            raise ValueError(f"bias must be a 1-D tensor [vocab_size={vocab_size}], got {getattr(bias, 'shape', type(bias).__name__)}")
         head = cls(vocab_size, hidden_size, rank=rank, world_size=world_size, group=group, pad_to=pad_to,
                    bias=bias is not None, reduce=reduce, dtype=weight.dtype, device=weight.device)
         start, _, valid = head.shard

@@ -87,13 +87,19 @@ def check_merge_keys_args(keys, d2t) -> None:
     if keys.dim() == 2 and keys.shape[0] == 0 and keys.shape[1] > 0:
         raise ValueError(f"keys has 0 ranks (shape {tuple(keys.shape)})")
     if d2t is not None:
-        _check_tensor("d2t", d2t, "[draft_vocab] int64")
-        if d2t.dim() != 1:
-            raise ValueError(f"d2t must be 1-D [draft_vocab], got shape {tuple(d2t.shape)}")
-        if d2t.dtype != torch.int64:
-            raise TypeError(f"d2t must be int64, got {d2t.dtype}")
-        if d2t.device != keys.device:
-            raise ValueError(f"d2t is on {d2t.device} but keys are on {keys.device}")
+        check_d2t_arg(d2t, keys.device)
+
+
+def check_d2t_arg(d2t, device) -> None:
+    """Per-step d2t checks (dtype, rank, device); its contents are checked once
+    at load time by :func:`localargmax.validate_d2t`."""
+    _check_tensor("d2t", d2t, "[draft_vocab] int64")
+    if d2t.dim() != 1:
+        raise ValueError(f"d2t must be 1-D [draft_vocab], got shape {tuple(d2t.shape)}")
+    if d2t.dtype != torch.int64:
+        raise TypeError(f"d2t must be int64, got {d2t.dtype}")
+    if d2t.device != device:
+        raise ValueError(f"d2t is on {d2t.device} but the keys are on {device}")
 
 
 def shard_argmax(
@@ -181,6 +187,14 @@ def check_sample_args(hidden, temperature, seed, offset) -> None:
             raise ValueError(f"{name} must be an int in [0, 2**63), got {value!r}")
 
 
+def check_temperature_values(temperature: torch.Tensor) -> None:
+    """Refuse negative or NaN temperatures of a CPU tensor (reading a CUDA
+    tensor would sync the host every step; there ``T <= 0`` rows are greedy)."""
+    if temperature.device.type == "cpu" and not torch.compiler.is_compiling():
+        if bool((temperature < 0).any() | temperature.isnan().any()):
+            raise ValueError("temperature must be >= 0 (0 = greedy) and not NaN")
+
+
 def shard_topk(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -249,6 +263,7 @@ def shard_sample(
         num_valid = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else 0
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_sample_args(hidden, temperature, seed, offset)
+    check_temperature_values(temperature)
     return torch.ops.localargmax.shard_sample.default(hidden, weight, bias, vocab_start, num_valid, temperature,
                                                       seed, offset)
 

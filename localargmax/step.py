@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from .collective import Group, check_step_consistency, debug_enabled, exchange_keys
-from .ops import merge_keys, shard_argmax, shard_sample, shard_topk
+from .ops import check_d2t_arg, merge_keys, shard_argmax, shard_sample, shard_topk
 
 
 def lm_head_argmax(
@@ -72,13 +72,14 @@ _SIGN_BIT = -(2**63)
 
 
 def _resolve_temperature(temperature, hidden: torch.Tensor) -> torch.Tensor:
+    if not isinstance(hidden, torch.Tensor):
+        raise TypeError(f"hidden must be a torch.Tensor [batch, hidden_size], got {type(hidden).__name__}")
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden must be 2-D [batch, hidden_size], got shape {tuple(hidden.shape)}")
     if isinstance(temperature, torch.Tensor):
         if temperature.dim() == 0:
             temperature = temperature.reshape(1).expand(hidden.shape[0])
-        t = temperature.to(torch.float32)
-        if t.device.type == "cpu" and not torch.compiler.is_compiling() and bool((t < 0).any() | t.isnan().any()):
-            raise ValueError("temperature must be >= 0 (0 = greedy) and not NaN")
-        return t.contiguous()
+        return temperature.to(torch.float32).contiguous()  # values checked by shard_sample
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
         raise ValueError(f"temperature must be a float >= 0 (0 = greedy) or a float32 tensor [B], got {temperature!r}")
     return torch.full((hidden.shape[0],), float(temperature), dtype=torch.float32, device=hidden.device)
@@ -120,17 +121,19 @@ def lm_head_topk(
     if group is None and isinstance(num_valid, int) and isinstance(k, int) and 1 <= k and num_valid < k:
         raise ValueError(f"k={k} exceeds the valid vocabulary (num_valid={num_valid})")
     keys = shard_topk(hidden, weight, k, vocab_start=vocab_start, num_valid=num_valid, bias=bias)
+    if d2t is not None:
+        check_d2t_arg(d2t, keys.device)
     gathered = exchange_keys(keys, group, "all_gather")  # [tp, B, k]
     batch = keys.shape[0]
+    if batch == 0:
+        return keys.new_empty((0, k)), keys.new_empty((0, k), dtype=torch.float32)
     candidates = gathered.permute(1, 0, 2).reshape(batch, -1) ^ _SIGN_BIT  # signed order == unsigned order
     merged = candidates.topk(k, dim=1, sorted=True).values ^ _SIGN_BIT
     if merged.device.type == "cpu" and not torch.compiler.is_compiling() and bool((merged == 0).any()):
         raise ValueError(f"k={k} exceeds the valid vocabulary summed over all ranks")
-    ids, values = merge_keys(merged.reshape(1, -1), None)
-    ids, values = ids.view(batch, k), values.view(batch, k)
-    if d2t is not None:
-        ids = ids + d2t[ids]
-    return ids, values
+    # merge_keys of [1, B*k] decodes every kept key and applies d2t (range-checked on CPU)
+    ids, values = merge_keys(merged.reshape(1, -1), d2t)
+    return ids.view(batch, k), values.view(batch, k)
 
 
 def lm_head_sample(
