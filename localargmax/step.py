@@ -52,8 +52,10 @@ def lm_head_argmax(
         :func:`localargmax.shard_argmax`, :func:`localargmax.exchange_keys`).
         With ``LOCALARGMAX_DEBUG=1`` every step first all-gathers the batch
         size, hidden size, shard rows and d2t length and raises ValueError on
-        every rank if they differ. A rank that never arrives surfaces as the
-        group's own timeout (``init_process_group(timeout=...)``).
+        every rank if they differ. Without it, ranks called with different
+        batch sizes make the collective fail or, on gloo, can return wrong
+        ids: the batch size is trusted per step. A rank that never arrives
+        surfaces as the group's own timeout (``init_process_group(timeout=...)``).
     """
     if debug_enabled():
         check_step_consistency(
