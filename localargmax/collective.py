@@ -22,8 +22,6 @@ _SIGN_BIT = -(2**63)
 Group = Union[None, dist.ProcessGroup, Callable[[torch.Tensor], torch.Tensor], "cupy.cuda.nccl.NcclCommunicator"]
 
 
-
-
 def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_gather") -> torch.Tensor:
     """Exchange this rank's packed keys with the other TP ranks.
 
