@@ -67,16 +67,7 @@ def full_gather_argmax(
 
     Returns ``[B]`` int64 ids. Raises ValueError for a non-standard layout.
     """
-    rank, tp = _rank_and_size(group)
-    rows = weight.shape[0]
-    num_valid = rows if num_valid is None else num_valid
-    _check_standard_layout(vocab_start, rows, rank)
-    logits = _local_logits(hidden, weight, num_valid, bias)
-    batch = logits.shape[0]
-    if tp > 1:
-        gathered = funcol.wait_tensor(funcol.all_gather_single(logits.contiguous(), 0, group))  # [tp * B, rows]
-        logits = gathered.view(tp, batch, rows).permute(1, 0, 2).reshape(batch, tp * rows)
-    ids = logits.argmax(dim=1)
+    ids = _gathered_logits(hidden, weight, vocab_start, num_valid, bias, group).argmax(dim=1)
     if d2t is not None:
         ids = ids + d2t[ids]
     return ids

@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from .collective import Group, check_step_consistency, debug_enabled, exchange_keys
+from .collective import _SIGN_BIT, Group, check_step_consistency, debug_enabled, exchange_keys
 from .ops import check_d2t_arg, merge_keys, shard_argmax, shard_sample, shard_topk
 
 
@@ -69,8 +69,6 @@ def lm_head_argmax(
     ids, _ = merge_keys(gathered, d2t)
     return ids
 
-
-_SIGN_BIT = -(2**63)
 
 
 def _resolve_temperature(temperature, hidden: torch.Tensor) -> torch.Tensor:
