@@ -15,9 +15,28 @@ TORCH_LIBRARY(localargmax, m) {
   m.def("merge_keys(Tensor keys, Tensor? d2t) -> (Tensor, Tensor)");
 }
 
+namespace localargmax::cpu {
+int64_t parallel_workers(int64_t n);  // cpu/shard_argmax_cpu.cpp
+}
+
+// localargmax._C._parallel_workers(n) -> int: distinct threads that ran the
+// CPU kernel's at::parallel_for over n work items (a build check, see tests).
+static PyObject* py_parallel_workers(PyObject*, PyObject* arg) {
+  const long long n = PyLong_AsLongLong(arg);
+  if (n == -1 && PyErr_Occurred()) return nullptr;
+  if (n < 1) {
+    PyErr_SetString(PyExc_ValueError, "_parallel_workers: n must be >= 1");
+    return nullptr;
+  }
+  return PyLong_FromLongLong(localargmax::cpu::parallel_workers(n));
+}
+
 // `import localargmax._C` loads this library and so runs the registrations.
 extern "C" PyObject* PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  static PyMethodDef methods[] = {
+      {"_parallel_workers", py_parallel_workers, METH_O, "Threads used by the CPU kernel's parallel_for over n items."},
+      {nullptr, nullptr, 0, nullptr}};
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
   PyObject* module = PyModule_Create(&module_def);
   if (module == nullptr) return nullptr;
 #ifdef LOCALARGMAX_WITH_CUDA

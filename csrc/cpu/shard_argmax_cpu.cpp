@@ -9,6 +9,9 @@
 #include <cstdlib>
 #include <functional>
 #include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "../checks.h"
@@ -129,6 +132,22 @@ at::Tensor shard_sample_cpu(const at::Tensor& hidden, const at::Tensor& weight, 
 }
 
 }  // namespace
+
+// How many distinct OS threads run the bodies of at::parallel_for(0, n, 1,
+// ...) in this file: the number of workers reduce_shard gets. It is 1 whatever
+// torch.get_num_threads() says when this file was compiled without OpenMP
+// (at::parallel_for then runs serially; see CMakeLists.txt). Tested by
+// tests/test_cpu_parallel.py.
+int64_t parallel_workers(int64_t n) {
+  std::mutex mutex;
+  std::set<std::thread::id> seen;
+  at::parallel_for(0, n, 1, [&](int64_t, int64_t) {
+    std::lock_guard<std::mutex> lock(mutex);
+    seen.insert(std::this_thread::get_id());
+  });
+  return static_cast<int64_t>(seen.size());
+}
+
 }  // namespace cpu
 
 TORCH_LIBRARY_IMPL(localargmax, CPU, m) {

@@ -79,8 +79,11 @@ columns:
                       (JSON: sample rows also hold ranks_agree, the fraction
                       of rows whose sample is the same on every rank.)
   --kernel-only: GB/s = weight bytes / median time; of_stream = GB/s divided
-                      by the stream-read row (torch.mv of the same bytes viewed
-                      as float32 with a ones vector: a pure streaming read);
+                      by the stream-read row's GB/s, the bandwidth bound of the
+                      same run: on CPU the faster of two torch reads of the
+                      same bytes (int64 sum on all threads, float32 mv with a
+                      ones vector; JSON stream_method), on CUDA a device-to-
+                      device copy counted as read + write bytes;
                       vs_torch = torch-matmul-max median / this median.
 
 models (shape names in the rows):
