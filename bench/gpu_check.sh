@@ -26,17 +26,21 @@ timeout 420 "$PY" -m pip install --no-deps --no-build-isolation -e . > "$OUT/gpu
 "$PY" -c "import localargmax; assert localargmax.WITH_CUDA, 'built without CUDA'; print('WITH_CUDA', localargmax.WITH_CUDA)" || exit 1
 
 step "GPU tests"
-timeout 240 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py tests/test_cuda_build.py --junitxml="$OUT/gpu_tests.xml" || status=1
+timeout 300 "$PY" -m pytest -m gpu -q -x -p no:cacheprovider tests/test_gpu.py tests/test_gpu_paths.py tests/test_cuda_build.py \
+  --junitxml="$OUT/gpu_tests.xml" || status=1
 
 step "compute-sanitizer (memcheck, racecheck) on a small step"
 cat > /tmp/lam_sanitize.py <<'PYEOF'
-import torch, localargmax
+import os, torch, localargmax
 h = torch.randn(9, 4096, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(3001, 4096, device="cuda", dtype=torch.bfloat16)
-for fn in (lambda: localargmax.shard_argmax(h, w, num_valid=2999),
-           lambda: localargmax.shard_topk(h, w, 8, num_valid=2999),
-           lambda: localargmax.shard_sample(h, w, torch.ones(9, device="cuda"), 1, 0)):
-    fn()
+for path in ("simt", "mma", "gemm"):  # every CUDA path (LOCALARGMAX_CUDA_PATH)
+    os.environ["LOCALARGMAX_CUDA_PATH"] = path
+    for fn in (lambda: localargmax.shard_argmax(h, w, num_valid=2999),
+               lambda: localargmax.shard_argmax(h[:1], w[:, :4088], num_valid=3001),
+               lambda: localargmax.shard_topk(h, w, 8, num_valid=2999),
+               lambda: localargmax.shard_sample(h, w, torch.ones(9, device="cuda"), 1, 0)):
+        fn()
 torch.cuda.synchronize(); print("ok")
 PYEOF
 if command -v compute-sanitizer > /dev/null; then

@@ -130,10 +130,21 @@ def shard_argmax(
         Products are accumulated in float32; the per-row order depends on ``k``
         only, so identical weight rows give identical logits (rule 5).
 
+    CUDA: bf16 / fp16 run on one of three paths (``csrc/cuda/
+    shard_argmax_cuda.cu``): ``mma``, the tensor-core fused kernel (sm_80+,
+    ``H``, row strides multiples of 8, 16-byte aligned data); ``gemm`` from
+    batch 128 (``LOCALARGMAX_CUDA_GEMM_MIN_BATCH``): cuBLAS float32 logits
+    of a batch chunk, then a keys kernel; ``simt``, the CUDA-core fused
+    kernel, for everything else (and for float32). ``LOCALARGMAX_CUDA_PATH=
+    simt|mma|gemm`` forces one where it applies. The paths differ only in
+    the float32 summation order of the dot products.
+
     Raises:
         TypeError / ValueError: naming the argument, for wrong ranks, shapes,
             dtypes, devices, non-contiguous weight rows, ``num_valid`` outside
-            ``[0, rows]``, ``vocab_start < 0`` or global indices past 2**32 - 2.
+            ``[0, rows]``, ``vocab_start < 0`` or global indices past 2**32 - 2;
+            ValueError for a bad ``LOCALARGMAX_CUDA_PATH`` /
+            ``LOCALARGMAX_CUDA_GEMM_MIN_BATCH`` on CUDA.
     """
     if num_valid is None:
         num_valid = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else 0

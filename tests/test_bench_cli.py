@@ -193,11 +193,11 @@ def test_kernel_only_smoke_has_gbps(tmp_path):
     proc = run_bench("--kernel-only", "--smoke", "--json", str(out), timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(out.read_text())["rows"]
-    assert {r["method"] for r in rows} == {"fused-kernel", "torch-matmul-max", "stream-read"}
+    assert {r["method"] for r in rows} == {"fused-kernel", "torch-matmul-max", "lm-head-step", "stream-read"}
     for r in rows:
         assert KERNEL_FIELDS <= set(r), KERNEL_FIELDS - set(r)
         assert r["gbps"] > 0 and r["fraction_of_stream"] > 0
-        if r["method"] == "fused-kernel":
+        if r["method"] in ("fused-kernel", "lm-head-step"):
             assert r["agree"] == 1.0
             assert r["speedup_vs_torch"] > 0
 

@@ -53,8 +53,10 @@ def test_hot_kernels_use_no_local_memory():
         [_cuobjdump(), "--dump-resource-usage", _C.__file__], capture_output=True, text=True, check=True
     ).stdout
     usage = re.findall(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", out)
-    kernels = [u for u in usage if "shard_argmax_kernel" in u[0] or "merge_keys_kernel" in u[0]]
-    assert kernels, f"no localargmax kernels found in the resource usage dump:\n{out[:2000]}"
+    families = ["shard_argmax_kernel", "shard_argmax_mma_kernel", "logits_to_keys_kernel", "merge_keys_kernel"]
+    kernels = [u for u in usage if any(f in u[0] for f in families)]
+    missing = [f for f in families if not any(f in u[0] for u in usage)]
+    assert not missing, f"kernels missing from the resource usage dump: {missing}\n{out[:2000]}"
     bad = [(name, stack, local) for name, _, stack, local in kernels if int(stack) or int(local)]
     assert not bad, f"kernels with stack frames / local memory (spills): {bad}"
 
@@ -63,3 +65,18 @@ def test_registration_reports_build_flag():
     # WITH_CUDA must agree with what is registered: no silent CPU-only build claiming CUDA.
     has_cuda_kernel = torch._C._dispatch_has_kernel_for_dispatch_key("localargmax::shard_argmax", "CUDA")
     assert has_cuda_kernel == localargmax.WITH_CUDA
+
+
+@needs_cuda_build
+def test_mma_kernel_runs_on_tensor_cores():
+    """The sm_90a code of the tensor-core kernel holds HMMA instructions (and
+    the CUDA-core kernel none), i.e. the mma.sync path really compiled to
+    tensor-core instructions for Hopper."""
+    out = subprocess.run([_cuobjdump(), "--dump-sass", "--gpu-architecture", "sm_90a", _C.__file__],
+                         capture_output=True, text=True, check=True).stdout
+    functions = re.split(r"\n\s*Function : ", out)
+    mma = [f for f in functions if "shard_argmax_mma_kernel" in f.split("\n", 1)[0]]
+    simt = [f for f in functions if "shard_argmax_kernel" in f.split("\n", 1)[0]]
+    assert mma, "no shard_argmax_mma_kernel in the sm_90a SASS"
+    assert all("HMMA" in f for f in mma), "a shard_argmax_mma_kernel instantiation has no HMMA instruction"
+    assert simt and not any("HMMA" in f for f in simt)

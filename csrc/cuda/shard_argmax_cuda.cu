@@ -12,18 +12,32 @@
 // output is zeroed on the same stream first. Batch rows beyond NB are walked
 // by blockIdx.y in a grid-stride loop (grid y stays <= 65535).
 //
-// This is the CUDA-core version; tensor cores are issue #3's work.
+// bf16 / fp16 argmax and sample have two more paths, chosen per call by
+// pick_path() (its comment lists the environment variables that force one;
+// the benchmark uses them to time every path side by side):
+//   "mma"  the tensor-core fused kernel (shard_argmax_mma_kernel.cuh, sm_80+);
+//   "gemm" for large batches: cuBLAS computes float32 logits for a chunk of
+//          batch rows (at::mm with out_dtype float32: torch's caching
+//          allocator, current stream) and logits_to_keys_kernel folds them
+//          into the same keys.
+// The kernel above ("simt") serves fp32, top-k, and shapes the mma kernel
+// does not take (hidden_size or strides not multiples of 8, unaligned data).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <string>
 
 #include "../checks.h"
 
+#include "logits_to_keys_kernel.cuh"
 #include "shard_argmax_kernel.cuh"
+#include "shard_argmax_mma_kernel.cuh"
 
 namespace localargmax {
 namespace cuda {
@@ -68,7 +82,120 @@ void launch_batch(const at::Tensor& hidden, const at::Tensor& weight, const at::
   return launch_nb<T, 8, TOPK>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
 }
 
-// Runs the fused kernel in one mode on the current stream, under a device guard.
+// Batch size from which bf16 / fp16 argmax and sample take the gemm path.
+// NOT MEASURED YET (no GPU was lent to the sessions that wrote this): a guess
+// from arithmetic intensity (at batch 64 the mma kernel needs ~300 TFLOP/s of
+// mma.sync to stay at HBM speed on an H200; cuBLAS's wgmma has more headroom).
+// bench/gpu_check.sh times the paths side by side (fused-simt, fused-mma,
+// gemm-keys rows) so that the next GPU session can replace this number.
+constexpr int64_t kDefaultGemmMinBatch = 128;
+
+enum class Path { kSimt, kMma, kGemm };
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  TORCH_CHECK_VALUE(end != nullptr && *end == '\0' && x >= 1, name, " must be an integer >= 1, got '", v, "'");
+  return x;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Whether the tensor-core kernel takes this problem.
+bool mma_ok(const at::Tensor& hidden, const at::Tensor& weight) {
+  if (weight.scalar_type() != at::kBFloat16 && weight.scalar_type() != at::kHalf) return false;
+  // (cudaDeviceGetAttribute, not ATen/cuda/CUDAContext.h: that header needs
+  // cuSPARSE headers, which a minimal toolkit such as CI's lacks.)
+  int major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, weight.get_device()));
+  if (major < 8) return false;
+  const int64_t ldw = weight.size(0) > 1 ? weight.stride(0) : hidden.size(1);
+  const int64_t ldh = hidden.size(0) > 1 ? hidden.stride(0) : hidden.size(1);
+  return hidden.size(1) % 8 == 0 && ldw % 8 == 0 && ldh % 8 == 0 && aligned16(weight.data_ptr()) &&
+         aligned16(hidden.data_ptr());
+}
+
+// LOCALARGMAX_CUDA_PATH=auto (default) | simt | mma | gemm forces a path
+// where that path exists (mma: bf16 / fp16 on sm_80+ with the shapes mma_ok
+// takes; gemm: bf16 / fp16; neither for top-k); elsewhere the simt kernel runs.
+// LOCALARGMAX_CUDA_GEMM_MIN_BATCH=N moves auto's switch from mma to gemm.
+// Read on every call (getenv, no host sync), so a benchmark can flip paths
+// between calls.
+Path pick_path(const at::Tensor& hidden, const at::Tensor& weight, bool topk_mode) {
+  const char* forced = std::getenv("LOCALARGMAX_CUDA_PATH");
+  const std::string mode = forced == nullptr || *forced == '\0' ? "auto" : forced;
+  TORCH_CHECK_VALUE(mode == "auto" || mode == "simt" || mode == "mma" || mode == "gemm",
+                    "LOCALARGMAX_CUDA_PATH must be auto, simt, mma or gemm, got '", mode, "'");
+  const bool half = weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kHalf;
+  if (topk_mode || !half || mode == "simt") return Path::kSimt;
+  if (mode == "gemm") return Path::kGemm;
+  const bool mma = mma_ok(hidden, weight);
+  if (mode == "mma") return mma ? Path::kMma : Path::kSimt;
+  if (hidden.size(0) >= env_int("LOCALARGMAX_CUDA_GEMM_MIN_BATCH", kDefaultGemmMinBatch)) return Path::kGemm;
+  return mma ? Path::kMma : Path::kSimt;
+}
+
+template <typename T, int NT, int KV>
+void launch_mma_nt(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
+                   const at::Tensor& bias_f, int64_t vocab_start, int64_t num_valid, const ShardReduce& out) {
+  const int64_t batch = hidden.size(0);
+  const int64_t ldh = batch > 1 ? hidden.stride(0) : hidden.size(1);
+  const int64_t ldw = weight.size(0) > 1 ? weight.stride(0) : hidden.size(1);
+  const int64_t blocks_x = (num_valid + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock;
+  const int64_t chunks = (batch + NT * 8 - 1) / (NT * 8);
+  const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
+  shard_argmax_mma_kernel<T, NT, KV><<<grid, kMmaWarps * 32, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      reinterpret_cast<const T*>(hidden.data_ptr()), ldh, reinterpret_cast<const T*>(weight.data_ptr()), ldw,
+      bias_t.defined() ? reinterpret_cast<const T*>(bias_t.data_ptr()) : nullptr,
+      bias_f.defined() ? bias_f.data_ptr<float>() : nullptr, batch, static_cast<int>(hidden.size(1)),
+      static_cast<int>(num_valid), vocab_start, out);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T>
+void launch_mma(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
+                const at::Tensor& bias_f, int64_t vocab_start, int64_t num_valid, const ShardReduce& out) {
+  const int64_t batch = hidden.size(0);
+  // (NT, KV): batch rows per pass / 8, k chunks per step (register budget).
+  if (batch <= 8) return launch_mma_nt<T, 1, 2>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
+  if (batch <= 16) return launch_mma_nt<T, 2, 2>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
+  if (batch <= 32) return launch_mma_nt<T, 4, 1>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
+  return launch_mma_nt<T, 8, 1>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
+}
+
+// The gemm path: logits = hidden_chunk @ weight[:num_valid].T in float32
+// (cuBLAS, tensor cores), then logits_to_keys_kernel. Batch rows go in chunks
+// so that one chunk's logits stay under 256 MiB.
+void launch_gemm(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
+                 const at::Tensor& bias_f, int64_t vocab_start, int64_t num_valid, const ShardReduce& out) {
+  const int64_t batch = hidden.size(0);
+  const at::Tensor w = weight.narrow(0, 0, num_valid);
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{256} << 20) / 4 / num_valid);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const unsigned blocks_x = static_cast<unsigned>((num_valid + kKeysColumnsPerBlock - 1) / kKeysColumnsPerBlock);
+  for (int64_t b0 = 0; b0 < batch; b0 += chunk) {
+    const int64_t rows = std::min(chunk, batch - b0);
+    const at::Tensor logits = at::mm(hidden.narrow(0, b0, rows), w.t(), at::kFloat);
+    const dim3 grid(blocks_x, static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+    const float* bf = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
+#define LAM_KEYS(T)                                                                                   \
+  logits_to_keys_kernel<T><<<grid, kKeysThreads, 0, stream>>>(                                        \
+      logits.data_ptr<float>(), logits.stride(0), rows, b0, static_cast<int>(num_valid),              \
+      bias_t.defined() ? reinterpret_cast<const T*>(bias_t.data_ptr()) : nullptr, bf, vocab_start, out)
+    if (weight.scalar_type() == at::kHalf) {
+      LAM_KEYS(__half);
+    } else {
+      LAM_KEYS(__nv_bfloat16);
+    }
+#undef LAM_KEYS
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+// Runs the fused kernel (or the gemm path, see pick_path) in one mode on the
+// current stream, under a device guard.
 void launch(const at::Tensor& hidden_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
             int64_t vocab_start, int64_t num_valid, const ShardReduce& out, bool topk_mode) {
   const at::Tensor hidden = hidden_in.stride(1) == 1 ? hidden_in : hidden_in.contiguous();
@@ -82,6 +209,15 @@ void launch(const at::Tensor& hidden_in, const at::Tensor& weight, const std::op
       bias_f = bias->contiguous();
     else
       bias_t = bias->contiguous();
+  }
+  switch (pick_path(hidden, weight, topk_mode)) {
+    case Path::kGemm:
+      return launch_gemm(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
+    case Path::kMma:
+      if (weight.scalar_type() == at::kHalf) return launch_mma<__half>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
+      return launch_mma<__nv_bfloat16>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
+    case Path::kSimt:
+      break;
   }
 #define LAM_LAUNCH(T)                                                                          \
   (topk_mode ? launch_batch<T, true>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out) \

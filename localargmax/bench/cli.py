@@ -85,6 +85,12 @@ columns:
                       ones vector; JSON stream_method), on CUDA a device-to-
                       device copy counted as read + write bytes;
                       vs_torch = torch-matmul-max median / this median.
+                      On CUDA with bf16/fp16 the fused op is also timed on
+                      each of its paths, forced with LOCALARGMAX_CUDA_PATH:
+                      fused-simt (CUDA cores), fused-mma (tensor cores),
+                      gemm-keys (cuBLAS float32 logits, then keys); the
+                      fused-kernel row is the path it picks itself (JSON
+                      cuda_path).
 
 models (shape names in the rows):
   minilm (default)    real all-MiniLM-L6-v2 [30522, 384] word embeddings as the

@@ -1,8 +1,16 @@
 """``--kernel-only``: the local step alone, on one process, no ranks.
 
-Three rows per shard:
+Rows per shard:
 
-* ``fused-kernel``: ``localargmax.shard_argmax`` (logits never written);
+* ``fused-kernel``: ``localargmax.shard_argmax`` (logits never written), on the
+  path it picks by itself (``cuda_path`` "auto");
+* on CUDA with bf16 / fp16, the same op forced onto each of its paths
+  (``LOCALARGMAX_CUDA_PATH``): ``fused-simt`` (CUDA-core kernel), ``fused-mma``
+  (tensor-core kernel), ``gemm-keys`` (cuBLAS float32 logits + keys kernel),
+  so one run shows where each path wins;
+* ``lm-head-step``: the whole step ``localargmax.lm_head_argmax`` (kernel,
+  exchange, merge) in a world-size-1 process group (NCCL on CUDA, gloo on
+  CPU; world size 1 skips the collective itself);
 * ``torch-matmul-max``: ``(hidden @ weight.T).max(dim=1)``, the unfused path;
 * ``stream-read``: the bandwidth bound of the same run, on the same weight
   buffers. On CPU it is the faster of two torch reads of the weight's bytes:
@@ -26,17 +34,20 @@ than the last-level cache anyway. CUDA times with CUDA events, CPU with
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import time
 from typing import Callable, List
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-from .. import decode_keys, shard_argmax
+from .. import decode_keys, lm_head_argmax, shard_argmax
 from .data import Shape, reference_ids
 from .report import add_speedups
-from .runner import DTYPES, RunConfig
+from .runner import DTYPES, RunConfig, free_port
 
 
 def buffer_count(nbytes: int, device: torch.device) -> int:
@@ -66,6 +77,28 @@ def as_float32_matrix(weight: torch.Tensor) -> torch.Tensor:
     cols = weight.shape[1] * weight.element_size() // 4 if weight.shape[1] * weight.element_size() % 4 == 0 else 1024
     n32 -= n32 % cols
     return flat[: 4 * n32].view(torch.float32).view(-1, cols)
+
+
+# Rows that force one CUDA path of shard_argmax (LOCALARGMAX_CUDA_PATH, see
+# csrc/cuda/shard_argmax_cuda.cu): bf16 / fp16 on CUDA only.
+CUDA_PATH_METHODS = {"simt": "fused-simt", "mma": "fused-mma", "gemm": "gemm-keys"}
+
+
+@contextlib.contextmanager
+def forced_cuda_path(path):
+    """Set LOCALARGMAX_CUDA_PATH to ``path`` (None: leave it) for the block."""
+    if path is None:
+        yield
+        return
+    saved = os.environ.get("LOCALARGMAX_CUDA_PATH")
+    os.environ["LOCALARGMAX_CUDA_PATH"] = path
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["LOCALARGMAX_CUDA_PATH"]
+        else:
+            os.environ["LOCALARGMAX_CUDA_PATH"] = saved
 
 
 def as_int64_flat(weight: torch.Tensor) -> torch.Tensor:
@@ -148,19 +181,27 @@ def run_kernel_only(cfg: RunConfig, shape: Shape, rows: int, budget_s: float) ->
         return best
 
     first_stream = stream_read()
+    group, own_group = _world_size_1_group(cuda)
     kernel_rows = []
     for batch in cfg.batches:
         hidden = hidden_all[:batch].to(dtype).to(device)
-        for method, fn in (
-            ("torch-matmul-max", lambda w: (hidden @ w.T).max(dim=1).indices),
-            ("fused-kernel", lambda w: shard_argmax(hidden, w)),
-        ):
+        fused = lambda w: shard_argmax(hidden, w)  # noqa: E731
+        methods = [("torch-matmul-max", lambda w: (hidden @ w.T).max(dim=1).indices, None),
+                   ("fused-kernel", fused, None),
+                   ("lm-head-step", lambda w: lm_head_argmax(hidden, w, group=group), None)]
+        if cuda and dtype in (torch.bfloat16, torch.float16):
+            methods += [(f"{CUDA_PATH_METHODS[p]}", fused, p) for p in ("simt", "mma", "gemm")]
+        for method, fn, path in methods:
             print(f"  {method} B={batch} ...", file=sys.stderr)
-            times, out = time_calls(fn, buffers, cfg.steps, cfg.warmup, budget_s, cuda)
-            ids = decode_keys(out)[0] if method == "fused-kernel" else out
+            with forced_cuda_path(path):
+                times, out = time_calls(fn, buffers, cfg.steps, cfg.warmup, budget_s, cuda)
+            ids = out if method in ("torch-matmul-max", "lm-head-step") else decode_keys(out)[0]
             row = _row(method, batch, times, nbytes, common)
+            row["cuda_path"] = path if path is not None else ("auto" if cuda else None)
             row["agree"] = (ids.cpu() == reference[:batch]).double().mean().item()
             kernel_rows.append(row)
+    if own_group:
+        dist.destroy_process_group()
     stream = min(first_stream, stream_read(), key=lambda r: r["median_us"])
     stream["fraction_of_stream"] = 1.0
     for row in kernel_rows:
@@ -168,6 +209,20 @@ def run_kernel_only(cfg: RunConfig, shape: Shape, rows: int, budget_s: float) ->
     out_rows = [stream] + kernel_rows
     add_speedups(out_rows, "torch-matmul-max", "speedup_vs_torch")
     return out_rows
+
+
+def _world_size_1_group(cuda: bool):
+    """(group, created): a world-size-1 process group (NCCL on CUDA, gloo on
+    CPU) for the ``lm-head-step`` rows; the existing one when this process
+    already runs in a single-rank group. A multi-rank group is not used: the
+    kernel-only rows are one process's local step."""
+    if dist.is_initialized():
+        if dist.get_world_size() == 1:
+            return dist.group.WORLD, False
+        raise RuntimeError("--kernel-only runs in one process; it was started in a multi-rank process group")
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
+                            rank=0, world_size=1)
+    return dist.group.WORLD, True
 
 
 def _row(method, batch, times, nbytes, common) -> dict:

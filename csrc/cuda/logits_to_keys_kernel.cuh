@@ -1,0 +1,70 @@
+// The second half of the large-batch "gemm" path (see shard_argmax_cuda.cu):
+// float32 logits [batch, num_valid] written by cuBLAS -> one packed key per
+// batch row, folded into out.keys with a 64-bit atomicMax. Bias, temperature
+// and Gumbel noise are applied exactly as the fused kernel applies them, so
+// the two paths differ only in how the dot products were summed.
+#pragma once
+
+#include <cstdint>
+
+#include "../common/packed_key.h"
+#include "../common/philox.h"
+#include "shard_argmax_kernel.cuh"
+
+namespace localargmax {
+namespace cuda {
+namespace {
+
+constexpr int kKeysThreads = 256;
+constexpr int kKeysPerThread = 16;
+constexpr int kKeysColumnsPerBlock = kKeysThreads * kKeysPerThread;
+
+__device__ __forceinline__ unsigned long long warp_max_key(unsigned long long key) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) key = max_key(key, __shfl_xor_sync(0xFFFFFFFFu, key, offset));
+  return key;
+}
+
+// grid.x: column blocks of kKeysColumnsPerBlock logits; grid.y walks the
+// batch rows of this chunk (grid-stride, y <= 65535). b0: the chunk's first
+// batch row (for out.keys, temperatures and the Philox subsequence).
+template <typename T>
+__global__ void __launch_bounds__(kKeysThreads)
+    logits_to_keys_kernel(const float* __restrict__ logits, int64_t ldl, int64_t rows, int64_t b0,
+                          int num_valid, const T* __restrict__ bias_t, const float* __restrict__ bias_f,
+                          int64_t vocab_start, ShardReduce out) {
+  __shared__ unsigned long long warp_best[kKeysThreads / 32];
+  const int col0 = static_cast<int>(blockIdx.x) * kKeysColumnsPerBlock;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const int64_t b = b0 + r;
+    const float* row = logits + r * ldl;
+    float t = 0.0f;
+    if (out.temperature != nullptr) t = out.temperature[b];
+    unsigned long long best = kNoEntryKey;
+#pragma unroll 4
+    for (int i = 0; i < kKeysPerThread; ++i) {
+      const int col = col0 + i * kKeysThreads + static_cast<int>(threadIdx.x);
+      if (col < num_valid) {
+        float s = row[col];
+        if (bias_f != nullptr) s = __fadd_rn(s, bias_f[col]);
+        if (bias_t != nullptr) s = __fadd_rn(s, to_float(bias_t[col]));
+        const uint64_t global_index = static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(col);
+        if (t > 0.0f) s = __fadd_rn(__fdiv_rn(s, t), gumbel_noise(out.seed, out.offset + static_cast<uint64_t>(b), global_index));
+        best = max_key(best, pack_key(s, global_index));
+      }
+    }
+    best = warp_max_key(best);
+    if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      best = threadIdx.x < kKeysThreads / 32 ? warp_best[threadIdx.x] : kNoEntryKey;
+      best = warp_max_key(best);
+      if (threadIdx.x == 0 && best != kNoEntryKey) atomicMax(out.keys + b, best);
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace localargmax
