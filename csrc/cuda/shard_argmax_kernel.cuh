@@ -50,6 +50,20 @@ __device__ __forceinline__ void unpack(const uint4& v, float (&out)[8], T tag) {
   unpack_pair(v.w, out[6], out[7], tag);
 }
 
+// After __syncthreads: thread j < N folds the max over the block's warps of
+// block_best[.][j] into keys[b0 + j] (batch rows past `batch` skipped), one
+// 64-bit atomicMax per batch row and block; keys were zeroed on the stream.
+template <int W, int N>
+__device__ __forceinline__ void fold_block_best(const unsigned long long (&block_best)[W][N], int64_t b0,
+                                                int64_t batch, unsigned long long* keys) {
+  if (threadIdx.x < N && b0 + threadIdx.x < batch) {
+    unsigned long long m = kNoEntryKey;
+#pragma unroll
+    for (int w = 0; w < W; ++w) m = max_key(m, block_best[w][threadIdx.x]);
+    if (m != kNoEntryKey) atomicMax(keys + b0 + threadIdx.x, m);
+  }
+}
+
 // What the kernel reduces to (one launch, one mode).
 struct ShardReduce {
   unsigned long long* keys;  // argmax / sample: [batch] keys, zeroed before the launch
@@ -168,12 +182,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
         for (int j = 0; j < NB; ++j) block_best[warp][j] = best[j];
       }
       __syncthreads();
-      if (threadIdx.x < NB && b0 + threadIdx.x < batch) {
-        unsigned long long m = kNoEntryKey;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) m = max_key(m, block_best[w][threadIdx.x]);
-        if (m != kNoEntryKey) atomicMax(out.keys + b0 + threadIdx.x, m);
-      }
+      fold_block_best(block_best, b0, batch, out.keys);
       __syncthreads();
     }
   }

@@ -236,12 +236,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
         for (int j = 0; j < 2; ++j) block_best[warp][8 * nt + 2 * t + j] = best[nt][j];
     }
     __syncthreads();
-    if (threadIdx.x < NT * 8 && b0 + threadIdx.x < batch) {
-      unsigned long long m = kNoEntryKey;
-#pragma unroll
-      for (int w = 0; w < kMmaWarps; ++w) m = max_key(m, block_best[w][threadIdx.x]);
-      if (m != kNoEntryKey) atomicMax(out.keys + b0 + threadIdx.x, m);
-    }
+    fold_block_best(block_best, b0, batch, out.keys);
     __syncthreads();
   }
 }
