@@ -32,7 +32,7 @@ timeout "$(cap 420)" "$PY" -m pip install --no-deps --no-build-isolation -e . > 
 "$PY" -c "import localargmax; assert localargmax.WITH_CUDA, 'built without CUDA'; print('WITH_CUDA', localargmax.WITH_CUDA)" || exit 1
 
 step "GPU tests"
-timeout "$(cap 240)" "$PY" -m pytest -m gpu -q --maxfail=30 -p no:cacheprovider tests/test_gpu.py tests/test_gpu_paths.py tests/test_cuda_build.py \
+timeout "$(cap 270)" "$PY" -m pytest -m gpu -q --maxfail=30 -p no:cacheprovider tests/test_gpu.py tests/test_gpu_paths.py tests/test_cuda_build.py \
   --junitxml="$OUT/gpu_tests.xml" || status=1
 
 step "compute-sanitizer (memcheck, racecheck) on a small step"

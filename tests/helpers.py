@@ -18,7 +18,7 @@ import struct
 import time
 import traceback
 from datetime import timedelta
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
@@ -189,6 +189,15 @@ def error_bound(hidden, weight, bias=None) -> torch.Tensor:
     return gamma / (1 - gamma) * mag
 
 
+def reference_logits_and_error(hidden, weight, bias=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(:func:`ref_logits`, :func:`error_bound` with 0 at non-finite logits):
+    what :func:`check_against_reference` compares with; compute it once and
+    pass it as ``reference=`` to check several results of the same problem."""
+    logits = ref_logits(hidden, weight, bias)
+    err = error_bound(hidden, weight, bias)
+    return logits, torch.where(torch.isfinite(logits), err, torch.zeros_like(err))
+
+
 def check_against_reference(
     ids: torch.Tensor,
     hidden: torch.Tensor,
@@ -198,6 +207,7 @@ def check_against_reference(
     *,
     min_clear_fraction: float = 0.9,
     context: str = "",
+    reference: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
 ):
     """Compare ``ids`` with the float64 reference (DESIGN.md, "Semantics").
 
@@ -209,7 +219,7 @@ def check_against_reference(
     can never pass vacuously (one near-tie row is tolerated beyond that).
     """
     ids = ids.cpu()
-    logits = ref_logits(hidden, weight, bias)
+    logits, err = reference if reference is not None else reference_logits_and_error(hidden, weight, bias)
     batch, vocab = logits.shape
     assert ids.shape == (batch,), f"{context}: ids shape {tuple(ids.shape)} != ({batch},)"
     ref = logits.argmax(dim=1) if vocab else torch.zeros(batch, dtype=torch.int64)
@@ -227,8 +237,6 @@ def check_against_reference(
     if batch == 0:
         return
     assert bool(((draft_ids >= 0) & (draft_ids < vocab)).all()), f"{context}: ids out of range: {ids.tolist()[:10]}"
-    err = error_bound(hidden, weight, bias)
-    err = torch.where(torch.isfinite(logits), err, torch.zeros_like(err))
     rows = torch.arange(batch)
     best = logits[rows, ref]
     # Rows decided by non-finite values alone (a NaN, a +inf maximum, or all

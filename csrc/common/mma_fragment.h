@@ -1,7 +1,8 @@
 // Which k of a 32-element chunk sits in which half of which mma.sync register,
 // for the tensor-core shard-argmax kernel (cuda/shard_argmax_mma_kernel.cuh).
-// __host__ __device__ so tests/test_mma_fragment.py can check it on the CPU
-// against an emulation of mma.sync written from the PTX ISA's fragment tables.
+// __host__ __device__ so tests/cpp/test_mma_fragment.cpp (driven by
+// tests/test_mma_fragment_cpp.py) can check it on the CPU against an
+// emulation of mma.sync written from the PTX ISA's fragment tables.
 //
 // mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16} (PTX ISA, "Matrix
 // Fragments for mma.m16n8k16 with floating point type"); lane l, group

@@ -165,14 +165,18 @@ void launch_mma(const at::Tensor& hidden, const at::Tensor& weight, const at::Te
   return launch_mma_nt<T, 8, 1>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
 }
 
-// The gemm path: logits = hidden_chunk @ weight[:num_valid].T in float32
-// (cuBLAS, tensor cores), then logits_to_keys_kernel. Batch rows go in chunks
-// so that one chunk's logits stay under 256 MiB.
+// The gemm path: logits = hidden_chunk @ weight.T in float32 (cuBLAS, tensor
+// cores), then logits_to_keys_kernel, which reads columns [0, num_valid) only.
+// The GEMM covers all `rows` of the shard, padding included, so that every
+// rank of a vocab-parallel layout (equal shard rows, unequal num_valid) runs
+// the same GEMM shape: cuBLAS picks its algorithm (tiles, split-K) per shape,
+// and identical rows on two ranks must still give identical logits (rules 1
+// and 5). Batch rows go in chunks so that one chunk's logits stay <= 256 MiB.
 void launch_gemm(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
                  const at::Tensor& bias_f, int64_t vocab_start, int64_t num_valid, const ShardReduce& out) {
   const int64_t batch = hidden.size(0);
-  const at::Tensor w = weight.narrow(0, 0, num_valid);
-  const int64_t chunk = std::max<int64_t>(1, (int64_t{256} << 20) / 4 / num_valid);
+  const at::Tensor& w = weight;
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{256} << 20) / 4 / weight.size(0));
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const unsigned blocks_x = static_cast<unsigned>((num_valid + kKeysColumnsPerBlock - 1) / kKeysColumnsPerBlock);
   for (int64_t b0 = 0; b0 < batch; b0 += chunk) {

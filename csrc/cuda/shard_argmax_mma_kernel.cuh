@@ -74,10 +74,13 @@ __device__ __forceinline__ void mma_16816<__half>(float (&c)[4], unsigned int a0
 #endif
 }
 
-// 16 bytes at p, or zeros when !valid. The weight is streamed (evict first),
-// the hidden rows are re-read by every block (read-only cache).
-__device__ __forceinline__ uint4 load_weight16(const void* p, bool valid) {
-  return valid ? __ldcs(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
+// 16 bytes at p, or zeros when !valid. The weight is streamed (evict first)
+// when one pass covers the whole batch; with several batch chunks (grid y)
+// other blocks read the same rows again, so it stays cacheable. The hidden
+// rows are re-read by every block (read-only cache).
+__device__ __forceinline__ uint4 load_weight16(const void* p, bool valid, bool evict_first) {
+  if (!valid) return make_uint4(0u, 0u, 0u, 0u);
+  return evict_first ? __ldcs(reinterpret_cast<const uint4*>(p)) : __ldg(reinterpret_cast<const uint4*>(p));
 }
 __device__ __forceinline__ uint4 load_hidden16(const void* p, bool valid) {
   return valid ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
@@ -98,6 +101,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const int t = lane % 4;
   const int row_base = static_cast<int>(blockIdx.x) * kMmaRowsPerBlock + warp * kMmaRowsPerWarp;
   const int64_t num_batch_chunks = (batch + NT * 8 - 1) / (NT * 8);
+  const bool evict_first = num_batch_chunks == 1;
 
   // This lane's weight rows: m-tile mt, half h -> row row_base + 16 mt + 8 h + g.
   const T* wrow[kMmaTilesM][2];
@@ -145,7 +149,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 #pragma unroll
       for (int mt = 0; mt < kMmaTilesM; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) wcur[v][mt][h] = load_weight16(wrow[mt][h] + k, kok && wok[mt][h]);
+        for (int h = 0; h < 2; ++h) wcur[v][mt][h] = load_weight16(wrow[mt][h] + k, kok && wok[mt][h], evict_first);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) hcur[v][nt] = load_hidden16(hrow[nt] + k, kok && hok[nt]);
     }
@@ -158,7 +162,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 #pragma unroll
         for (int mt = 0; mt < kMmaTilesM; ++mt)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) wnext[v][mt][h] = load_weight16(wrow[mt][h] + k, kok && wok[mt][h]);
+          for (int h = 0; h < 2; ++h) wnext[v][mt][h] = load_weight16(wrow[mt][h] + k, kok && wok[mt][h], evict_first);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) hnext[v][nt] = load_hidden16(hrow[nt] + k, kok && hok[nt]);
       }
