@@ -460,11 +460,15 @@ def test_identical_rows_identical_logits(gen, dtype, hsize):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_same_hidden_row_same_key_at_any_batch_position(gen, dtype):
-    hidden_row = torch.randn(1, 29, generator=gen).to(dtype)
-    weight = torch.randn(517, 29, generator=gen).to(dtype)
-    for batch in (1, 2, 3, 4, 5, 8, 11):
-        hidden = torch.randn(batch, 29, generator=gen).to(dtype)
+@pytest.mark.parametrize("hsize", [29, 40])  # 40: rows read in place (fp32, bf16), blocked by batch size
+def test_same_hidden_row_same_key_at_any_batch_position(gen, dtype, hsize):
+    """The CPU kernel blocks rows and batch rows differently by batch size
+    (8 / 4 rows at batch 1, 3 rows x 4 batch rows and tails of 1-3 above): a
+    key must not depend on the blocking."""
+    hidden_row = torch.randn(1, hsize, generator=gen).to(dtype)
+    weight = torch.randn(517, hsize, generator=gen).to(dtype)
+    for batch in (1, 2, 3, 4, 5, 6, 7, 8, 11, 12, 13):
+        hidden = torch.randn(batch, hsize, generator=gen).to(dtype)
         where = int(torch.randint(0, batch, (1,), generator=gen))
         hidden[where] = hidden_row[0]
         keys = localargmax.shard_argmax(hidden, weight)
