@@ -38,6 +38,21 @@ def find_cuda_home():
     return None
 
 
+def find_build_tool(name: str) -> str:
+    """The copy of a build tool (cmake, ninja) installed next to this Python
+    (``pip install cmake ninja`` into the venv), else the one on PATH. The
+    venv's copy first: a venv whose bin/ is not on PATH (a script calling
+    .venv/bin/python directly) would otherwise pick up an older system cmake
+    (CMakeLists.txt needs >= 3.26)."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"localargmax: {name} not found next to {sys.executable} or on PATH; pip install {name}")
+    return found
+
+
 class CMakeBuild(build_ext):
     def build_extension(self, ext):
         import torch
@@ -58,6 +73,7 @@ class CMakeBuild(build_ext):
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out.parent}",
             f"-DLOCALARGMAX_WITH_CUDA={'ON' if with_cuda else 'OFF'}",
             "-G", "Ninja",
+            f"-DCMAKE_MAKE_PROGRAM={find_build_tool('ninja')}",
         ]
         env = dict(os.environ)
         if with_cuda:
@@ -74,11 +90,12 @@ class CMakeBuild(build_ext):
         if cache.exists() and f"LOCALARGMAX_WITH_CUDA:BOOL={'ON' if with_cuda else 'OFF'}" not in cache.read_text():
             shutil.rmtree(build_dir)
             build_dir.mkdir(parents=True)
-        subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
+        cmake = find_build_tool("cmake")
+        subprocess.check_call([cmake, "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
         jobs = os.environ.get("LOCALARGMAX_BUILD_JOBS", str(os.cpu_count() or 1))
         log = build_dir / "build.log"
         with open(log, "w") as f:
-            proc = subprocess.Popen(["cmake", "--build", str(build_dir), "-j", jobs, "--", "-v"], env=env,
+            proc = subprocess.Popen([cmake, "--build", str(build_dir), "-j", jobs, "--", "-v"], env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for line in proc.stdout:
                 f.write(line)
