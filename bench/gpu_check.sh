@@ -54,6 +54,8 @@ if command -v compute-sanitizer > /dev/null; then
     timeout "$(cap 90)" compute-sanitizer --tool "$tool" --error-exitcode 9 "$PY" /tmp/lam_sanitize.py > "$OUT/sanitizer_$tool.log" 2>&1 \
       && echo "$tool: clean" || { echo "$tool: FAILED or unavailable (see sanitizer_$tool.log)"; tail -5 "$OUT/sanitizer_$tool.log"; }
   done
+else
+  echo "compute-sanitizer not found: skipped"
 fi
 
 step "kernel benchmark: bf16, Qwen3 151936x4096 at tp 1,2,4,8 and DeepSeek-V3 129280x7168 at tp 8"
