@@ -38,8 +38,6 @@ __global__ void __launch_bounds__(kKeysThreads)
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const int64_t b = b0 + r;
     const float* row = logits + r * ldl;
-    float t = 0.0f;
-    if (out.temperature != nullptr) t = out.temperature[b];
     unsigned long long best = kNoEntryKey;
 #pragma unroll 4
     for (int i = 0; i < kKeysPerThread; ++i) {
@@ -49,8 +47,7 @@ __global__ void __launch_bounds__(kKeysThreads)
         if (bias_f != nullptr) s = __fadd_rn(s, bias_f[col]);
         if (bias_t != nullptr) s = __fadd_rn(s, to_float(bias_t[col]));
         const uint64_t global_index = static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(col);
-        if (t > 0.0f) s = __fadd_rn(__fdiv_rn(s, t), gumbel_noise(out.seed, out.offset + static_cast<uint64_t>(b), global_index));
-        best = max_key(best, pack_key(s, global_index));
+        best = max_key(best, key_of(s, b, global_index, out));
       }
     }
     best = warp_max_key(best);

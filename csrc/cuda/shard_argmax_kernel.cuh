@@ -74,6 +74,19 @@ struct ShardReduce {
   uint64_t offset;           // sample: Philox subsequence of batch row 0
 };
 
+// The key of logit s (bias already added) of batch row b at global_index:
+// sampling rows (temperature T > 0) carry s / T + Gumbel(seed, offset + b,
+// global_index) (common/philox.h; the CPU kernel's emit() does the same),
+// greedy rows the logit. Every CUDA kernel ends in this one function.
+__device__ __forceinline__ unsigned long long key_of(float s, int64_t b, uint64_t global_index,
+                                                     const ShardReduce& out) {
+  if (out.temperature != nullptr) {
+    const float t = out.temperature[b];
+    if (t > 0.0f) s = __fadd_rn(__fdiv_rn(s, t), gumbel_noise(out.seed, out.offset + static_cast<uint64_t>(b), global_index));
+  }
+  return pack_key(s, global_index);
+}
+
 // NB batch rows per pass; VEC elements per lane per step (16 bytes when the
 // rows are 16-byte aligned, else 1). TOPK: each block writes the topk best
 // keys of its kRowsPerBlock rows per batch row to out.block_topk instead of
@@ -144,12 +157,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
         if (bias_f != nullptr) s = __fadd_rn(s, bias_f[row]);
         if (bias_t != nullptr) s = __fadd_rn(s, to_float(bias_t[row]));
         if (b0 + j < batch) {
-          if (out.temperature != nullptr) {
-            const float t = out.temperature[b0 + j];
-            if (t > 0.0f)
-              s = __fadd_rn(__fdiv_rn(s, t), gumbel_noise(out.seed, out.offset + static_cast<uint64_t>(b0 + j), global_index));
-          }
-          const unsigned long long key = pack_key(s, global_index);
+          const unsigned long long key = key_of(s, b0 + j, global_index, out);
           if constexpr (TOPK) {
             if (lane == 0) candidates[row - row_begin][j] = key;
           } else if (key > best[j]) {

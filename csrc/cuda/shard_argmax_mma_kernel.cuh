@@ -215,12 +215,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
           if (b >= batch) continue;
           float s = acc[mt][nt][r];
           if (has_bias) s = __fadd_rn(s, bias);
-          if (out.temperature != nullptr) {
-            const float temp = out.temperature[b];
-            if (temp > 0.0f)
-              s = __fadd_rn(__fdiv_rn(s, temp), gumbel_noise(out.seed, out.offset + static_cast<uint64_t>(b), global_index));
-          }
-          const unsigned long long key = pack_key(s, global_index);
+          const unsigned long long key = key_of(s, b, global_index, out);
           if (key > best[nt][r % 2]) best[nt][r % 2] = key;
         }
       }
