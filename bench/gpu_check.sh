@@ -2,7 +2,7 @@
 # GPU check for an H200 machine (Python 3.12, its own torch, nvcc, no network),
 # run from a copy of this repo:  bash bench/gpu_check.sh OUT_DIR
 # Builds the extension from source against that machine's torch (sm_90a only),
-# runs the GPU tests (pytest -m gpu), compute-sanitizer on a small step, and the
+# runs the GPU tests and the CUDA build checks, compute-sanitizer on a small step, and the
 # GPU kernel benchmark; writes JSON + logs to OUT_DIR (default bench/results/).
 # Budget: under 8 minutes (GPU_CHECK_BUDGET_S, default 480, bounds every step).
 # Not yet run on a GPU (no device was lent so far).
