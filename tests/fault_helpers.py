@@ -13,13 +13,11 @@ import multiprocessing
 import os
 import queue
 import time
-import traceback
-from datetime import timedelta
 from typing import Callable, Dict, List, NamedTuple, Optional
 
 import torch
 
-from helpers import free_port
+from helpers import free_port, rank_in_group
 
 
 class RankOutcome(NamedTuple):
@@ -38,30 +36,7 @@ class Launch(NamedTuple):
 def _rank_main(worker, rank, world_size, port, results, pg_timeout, env, barrier, args):
     for k, v in (env or {}).items():
         os.environ[k] = v
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    import torch.distributed as dist
-
-    try:
-        torch.set_num_threads(1)
-        # every rank is up before the short-timeout rendezvous starts
-        barrier.wait(timeout=120)
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=pg_timeout),
-        )
-        value = worker(rank, world_size, *args)
-        results.put((rank, "ok", value))
-    except BaseException:  # noqa: BLE001
-        results.put((rank, "error", traceback.format_exc()))
-    finally:
-        try:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-        except Exception:  # noqa: BLE001
-            pass
+    rank_in_group(worker, rank, world_size, port, results, args, pg_timeout=pg_timeout, barrier=barrier)
 
 
 START_METHOD = os.environ.get("LOCALARGMAX_FAULT_START", "forkserver")

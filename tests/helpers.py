@@ -78,6 +78,14 @@ def same_float32(a: torch.Tensor, b: torch.Tensor) -> bool:
 PAD_FILLS = ("nan", "huge", "inf_bias")
 
 
+def fill_winning_padding(pad: torch.Tensor, hidden: torch.Tensor, scale: float = 1e4) -> None:
+    """Fill padding rows ``pad [P, H]`` in place with ``scale`` x hidden rows
+    (cycling over the batch): each would be the largest logit of some batch
+    row, by far, if a kernel evaluated it (DESIGN.md rule 4)."""
+    idx = torch.arange(pad.shape[0]) % hidden.shape[0]
+    pad.copy_((hidden.to(torch.float32)[idx] * scale).to(pad.dtype))
+
+
 def build_shards(
     weight: torch.Tensor,
     bias: Optional[torch.Tensor],
@@ -110,9 +118,7 @@ def build_shards(
                 pad.fill_(float("nan"))
             else:
                 if hidden is not None and hidden.shape[0] > 0 and hsize > 0:
-                    src = hidden.to(torch.float32)
-                    idx = torch.arange(pad.shape[0]) % src.shape[0]
-                    pad.copy_((src[idx] * 1e4).to(weight.dtype))
+                    fill_winning_padding(pad, hidden)
                 else:
                     pad.fill_(1e4)
         b = None
@@ -333,18 +339,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(worker, rank, world_size, port, results, args):
+def rank_in_group(worker, rank, world_size, port, results, args, pg_timeout: float = 120.0, barrier=None):
+    """One rank's body: init a gloo group over 127.0.0.1:``port``, run
+    ``worker(rank, world_size, *args)``, put ``(rank, "ok", value)`` or
+    ``(rank, "error", traceback)`` on ``results``, tear the group down.
+    ``barrier`` (optional) is passed before the rendezvous. Shared by
+    :func:`run_ranks` and tests/fault_helpers.py."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import torch.distributed as dist
 
     try:
         torch.set_num_threads(1)
+        if barrier is not None:
+            barrier.wait(timeout=120)  # every rank is up before a short-timeout rendezvous starts
         dist.init_process_group(
             "gloo",
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world_size,
-            timeout=timedelta(seconds=120),
+            timeout=timedelta(seconds=pg_timeout),
         )
         value = worker(rank, world_size, *args)
         results.put((rank, "ok", value))
@@ -358,6 +371,10 @@ def _rank_main(worker, rank, world_size, port, results, args):
                 dist.destroy_process_group()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _rank_main(worker, rank, world_size, port, results, args):
+    rank_in_group(worker, rank, world_size, port, results, args)
 
 
 def run_ranks(worker: Callable, world_size: int, *args, timeout: float = 240.0) -> List:

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import localargmax
-from helpers import build_shards, check_against_reference, random_problem, ref_argmax, reference_logits_and_error
+from helpers import (build_shards, check_against_reference, fill_winning_padding, random_problem, ref_argmax,
+                     reference_logits_and_error)
 from localargmax.reference import reference_argmax
 
 pytestmark = [
@@ -47,14 +48,6 @@ def _ids(hidden, weight, **kw):
     return localargmax.decode_keys(keys)[0].cpu()
 
 
-def _pad_winners(hidden, weight, num_valid):
-    """Rows [num_valid, rows) become 1e3 x hidden rows: each would beat every
-    real row of some batch row if the kernel evaluated it (rule 4)."""
-    pad = weight.shape[0] - num_valid
-    src = hidden.float()[torch.arange(pad) % hidden.shape[0]] * 1e3
-    weight[num_valid:] = src.to(weight.dtype)
-
-
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize(
     "batch,hsize",
@@ -66,7 +59,7 @@ def _pad_winners(hidden, weight, num_valid):
 def test_paths_match_reference(gen, each_path, dtype, batch, hsize, bias):
     hidden, weight, b = random_problem(gen, batch, 1501, hsize, dtype, bias)
     num_valid = 1499
-    _pad_winners(hidden, weight, num_valid)
+    fill_winning_padding(weight[num_valid:], hidden, scale=1e3)  # rule 4: would win if evaluated
     reference = reference_logits_and_error(hidden, weight[:num_valid], None if b is None else b[:num_valid])
     for path in each_path():
         keys = localargmax.shard_argmax(hidden.cuda(), weight.cuda(), bias=None if b is None else b.cuda(),

@@ -43,13 +43,17 @@ namespace localargmax {
 namespace cuda {
 namespace {
 
+// Elements between rows of a 2-D tensor whose rows are contiguous; a single
+// row's stride(0) is arbitrary, so it counts as its row length.
+int64_t row_stride(const at::Tensor& t) { return t.size(0) > 1 ? t.stride(0) : t.size(1); }
+
 template <typename T, int NB, bool TOPK>
 void launch_nb(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
                const at::Tensor& bias_f, int64_t vocab_start, int64_t num_valid, const ShardReduce& out) {
   const int64_t batch = hidden.size(0);
   const int64_t hidden_size = hidden.size(1);
   const int64_t ldh = hidden.stride(0);
-  const int64_t ldw = weight.size(0) > 1 ? weight.stride(0) : hidden_size;
+  const int64_t ldw = row_stride(weight);
   constexpr int kVec = 16 / sizeof(T);
   const auto* hp = reinterpret_cast<const T*>(hidden.data_ptr());
   const auto* wp = reinterpret_cast<const T*>(weight.data_ptr());
@@ -111,8 +115,8 @@ bool mma_ok(const at::Tensor& hidden, const at::Tensor& weight) {
   int major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, weight.get_device()));
   if (major < 8) return false;
-  const int64_t ldw = weight.size(0) > 1 ? weight.stride(0) : hidden.size(1);
-  const int64_t ldh = hidden.size(0) > 1 ? hidden.stride(0) : hidden.size(1);
+  const int64_t ldw = row_stride(weight);
+  const int64_t ldh = row_stride(hidden);
   return hidden.size(1) % 8 == 0 && ldw % 8 == 0 && ldh % 8 == 0 && aligned16(weight.data_ptr()) &&
          aligned16(hidden.data_ptr());
 }
@@ -141,8 +145,8 @@ template <typename T, int NT, int KV>
 void launch_mma_nt(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
                    const at::Tensor& bias_f, int64_t vocab_start, int64_t num_valid, const ShardReduce& out) {
   const int64_t batch = hidden.size(0);
-  const int64_t ldh = batch > 1 ? hidden.stride(0) : hidden.size(1);
-  const int64_t ldw = weight.size(0) > 1 ? weight.stride(0) : hidden.size(1);
+  const int64_t ldh = row_stride(hidden);
+  const int64_t ldw = row_stride(weight);
   const int64_t blocks_x = (num_valid + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock;
   const int64_t chunks = (batch + NT * 8 - 1) / (NT * 8);
   const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));

@@ -18,11 +18,11 @@ Rows per shard:
   project's 2-core machine) and ``torch.mv`` of the bytes viewed as float32
   with a ones vector (one thread in torch 2.14: 19 GB/s; the only bound used
   before 2026-11-29, which flattered every CPU ratio); ``stream_method``
-  names the winner. On CUDA it is a
-  device-to-device copy ``dst.copy_(w)``, whose GB/s counts the bytes read
-  *and* written (``weight_bytes`` = 2 x the weight's bytes in that row), the
-  usual "copy bandwidth" a read-only kernel is compared against. Both are measured before and after
-  the kernel rows and the faster is kept (other work on a shared machine
+  names the winner. On CUDA it is a device-to-device copy ``dst.copy_(w)``,
+  whose GB/s counts the bytes read *and* written (``weight_bytes`` = 2 x the
+  weight's bytes in that row), the usual "copy bandwidth" a read-only kernel
+  is compared against. Both are measured before and after the kernel rows
+  and the faster is kept (other work on a shared machine
   otherwise makes a single measurement a poor bound).
 
 ``gbps`` = weight bytes / median time; ``fraction_of_stream`` = gbps / the
@@ -39,6 +39,7 @@ import os
 import sys
 import time
 from typing import Callable, List
+from unittest import mock
 
 import numpy as np
 import torch
@@ -84,21 +85,12 @@ def as_float32_matrix(weight: torch.Tensor) -> torch.Tensor:
 CUDA_PATH_METHODS = {"simt": "fused-simt", "mma": "fused-mma", "gemm": "gemm-keys"}
 
 
-@contextlib.contextmanager
 def forced_cuda_path(path):
-    """Set LOCALARGMAX_CUDA_PATH to ``path`` (None: leave it) for the block."""
+    """Context: LOCALARGMAX_CUDA_PATH = ``path`` for the block, then restored
+    (``None``: left alone)."""
     if path is None:
-        yield
-        return
-    saved = os.environ.get("LOCALARGMAX_CUDA_PATH")
-    os.environ["LOCALARGMAX_CUDA_PATH"] = path
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["LOCALARGMAX_CUDA_PATH"]
-        else:
-            os.environ["LOCALARGMAX_CUDA_PATH"] = saved
+        return contextlib.nullcontext()
+    return mock.patch.dict(os.environ, {"LOCALARGMAX_CUDA_PATH": path})
 
 
 def as_int64_flat(weight: torch.Tensor) -> torch.Tensor:
@@ -190,7 +182,7 @@ def run_kernel_only(cfg: RunConfig, shape: Shape, rows: int, budget_s: float) ->
                    ("fused-kernel", fused, None),
                    ("lm-head-step", lambda w: lm_head_argmax(hidden, w, group=group), None)]
         if cuda and dtype in (torch.bfloat16, torch.float16):
-            methods += [(f"{CUDA_PATH_METHODS[p]}", fused, p) for p in ("simt", "mma", "gemm")]
+            methods += [(name, fused, path) for path, name in CUDA_PATH_METHODS.items()]
         for method, fn, path in methods:
             print(f"  {method} B={batch} ...", file=sys.stderr)
             with forced_cuda_path(path):
