@@ -76,12 +76,47 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
         if not isinstance(gathered, torch.Tensor) or gathered.dim() != keys.dim() + 1 or gathered.shape[1:] != keys.shape:
             shape = tuple(gathered.shape) if isinstance(gathered, torch.Tensor) else type(gathered).__name__
             want = ", ".join(["tp"] + [f"{n}" for n in keys.shape])
-            raise ValueError(f"the group callable must return keys [{want}] (B={keys.shape[0]}), got {shape}")
+            raise ValueError(
+                f"the group callable must return [{want}], an all-gather of the {tuple(keys.shape)} int64 tensor it is "
+                f"given, got {shape}"
+            )
         return gathered
     raise TypeError(
         "group must be None, a torch.distributed.ProcessGroup, a cupy.cuda.nccl.NcclCommunicator or a callable "
         f"all_gather(keys [B]) -> [tp, B], got {type(group).__name__}"
     )
+
+
+HEADER_LEN = 3
+"""int64 words every rank appends to its keys in a step's exchange (see :func:`frame_keys`)."""
+
+
+def frame_keys(keys: torch.Tensor, vocab_end: int) -> torch.Tensor:
+    """One rank's payload for a step's key exchange: its keys, flattened, then
+    a 3-word header ``[n + 1, -(n + 1), vocab_end]`` (``n = keys.numel()``).
+
+    After an all-gather every rank sees every rank's header; after an
+    all-reduce MAX (unsigned, see :func:`exchange_keys`) it sees
+    ``[max n + 1, -(min n + 1), max vocab_end]``. Either way a rank can tell,
+    from values all ranks share, whether the ranks sent the same number of
+    keys (the same batch size and ``k``) and the end of the valid vocabulary
+    over all ranks — 24 bytes per rank per step, whatever the batch
+    (DESIGN.md, "The step's exchange").
+
+    Args:
+        keys: ``[B]`` or ``[B, k]`` int64 packed keys.
+        vocab_end: ``vocab_start + num_valid`` of this rank's shard, or 0
+            when it is empty (``num_valid == 0``: it holds no id).
+
+    Returns:
+        ``[n + 3]`` int64, on the device of ``keys``; built without a host-to-
+        device copy (fills only), so it is capturable in a CUDA graph.
+    """
+    n = keys.numel()
+    header = keys.new_full((HEADER_LEN,), n + 1)
+    header[1] = -(n + 1)
+    header[2] = vocab_end
+    return torch.cat([keys.reshape(-1), header])
 
 
 def _is_nccl_communicator(group) -> bool:

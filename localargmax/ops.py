@@ -198,14 +198,6 @@ def check_sample_args(hidden, temperature, seed, offset) -> None:
             raise ValueError(f"{name} must be an int in [0, 2**63), got {value!r}")
 
 
-def check_temperature_values(temperature: torch.Tensor) -> None:
-    """Refuse negative or NaN temperatures of a CPU tensor (reading a CUDA
-    tensor would sync the host every step; there ``T <= 0`` rows are greedy)."""
-    if temperature.device.type == "cpu" and not torch.compiler.is_compiling():
-        if bool((temperature < 0).any() | temperature.isnan().any()):
-            raise ValueError("temperature must be >= 0 (0 = greedy) and not NaN")
-
-
 def shard_topk(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -250,15 +242,17 @@ def shard_sample(
 ) -> torch.Tensor:
     """Gumbel-max sampling over one shard, fused like :func:`shard_argmax`.
 
-    Each row's key is the best of ``logit[b, v] / T[b] + g(seed, offset + b, v)``
-    over the shard, with ``g`` standard Gumbel noise from Philox 4x32-10 keyed
-    by the *global* vocabulary index ``v`` (csrc/common/philox.h), so the merged
-    sample is the same for every TP size and shard layout. Rows with ``T == 0``
-    are greedy (no noise).
+    Each row's key is the best Gumbel-max score ``logit[b, v] / T[b] + g`` over
+    the shard (computed as ``logit + T·g`` for ``T < 1``, which has the same
+    argmax and cannot overflow: ``gumbel_score`` in csrc/common/philox.h, one
+    function for every kernel), with ``g = g(seed, offset + b, v)`` standard
+    Gumbel noise from Philox 4x32-10 keyed by the *global* vocabulary index
+    ``v``, so the merged sample is the same for every TP size and shard
+    layout. Rows with ``T == 0`` are greedy (no noise).
 
     Args:
         hidden, weight, vocab_start, num_valid, bias: as in :func:`shard_argmax`.
-        temperature: ``[B]`` float32 on the device of ``hidden``, ``>= 0``.
+        temperature: ``[B]`` float32 on the device of ``hidden``, finite and ``>= 0``.
         seed: Philox key, ``0 <= seed < 2**63``.
         offset: Philox subsequence of row 0 (row ``b`` uses ``offset + b``);
             advance it by ``B`` every step for fresh noise.
@@ -268,13 +262,15 @@ def shard_sample(
 
     Raises:
         TypeError / ValueError as :func:`shard_argmax`, and for a malformed
-        ``temperature``, ``seed`` or ``offset``.
+        ``temperature``, ``seed`` or ``offset``. A NaN, negative or infinite
+        temperature value: ValueError on CPU (read by the kernel, so eager and
+        torch.compile alike); on CUDA that row's key is 0 ("no valid entry"),
+        which the ``lm_head_*`` steps turn into an error.
     """
     if num_valid is None:
         num_valid = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else 0
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_sample_args(hidden, temperature, seed, offset)
-    check_temperature_values(temperature)
     return torch.ops.localargmax.shard_sample.default(hidden, weight, bias, vocab_start, num_valid, temperature,
                                                       seed, offset)
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../checks.h"
+#include "../common/philox.h"
 #include "shard_argmax_tiles.h"
 
 namespace localargmax {
@@ -126,6 +127,13 @@ at::Tensor shard_sample_cpu(const at::Tensor& hidden, const at::Tensor& weight, 
                             int64_t offset) {
   check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
   check_sample_args(hidden, temperature, offset);
+  // Values are read here, on the host, so that eager and compiled calls refuse
+  // the same temperatures (the CUDA kernel gives such rows key 0 instead).
+  const at::Tensor t = temperature.contiguous();
+  const float* tp = t.data_ptr<float>();
+  for (int64_t b = 0; b < t.numel(); ++b)
+    TORCH_CHECK_VALUE(valid_temperature(tp[b]), "shard_sample: temperature must be finite and >= 0 (0 = greedy), got ",
+                      tp[b], " at row ", b);
   return reduce_shard(hidden, weight, bias, vocab_start, num_valid, 1, temperature, static_cast<uint64_t>(seed),
                       static_cast<uint64_t>(offset))
       .view({-1});
