@@ -7,17 +7,11 @@ from typing import Optional
 
 import torch
 
-from .collective import (
-    _SIGN_BIT,
-    Group,
-    check_step_consistency,
-    debug_enabled,
-    exchange_keys,
-    frame_keys,
-)
-from .ops import check_d2t_arg, merge_keys, shard_argmax, shard_sample, shard_topk
-
-_INDEX_MASK = 0xFFFFFFFF
+from . import envs
+from ._validation import check_d2t_arg
+from .collective import Group, check_step_consistency, exchange_keys, frame_keys
+from .ops import merge_keys, shard_argmax, shard_sample, shard_topk
+from .packed_key import SIGN_FLIP, key_index
 
 
 def _debug_check(group: Group, hidden, weight, d2t, k: int = 1) -> None:
@@ -25,7 +19,7 @@ def _debug_check(group: Group, hidden, weight, d2t, k: int = 1) -> None:
     and raise ValueError on every rank if they differ (before the key
     exchange, which cannot survive ranks that disagree on its size). The one
     place every step calls."""
-    if not debug_enabled():
+    if not envs.LOCALARGMAX_DEBUG:
         return
     shape = lambda t, d: t.shape[d] if isinstance(t, torch.Tensor) and t.dim() == 2 else -1  # noqa: E731
     check_step_consistency(
@@ -63,7 +57,7 @@ def _exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: 
     body = gathered[:, :n].reshape(gathered.shape[0], *keys.shape)
     sizes, neg_sizes, ends = gathered[:, n], gathered[:, n + 1], gathered[:, n + 2]
     vocab_total = ends.max()
-    out_of_range = (body != 0) & (_INDEX_MASK - (body & _INDEX_MASK) >= vocab_total)
+    out_of_range = (body != 0) & (key_index(body) >= vocab_total)
     if not _host_checks(keys):
         ok = (sizes == n + 1).all() & (neg_sizes == -(n + 1)).all() & ~out_of_range.any()
         if d2t is not None:
@@ -77,7 +71,7 @@ def _exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: 
             "(and k). LOCALARGMAX_DEBUG=1 checks this before the collective and names the ranks."
         )
     if bool(out_of_range.any()):
-        bad = int((_INDEX_MASK - (body & _INDEX_MASK))[out_of_range][0])
+        bad = int(key_index(body)[out_of_range][0])
         raise ValueError(
             f"a received key decodes to vocabulary id {bad}, outside the valid vocabulary [0, {int(vocab_total)}) "
             "of the TP ranks: the key exchange was corrupted (ranks out of step?)"
@@ -238,8 +232,8 @@ def lm_head_topk(
     batch = keys.shape[0]
     if batch == 0:
         return keys.new_empty((0, k)), keys.new_empty((0, k), dtype=torch.float32)
-    candidates = gathered.permute(1, 0, 2).reshape(batch, -1) ^ _SIGN_BIT  # signed order == unsigned order
-    merged = candidates.topk(k, dim=1, sorted=True).values ^ _SIGN_BIT
+    candidates = gathered.permute(1, 0, 2).reshape(batch, -1) ^ SIGN_FLIP  # signed order == unsigned order
+    merged = candidates.topk(k, dim=1, sorted=True).values ^ SIGN_FLIP
     if _host_checks(merged) and bool((merged == 0).any()):
         raise ValueError(f"k={k} exceeds the valid vocabulary summed over all ranks")
     # merge_keys of [1, B*k] decodes every kept key and applies d2t (range-checked on CPU)

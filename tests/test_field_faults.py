@@ -286,6 +286,7 @@ def _worker_batch_mismatch(rank, world, op, reduce, debug):
 
     if debug:
         os.environ["LOCALARGMAX_DEBUG"] = "1"
+        localargmax.envs.reload()
     torch.manual_seed(100 + rank)
     hidden = torch.randn(3 if rank == 0 else 2, 4)
     weight = torch.randn(8, 4)
@@ -324,3 +325,57 @@ def test_batch_mismatch_without_debug_never_returns_ids(op, reduce):
         if o.status == "ok":
             assert not o.value["ok"], f"rank {r} returned ids {o.value.get('value')} for a mismatched batch"
     assert not live_descendants(result.pids)
+
+
+# ----------------------------------------------------------------------------- the path keyword (issue #13)
+
+
+@pytest.mark.parametrize("op", ["argmax", "topk", "sample"])
+def test_cpu_path_keyword(gen, op):
+    """CPU paths: generic and avx2 (where the CPU has it) give bit-identical
+    keys; an unknown path, or a CUDA path on CPU, is a ValueError naming
+    ``path`` (checked by the wrapper and by the kernel itself)."""
+    hidden = torch.randn(5, 37, generator=gen).to(torch.bfloat16)
+    weight = torch.randn(200, 37, generator=gen).to(torch.bfloat16)
+    call = {
+        "argmax": lambda p: localargmax.shard_argmax(hidden, weight, path=p),
+        "topk": lambda p: localargmax.shard_topk(hidden, weight, 3, path=p),
+        "sample": lambda p: localargmax.shard_sample(hidden, weight, torch.full((5,), 0.7), 9, path=p),
+    }[op]
+    auto, generic = call("auto"), call("generic")
+    assert torch.equal(auto, generic)
+    try:
+        avx2 = call("avx2")
+    except ValueError as e:  # a CPU without AVX2: the refusal must say why
+        assert "needs a CPU with AVX2" in str(e)
+    else:
+        assert torch.equal(avx2, generic)
+    for bad in ("mma", "simt", "AVX2", "", None, 3):
+        with pytest.raises(ValueError, match="path must be one of"):
+            call(bad)
+    with pytest.raises(ValueError, match="path must be 'auto', 'generic' or 'avx2' on CPU"):
+        torch.ops.localargmax.shard_argmax.default(hidden, weight, None, 0, 200, "gemm")
+
+
+def test_envs_registry_reads_once_and_parses(monkeypatch):
+    """Every LOCALARGMAX_* knob is in localargmax.envs with a default and a
+    meaning; values are read once (until reload) and a bad value names the
+    variable."""
+    from localargmax import envs
+
+    assert all(k.startswith("LOCALARGMAX_") and knob.meaning for k, knob in envs.KNOBS.items())
+    monkeypatch.setenv("LOCALARGMAX_DEBUG", "1")
+    envs.reload()
+    assert envs.LOCALARGMAX_DEBUG is True
+    monkeypatch.setenv("LOCALARGMAX_DEBUG", "0")
+    assert envs.LOCALARGMAX_DEBUG is True  # cached
+    envs.reload()
+    assert envs.LOCALARGMAX_DEBUG is False
+    monkeypatch.setenv("LOCALARGMAX_DEBUG", "maybe")
+    envs.reload()
+    with pytest.raises(ValueError, match="LOCALARGMAX_DEBUG='maybe'"):
+        envs.LOCALARGMAX_DEBUG
+    monkeypatch.delenv("LOCALARGMAX_DEBUG")
+    envs.reload()
+    with pytest.raises(AttributeError):
+        envs.LOCALARGMAX_NOT_A_KNOB
