@@ -152,7 +152,6 @@ def smoke(args) -> int:
             assert bool((ids == want).all()), f"tie: ids {ids.unique().tolist()[:8]} != {want}"
 
         case("tie-gemm-shape", path, f"{rows}x{hsize}", batch, tie)
-    del weight
     if args.json:
         Path(args.json).write_text(json.dumps(dict(device=device, seed=args.seed, failed=failed, cases=results), indent=1) + "\n")
     print(f"smoke: {len(results)} cases, {failed} failed", flush=True)
