@@ -111,8 +111,9 @@ export ROOT OUTDIR WORK PY DRY DEVICE
 
 step_env() {
   {
-    echo "date: $(date -u +%FT%TZ)   dry_run: $DRY   host: $(hostname)   cores: $(nproc)"
-    echo "commit: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown) $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) changed files"
+    echo "date: $(date -u +%FT%TZ)   dry_run: $DRY   host: ${HOSTNAME:-?}   cores: $(nproc)"
+    echo "commit: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo 'unknown (no .git)')"
+    echo "sources sha256: $(cd "$ROOT" && find csrc localargmax bench tests setup.py CMakeLists.txt -type f \( -name '*.py' -o -name '*.c*' -o -name '*.h' -o -name '*.sh' -o -name '*.txt' \) -not -path '*/__pycache__/*' -not -path 'bench/results/*' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16) (compare: the same command on the commit that ran)"
     if command -v nvidia-smi > /dev/null; then
       timeout 5 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,ecc.mode.current,power.limit --format=csv
       timeout 5 nvidia-smi -q -d CLOCK,ECC,POWER,PERFORMANCE | grep -v '^\s*$' | head -90
@@ -222,7 +223,7 @@ step_tests() {
   if [[ -n "${GPU_CHECK_TESTS:-}" ]]; then
     read -r -a sel <<< "$GPU_CHECK_TESTS"
   else
-    for f in tests/test_gpu.py tests/test_gpu_paths.py tests/test_cuda_build.py; do [[ -f $f ]] && sel+=("$f"); done
+    for f in tests/test_cuda_build.py tests/test_gpu.py tests/test_gpu_paths.py; do [[ -f $f ]] && sel+=("$f"); done
     (( ${#sel[@]} )) || sel=(-m gpu tests)
   fi
   # per-test timeout: pytest-timeout where installed, else the SIGALRM plugin;
