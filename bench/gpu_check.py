@@ -86,10 +86,16 @@ def smoke(args) -> int:
     failed = 0
     deadline = time.monotonic() + args.budget
 
+    def save():  # after every case: a smoke step killed at its cap still leaves what it checked
+        if args.json:
+            doc = dict(device=device, seed=args.seed, failed=failed, cases=results)
+            Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+
     def case(op, path, name, batch, fn):
         nonlocal failed
         if time.monotonic() > deadline:
             results.append(dict(op=op, path=path, shape=name, batch=batch, ok=None, error="skipped: smoke budget spent"))
+            save()
             return
         t0 = time.perf_counter()
         try:
@@ -104,6 +110,7 @@ def smoke(args) -> int:
         dt = time.perf_counter() - t0
         failed += ok is False
         results.append(dict(op=op, path=path, shape=name, batch=batch, ok=ok, seconds=round(dt, 3), error=err))
+        save()
         verdict = {True: "ok", False: "FAIL", None: "unavailable"}[ok]
         print(f"smoke {op:13s} {path:8s} {name:12s} B={batch:<4d} {verdict} {dt * 1e3:7.1f} ms"
               + (f"  {err.splitlines()[0][:160]}" if err else ""), flush=True)
@@ -152,8 +159,7 @@ def smoke(args) -> int:
             assert bool((ids == want).all()), f"tie: ids {ids.unique().tolist()[:8]} != {want}"
 
         case("tie-gemm-shape", path, f"{rows}x{hsize}", batch, tie)
-    if args.json:
-        Path(args.json).write_text(json.dumps(dict(device=device, seed=args.seed, failed=failed, cases=results), indent=1) + "\n")
+    save()
     print(f"smoke: {len(results)} cases, {failed} failed", flush=True)
     return 1 if failed else 0
 

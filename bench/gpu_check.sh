@@ -191,7 +191,8 @@ step_build() {
 
 step_smoke() {
   local tiny=""; (( DRY )) && tiny=--tiny
-  exec "$PY" bench/gpu_check.py smoke --device "$DEVICE" $tiny --budget 30 --json "$WORK/bench/smoke.json"
+  local budget=$(( STEP_CAP - 10 < 30 ? STEP_CAP - 10 : 30 ))  # 10 s for torch import and CUDA init
+  exec "$PY" bench/gpu_check.py smoke --device "$DEVICE" $tiny --budget "$budget" --json "$WORK/bench/smoke.json"
 }
 
 # label model rows batches (rows: the rank-0 shard, shard_vocab(V, 0, tp, pad_to=64).rows)
