@@ -3,13 +3,16 @@
 bf16 / fp16 argmax and sample run on one of three paths (csrc/cuda/
 shard_argmax_cuda.cu, pick_path): ``simt`` (CUDA-core fused kernel), ``mma``
 (tensor-core fused kernel) and ``gemm`` (cuBLAS float32 logits + keys kernel).
-``LOCALARGMAX_CUDA_PATH`` forces one, so each test runs its problem on all
+The ops' ``path`` argument forces one (``each_path`` binds it on
+``localargmax.shard_argmax`` / ``shard_sample``), so each test runs its problem on all
 three (the float64 reference is computed once per problem): the semantics of
 DESIGN.md rules 1-6, with the hard cases planted where each path's blocking
 could get them wrong (rows at every position of an mma tile, k tails, batch
 tails of every n-tile width, padding that would win, shards of unequal
 ``num_valid``, subnormal logits).
 """
+import functools
+
 import pytest
 import torch
 
@@ -30,12 +33,15 @@ PATHS = ("simt", "mma", "gemm")
 
 @pytest.fixture
 def each_path(monkeypatch):
-    """Iterate the CUDA paths: sets LOCALARGMAX_CUDA_PATH and poisons the
-    caching allocator's free blocks (0xFF) before each."""
+    """Iterate the CUDA paths: binds ``path=`` on localargmax.shard_argmax and
+    shard_sample (the names the tests call) and poisons the caching
+    allocator's free blocks (0xFF) before each."""
+    ops = {name: getattr(localargmax, name) for name in ("shard_argmax", "shard_sample")}
 
     def paths():
         for path in PATHS:
-            monkeypatch.setenv("LOCALARGMAX_CUDA_PATH", path)
+            for name, op in ops.items():
+                monkeypatch.setattr(localargmax, name, functools.partial(op, path=path))
             junk = torch.full((64 << 20,), -1, dtype=torch.int64, device="cuda")
             del junk
             yield path
@@ -53,7 +59,7 @@ def _ids(hidden, weight, **kw):
     "batch,hsize",
     # H = 4096 at small batches only: the float64 reference is a loop over k.
     [(b, h) for h in (8, 40, 264) for b in (1, 8, 9, 17, 33, 64, 65, 130)]
-    + [(1, 4096), (9, 4096), (3, 4104), (5, 33), (70, 33)],  # H = 33: the mma kernel declines, simt runs
+    + [(1, 4096), (9, 4096), (3, 4104), (5, 33), (70, 33)],  # H = 33: simt and gemm only
 )
 @pytest.mark.parametrize("bias", [None, "weight"])
 def test_paths_match_reference(gen, each_path, dtype, batch, hsize, bias):
@@ -62,6 +68,8 @@ def test_paths_match_reference(gen, each_path, dtype, batch, hsize, bias):
     fill_winning_padding(weight[num_valid:], hidden, scale=1e3)  # rule 4: would win if evaluated
     reference = reference_logits_and_error(hidden, weight[:num_valid], None if b is None else b[:num_valid])
     for path in each_path():
+        if path == "mma" and hsize % 8:  # forced mma cannot take H % 8 != 0: it raises (test_path_arg_is_checked)
+            continue
         keys = localargmax.shard_argmax(hidden.cuda(), weight.cuda(), bias=None if b is None else b.cuda(),
                                         vocab_start=77, num_valid=num_valid)
         ids = localargmax.decode_keys(keys)[0].cpu() - 77
@@ -169,33 +177,31 @@ def test_sample_paths_agree_with_cpu(gen, each_path):
     t = torch.rand(70, generator=gen) + 0.1
     t[::5] = 0  # greedy rows
     cpu = localargmax.lm_head_sample(hidden, weight, temperature=t, seed=9, offset=4)
-    for path in each_path():
-        gpu = localargmax.lm_head_sample(hidden.cuda(), weight.cuda(), temperature=t.cuda(), seed=9, offset=4)
+    for path in each_path():  # one shard: the sample is the shard's key
+        gpu = localargmax.decode_keys(localargmax.shard_sample(hidden.cuda(), weight.cuda(), t.cuda(), 9, 4))[0]
         # Same noise, logits equal up to float32 summation order: the samples
         # agree except where two perturbed scores are within rounding.
         assert (gpu.cpu() == cpu).float().mean() >= 0.95, path
 
 
 @pytest.mark.parametrize("path", ["mma", "gemm"])
-def test_batch_past_grid_y_limit(gen, monkeypatch, path):
+def test_batch_past_grid_y_limit(gen, path):
     """More 64-row batch chunks (mma) or batch rows (gemm keys kernel) than
     grid y holds: the grid-stride loops must cover them all."""
-    monkeypatch.setenv("LOCALARGMAX_CUDA_PATH", path)
     batch = 65535 * 64 + 3
     base, weight, _ = random_problem(gen, 61, 70, 8, torch.bfloat16)
     rows = torch.arange(batch) % 61
-    assert torch.equal(_ids(base[rows], weight), reference_argmax(base, weight)[rows])
+    assert torch.equal(_ids(base[rows], weight, path=path), reference_argmax(base, weight)[rows])
 
 
-def test_path_env_is_checked(gen, monkeypatch):
-    hidden, weight, _ = random_problem(gen, 2, 64, 32, torch.bfloat16)
-    monkeypatch.setenv("LOCALARGMAX_CUDA_PATH", "tensorcore")
-    with pytest.raises(ValueError, match="LOCALARGMAX_CUDA_PATH must be auto, simt, mma or gemm"):
-        localargmax.shard_argmax(hidden.cuda(), weight.cuda())
-    monkeypatch.setenv("LOCALARGMAX_CUDA_PATH", "auto")
-    monkeypatch.setenv("LOCALARGMAX_CUDA_GEMM_MIN_BATCH", "0")
-    with pytest.raises(ValueError, match="LOCALARGMAX_CUDA_GEMM_MIN_BATCH must be an integer >= 1"):
-        localargmax.shard_argmax(hidden.cuda(), weight.cuda())
+def test_path_arg_is_checked(gen):
+    """An unknown path, and a forced path that cannot take the inputs (the mma
+    kernel needs H % 8 == 0), raise ValueError instead of falling back."""
+    hidden, weight, _ = random_problem(gen, 2, 64, 33, torch.bfloat16)
+    with pytest.raises(ValueError, match="path must be one of"):
+        localargmax.shard_argmax(hidden.cuda(), weight.cuda(), path="tensorcore")
+    with pytest.raises(ValueError):
+        localargmax.shard_argmax(hidden.cuda(), weight.cuda(), path="mma")
 
 
 @pytest.mark.parametrize("batch", [4, 200])

@@ -29,7 +29,8 @@ Rows per shard:
 stream-read gbps of the same run. The weight is rotated through ``buffers``
 copies (2 when they fit, see :func:`buffer_count`) so no call finds it in a
 cache left warm by the previous one; on CPU an engine-sized shard is far larger
-than the last-level cache anyway. CUDA times with CUDA events, CPU with
+than the last-level cache anyway. CUDA times by CUDA-graph replay (rows say
+``timing``: see :mod:`localargmax.bench.timing`), CPU with
 ``time.perf_counter``.
 """
 from __future__ import annotations
@@ -46,6 +47,7 @@ from .. import decode_keys, lm_head_argmax, shard_argmax
 from .data import Shape, reference_ids
 from .report import add_speedups
 from .runner import DTYPES, RunConfig, free_port
+from .timing import time_cuda
 
 
 def buffer_count(nbytes: int, device: torch.device) -> int:
@@ -80,6 +82,7 @@ def as_float32_matrix(weight: torch.Tensor) -> torch.Tensor:
 # Rows that force one CUDA path of shard_argmax (its `path` argument, see
 # csrc/cuda/shard_argmax_cuda.cu): bf16 / fp16 on CUDA only.
 CUDA_PATH_METHODS = {"simt": "fused-simt", "mma": "fused-mma", "gemm": "gemm-keys"}
+SIMT_MAX_BATCH = 8  # forced simt rows only up to here: issue-bound past it (ms per call), they tell nothing
 
 
 def as_int64_flat(weight: torch.Tensor) -> torch.Tensor:
@@ -94,8 +97,11 @@ def time_calls(fn: Callable, buffers: List[torch.Tensor], steps: int, warmup: in
     """Call ``fn(buffer)`` rotating over ``buffers``; return (times in seconds, last output).
 
     After ``warmup`` calls, the number of timed calls is cut to fit ``budget_s``
-    (at least 3) when ``budget_s > 0``.
+    (at least 3) when ``budget_s > 0``. CUDA: CUDA-graph replay of many calls
+    (:func:`localargmax.bench.timing.time_cuda`; the times say how: ``timing``).
     """
+    if cuda:
+        return time_cuda(fn, buffers, steps, warmup, budget_s)
     out = None
     start_w = time.perf_counter()
     for i in range(warmup):
@@ -172,7 +178,7 @@ def run_kernel_only(cfg: RunConfig, shape: Shape, rows: int, budget_s: float) ->
                    ("lm-head-step", lambda w: lm_head_argmax(hidden, w, group=group), None)]
         if cuda and dtype in (torch.bfloat16, torch.float16):
             methods += [(name, lambda w, p=path: shard_argmax(hidden, w, path=p), path)
-                        for path, name in CUDA_PATH_METHODS.items()]
+                        for path, name in CUDA_PATH_METHODS.items() if path != "simt" or batch <= SIMT_MAX_BATCH]
         for method, fn, path in methods:
             print(f"  {method} B={batch} ...", file=sys.stderr)
             times, out = time_calls(fn, buffers, cfg.steps, cfg.warmup, budget_s, cuda)
@@ -209,6 +215,7 @@ def _world_size_1_group(cuda: bool):
 def _row(method, batch, times, nbytes, common) -> dict:
     times_us = np.array(times) * 1e6
     median = float(np.median(times_us))
-    return dict(method=method, batch=batch, **common, steps=len(times), median_us=median,
+    return dict(method=method, batch=batch, **common, steps=len(times), timing=getattr(times, "timing", "host"),
+                median_us=median,
                 p90_us=float(np.percentile(times_us, 90)), weight_bytes=nbytes, gbps=nbytes / (median * 1e-6) / 1e9,
                 fraction_of_stream=None, speedup_vs_torch=None, agree=None)

@@ -1,0 +1,280 @@
+"""Python steps of bench/gpu_check.sh (see that script's header).
+
+    python bench/gpu_check.py smoke --device cuda --json smoke.json [--tiny]
+    python bench/gpu_check.py sanitize --device cuda
+    python bench/gpu_check.py summary --bench-dir DIR --steps FILE [--junit tests.xml]
+
+smoke: every kernel path of the device (CUDA simt, mma, gemm; CPU generic,
+avx2) on planted problems: each batch row has a weight row planted far above
+all others (3 * |h|^2 against N(0, H) noise), so the expected id is known
+without a reference GEMM; values are checked against the float64 logit of the
+planted row within the float32 accumulation bound (H + 2) * u * sum|h_k w_k|.
+Shapes: the Qwen3 tp 8 shard (18992 x 4096) at B = 1 and 64, H = 40 and 4104,
+winning padding past num_valid, and a tie planted in several 128-row tiles and
+the last tile of the real gemm shape (B = 256, 151936 x 4096: the smallest
+index must win). --tiny shrinks every shape (the CPU dry run).
+
+sanitize: a small workload calling every CUDA path of shard_argmax, shard_sample
+and shard_topk, for compute-sanitizer.
+
+summary: one screen: the steps' status and the kernel benchmark, one line per
+(shape, batch) with the median us of each path and of torch matmul+max, the
+fused kernel's fraction of the device-to-device copy bandwidth and its speedup
+over torch, the lowest agree of the line's rows and the timing method.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+U32 = 2.0**-24  # float32 unit roundoff
+
+
+def _paths(device: str):
+    return ("simt", "mma", "gemm") if device == "cuda" else ("generic", "avx2")
+
+
+def _planted(torch, batch, rows, hsize, dtype, device, gen, num_valid=None):
+    """hidden [B, H], weight [rows, H] (N(0,1)), planted winner rows per batch row."""
+    num_valid = rows if num_valid is None else num_valid
+    hidden = torch.randn(batch, hsize, generator=gen, device=device).to(dtype)
+    weight = torch.randn(rows, hsize, generator=gen, device=device).to(dtype)
+    winners = torch.randperm(num_valid, generator=gen, device=device)[:batch]
+    weight[winners] = (hidden.float() * 3).to(dtype)
+    if num_valid < rows:  # padding that would win if it were evaluated (DESIGN rule 4)
+        weight[num_valid:] = (hidden[:1].float() * 1e3).to(dtype)
+    return hidden, weight, winners
+
+
+def _check_values(torch, values, hidden, weight, ids, context):
+    """|value - float64 logit of the returned row| <= float32 accumulation bound."""
+    h = hidden.double()
+    w = weight[ids].double()
+    exact = (h * w).sum(1)
+    bound = (hidden.shape[1] + 2) * U32 / (1 - (hidden.shape[1] + 2) * U32) * (h * w).abs().sum(1)
+    err = (values.double() - exact).abs()
+    bad = (err > bound).nonzero().flatten()
+    assert bad.numel() == 0, f"{context}: value off the float64 logit by more than the float32 bound at rows {bad[:5].tolist()}"
+
+
+def smoke(args) -> int:
+    import torch
+
+    import localargmax
+
+    device = args.device
+    if device == "cuda":
+        assert localargmax.WITH_CUDA, "built without CUDA kernels"
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    dtype = torch.bfloat16
+    tiny = args.tiny
+    # (name, batch, rows, H, num_valid)
+    problems = [
+        ("qwen3-tp8", 1, 18992, 4096, None),
+        ("qwen3-tp8", 64, 18992, 4096, None),
+        ("h40-padding", 9, 3001, 40, 2999),
+        ("h4104", 9, 3001, 4104, None),
+    ]
+    if tiny:
+        problems = [(n, b, min(r, 1003), min(h, 64) if h > 64 else h, nv and min(nv, 1001)) for n, b, r, h, nv in problems]
+    results = []
+    failed = 0
+    deadline = time.monotonic() + args.budget
+
+    def save():  # after every case: a smoke step killed at its cap still leaves what it checked
+        if args.json:
+            doc = dict(device=device, seed=args.seed, failed=failed, cases=results)
+            Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+
+    def case(op, path, name, batch, fn):
+        nonlocal failed
+        if time.monotonic() > deadline:
+            results.append(dict(op=op, path=path, shape=name, batch=batch, ok=None, error="skipped: smoke budget spent"))
+            save()
+            return
+        t0 = time.perf_counter()
+        try:
+            fn()
+            ok, err = True, None
+        except ValueError as exc:
+            ok, err = (None if device == "cpu" and path != "generic" else False), f"ValueError: {exc}"
+        except Exception as exc:  # noqa: BLE001  report every failure, keep going
+            ok, err = False, f"{type(exc).__name__}: {exc}"
+        if device == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        failed += ok is False
+        results.append(dict(op=op, path=path, shape=name, batch=batch, ok=ok, seconds=round(dt, 3), error=err))
+        save()
+        verdict = {True: "ok", False: "FAIL", None: "unavailable"}[ok]
+        print(f"smoke {op:13s} {path:8s} {name:12s} B={batch:<4d} {verdict} {dt * 1e3:7.1f} ms"
+              + (f"  {err.splitlines()[0][:160]}" if err else ""), flush=True)
+
+    for name, batch, rows, hsize, num_valid in problems:
+        hidden, weight, winners = _planted(torch, batch, rows, hsize, dtype, device, gen, num_valid)
+        kw = {} if num_valid is None else {"num_valid": num_valid}
+        for path in _paths(device):
+
+            def argmax(path=path):
+                ids, values = localargmax.decode_keys(localargmax.shard_argmax(hidden, weight, vocab_start=7, path=path, **kw))
+                assert torch.equal(ids - 7, winners), f"ids {(ids - 7)[:8].tolist()} != planted {winners[:8].tolist()}"
+                _check_values(torch, values, hidden, weight, winners, f"argmax {path}")
+
+            def sample(path=path):
+                t = torch.ones(batch, device=device)
+                t[::2] = 0  # greedy rows
+                ids, _ = localargmax.decode_keys(localargmax.shard_sample(hidden, weight, t, 5, 0, path=path, **kw))
+                assert torch.equal(ids, winners), f"sample ids {ids[:8].tolist()} != planted {winners[:8].tolist()}"
+
+            case("shard_argmax", path, name, batch, argmax)
+            case("shard_sample", path, name, batch, sample)
+
+        def topk():
+            keys = localargmax.shard_topk(hidden, weight, 8, **kw)
+            ids, values = localargmax.decode_keys(keys)
+            assert torch.equal(ids[:, 0], winners), "top-1 is not the planted row"
+            _check_values(torch, values[:, 0], hidden, weight, winners, "topk")
+            assert bool((values[:, :-1] >= values[:, 1:]).all()), "top-k values not in order"
+
+        case("shard_topk", "auto", name, batch, topk)
+
+    # A tie planted at the real gemm shape: identical winning rows in several
+    # 128/256-row tiles and the last tile; the smallest index must win on every path.
+    batch, rows, hsize = (256, 151936, 4096) if not tiny else (16, 1003, 64)
+    hidden = torch.randn(batch, hsize, generator=gen, device=device).to(dtype)
+    weight = torch.randn(rows, hsize, generator=gen, device=device).to(dtype)
+    positions = [rows - 1, rows - 130, rows // 2 + 1, 1000 % rows, 300, 129]
+    weight[positions] = (hidden[0].float() * 3).to(dtype)
+    hidden = hidden[:1].expand(batch, -1).contiguous()
+    for path in _paths(device):
+
+        def tie(path=path):
+            ids, _ = localargmax.decode_keys(localargmax.shard_argmax(hidden, weight, path=path))
+            want = min(positions)
+            assert bool((ids == want).all()), f"tie: ids {ids.unique().tolist()[:8]} != {want}"
+
+        case("tie-gemm-shape", path, f"{rows}x{hsize}", batch, tie)
+    save()
+    print(f"smoke: {len(results)} cases, {failed} failed", flush=True)
+    return 1 if failed else 0
+
+
+def sanitize(args) -> int:
+    import torch
+
+    import localargmax
+
+    dev = args.device
+    h = torch.randn(9, 4096, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(3001, 4096, device=dev, dtype=torch.bfloat16)
+    t = torch.ones(9, device=dev)
+    t[::3] = 0
+    for path in _paths(dev):
+        localargmax.shard_argmax(h, w, num_valid=2999, path=path)
+        localargmax.shard_argmax(h[:1, :4088], w[:, :4088], num_valid=3001, path=path)  # unaligned width
+        localargmax.shard_sample(h, w, t, 1, 0, num_valid=2999, path=path)
+    localargmax.shard_argmax(h.repeat(15, 1), w, num_valid=2999)  # B = 135: the auto path's gemm side
+    localargmax.shard_topk(h, w, 8, num_valid=2999)
+    localargmax.shard_topk(h, w, 64)
+    keys = torch.stack([localargmax.shard_argmax(h, w, num_valid=2999), localargmax.shard_argmax(h, w, vocab_start=2999)])
+    localargmax.merge_keys(keys)
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    print("sanitize workload: ok", flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------ summary
+
+_COLS = (("fused-kernel", "auto"), ("fused-simt", "simt"), ("fused-mma", "mma"), ("gemm-keys", "gemm"),
+         ("torch-matmul-max", "torch"), ("lm-head-step", "step"))
+
+
+def _us(x):
+    return "-" if x is None else (f"{x:.0f}" if x >= 100 else f"{x:.1f}")
+
+
+def summary(args) -> int:
+    lines = ["== gpu_check summary"]
+    steps = Path(args.steps)
+    if steps.exists():
+        lines += ["step        rc   seconds  note"] + [f"  {line}" for line in steps.read_text().splitlines()]
+    if args.junit and Path(args.junit).exists():
+        try:
+            root = ET.parse(args.junit).getroot()
+            suites = [root] if root.tag == "testsuite" else list(root)
+            tot = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+            lines.append("pytest: " + ", ".join(f"{v} {k}" for k, v in tot.items()))
+            bad = [f"{c.get('classname')}::{c.get('name')}" for s in suites for c in s.iter("testcase")
+                   if c.find("failure") is not None or c.find("error") is not None]
+            lines += [f"  FAILED {b}" for b in bad[:12]] + ([f"  ... {len(bad) - 12} more"] if len(bad) > 12 else [])
+        except ET.ParseError as exc:
+            lines.append(f"pytest: junit XML unreadable ({exc})")
+    bench = Path(args.bench_dir)
+    smoke_file = bench / "smoke.json"
+    if smoke_file.exists():
+        doc = json.loads(smoke_file.read_text())
+        bad = [c for c in doc["cases"] if c["ok"] is False]
+        lines.append(f"smoke: {len(doc['cases'])} cases, {len(bad)} failed"
+                     + "".join(f"\n  FAILED {c['op']} {c['path']} {c['shape']} B={c['batch']}: {(c['error'] or '')[:100]}" for c in bad[:8]))
+    header = (f"{'shard':18s} {'B':>5s} {'copy':>6s} | " + " ".join(f"{label:>6s}" for _, label in _COLS)
+              + " | auto_path frac vs_torch agree timing")
+    table = []
+    for f in sorted(bench.glob("bench_*.json"), key=lambda f: f.stat().st_mtime):  # run order
+        try:
+            rows = json.loads(f.read_text())["rows"]
+        except (ValueError, KeyError) as exc:
+            table.append(f"{f.stem}: unreadable ({exc})")
+            continue
+        copy = next((r for r in rows if r["method"] == "stream-read"), None)
+        for b in sorted({r["batch"] for r in rows if r["batch"] is not None}):
+            by = {r["method"]: r for r in rows if r["batch"] == b}
+            auto = by.get("fused-kernel", {})
+            agrees = [r["agree"] for r in by.values() if r.get("agree") is not None]
+            timings = sorted({r.get("timing", "?") for r in by.values()})
+            frac = auto.get("fraction_of_stream")
+            vs = auto.get("speedup_vs_torch")
+            table.append(f"{f.stem[6:]:18s} {b:5d} {_us(copy and copy['median_us']):>6s} | "
+                         + " ".join(f"{_us(by.get(m, {}).get('median_us')):>6s}" for m, _ in _COLS)
+                         + f" | {str(auto.get('cuda_path') or '-'):9s} {'-' if frac is None else f'{frac:.2f}':>4s} "
+                         f"{'-' if vs is None else f'{vs:.2f}':>8s} {min(agrees) if agrees else float('nan'):.3f} "
+                         + ",".join(timings))
+    if table:
+        lines += ["kernel benchmark: median us per call (copy = device-to-device copy of the shard; frac = fused "
+                  "GB/s / copy GB/s)", header] + table
+    else:
+        lines.append("kernel benchmark: no results")
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        Path(args.out).write_text(text)
+    sys.stdout.write(text)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="bench/gpu_check.py")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("smoke")
+    s.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    s.add_argument("--json")
+    s.add_argument("--tiny", action="store_true")
+    s.add_argument("--seed", type=int, default=int(os.environ.get("LOCALARGMAX_TEST_SEED") or 1234))
+    s.add_argument("--budget", type=float, default=30.0, help="seconds; cases past it are skipped")
+    z = sub.add_parser("sanitize")
+    z.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    m = sub.add_parser("summary")
+    m.add_argument("--bench-dir", required=True)
+    m.add_argument("--steps", required=True)
+    m.add_argument("--junit")
+    m.add_argument("--out")
+    args = p.parse_args(argv)
+    return {"smoke": smoke, "sanitize": sanitize, "summary": summary}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

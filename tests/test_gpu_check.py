@@ -1,0 +1,118 @@
+"""bench/gpu_check.sh --dry-run on this machine (no GPU): every step in order,
+at most 8 files named as a real run names them, a step that times out leaves
+the other steps' files, and a spent budget skips steps instead of overrunning.
+
+The dry run reuses the extension this test suite imported (it builds only when
+none is built): the first test takes ~60 s on this project's 2 busy cores (five
+Python processes importing torch), ~25 s idle; the second ~8 s."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "gpu_check.sh"
+FILES = {"gpu_check.log", "env.txt", "build.txt", "bench.tar.gz", "tests.xml", "sanitizer.txt", "summary.txt"}
+STEPS = ("env", "build", "smoke", "bench", "tests", "memcheck")
+
+HUNG_TESTS = '''
+import time
+
+
+def test_passes():
+    pass
+
+
+def test_past_the_per_test_alarm():
+    time.sleep(30)
+
+
+def test_hung_past_the_step_cap():
+    while True:  # a hang the per-test alarm cannot end: only the step's timeout can
+        try:
+            time.sleep(30)
+        except TimeoutError:
+            pass
+'''
+
+
+def _dry_run(out: Path, **env) -> tuple:
+    full = dict(os.environ, PYTHON=sys.executable, **{k: str(v) for k, v in env.items()})
+    full.pop("GPU_CHECK_DRY_BUILD", None)
+    start = time.monotonic()
+    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(out)], env=full, capture_output=True, text=True,
+                          timeout=300)
+    return proc, time.monotonic() - start
+
+
+def _steps(out: Path) -> dict:
+    """{step: (rc, note)} from summary.txt's step table."""
+    table = {}
+    for line in (out / "summary.txt").read_text().splitlines():
+        parts = line.split(None, 3)
+        if len(parts) >= 3 and parts[0] in STEPS + ("total",):
+            table[parts[0]] = (parts[1], parts[3] if len(parts) > 3 else "")
+    return table
+
+
+def test_dry_run_walks_every_step_and_a_timed_out_step_leaves_the_others_files(tmp_path):
+    hung = tmp_path / "hung" / "test_hung.py"
+    hung.parent.mkdir()
+    hung.write_text(HUNG_TESTS)
+    out = tmp_path / "out"
+    budget = 200
+    proc, wall = _dry_run(out, GPU_CHECK_BUDGET_S=budget, GPU_CHECK_BENCH="qwen3_tp8", GPU_CHECK_TESTS=str(hung),
+                          GPU_CHECK_TEST_TIMEOUT=2, GPU_CHECK_CAP_TESTS=9)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 1, log[-3000:]  # the tests step failed (timed out)
+    assert wall < budget, wall
+    assert {p.name for p in out.iterdir()} == FILES, log[-3000:]
+    assert all(p.is_file() for p in out.iterdir())
+
+    # every step ran, in the issue's order; only the tests step timed out
+    text = (out / "gpu_check.log").read_text()
+    starts = [text.index(f"== {step} (cap") for step in STEPS]
+    assert starts == sorted(starts)
+    steps = _steps(out)
+    assert {s: steps[s][1] for s in STEPS} == {**{s: "ok" for s in STEPS}, "tests": "TIMEOUT after 9s"}, steps
+
+    # the per-test alarm failed one test, the step's timeout interrupted the hung one,
+    # and pytest still wrote the junit XML of what it ran
+    cases = {c.get("name"): c for c in ET.parse(out / "tests.xml").getroot().iter("testcase")}
+    assert cases["test_passes"].find("failure") is None
+    assert "alarm-timeout" in ET.tostring(cases["test_past_the_per_test_alarm"], encoding="unicode")
+
+    with tarfile.open(out / "bench.tar.gz") as tar:
+        names = set(tar.getnames())
+        assert {"bench/bench_qwen3_tp8.json", "bench/smoke.json"} <= names, names
+        rows = json.load(tar.extractfile("bench/bench_qwen3_tp8.json"))["rows"]
+        smoke = json.load(tar.extractfile("bench/smoke.json"))
+    assert rows and {r["timing"] for r in rows} == {"host"}  # CPU rows: host timer (CUDA: cuda_graph)
+    assert {r["agree"] for r in rows if r["agree"] is not None} == {1.0}
+    assert smoke["failed"] == 0 and any(c["ok"] for c in smoke["cases"])
+    assert "SKIPPED" in (out / "sanitizer.txt").read_text()
+    assert "sanitize workload: ok" in (out / "sanitizer.txt").read_text()
+    assert "qwen3_tp8" in (out / "summary.txt").read_text()
+
+
+def test_dry_run_with_its_budget_spent_skips_steps_and_still_leaves_every_file(tmp_path):
+    out = tmp_path / "out"
+    budget = 14  # 10 s are kept for the summary: env gets 4 s, nothing is left after it
+    proc, wall = _dry_run(out, GPU_CHECK_BUDGET_S=budget)
+    log = proc.stdout + proc.stderr
+    assert wall < budget + 20, (wall, log[-3000:])
+    assert {p.name for p in out.iterdir()} == FILES, log[-3000:]
+    steps = _steps(out)
+    assert all("skipped" in steps[s][1] for s in STEPS[1:]), steps
+
+
+if not SCRIPT.exists():  # pragma: no cover
+    pytest.skip("bench/gpu_check.sh missing", allow_module_level=True)
