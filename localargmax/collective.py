@@ -112,9 +112,12 @@ def frame_keys(keys: torch.Tensor, vocab_end: int) -> torch.Tensor:
         device copy (fills only), so it is capturable in a CUDA graph.
     """
     n = keys.numel()
-    header = keys.new_full((HEADER_LEN,), n + 1)
-    header[1] = -(n + 1)
-    header[2] = vocab_end
+    if keys.device.type == "cpu":
+        header = torch.tensor([n + 1, -(n + 1), vocab_end], dtype=torch.int64)
+    else:  # fills, no host-to-device copy
+        header = keys.new_full((HEADER_LEN,), n + 1)
+        header[1] = -(n + 1)
+        header[2] = vocab_end
     return torch.cat([keys.reshape(-1), header])
 
 

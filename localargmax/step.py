@@ -11,7 +11,7 @@ from . import envs
 from ._validation import check_d2t_arg
 from .collective import Group, check_step_consistency, exchange_keys, frame_keys
 from .ops import merge_keys, shard_argmax, shard_sample, shard_topk
-from .packed_key import SIGN_FLIP, key_index
+from .packed_key import INDEX_MASK, SIGN_FLIP, key_index
 
 
 def _debug_check(group: Group, hidden, weight, d2t, k: int = 1) -> None:
@@ -55,30 +55,35 @@ def _exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: 
     n = keys.numel()
     gathered = exchange_keys(frame_keys(keys, vocab_end), group, reduce)
     body = gathered[:, :n].reshape(gathered.shape[0], *keys.shape)
-    sizes, neg_sizes, ends = gathered[:, n], gathered[:, n + 1], gathered[:, n + 2]
-    vocab_total = ends.max()
-    out_of_range = (body != 0) & (key_index(body) >= vocab_total)
     if not _host_checks(keys):
+        sizes, neg_sizes, ends = gathered[:, n], gathered[:, n + 1], gathered[:, n + 2]
+        vocab_total = ends.max()
+        out_of_range = (body != 0) & (key_index(body) >= vocab_total)
         ok = (sizes == n + 1).all() & (neg_sizes == -(n + 1)).all() & ~out_of_range.any()
         if d2t is not None:
             ok = ok & (vocab_total <= d2t.shape[0])
         return body, ok
-    if not (bool((sizes == n + 1).all()) and bool((neg_sizes == -(n + 1)).all())):
-        sent = [v - 1 for v in sizes.tolist()] if reduce == "all_gather" else f"between {-int(neg_sizes[0]) - 1} and {int(sizes[0]) - 1}"
+    # On the host: the headers as Python ints (one read), few tensor ops.
+    header = gathered[:, n:].tolist()
+    if any(h[0] != n + 1 or h[1] != -(n + 1) for h in header):
+        sent = [h[0] - 1 for h in header] if reduce == "all_gather" else f"between {-header[0][1] - 1} and {header[0][0] - 1}"
         raise ValueError(
             f"the TP ranks disagree on the size of this step's key exchange: this rank sent {n} keys "
             f"(shape {tuple(keys.shape)}), the ranks sent {sent}; every rank must be called with the same batch size "
             "(and k). LOCALARGMAX_DEBUG=1 checks this before the collective and names the ranks."
         )
+    vocab_total = max(h[2] for h in header)
+    # index >= vocab_total  <=>  low half <= INDEX_MASK - vocab_total (key 0, "no entry", excluded)
+    out_of_range = ((body & INDEX_MASK) <= INDEX_MASK - vocab_total) & (body != 0)
     if bool(out_of_range.any()):
-        bad = int(key_index(body)[out_of_range][0])
+        bad = int(key_index(body[out_of_range][:1]))
         raise ValueError(
-            f"a received key decodes to vocabulary id {bad}, outside the valid vocabulary [0, {int(vocab_total)}) "
+            f"a received key decodes to vocabulary id {bad}, outside the valid vocabulary [0, {vocab_total}) "
             "of the TP ranks: the key exchange was corrupted (ranks out of step?)"
         )
-    if d2t is not None and d2t.shape[0] < int(vocab_total):
+    if d2t is not None and d2t.shape[0] < vocab_total:
         raise ValueError(
-            f"d2t has {d2t.shape[0]} entries but the draft vocabulary of the TP ranks spans ids [0, {int(vocab_total)}): "
+            f"d2t has {d2t.shape[0]} entries but the draft vocabulary of the TP ranks spans ids [0, {vocab_total}): "
             "d2t must map every draft id (check it once at load time with localargmax.validate_d2t)"
         )
     return body, None
