@@ -141,8 +141,6 @@ def run_kernel_only(cfg: RunConfig, shape: Shape, shards, budget_s: float, compi
     (lm_head rows ``[0, rows)``, the rank-0 shard of that tp; tp None for a
     ``--rows`` shard) with the op's baselines and the yardsticks, and return
     the result rows (see the module docstring and :func:`annotate`)."""
-    from .rival import gemm_shape
-
     torch.set_num_threads(cfg.threads)
     cuda = cfg.device == "cuda"
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
@@ -153,18 +151,13 @@ def run_kernel_only(cfg: RunConfig, shape: Shape, shards, budget_s: float, compi
         common["k"] = cfg.k
     if cfg.op == "sample":
         common.update(temperature=cfg.temperature, seed=cfg.seed, offset=SAMPLE_OFFSET)
-    n = gemm_shape(device)
-    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
-    print(f"kernel-only: {n}x{n}x{n} {cfg.dtype} GEMM rate ...", file=sys.stderr)
-    times, _ = time_calls(lambda m: m @ b, [a], cfg.steps, cfg.warmup, budget_s, cuda)
-    gemm = _row("gemm-peak", None, times, 3 * n * n * a.element_size(), dict(common, tp=None, rows=None, buffers=1))
-    gemm.update(gemm_n=n, flops=2.0 * n**3, tflops=2.0 * n**3 / (gemm["median_us"] * 1e-6) / 1e12)
-    del a, b
+    gemm = _gemm_peak(cfg, device, dtype, budget_s, common)
+    samplers = _samplers(cfg, compile_baselines, cuda)
     group, own_group = _world_size_1_group(cuda)
     out = [gemm]
     try:
         for tp, rows in shards:
-            out += _shard_rows(cfg, shape, tp, rows, budget_s, compile_baselines, device, dtype, group, common)
+            out += _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, common)
     finally:
         if own_group:
             dist.destroy_process_group()
@@ -172,12 +165,38 @@ def run_kernel_only(cfg: RunConfig, shape: Shape, shards, budget_s: float, compi
     return out
 
 
-def _shard_rows(cfg, shape, tp, rows, budget_s, compile_baselines, device, dtype, group, common) -> List[dict]:
+def _gemm_peak(cfg, device, dtype, budget_s, common) -> dict:
+    """The ``gemm-peak`` yardstick: a square ``n x n x n`` GEMM in ``dtype``
+    (:func:`rival.gemm_shape`), ``tflops`` = 2·n³ / median."""
+    from .rival import gemm_shape
+
+    n = gemm_shape(device)
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+    print(f"kernel-only: {n}x{n}x{n} {cfg.dtype} GEMM rate ...", file=sys.stderr)
+    times, _ = time_calls(lambda m: m @ b, [a], cfg.steps, cfg.warmup, budget_s, device.type == "cuda")
+    row = _row("gemm-peak", None, times, 3 * n * n * a.element_size(), dict(common, tp=None, rows=None, buffers=1))
+    row.update(gemm_n=n, flops=2.0 * n**3, tflops=2.0 * n**3 / (row["median_us"] * 1e-6) / 1e12)
+    return row
+
+
+def _samplers(cfg, compile_baselines: bool, cuda: bool):
+    """``(gumbel, multinomial, (flashinfer fn, skip reason))`` for --op sample,
+    built once per run (compiled with dynamic shapes: one compilation serves
+    every shard and batch); None for the other ops."""
+    from .rival import flashinfer_sampler, gumbel_logits_sample, maybe_compile, multinomial_sample
+
+    if cfg.op != "sample":
+        return None
+    flashinfer = flashinfer_sampler() if cuda else (None, "flashinfer runs on CUDA only (this run: CPU)")
+    return (maybe_compile(gumbel_logits_sample, compile_baselines),
+            maybe_compile(multinomial_sample, compile_baselines), flashinfer)
+
+
+def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, common) -> List[dict]:
     """Rows of one shard: stream-read and d2d-copy yardsticks, then per batch
     the op's baselines and our rows."""
     from .. import lm_head_sample, lm_head_topk, shard_sample, shard_topk
     from .data import reference_topk
-    from .rival import OP_BASELINES, flashinfer_sampler, gumbel_logits_sample, maybe_compile, multinomial_sample
 
     cuda = device.type == "cuda"
     weight = torch.empty(rows, shape.hidden, dtype=dtype, device=device)
@@ -217,12 +236,9 @@ def _shard_rows(cfg, shape, tp, rows, budget_s, compile_baselines, device, dtype
 
     first = yardsticks()
     inv_t = 0.0 if cfg.temperature == 0 else 1.0 / cfg.temperature
-    notes = {}
     timed = []
     if cfg.op == "sample":
-        gumbel = maybe_compile(gumbel_logits_sample, compile_baselines)
-        multinomial = maybe_compile(multinomial_sample, compile_baselines)
-        fi_fn, fi_skip = flashinfer_sampler() if cuda else (None, "flashinfer runs on CUDA only (this run: CPU)")
+        gumbel, multinomial, (fi_fn, fi_skip) = samplers
     for batch in cfg.batches:
         hidden = hidden_all[:batch].to(dtype).to(device)
         temps = torch.full((batch,), float(cfg.temperature), dtype=torch.float32, device=device)
