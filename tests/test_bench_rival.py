@@ -211,3 +211,15 @@ def test_kernel_only_argmax_and_topk_are_exact(tmp_path, op):
         assert r["agree"] == 1.0, r
         assert r["speedup_vs_torch"] > 0 and r["fraction_of_roofline"] > 0
         assert r.get("flashsampling_h200", {}) == {}
+
+
+def test_legend_quotes_the_full_head_figures_when_only_shards_were_timed():
+    gemm = dict(method="gemm-peak", shape="gemm", tp=None, rows=None, batch=None, median_us=1.0, tflops=0.5,
+                gbps=None, weight_bytes=0, device="cpu")
+    rows = [gemm] + fake_rows(*QWEN3, 8, 18992, [1, 256])
+    annotate(rows, "sample")
+    assert not any(r.get("flashsampling_h200") for r in rows)
+    legend = kernel_legend(rows)
+    assert "not the shards timed here" in legend and "B=256 0.79" in legend and "B=64 1.67" in legend
+    assert "FS_gumbel" not in format_table(rows, kernel_only=True)
+    assert rival.published_summary(fake_rows(1003, 64, 1, 1003, [1])) is None

@@ -163,6 +163,12 @@ def kernel_legend(rows: List[dict]) -> str:
     if any(r.get("flashsampling_h200") for r in rows):
         lines.append("FS_* = FlashSampling's published H200 bf16 speedup over the same baseline (tp 1, same shape "
                      "and batch; FS_gumbel and FS_flashinfer: over FI2); sources in the JSON (flashsampling_h200)")
+    else:
+        from .rival import published_summary
+
+        summary = published_summary(rows)
+        if summary:
+            lines.append(summary)
     return "\n".join(lines)
 
 

@@ -83,6 +83,23 @@ def published_cells(vocab: int, hidden: int, tp: Optional[int], batch: Optional[
     return cells
 
 
+def published_summary(rows: List[dict]) -> Optional[str]:
+    """A line with FlashSampling's published H200 figures for the run's shape
+    when none of the rows is a cell the paper gives (e.g. only tp > 1 shards
+    were timed): the full-head (tp 1) figures, marked as not the same cell.
+    None when the paper has no figure for the shape or op."""
+    sample = [r for r in rows if r.get("op") == "sample" and r.get("batch") is not None]
+    if not sample:
+        return None
+    table = PUBLISHED.get((sample[0]["vocab"], sample[0]["hidden"]))
+    if table is None:
+        return None
+    parts = [f"vs {name}: " + ", ".join(f"B={b} {x:.2f}" for b, x in sorted(cells.items()))
+             for name, cells in table.items()]
+    return (f"FlashSampling's published H200 bf16 speedups for the full {sample[0]['shape']} head (tp 1; not the "
+            f"shards timed here, so not beside our rows): " + "; ".join(parts) + " (arXiv 2603.15854, Tables 4-5)")
+
+
 # ------------------------------------------------------------------ baselines
 
 
@@ -205,6 +222,8 @@ def plot_kernel_rows(rows: List[dict], path: str, device_label: str) -> Optional
         if stream:
             ax.axhline(stream[0]["median_us"], color="grey", linestyle=":", label="stream-read")
         ax.set_xscale("log", base=2)
+        batches = sorted({r["batch"] for r in mine if r.get("batch") is not None})
+        ax.set_xticks(batches, [str(b) for b in batches])
         ax.set_yscale("log")
         ax.set_xlabel("batch")
         ax.set_ylabel(f"median µs ({device_label})")
