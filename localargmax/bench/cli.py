@@ -91,8 +91,8 @@ topk or sample, on the rank-0 shard of each --tp (comma list, default 1; e.g.
   baselines           argmax: torch-matmul-max; topk: torch-matmul-topk;
                       sample (FlashSampling's baselines): gumbel-logits (torch
                       matmul -> logits -> Gumbel-max argmax(l/T + g), noise
-                      from torch's generator, torch.compile'd), compiled-
-                      multinomial (matmul + softmax + multinomial, compiled),
+                      from torch's generator, torch.compile'd),
+                      compiled-multinomial (matmul + softmax + multinomial),
                       flashinfer (cuBLAS logits + FlashInfer
                       sampling_from_logits = FlashSampling's "FI2"; a row
                       with skip_reason when flashinfer cannot run); --no-compile
