@@ -55,7 +55,8 @@ def test_help_exits_zero_and_teaches():
     (["--smoke", "--kernel-only", "--tp", "2", "--rows", "64"], "not both"),
     (["--smoke", "--kernel-only", "--tp", "1,x"], "--tp"),
     (["--smoke", "--tp", "2,4"], "--tp takes one number"),
-    (["--smoke", "--no-compile"], "--no-compile goes with --kernel-only"),
+    (["--smoke", "--no-compile"], "--no-compile and --no-plot go with --kernel-only"),
+    (["--smoke", "--no-plot"], "--no-compile and --no-plot go with --kernel-only"),
     (["--smoke", "--kernel-only", "--k", "4"], "--k goes with --op topk"),
     (["--smoke", "--k", "4"], "--k goes with --op topk"),
     (["--smoke", "--op", "sample", "--k", "4"], "--k goes with --op topk"),
@@ -193,9 +194,10 @@ def test_timeout_reaches_init_process_group(monkeypatch):
 
 def test_kernel_only_smoke_has_gbps(tmp_path):
     out = tmp_path / "kernel.json"
-    proc = run_bench("--kernel-only", "--smoke", "--json", str(out), timeout=300)
+    proc = run_bench("--kernel-only", "--smoke", "--json", str(out), "--no-plot", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(out.read_text())["rows"]
+    assert not out.with_suffix(".png").exists()  # --no-plot
     assert {r["method"] for r in rows} == {"fused-kernel", "torch-matmul-max", "lm-head-step", "stream-read",
                                            "d2d-copy", "gemm-peak"}
     for r in rows:

@@ -110,8 +110,8 @@ topk or sample, on the rank-0 shard of each --tp (comma list, default 1; e.g.
                       (tp 1, --op sample; JSON flashsampling_h200 with the
                       source). Our figures are of this run's device (CPU
                       figures are CPU, not H200).
-  --json PATH also writes PATH with .png: median time vs batch per method, with
-  each shard's roofline (matplotlib).
+  --json PATH also writes PATH with .png (unless --no-plot): median time vs
+  batch per method, with each shard's roofline (matplotlib).
 
 models (shape names in the rows):
   minilm (default)    real all-MiniLM-L6-v2 [30522, 384] word embeddings as the
@@ -185,6 +185,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     p.add_argument("--kernel-only", action="store_true", help="time the local step alone on one process, beside the "
                    "op's baselines and the roofline yardsticks (see above)")
     p.add_argument("--rows", type=int, help="--kernel-only: time a shard of this many rows instead of the --tp shards")
+    p.add_argument("--no-plot", action="store_true", help="--kernel-only: no PNG beside the --json file")
     p.add_argument("--no-compile", action="store_true", help="--kernel-only --op sample: time the baselines eagerly "
                    "(no torch.compile)")
     p.add_argument("--max-seconds", type=float, default=10.0, help="--kernel-only: cut timed calls to fit this many seconds per row (default 10; 0 = no cut)")
@@ -253,8 +254,8 @@ def make_config(args, command: List[str]):
         raise UsageError("--kernel-only: give --tp (shards of the lm_head) or --rows (one shard), not both")
     if not args.kernel_only and tps is not None and len(tps) != 1:
         raise UsageError("--tp takes one number (a list only with --kernel-only)")
-    if args.no_compile and not args.kernel_only:
-        raise UsageError("--no-compile goes with --kernel-only")
+    if (args.no_compile or args.no_plot) and not args.kernel_only:
+        raise UsageError("--no-compile and --no-plot go with --kernel-only")
     if under_torchrun() and not args.kernel_only:
         world = int(os.environ["WORLD_SIZE"])
         if tps not in (None, [world]):
@@ -335,7 +336,8 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
             rows = run_kernel_only(cfg, shapes[0], shards, 0.0 if smoke else args.max_seconds,
                                    compile_baselines=not args.no_compile)
             finish(rows, cfg, kernel_only=True)
-            write_plot(rows, cfg)
+            if not args.no_plot:
+                write_plot(rows, cfg)
             return 0
         from .runner import launch
 
