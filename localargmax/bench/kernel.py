@@ -1,37 +1,41 @@
-"""``--kernel-only``: the local step alone, on one process, no ranks.
+"""``--kernel-only``: the local step alone, on one process, no ranks, for
+``--op argmax|topk|sample``, on the rank-0 shard of each ``--tp`` (or a
+``--rows`` shard), beside FlashSampling's baselines and the roofline.
 
-Rows per shard:
+Rows per shard and batch (``method``):
 
-* ``fused-kernel``: ``localargmax.shard_argmax`` (logits never written), on the
-  path it picks by itself (``cuda_path`` "auto");
-* on CUDA with bf16 / fp16, the same op forced onto each of its paths
-  (the op's ``path`` argument): ``fused-simt`` (CUDA-core kernel), ``fused-mma``
-  (tensor-core kernel), ``gemm-keys`` (cuBLAS float32 logits + keys kernel),
-  so one run shows where each path wins;
-* ``lm-head-step``: the whole step ``localargmax.lm_head_argmax`` (kernel,
-  exchange, merge) in a world-size-1 process group (NCCL on CUDA, gloo on
-  CPU; world size 1 skips the collective itself);
-* ``torch-matmul-max``: ``(hidden @ weight.T).max(dim=1)``, the unfused path;
-* ``stream-read``: the bandwidth bound of the same run, on the same weight
-  buffers. On CPU it is the faster of two torch reads of the weight's bytes:
-  ``w.view(int64).sum()`` (runs on all of torch's threads: 31 GB/s on this
-  project's 2-core machine) and ``torch.mv`` of the bytes viewed as float32
-  with a ones vector (one thread in torch 2.14: 19 GB/s; the only bound used
-  before 2026-11-29, which flattered every CPU ratio); ``stream_method``
-  names the winner. On CUDA it is a device-to-device copy ``dst.copy_(w)``,
-  whose GB/s counts the bytes read *and* written (``weight_bytes`` = 2 x the
-  weight's bytes in that row), the usual "copy bandwidth" a read-only kernel
-  is compared against. Both are measured before and after the kernel rows
-  and the faster is kept (other work on a shared machine
-  otherwise makes a single measurement a poor bound).
+* ours: ``fused-kernel`` (``shard_argmax`` / ``shard_topk`` / ``shard_sample``,
+  logits never written, on the path it picks itself: ``cuda_path`` "auto");
+  ``lm-head-step`` (the whole ``lm_head_*`` step in a world-size-1 process
+  group, NCCL on CUDA, gloo on CPU; world size 1 skips the collective itself);
+  on CUDA with bf16 / fp16 (argmax, sample) the fused op forced onto each of
+  its paths (the op's ``path`` argument): ``fused-simt`` (batch <= 8 only), ``fused-mma``,
+  ``gemm-keys`` (cuBLAS float32 logits + keys kernel);
+* baselines (``localargmax.bench.rival``): argmax ``torch-matmul-max``; topk
+  ``torch-matmul-topk``; sample ``gumbel-logits`` (matmul -> logits ->
+  Gumbel-max, compiled), ``compiled-multinomial`` (matmul + softmax +
+  multinomial, compiled), ``flashinfer`` (FI2; a row with ``skip_reason``
+  when it cannot run).
 
-``gbps`` = weight bytes / median time; ``fraction_of_stream`` = gbps / the
-stream-read gbps of the same run. The weight is rotated through ``buffers``
-copies (2 when they fit, see :func:`buffer_count`) so no call finds it in a
-cache left warm by the previous one; on CPU an engine-sized shard is far larger
-than the last-level cache anyway. CUDA times by CUDA-graph replay (rows say
-``timing``: see :mod:`localargmax.bench.timing`), CPU with
-``time.perf_counter``.
+Yardsticks (``batch`` null): ``gemm-peak`` (the run's large square GEMM in
+the dtype: ``tflops``), and per shard ``stream-read`` (a read-only pass over
+the same weight bytes: ``w.view(int64).sum()``; on CPU the faster of that and
+a float32 ``mv`` with a ones vector, ``stream_method`` names it) and
+``d2d-copy`` (``dst.copy_(w)``, ``weight_bytes`` counts read + write). Both
+are measured before and after the kernel rows and the faster is kept (other
+work on a shared machine otherwise makes one measurement a poor bound).
+
+Derived columns (:func:`annotate`): ``gbps`` = weight bytes / median;
+``fraction_of_stream`` / ``fraction_of_copy`` = gbps / the yardstick's gbps;
+``roofline_us`` = max(weight bytes / stream-read bandwidth, 2·B·rows·H / GEMM
+rate), ``fraction_of_roofline`` = roofline_us / median; ``speedup_vs_*`` =
+baseline median / this median; ``flashsampling_h200`` = FlashSampling's
+published H200 ratios for the cells that have one, with their source.
+
+The weight is rotated through ``buffers`` copies (2 when they fit, see
+:func:`buffer_count`) so no call finds it in a cache left warm by the previous
+one. CUDA times by CUDA-graph replay (rows say ``timing``: see
+:mod:`localargmax.bench.timing`), CPU with ``time.perf_counter``.
 """
 from __future__ import annotations
 
@@ -45,8 +49,7 @@ import torch.distributed as dist
 
 from .. import decode_keys, lm_head_argmax, shard_argmax
 from .data import Shape, reference_ids
-from .report import add_speedups
-from .runner import DTYPES, RunConfig, free_port
+from .runner import DTYPES, SAMPLE_OFFSET, RunConfig, free_port
 from .timing import time_cuda
 
 
@@ -128,74 +131,228 @@ def time_calls(fn: Callable, buffers: List[torch.Tensor], steps: int, warmup: in
     return times, out
 
 
-def run_kernel_only(cfg: RunConfig, shape: Shape, rows: int, budget_s: float) -> List[dict]:
-    """Time the local step on a ``[rows, H]`` shard (lm_head rows ``[0, rows)``)
-    and return the result rows (see the module docstring)."""
+def run_kernel_only(cfg: RunConfig, shape: Shape, shards, budget_s: float, compile_baselines: bool = True) -> List[dict]:
+    """Time ``cfg.op``'s local step on each ``(tp, rows)`` shard of ``shards``
+    (lm_head rows ``[0, rows)``, the rank-0 shard of that tp; tp None for a
+    ``--rows`` shard) with the op's baselines and the yardsticks, and return
+    the result rows (see the module docstring and :func:`annotate`)."""
     torch.set_num_threads(cfg.threads)
     cuda = cfg.device == "cuda"
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     dtype = DTYPES[cfg.dtype]
+    common = dict(model=shape.model, shape=shape.name, vocab=shape.vocab, hidden=shape.hidden, draft_vocab=None,
+                  dtype=cfg.dtype, device=cfg.device, op=cfg.op)
+    if cfg.op == "topk":
+        common["k"] = cfg.k
+    if cfg.op == "sample":
+        common.update(temperature=cfg.temperature, seed=cfg.seed, offset=SAMPLE_OFFSET)
+    first_gemm = _gemm_peak(cfg, device, dtype, budget_s, common)
+    samplers = _samplers(cfg, compile_baselines, cuda)
+    group, own_group = _world_size_1_group(cuda)
+    out = []
+    try:
+        for tp, rows in shards:
+            out += _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, common)
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+    # Measured before and after the kernel rows, the faster kept (as the stream yardsticks).
+    out.insert(0, max(first_gemm, _gemm_peak(cfg, device, dtype, budget_s, common), key=lambda r: r["tflops"]))
+    annotate(out, cfg.op)
+    return out
+
+
+def _gemm_peak(cfg, device, dtype, budget_s, common) -> dict:
+    """The ``gemm-peak`` yardstick: a square ``n x n x n`` torch GEMM
+    (:func:`rival.gemm_shape`), ``tflops`` = 2·n³ / median. On CUDA in the run
+    dtype (the tensor-core rate); on CPU the faster of the run dtype and
+    float32 (torch's bf16 / fp16 GEMM is far slower than its float32 GEMM on
+    CPUs without bf16 instructions, and any kernel can widen to float32 and use
+    the FMA units); ``gemm_dtype`` names the winner."""
+    from .rival import gemm_shape
+
+    n = gemm_shape(device)
+    cuda = device.type == "cuda"
+    best = None
+    for gemm_dtype in [dtype] + ([] if cuda or dtype == torch.float32 else [torch.float32]):
+        a, b = (torch.randn(n, n, device=device).to(gemm_dtype) for _ in range(2))
+        print(f"kernel-only: {n}x{n}x{n} {gemm_dtype} GEMM rate ...", file=sys.stderr)
+        times, _ = time_calls(lambda m: m @ b, [a], cfg.steps, cfg.warmup, budget_s, cuda)  # noqa: B023
+        row = _row("gemm-peak", None, times, 3 * n * n * a.element_size(), dict(common, tp=None, rows=None, buffers=1))
+        name = str(gemm_dtype).replace("torch.", "")
+        row.update(gbps=None, gemm_n=n, gemm_dtype=name, note=f"{n}^3 {name} GEMM", flops=2.0 * n**3,
+                   tflops=2.0 * n**3 / (row["median_us"] * 1e-6) / 1e12)
+        if best is None or row["tflops"] > best["tflops"]:
+            best = row
+    return best
+
+
+def _samplers(cfg, compile_baselines: bool, cuda: bool):
+    """``(gumbel, multinomial, (flashinfer fn, skip reason))`` for --op sample,
+    built once per run (compiled with dynamic shapes: one compilation serves
+    every shard and batch); None for the other ops."""
+    from .rival import flashinfer_sampler, gumbel_logits_sample, maybe_compile, multinomial_sample
+
+    if cfg.op != "sample":
+        return None
+    flashinfer = flashinfer_sampler() if cuda else (None, "flashinfer runs on CUDA only (this run: CPU)")
+    return (maybe_compile(gumbel_logits_sample, compile_baselines),
+            maybe_compile(multinomial_sample, compile_baselines), flashinfer)
+
+
+def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, common) -> List[dict]:
+    """Rows of one shard: stream-read and d2d-copy yardsticks, then per batch
+    the op's baselines and our rows."""
+    from .. import lm_head_sample, lm_head_topk, shard_sample, shard_topk
+    from .data import reference_topk
+
+    cuda = device.type == "cuda"
     weight = torch.empty(rows, shape.hidden, dtype=dtype, device=device)
     for row0, block in shape.blocks(0, rows):
         weight[row0 : row0 + block.shape[0]].copy_(block.to(dtype))
     nbytes = weight.numel() * weight.element_size()
     buffers = [weight] + [weight.clone() for _ in range(buffer_count(nbytes, device) - 1)]
     hidden_all = shape.hidden_states(max(cfg.batches))
-    print(f"kernel-only {shape.name}: shard [{rows}, {shape.hidden}] {cfg.dtype} = {nbytes / 1e9:.2f} GB, "
+    common = dict(common, tp=tp, rows=rows, buffers=len(buffers))
+    print(f"kernel-only {shape.name} tp={tp}: shard [{rows}, {shape.hidden}] {cfg.dtype} = {nbytes / 1e9:.2f} GB, "
           f"{len(buffers)} rotating buffer(s); float64 reference ...", file=sys.stderr)
-    reference = reference_ids(shape, hidden_all, dtype, 0, rows)
+    reference = None
+    if cfg.op == "argmax":
+        reference = reference_ids(shape, hidden_all, dtype, 0, rows)
+    elif cfg.op == "topk":
+        reference = reference_topk(shape, hidden_all, dtype, cfg.k, 0, rows)
 
-    common = dict(model=shape.model, shape=shape.name, tp=1, vocab=shape.vocab, hidden=shape.hidden,
-                  draft_vocab=None, rows=rows, dtype=cfg.dtype, device=cfg.device, buffers=len(buffers))
-    if cuda:
-        copy_dst = torch.empty_like(weight)
-        stream_fns = {"d2d-copy": lambda w: copy_dst.copy_(w)}
-        stream_bytes = 2 * nbytes
-    else:
-        ones = torch.ones(as_float32_matrix(weight).shape[1], dtype=torch.float32, device=device)
-        stream_fns = {"int64-sum": lambda w: as_int64_flat(w).sum(),
-                      "float32-mv": lambda w: torch.mv(as_float32_matrix(w), ones)}
-        stream_bytes = nbytes
+    # Yardsticks: a read-only stream over the same bytes, and a copy (read + write).
+    ones = torch.ones(as_float32_matrix(weight).shape[1], dtype=torch.float32, device=device)
+    read_fns = {"int64-sum": lambda w: as_int64_flat(w).sum()}
+    if not cuda:  # torch's int64 sum and float32 mv differ a lot on CPU: keep the faster
+        read_fns["float32-mv"] = lambda w: torch.mv(as_float32_matrix(w), ones)
+    copy_dst = torch.empty_like(weight)
 
-    def stream_read():
+    def yardsticks():
         best = None
-        for name, fn in stream_fns.items():
+        for name, fn in read_fns.items():
             times, _ = time_calls(fn, buffers, cfg.steps, cfg.warmup, budget_s, cuda)
-            row = _row("stream-read", None, times, stream_bytes, common)
+            row = _row("stream-read", None, times, nbytes, common)
             row["stream_method"] = name
             if best is None or row["median_us"] < best["median_us"]:
                 best = row
-        return best
+        times, _ = time_calls(lambda w: copy_dst.copy_(w), buffers, cfg.steps, cfg.warmup, budget_s, cuda)
+        copy = _row("d2d-copy", None, times, 2 * nbytes, common)  # counts the bytes read and written
+        copy["stream_method"] = "copy_"
+        return best, copy
 
-    first_stream = stream_read()
-    group, own_group = _world_size_1_group(cuda)
-    kernel_rows = []
+    first = yardsticks()
+    inv_t = 0.0 if cfg.temperature == 0 else 1.0 / cfg.temperature
+    timed = []
+    if cfg.op == "sample":
+        gumbel, multinomial, (fi_fn, fi_skip) = samplers
     for batch in cfg.batches:
         hidden = hidden_all[:batch].to(dtype).to(device)
-        fused = lambda w: shard_argmax(hidden, w)  # noqa: E731
-        methods = [("torch-matmul-max", lambda w: (hidden @ w.T).max(dim=1).indices, None),
-                   ("fused-kernel", fused, None),
-                   ("lm-head-step", lambda w: lm_head_argmax(hidden, w, group=group), None)]
-        if cuda and dtype in (torch.bfloat16, torch.float16):
-            methods += [(name, lambda w, p=path: shard_argmax(hidden, w, path=p), path)
+        temps = torch.full((batch,), float(cfg.temperature), dtype=torch.float32, device=device)
+        methods = []  # (name, fn(w) -> ids or keys, forced path, output is keys)
+        if cfg.op == "argmax":
+            fused = lambda w: shard_argmax(hidden, w)  # noqa: E731
+            methods += [("torch-matmul-max", lambda w: (hidden @ w.T).max(dim=1).indices, None, False),
+                        ("fused-kernel", fused, None, True),
+                        ("lm-head-step", lambda w: lm_head_argmax(hidden, w, group=group), None, False)]
+        elif cfg.op == "topk":
+            fused = lambda w: shard_topk(hidden, w, cfg.k)  # noqa: E731
+            methods += [("torch-matmul-topk", lambda w: (hidden @ w.T).topk(cfg.k, dim=1).indices, None, False),
+                        ("fused-kernel", fused, None, True),
+                        ("lm-head-step", lambda w: lm_head_topk(hidden, w, cfg.k, group=group)[0], None, False)]
+        else:
+            fused = lambda w: shard_sample(hidden, w, temps, cfg.seed, SAMPLE_OFFSET)  # noqa: E731
+            methods += [("gumbel-logits", lambda w: gumbel(hidden, w, inv_t), None, False),
+                        ("compiled-multinomial", lambda w: multinomial(hidden, w, inv_t), None, False)]
+            if fi_fn is not None:
+                methods.append(("flashinfer", lambda w: fi_fn(hidden, w, inv_t), None, False))
+            else:
+                timed.append(dict(_row("flashinfer", batch, [], nbytes, common), skip_reason=fi_skip))
+            methods += [("fused-kernel", fused, None, True),
+                        ("lm-head-step", lambda w: lm_head_sample(hidden, w, temperature=cfg.temperature, seed=cfg.seed,
+                                                                  offset=SAMPLE_OFFSET, group=group), None, False)]
+        if cuda and dtype in (torch.bfloat16, torch.float16) and cfg.op != "topk":
+            forced = {"argmax": lambda w, p: shard_argmax(hidden, w, path=p),
+                      "sample": lambda w, p: shard_sample(hidden, w, temps, cfg.seed, SAMPLE_OFFSET, path=p)}[cfg.op]
+            methods += [(name, lambda w, p=path: forced(w, p), path, True)
                         for path, name in CUDA_PATH_METHODS.items() if path != "simt" or batch <= SIMT_MAX_BATCH]
-        for method, fn, path in methods:
-            print(f"  {method} B={batch} ...", file=sys.stderr)
+        for method, fn, path, keys in methods:
+            print(f"  {method} tp={tp} B={batch} ...", file=sys.stderr)
+            if method in ("gumbel-logits", "compiled-multinomial"):
+                fn(buffers[0])  # compile (or fall back) outside the timed calls
             times, out = time_calls(fn, buffers, cfg.steps, cfg.warmup, budget_s, cuda)
-            ids = out if method in ("torch-matmul-max", "lm-head-step") else decode_keys(out)[0]
+            ids = decode_keys(out)[0] if keys else out
             row = _row(method, batch, times, nbytes, common)
             row["cuda_path"] = path if path is not None else ("auto" if cuda else None)
-            row["agree"] = (ids.cpu() == reference[:batch]).double().mean().item()
-            kernel_rows.append(row)
-    if own_group:
-        dist.destroy_process_group()
-    stream = min(first_stream, stream_read(), key=lambda r: r["median_us"])
-    stream["fraction_of_stream"] = 1.0
-    for row in kernel_rows:
-        row["fraction_of_stream"] = row["gbps"] / stream["gbps"]
-    out_rows = [stream] + kernel_rows
-    add_speedups(out_rows, "torch-matmul-max", "speedup_vs_torch")
-    return out_rows
+            if reference is not None:
+                row["agree"] = (ids.cpu() == reference[:batch]).reshape(batch, -1).all(dim=1).double().mean().item()
+            if method == "gumbel-logits":
+                row["note"] = gumbel.note
+            elif method == "compiled-multinomial":
+                row["note"] = multinomial.note
+            timed.append(row)
+    second = yardsticks()
+    stream = min(first[0], second[0], key=lambda r: r["median_us"])
+    copy = min(first[1], second[1], key=lambda r: r["median_us"])
+    return [stream, copy] + timed
+
+
+def annotate(rows: List[dict], op: str) -> None:
+    """Fill the derived columns of ``--kernel-only`` rows in place, per
+    (shape, tp, rows) group, from its ``stream-read``, ``d2d-copy`` and the
+    run's ``gemm-peak`` rows:
+
+    * ``gbps`` (weight bytes / median), ``tflops`` (2·B·rows·H / median);
+    * ``fraction_of_stream`` = gbps / stream-read gbps (read-only),
+      ``fraction_of_copy`` = gbps / d2d-copy gbps (read + write bytes);
+    * ``roofline_us`` = max(weight bytes / stream-read bandwidth, flops / GEMM
+      rate) and ``fraction_of_roofline`` = roofline_us / median;
+    * ``speedup_vs_<baseline>`` = baseline median / this median, same batch
+      (rival.BASELINES; ``speedup_vs_gemm_keys`` on CUDA for the auto row);
+    * ``flashsampling_h200``: FlashSampling's published ratios for our rows'
+      cells that have one (rival.published_cells), else ``{}``.
+    """
+    from .rival import BASELINES, OUR_METHODS, published_cells, roofline_us, step_flops
+
+    gemm = next((r for r in rows if r["method"] == "gemm-peak"), None)
+    groups = {}
+    for r in rows:
+        if r["method"] != "gemm-peak":
+            groups.setdefault((r["shape"], r["tp"], r["rows"]), []).append(r)
+    for group_rows in groups.values():
+        stream = next((r for r in group_rows if r["method"] == "stream-read"), None)
+        copy = next((r for r in group_rows if r["method"] == "d2d-copy"), None)
+        by_batch = {}
+        for r in group_rows:
+            if r.get("batch") is not None and r.get("median_us") is not None:
+                by_batch.setdefault(r["batch"], {})[r["method"]] = r["median_us"]
+        for r in group_rows:
+            median = r.get("median_us")
+            if stream is not None and r.get("gbps") is not None:
+                r["fraction_of_stream"] = r["gbps"] / stream["gbps"]
+                if copy is not None and r["method"] != "d2d-copy":
+                    r["fraction_of_copy"] = r["gbps"] / copy["gbps"]
+            if r.get("batch") is None:
+                continue
+            shard_bytes = r["weight_bytes"]
+            flops = step_flops(r["batch"], r["rows"], r["hidden"])
+            r["flops"] = flops
+            if stream is not None and gemm is not None:
+                r["roofline_us"] = roofline_us(shard_bytes, flops, stream["gbps"], gemm["tflops"])
+            if median is None:
+                continue
+            r["tflops"] = flops / (median * 1e-6) / 1e12
+            if r.get("roofline_us") is not None:
+                r["fraction_of_roofline"] = r["roofline_us"] / median
+            medians = by_batch.get(r["batch"], {})
+            for method, (column, _, _) in BASELINES.items():
+                if method in medians:
+                    r[column] = medians[method] / median
+            if r["method"] == "fused-kernel" and "gemm-keys" in medians:
+                r["speedup_vs_gemm_keys"] = medians["gemm-keys"] / median
+            if r["method"] in OUR_METHODS:
+                r["flashsampling_h200"] = published_cells(r["vocab"], r["hidden"], r["tp"], r["batch"], op)
 
 
 def _world_size_1_group(cuda: bool):
@@ -213,9 +370,11 @@ def _world_size_1_group(cuda: bool):
 
 
 def _row(method, batch, times, nbytes, common) -> dict:
+    """One result row; ``times`` empty gives a row without figures (a skipped method)."""
     times_us = np.array(times) * 1e6
-    median = float(np.median(times_us))
-    return dict(method=method, batch=batch, **common, steps=len(times), timing=getattr(times, "timing", "host"),
-                median_us=median,
-                p90_us=float(np.percentile(times_us, 90)), weight_bytes=nbytes, gbps=nbytes / (median * 1e-6) / 1e9,
-                fraction_of_stream=None, speedup_vs_torch=None, agree=None)
+    median = float(np.median(times_us)) if len(times) else None
+    return dict(method=method, batch=batch, **common, steps=len(times),
+                timing=getattr(times, "timing", "host"), median_us=median,
+                p90_us=float(np.percentile(times_us, 90)) if len(times) else None, weight_bytes=nbytes,
+                gbps=nbytes / (median * 1e-6) / 1e9 if median else None,
+                fraction_of_stream=None, fraction_of_roofline=None, speedup_vs_torch=None, agree=None)

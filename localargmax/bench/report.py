@@ -72,9 +72,51 @@ def add_speedups(rows: List[dict], baseline: str, column: str) -> None:
 _MULTI_COLUMNS = (("method", "method"), ("shape", "shape"), ("tp", "tp"), ("batch", "batch"),
                   ("median_us", "median_us"), ("p90_us", "p90_us"), ("bytes_sent_per_rank", "sent_B"),
                   ("bytes_recv_per_rank", "recv_B"), ("speedup_vs_full_gather", "speedup"), ("agree", "agree"))
-_KERNEL_COLUMNS = (("method", "method"), ("shape", "shape"), ("rows", "rows"), ("batch", "batch"),
+_KERNEL_COLUMNS = (("method", "method"), ("shape", "shape"), ("tp", "tp"), ("rows", "rows"), ("batch", "batch"),
                    ("dtype", "dtype"), ("median_us", "median_us"), ("p90_us", "p90_us"), ("gbps", "GB/s"),
-                   ("fraction_of_stream", "of_stream"), ("speedup_vs_torch", "vs_torch"), ("agree", "agree"))
+                   ("tflops", "TFLOP/s"), ("fraction_of_stream", "of_stream"), ("fraction_of_roofline", "of_roof"))
+
+
+def _kernel_columns(rows: List[dict]) -> tuple:
+    """The --kernel-only columns: :data:`_KERNEL_COLUMNS`, then a ``vs_*``
+    ratio per baseline present, each followed by ``FS_*`` (FlashSampling's
+    published H200 ratio for the same cell) when any row has one, then
+    ``vs_gemm_keys`` (CUDA), ``agree`` and ``note`` (compile fallback, skip
+    reason)."""
+    from .rival import BASELINES
+
+    columns = list(_KERNEL_COLUMNS)
+    seen = set()
+    for column, title, _ in BASELINES.values():
+        published = any(column in (r.get("flashsampling_h200") or {}) for r in rows)
+        if column in seen or not (published or any(r.get(column) is not None for r in rows)):
+            continue
+        seen.add(column)
+        columns.append((column, title))
+        if published:
+            columns.append((("flashsampling_h200", column), "FS_" + title[3:]))
+    if any(r.get("speedup_vs_gemm_keys") is not None for r in rows):
+        columns.append(("speedup_vs_gemm_keys", "vs_gemm_keys"))
+    columns.append(("agree", "agree"))
+    if any(r.get("note") or r.get("skip_reason") for r in rows):
+        columns.append(("note", "note"))
+    return tuple(columns)
+
+
+def _cell(row: dict, key):
+    if isinstance(key, tuple):  # ("flashsampling_h200", column): the published ratio
+        return ((row.get(key[0]) or {}).get(key[1]) or {}).get("ratio")
+    if key == "note":
+        return row.get("skip_reason") or row.get("note")
+    return row.get(key)
+
+
+def device_label(device: str) -> str:
+    """What our figures were measured on, for tables and plots: "CPU", or
+    "CUDA <GPU name>"."""
+    if device == "cuda" and torch.cuda.is_available():
+        return f"CUDA {torch.cuda.get_device_name()}"
+    return device.upper()
 
 
 def _fmt(value) -> str:
@@ -101,8 +143,8 @@ def _multi_columns(rows: List[dict]) -> tuple:
 
 def format_table(rows: List[dict], kernel_only: bool) -> str:
     """Plain aligned text table of the rows (numbers right-aligned)."""
-    columns = _KERNEL_COLUMNS if kernel_only else _multi_columns(rows)
-    cells = [[title for _, title in columns]] + [[_fmt(r.get(key)) for key, _ in columns] for r in rows]
+    columns = _kernel_columns(rows) if kernel_only else _multi_columns(rows)
+    cells = [[title for _, title in columns]] + [[_fmt(_cell(r, key)) for key, _ in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     lines = []
     for n, row in enumerate(cells):
@@ -110,6 +152,23 @@ def format_table(rows: List[dict], kernel_only: bool) -> str:
         lines.append("  ".join(parts).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def kernel_legend(rows: List[dict]) -> str:
+    """The lines under a --kernel-only table: what the figures were measured
+    on and what the ratio columns mean."""
+    lines = [f"our figures: {device_label(rows[0]['device'])}; vs_* = baseline median / this median; "
+             "of_roof = max(bytes / stream-read, flops / gemm-peak) / median"]
+    if any(r.get("flashsampling_h200") for r in rows):
+        lines.append("FS_* = FlashSampling's published H200 bf16 speedup over the same baseline (tp 1, same shape "
+                     "and batch; FS_gumbel and FS_flashinfer: over FI2); sources in the JSON (flashsampling_h200)")
+    else:
+        from .rival import published_summary
+
+        summary = published_summary(rows)
+        if summary:
+            lines.append(summary)
     return "\n".join(lines)
 
 
@@ -128,6 +187,8 @@ def finish(rows: List[dict], cfg, kernel_only: bool) -> None:
             header += f" op=sample temperature={first['temperature']:g} seed={first['seed']} offset={first['offset']}"
         print(header, file=out)
     print(format_table(rows, kernel_only), file=out, flush=True)
+    if kernel_only and rows:
+        print(kernel_legend(rows), file=out, flush=True)
     if cfg.json_path:
         doc = {"env": env_info(cfg.device, cfg.threads), "rows": rows, "command": shlex.join(cfg.command)}
         text = json.dumps(doc, indent=2)
