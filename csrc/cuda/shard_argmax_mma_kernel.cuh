@@ -18,14 +18,13 @@
 // kernel): hidden_size % 8 == 0, row strides % 8 == 0, 16-byte aligned data.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
 
 #include "../common/mma_fragment.h"
 #include "../common/packed_key.h"
 #include "../common/philox.h"
+#include "device_runtime.cuh"
+#include "mma_sync.cuh"
 #include "shard_argmax_kernel.cuh"
 
 namespace localargmax {
@@ -39,39 +38,6 @@ constexpr int kMmaRowsPerBlock = kMmaWarps * kMmaRowsPerWarp;
 
 __device__ __forceinline__ unsigned int word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], unsigned int a0, unsigned int a1, unsigned int a2,
-                                          unsigned int a3, unsigned int b0, unsigned int b1);
-
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], unsigned int a0, unsigned int a1,
-                                                         unsigned int a2, unsigned int a3, unsigned int b0,
-                                                         unsigned int b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-  __trap();  // the launcher never picks this kernel below sm_80
-#endif
-}
-
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], unsigned int a0, unsigned int a1, unsigned int a2,
-                                                  unsigned int a3, unsigned int b0, unsigned int b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-  __trap();
-#endif
 }
 
 // 16 bytes at p, or zeros when !valid. The weight is streamed (evict first)
@@ -91,9 +57,15 @@ __device__ __forceinline__ uint4 load_hidden16(const void* p, bool valid) {
 // registers are free).
 template <typename T, int NT, int KV>
 __global__ void __launch_bounds__(kMmaWarps * 32)
-    shard_argmax_mma_kernel(const T* __restrict__ hidden, int64_t ldh, const T* __restrict__ weight, int64_t ldw,
-                            const T* __restrict__ bias_t, const float* __restrict__ bias_f, int64_t batch,
-                            int hidden_size, int num_valid, int64_t vocab_start, ShardReduce out) {
+    shard_argmax_mma_kernel(const ShardArgmaxProblem<T> p) {
+  const T* __restrict__ hidden = p.hidden;
+  const T* __restrict__ weight = p.weight;
+  const T* __restrict__ bias_t = p.bias_t;
+  const float* __restrict__ bias_f = p.bias_f;
+  const int64_t ldh = p.ldh, ldw = p.ldw, batch = p.batch, vocab_start = p.vocab_start;
+  const int hidden_size = static_cast<int>(p.hidden_size);  // < 2**30, checked by the launcher
+  const int num_valid = static_cast<int>(p.num_valid);
+  const ShardReduce& out = p.out;
   __shared__ unsigned long long block_best[kMmaWarps][NT * 8];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
