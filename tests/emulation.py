@@ -79,6 +79,20 @@ def _row_stride(t: torch.Tensor) -> int:
     return t.stride(0) if t.size(0) > 1 else t.size(1)
 
 
+class PlacedWeight:
+    """A [rows, hidden_size] weight with row stride ldw placed in the arena by
+    Emulator.alloc_weight_view (shape, strides and dtype as a tensor's)."""
+
+    def __init__(self, ptr: int, rows: int, hidden_size: int, ldw: int, dtype: torch.dtype):
+        self.ptr, self.shape, self.ldw, self.dtype = ptr, (rows, hidden_size), ldw, dtype
+
+    def size(self, dim: int) -> int:
+        return self.shape[dim]
+
+    def stride(self, dim: int) -> int:
+        return (self.ldw, 1)[dim]
+
+
 class Emulator:
     """One loaded build. Methods mirror the CUDA ops' launchers
     (csrc/cuda/shard_argmax_cuda.cu, merge_keys_cuda.cu) step by step."""
@@ -143,11 +157,12 @@ class Emulator:
     # -- the shard ops --
     def shard(self, hidden, weight, bias=None, vocab_start=0, num_valid=None, *, path="simt", k=None,
               temperature=None, seed=0, offset=0, max_grid_y=MAX_GRID_Y, scramble=False, order_seed=1,
-              gemm_chunk=None, weight_ptr=None) -> torch.Tensor:
+              gemm_chunk=None) -> torch.Tensor:
         """shard_argmax (k None, temperature None), shard_topk (k) or
         shard_sample (temperature) through the emulated kernel of `path`
-        ("simt", "mma" or "gemm"). weight_ptr: the weight already placed in
-        the arena (a view too large to copy)."""
+        ("simt", "mma" or "gemm"). weight: a tensor, or a PlacedWeight (a
+        view too large to copy, already in the arena)."""
+        weight_ptr = weight.ptr if isinstance(weight, PlacedWeight) else None
         num_valid = weight.size(0) if num_valid is None else num_valid
         batch = hidden.size(0)
         topk = k is not None
@@ -213,7 +228,7 @@ class Emulator:
         return self._read(ids, (batch,), torch.int64), self._read(values, (batch,), torch.float32)
 
     def alloc_weight_view(self, rows: int, ldw: int, hidden_size: int, dtype: torch.dtype,
-                          fill: torch.Tensor) -> int:
+                          fill: torch.Tensor) -> "PlacedWeight":
         """A [rows, ldw] weight placed in the arena without copying its
         (possibly many GB of untouched) storage: only rows[:, :hidden_size]
         are written from `fill` [rows, hidden_size]."""
@@ -224,7 +239,7 @@ class Emulator:
         fill = fill.to(dtype).contiguous()
         for r in range(rows):
             ctypes.memmove(ptr + r * ldw * es, fill[r].data_ptr(), hidden_size * es)
-        return ptr
+        return PlacedWeight(ptr, rows, hidden_size, ldw, dtype)
 
     def stats(self) -> dict:
         out = (ctypes.c_uint64 * 4)()

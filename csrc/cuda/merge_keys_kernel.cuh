@@ -23,14 +23,13 @@ __global__ void __launch_bounds__(kMergeThreads)
   if (b >= batch) return;
   unsigned long long best = kNoEntryKey;
   for (int64_t r = 0; r < tp; ++r) best = max_key(best, keys[r * batch + b]);
-  if (best == kNoEntryKey) {
+  const int64_t id = static_cast<int64_t>(key_index(best));
+  if (best == kNoEntryKey || (has_d2t && id >= draft_vocab)) {
     ids[b] = -1;
     values[b] = __uint_as_float(0x7FC00000u);
     return;
   }
-  int64_t id = static_cast<int64_t>(key_index(best));
-  if (has_d2t) id = id < draft_vocab ? id + d2t[id] : -1;
-  ids[b] = id;
+  ids[b] = has_d2t ? id + d2t[id] : id;
   values[b] = key_value(best);
 }
 
