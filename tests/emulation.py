@@ -43,33 +43,50 @@ def have_compiler() -> bool:
     return shutil.which("g++") is not None and shutil.which("objcopy") is not None
 
 
-def build(csrc: pathlib.Path = CSRC, tag: str = "main") -> pathlib.Path:
+def _digest(files, flags) -> str:
+    h = hashlib.sha256(" ".join(flags).encode())
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building the emulation failed:\n{' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+
+
+def _runtime_object(csrc: pathlib.Path) -> pathlib.Path:
+    """simt_emu.cpp (not instrumented), shared by every build of the same runtime."""
+    files = [csrc / "emu" / n for n in ("simt_emu.cpp", "simt_emu.h", "simt_emu_runtime.h")]
+    obj = BUILD / "runtime" / f"{_digest(files, _COMMON_FLAGS)}.o"
+    if not obj.exists():
+        obj.parent.mkdir(parents=True, exist_ok=True)
+        tmp = obj.with_suffix(f".{os.getpid()}.tmp.o")
+        _run(["g++", *_COMMON_FLAGS, "-O2", f"-I{csrc}", "-c", str(files[0]), "-o", str(tmp)])
+        os.replace(tmp, obj)
+    return obj
+
+
+def build(csrc: pathlib.Path = CSRC, tag: str = "main", bf16_only: bool = False) -> pathlib.Path:
     """libemu.so of the kernels under `csrc` (a mutated copy for the mutation
-    tests); compiled once per content."""
-    h = hashlib.sha256(" ".join(_KERNEL_FLAGS + _COMMON_FLAGS).encode())
-    for f in sources(csrc):
-        h.update(f.name.encode() + f.read_bytes())
-    out_dir = BUILD / f"{tag}-{h.hexdigest()[:16]}"
+    tests); compiled once per content, under build/emu/. bf16_only: only the
+    bfloat16 instantiations (faster to compile)."""
+    flags = [*_COMMON_FLAGS, *_KERNEL_FLAGS, *(["-DLAM_EMU_BF16_ONLY"] if bf16_only else [])]
+    out_dir = BUILD / f"{tag}-{_digest(sources(csrc), flags)}"
     lib = out_dir / "libemu.so"
     if lib.exists():
         return lib
-    out_dir.mkdir(parents=True, exist_ok=True)
+    runtime = _runtime_object(csrc)
     tmp = out_dir / f"tmp-{os.getpid()}"
-    tmp.mkdir(exist_ok=True)
-    kernels, runtime = tmp / "kernels.o", tmp / "runtime.o"
-    steps = [
-        ["g++", *_COMMON_FLAGS, *_KERNEL_FLAGS, f"-I{csrc}", "-c", str(csrc / "emu" / "emu_kernels.cpp"), "-o",
-         str(kernels)],
-        # the kernel TU's .bss holds nothing but the __shared__ statics
-        ["objcopy", "--rename-section", ".bss=lam_emu_shared", str(kernels)],
-        ["g++", *_COMMON_FLAGS, "-O2", f"-I{csrc}", "-c", str(csrc / "emu" / "simt_emu.cpp"), "-o", str(runtime)],
-        ["g++", "-shared", "-Wl,-Bsymbolic", "-Wl,--no-undefined", str(kernels), str(runtime), "-o",
-         str(tmp / "libemu.so")],
-    ]
-    for cmd in steps:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if proc.returncode != 0:
-            raise RuntimeError(f"building the emulation failed:\n{' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    kernels = tmp / "kernels.o"
+    _run(["g++", *flags, f"-I{csrc}", "-c", str(csrc / "emu" / "emu_kernels.cpp"), "-o",
+          str(kernels)])
+    # The kernel translation unit's .bss holds nothing but the __shared__ statics.
+    _run(["objcopy", "--rename-section", ".bss=lam_emu_shared", str(kernels)])
+    _run(["g++", "-shared", "-Wl,-Bsymbolic", "-Wl,--no-undefined", str(kernels), str(runtime), "-o",
+          str(tmp / "libemu.so")])
     os.replace(tmp / "libemu.so", lib)
     shutil.rmtree(tmp, ignore_errors=True)
     return lib
@@ -151,6 +168,8 @@ class Emulator:
         self.launched += [s for s in self.lib.lam_emu_launched().decode().split(";") if s]
         if rc == 2:
             raise ValueError("the mma kernel does not take this problem (mma_takes)")
+        if rc == 3:
+            raise ValueError("this emulation build has no kernels for the dtype (bf16_only)")
         if rc != 0:
             raise EmuError(self.lib.lam_emu_last_error().decode())
 

@@ -222,7 +222,7 @@ def test_merge_keys_with_d2t_and_an_empty_shard(emu, gen):
     # no valid entry, or a draft id past d2t: -1 and NaN (the CPU raises instead)
     bad = torch.zeros(2, 3, dtype=torch.int64)
     bad[:, 1] = keys[0, 0]
-    ids, values = emu.merge_keys(bad, d2t[:1])
+    ids, values = emu.merge_keys(bad, d2t[:0])
     assert ids.tolist() == [-1, -1, -1] and values.isnan().all()
 
 
@@ -239,9 +239,10 @@ def test_grid_y_loop(emu, gen, path, max_grid_y):
     assert_keys_equal(got, cpu_keys(h, w, b, 0, 150, temperature=t, seed=3, offset=5), "sample")
 
 
-@pytest.mark.parametrize("path", ["simt", "mma", "gemm"])
-def test_padding_rows_never_win(emu, gen, path):
-    h, w, b = exact_problem(gen, 9, 256, 16, torch.float16, "f", lo=0, hi=2)
+@pytest.mark.parametrize("path,dtype", [("simt", torch.float32), ("simt", torch.bfloat16), ("mma", torch.bfloat16),
+                                        ("mma", torch.float16), ("gemm", torch.float16)])
+def test_padding_rows_never_win(emu, gen, path, dtype):
+    h, w, b = exact_problem(gen, 9, 256, 16, dtype, "f" if dtype != torch.float32 else "t", lo=0, hi=2)
     w[70:] = 8.0  # padding rows past num_valid = 70, far larger than every real row
     b[70:] = 1e4
     got = emu.shard(h, w, b, 0, 70, path=path)

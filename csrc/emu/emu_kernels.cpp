@@ -46,11 +46,19 @@ void name_typed() {
   }
 }
 
+// LAM_EMU_BF16_ONLY: only the bfloat16 instantiations (a third of the compile
+// time), for the mutation tests' many builds.
+#if defined(LAM_EMU_BF16_ONLY)
+constexpr bool kAllDtypes = false;
+#else
+constexpr bool kAllDtypes = true;
+#endif
+
 void name_all() {
   if (emu::kernels_named()) return;
-  name_typed<float>();
+  if constexpr (kAllDtypes) name_typed<float>();
   name_typed<__nv_bfloat16>();
-  name_typed<__half>();
+  if constexpr (kAllDtypes) name_typed<__half>();
   emu::name_kernel(reinterpret_cast<const void*>(merge_keys_kernel), kernel_name<merge_keys_kernel>());
 }
 
@@ -101,8 +109,8 @@ using namespace localargmax::cuda;
 extern "C" {
 
 // dtype: 0 float32, 1 bfloat16, 2 float16. path: 0 CUDA-core ("simt"), 1
-// tensor-core ("mma"). Returns 0, 1 (a checked failure: lam_emu_last_error) or
-// 2 (the mma kernel does not take this problem).
+// tensor-core ("mma"). Returns 0, 1 (a checked failure: lam_emu_last_error),
+// 2 (the mma kernel does not take this problem) or 3 (dtype not built).
 int lam_emu_shard(int dtype, int path, int topk_mode, const void* hidden, int64_t ldh, const void* weight,
                   int64_t ldw, const void* bias_t, const float* bias_f, int64_t batch, int64_t hidden_size,
                   int64_t num_valid, int64_t vocab_start, unsigned long long* keys, unsigned long long* block_topk,
@@ -110,11 +118,12 @@ int lam_emu_shard(int dtype, int path, int topk_mode, const void* hidden, int64_
   name_all();
   const ShardReduce out{keys, block_topk, topk, temperature, seed, offset};
 #define LAM_ARGS hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size, num_valid, vocab_start, out
-  switch (dtype) {
-    case 0: return run_shard(path, topk_mode, problem<float>(LAM_ARGS), max_grid_y);
-    case 1: return run_shard(path, topk_mode, problem<__nv_bfloat16>(LAM_ARGS), max_grid_y);
-    default: return run_shard(path, topk_mode, problem<__half>(LAM_ARGS), max_grid_y);
+  if (dtype == 1) return run_shard(path, topk_mode, problem<__nv_bfloat16>(LAM_ARGS), max_grid_y);
+  if constexpr (kAllDtypes) {
+    if (dtype == 0) return run_shard(path, topk_mode, problem<float>(LAM_ARGS), max_grid_y);
+    return run_shard(path, topk_mode, problem<__half>(LAM_ARGS), max_grid_y);
   }
+  return 3;
 #undef LAM_ARGS
 }
 
@@ -129,8 +138,10 @@ int lam_emu_logits_to_keys(int dtype, const float* logits, int64_t ldl, int64_t 
 #define LAM_ARGS nullptr, 0, nullptr, 0, bias_t, bias_f, batch, 0, num_valid, vocab_start, out
   if (dtype == 1)
     launch_logits_to_keys(logits, ldl, rows, b0, problem<__nv_bfloat16>(LAM_ARGS), EmuLaunch{&ok}, max_grid_y);
-  else
+  else if constexpr (kAllDtypes)
     launch_logits_to_keys(logits, ldl, rows, b0, problem<__half>(LAM_ARGS), EmuLaunch{&ok}, max_grid_y);
+  else
+    return 3;
 #undef LAM_ARGS
   return ok ? 0 : 1;
 }
