@@ -135,11 +135,13 @@ def test_host_and_cuda_builds_compile_the_same_kernel_text(emu):
         assert not re.search(r"__global__\s+void", f.read_text()), f"a kernel defined in {f}"
     # The kernel object's shared-memory section holds the kernels' __shared__ arrays and nothing else.
     syms = subprocess.run(["nm", "-C", str(emu.path)], capture_output=True, text=True, check=True).stdout
-    shared = emu.stats()["shared_bytes"]
-    assert shared > 0
-    lines = [ln for ln in syms.splitlines() if re.match(r"[0-9a-f]+ [bB] ", ln) and "kernel" in ln]
-    assert lines and all("::block_best" in ln or "::candidates" in ln or "::lists" in ln or "::warp_best" in ln
-                         for ln in lines)
+    addr = {m[1]: int(m[0], 16) for m in re.findall(r"^([0-9a-f]+) \w (__(?:start|stop)_lam_emu_shared)$", syms, re.M)}
+    lo, hi = addr["__start_lam_emu_shared"], addr["__stop_lam_emu_shared"]
+    assert hi - lo == emu.stats()["shared_bytes"] > 0
+    inside = [ln for ln in syms.splitlines()
+              if re.match(r"[0-9a-f]+ ", ln) and lo <= int(ln.split()[0], 16) < hi and "lam_emu_shared" not in ln]
+    assert inside and all(re.search(r"_kernel<.*>\(.*\)::(block_best|candidates|lists|warp_best)$", ln)
+                          for ln in inside), inside
 
 
 # --- argmax on every path, exact problems: keys bit-equal to the CPU kernel's ---
