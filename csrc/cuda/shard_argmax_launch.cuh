@@ -66,7 +66,9 @@ template <typename T, int NT, int KV, typename Launch>
 void launch_mma_nt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_grid_y) {
   const dim3 grid = grid_of((p.num_valid + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock, (p.batch + NT * 8 - 1) / (NT * 8),
                             max_grid_y);
-  launch("shard_argmax_mma_kernel", shard_argmax_mma_kernel<T, NT, KV>, grid, dim3(kMmaWarps * 32), p);
+  launch("shard_argmax_mma_kernel", shard_argmax_mma_kernel<T, NT, KV>, grid, dim3(kMmaWarps * 32), p.hidden, p.ldh,
+         p.weight, p.ldw, p.bias_t, p.bias_f, p.batch, static_cast<int>(p.hidden_size), static_cast<int>(p.num_valid),
+         p.vocab_start, p.out);
 }
 
 // The tensor-core kernel ("mma"; T = __half or __nv_bfloat16, mma_takes(p)).

@@ -54,18 +54,15 @@ __device__ __forceinline__ uint4 load_hidden16(const void* p, bool valid) {
 
 // NT: n-tiles of 8 batch rows per pass. KV: 32-element k chunks per loop
 // step (KV * 2 KB of weight in flight per warp; more for small NT, where
-// registers are free).
+// registers are free). Takes a ShardArgmaxProblem's fields one by one
+// (launch_mma in shard_argmax_launch.cuh unpacks it; hidden_size and num_valid
+// as int): with the struct itself as the parameter ptxas spilled 8-16 bytes
+// for NT = 2 on sm_90a and NT = 4 on sm_100 (tests/test_cuda_build.py).
 template <typename T, int NT, int KV>
 __global__ void __launch_bounds__(kMmaWarps * 32)
-    shard_argmax_mma_kernel(const ShardArgmaxProblem<T> p) {
-  const T* __restrict__ hidden = p.hidden;
-  const T* __restrict__ weight = p.weight;
-  const T* __restrict__ bias_t = p.bias_t;
-  const float* __restrict__ bias_f = p.bias_f;
-  const int64_t ldh = p.ldh, ldw = p.ldw, batch = p.batch, vocab_start = p.vocab_start;
-  const int hidden_size = static_cast<int>(p.hidden_size);  // < 2**30, checked by the launcher
-  const int num_valid = static_cast<int>(p.num_valid);
-  const ShardReduce& out = p.out;
+    shard_argmax_mma_kernel(const T* __restrict__ hidden, int64_t ldh, const T* __restrict__ weight, int64_t ldw,
+                            const T* __restrict__ bias_t, const float* __restrict__ bias_f, int64_t batch,
+                            int hidden_size, int num_valid, int64_t vocab_start, ShardReduce out) {
   __shared__ unsigned long long block_best[kMmaWarps][NT * 8];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
