@@ -22,6 +22,9 @@
 //          into the same keys.
 // The kernel above ("simt") serves fp32, top-k, and shapes the mma kernel
 // does not take (hidden_size or strides not multiples of 8, unaligned data).
+// Which instantiation and grid each path launches is decided by the
+// torch-free shard_argmax_launch.cuh, which the host emulation (csrc/emu/)
+// runs too; this file builds the ShardArgmaxProblem and picks the path.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAException.h>
