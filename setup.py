@@ -1,6 +1,6 @@
 """Build localargmax: setup.py drives CMakeLists.txt (CMake + ninja).
 
-Environment switches (all optional):
+Environment switches (all optional; the registry is localargmax/envs.py):
   LOCALARGMAX_CUDA=0          do not compile the CUDA kernels even if possible
   LOCALARGMAX_CUDA_ARCH=...   CUDA architectures, CMake style
                               (default "80;90a;100": sm_80, sm_90a, sm_100)
@@ -21,6 +21,17 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
+
+
+def load_envs():
+    """localargmax/envs.py, the registry of LOCALARGMAX_* variables, loaded by
+    path (the package cannot be imported before it is built)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("localargmax_envs", ROOT / "localargmax" / "envs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def find_cuda_home():
@@ -62,7 +73,8 @@ class CMakeBuild(build_ext):
         build_dir = ROOT / "build" / f"cmake-py{sys.version_info[0]}{sys.version_info[1]}"
         build_dir.mkdir(parents=True, exist_ok=True)
 
-        want_cuda = os.environ.get("LOCALARGMAX_CUDA", "1") not in ("0", "off", "OFF", "false")
+        envs = load_envs()
+        want_cuda = envs.LOCALARGMAX_CUDA
         cuda_home = find_cuda_home() if (want_cuda and torch.version.cuda) else None
         with_cuda = cuda_home is not None
         args = [
@@ -77,7 +89,7 @@ class CMakeBuild(build_ext):
         ]
         env = dict(os.environ)
         if with_cuda:
-            arch = os.environ.get("LOCALARGMAX_CUDA_ARCH", "80;90a;100")
+            arch = envs.LOCALARGMAX_CUDA_ARCH
             args += [
                 f"-DCMAKE_CUDA_COMPILER={cuda_home}/bin/nvcc",
                 f"-DCUDAToolkit_ROOT={cuda_home}",
@@ -92,7 +104,7 @@ class CMakeBuild(build_ext):
             build_dir.mkdir(parents=True)
         cmake = find_build_tool("cmake")
         subprocess.check_call([cmake, "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
-        jobs = os.environ.get("LOCALARGMAX_BUILD_JOBS", str(os.cpu_count() or 1))
+        jobs = str(envs.LOCALARGMAX_BUILD_JOBS)
         log = build_dir / "build.log"
         with open(log, "w") as f:
             proc = subprocess.Popen([cmake, "--build", str(build_dir), "-j", jobs, "--", "-v"], env=env,

@@ -37,16 +37,15 @@ timeout "$(cap 270)" "$PY" -m pytest -q --maxfail=30 -p no:cacheprovider tests/t
 
 step "compute-sanitizer (memcheck, racecheck) on a small step"
 cat > /tmp/lam_sanitize.py <<'PYEOF'
-import os, torch, localargmax
+import torch, localargmax
 h = torch.randn(9, 4096, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(3001, 4096, device="cuda", dtype=torch.bfloat16)
-for path in ("simt", "mma", "gemm"):  # every CUDA path (LOCALARGMAX_CUDA_PATH)
-    os.environ["LOCALARGMAX_CUDA_PATH"] = path
-    for fn in (lambda: localargmax.shard_argmax(h, w, num_valid=2999),
-               lambda: localargmax.shard_argmax(h[:1], w[:, :4088], num_valid=3001),
-               lambda: localargmax.shard_topk(h, w, 8, num_valid=2999),
-               lambda: localargmax.shard_sample(h, w, torch.ones(9, device="cuda"), 1, 0)):
+for path in ("simt", "mma", "gemm"):  # every CUDA path (the ops' path argument)
+    for fn in (lambda: localargmax.shard_argmax(h, w, num_valid=2999, path=path),
+               lambda: localargmax.shard_argmax(h[:1, :4088], w[:, :4088], num_valid=3001, path=path),
+               lambda: localargmax.shard_sample(h, w, torch.ones(9, device="cuda"), 1, 0, path=path)):
         fn()
+localargmax.shard_topk(h, w, 8, num_valid=2999)  # top-k has the simt path only
 torch.cuda.synchronize(); print("ok")
 PYEOF
 if command -v compute-sanitizer > /dev/null; then

@@ -5,12 +5,16 @@
 
 TORCH_LIBRARY(localargmax, m) {
   // hidden [B, H], weight [rows, H], bias [rows]? -> packed keys [B] int64
-  m.def("shard_argmax(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid) -> Tensor");
+  // path: which kernel variant runs: "auto", or CPU "generic" | "avx2", CUDA "simt" | "mma" | "gemm"
+  // (a forced path that cannot take the inputs raises ValueError; see localargmax/ops.py)
+  m.def("shard_argmax(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, "
+        "str path=\"auto\") -> Tensor");
   // the k largest keys per row, descending (0 = empty slot): [B, k] int64, 1 <= k <= 64
-  m.def("shard_topk(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, int k) -> Tensor");
+  m.def("shard_topk(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, int k, "
+        "str path=\"auto\") -> Tensor");
   // Gumbel-max: key of logit / T + Gumbel(seed, offset + b, global index); T == 0 rows greedy. [B] int64
   m.def("shard_sample(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, "
-        "Tensor temperature, int seed, int offset) -> Tensor");
+        "Tensor temperature, int seed, int offset, str path=\"auto\") -> Tensor");
   // keys [tp, B] or [B] int64, d2t [draft_vocab]? int64 -> (ids [B] int64, values [B] float32)
   m.def("merge_keys(Tensor keys, Tensor? d2t) -> (Tensor, Tensor)");
 }

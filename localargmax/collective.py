@@ -6,18 +6,17 @@ exchanges keys goes through :func:`exchange_keys`.
 """
 from __future__ import annotations
 
-import os
 from typing import Callable, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
+from . import envs
+from .packed_key import SIGN_FLIP
+
 REDUCE_MODES = ("all_gather", "all_reduce")
 
-# Keys are unsigned; torch, NCCL and gloo only have signed int64. XOR with the
-# top bit makes signed order equal unsigned order (DESIGN.md, "The packed key").
-_SIGN_BIT = -(2**63)
 
 Group = Union[None, dist.ProcessGroup, Callable[[torch.Tensor], torch.Tensor], "cupy.cuda.nccl.NcclCommunicator"]
 
@@ -65,8 +64,8 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
         if reduce == "all_gather":
             gathered = funcol.all_gather_single(keys, 0, group)
             return funcol.wait_tensor(gathered).view(dist.get_world_size(group), *keys.shape)
-        flipped = funcol.all_reduce(keys ^ _SIGN_BIT, "max", group)
-        return (funcol.wait_tensor(flipped) ^ _SIGN_BIT).unsqueeze(0)
+        flipped = funcol.all_reduce(keys ^ SIGN_FLIP, "max", group)
+        return (funcol.wait_tensor(flipped) ^ SIGN_FLIP).unsqueeze(0)
     if _is_nccl_communicator(group):
         return _exchange_with_cupy_nccl(keys, group, reduce)
     if callable(group):
@@ -76,12 +75,47 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
         if not isinstance(gathered, torch.Tensor) or gathered.dim() != keys.dim() + 1 or gathered.shape[1:] != keys.shape:
             shape = tuple(gathered.shape) if isinstance(gathered, torch.Tensor) else type(gathered).__name__
             want = ", ".join(["tp"] + [f"{n}" for n in keys.shape])
-            raise ValueError(f"the group callable must return keys [{want}] (B={keys.shape[0]}), got {shape}")
+            raise ValueError(
+                f"the group callable must return [{want}], an all-gather of the {tuple(keys.shape)} int64 tensor it is "
+                f"given, got {shape}"
+            )
         return gathered
     raise TypeError(
         "group must be None, a torch.distributed.ProcessGroup, a cupy.cuda.nccl.NcclCommunicator or a callable "
         f"all_gather(keys [B]) -> [tp, B], got {type(group).__name__}"
     )
+
+
+HEADER_LEN = 3
+"""int64 words every rank appends to its keys in a step's exchange (see :func:`frame_keys`)."""
+
+
+def frame_keys(keys: torch.Tensor, vocab_end: int) -> torch.Tensor:
+    """One rank's payload for a step's key exchange: its keys, flattened, then
+    a 3-word header ``[n + 1, -(n + 1), vocab_end]`` (``n = keys.numel()``).
+
+    After an all-gather every rank sees every rank's header; after an
+    all-reduce MAX (unsigned, see :func:`exchange_keys`) it sees
+    ``[max n + 1, -(min n + 1), max vocab_end]``. Either way a rank can tell,
+    from values all ranks share, whether the ranks sent the same number of
+    keys (the same batch size and ``k``) and the end of the valid vocabulary
+    over all ranks — 24 bytes per rank per step, whatever the batch
+    (DESIGN.md, "The step's exchange").
+
+    Args:
+        keys: ``[B]`` or ``[B, k]`` int64 packed keys.
+        vocab_end: ``vocab_start + num_valid`` of this rank's shard, or 0
+            when it is empty (``num_valid == 0``: it holds no id).
+
+    Returns:
+        ``[n + 3]`` int64, on the device of ``keys``; built without a host-to-
+        device copy (fills only), so it is capturable in a CUDA graph.
+    """
+    n = keys.numel()
+    header = keys.new_full((HEADER_LEN,), n + 1)
+    header[1] = -(n + 1)
+    header[2] = vocab_end
+    return torch.cat([keys.reshape(-1), header])
 
 
 def _is_nccl_communicator(group) -> bool:
@@ -106,19 +140,14 @@ def _exchange_with_cupy_nccl(keys: torch.Tensor, comm, reduce: str) -> torch.Ten
         out = torch.empty((comm.size(), *keys.shape), dtype=torch.int64, device=keys.device)
         comm.allGather(keys.data_ptr(), out.data_ptr(), keys.numel(), nccl.NCCL_INT64, stream)
         return out
-    flipped = keys ^ _SIGN_BIT
+    flipped = keys ^ SIGN_FLIP
     out = torch.empty_like(flipped)
     comm.allReduce(flipped.data_ptr(), out.data_ptr(), keys.numel(), nccl.NCCL_INT64, nccl.NCCL_MAX, stream)
-    return (out ^ _SIGN_BIT).unsqueeze(0)
-
-
-def debug_enabled() -> bool:
-    """True when ``LOCALARGMAX_DEBUG=1``: every step then checks that the ranks agree."""
-    return os.environ.get("LOCALARGMAX_DEBUG", "0") == "1"
+    return (out ^ SIGN_FLIP).unsqueeze(0)
 
 
 def check_step_consistency(group: Group, fields: Sequence[int], names: Sequence[str]) -> None:
-    """Opt-in per-step check (``LOCALARGMAX_DEBUG=1``): all-gather a few ints
+    """Opt-in per-step check (``LOCALARGMAX_DEBUG=1``, :mod:`localargmax.envs`): all-gather a few ints
     describing this rank's call (batch size, hidden size, ...) and raise, on
     every rank alike, if they differ. Without it a rank with another batch size
     makes the key collective read garbage or fail obscurely.

@@ -29,7 +29,8 @@ class VocabParallelLMHead(nn.Module):
             callable ``all_gather(keys [B]) -> [tp, B]``. With a ProcessGroup the
             ranks' layouts are all-gathered and checked once here.
         pad_to: vocabulary padding granularity.
-        bias: whether the head has a bias.
+        bias: whether the head has a bias (held in float32, the dtype the
+            kernels add it in, whatever ``dtype`` is).
         reduce: ``"all_gather"`` or ``"all_reduce"`` for :meth:`forward`.
         dtype, device: of the parameters.
 
@@ -60,8 +61,11 @@ class VocabParallelLMHead(nn.Module):
         self.group = group
         self.reduce = reduce
         self.weight = nn.Parameter(torch.zeros(self.shard.rows, hidden_size, dtype=dtype, device=device), requires_grad=False)
+        # float32 whatever the weight dtype: the kernels add the bias in float32,
+        # and a bf16/fp16 copy would round a float32 bias (ids could tie and flip).
         self.bias = (
-            nn.Parameter(torch.zeros(self.shard.rows, dtype=dtype, device=device), requires_grad=False) if bias else None
+            nn.Parameter(torch.zeros(self.shard.rows, dtype=torch.float32, device=device), requires_grad=False)
+            if bias else None
         )
         if isinstance(group, torch.distributed.ProcessGroup):
             check_layouts(self.shard, hidden_size, group)
@@ -82,14 +86,20 @@ class VocabParallelLMHead(nn.Module):
 
         Args:
             weight: ``[V, H]`` full lm_head (float32 / bfloat16 / float16).
-            bias: optional ``[V]`` full bias.
+            bias: optional ``[V]`` full bias, float32 or the weight dtype (as
+                :func:`localargmax.shard_argmax` takes it); kept exactly, in float32.
             Others as in the constructor.
+
+        Raises:
+            ValueError / TypeError naming ``weight`` or ``bias``.
         """
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
             raise ValueError(f"weight must be a 2-D tensor [vocab_size, hidden_size], got {getattr(weight, 'shape', weight)}")
         vocab_size, hidden_size = weight.shape
         if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dim() != 1 or bias.shape[0] != vocab_size):
             raise ValueError(f"bias must be a 1-D tensor [vocab_size={vocab_size}], got {getattr(bias, 'shape', type(bias).__name__)}")
+        if bias is not None and bias.dtype not in (torch.float32, weight.dtype):
+            raise TypeError(f"bias dtype must be float32 or the weight dtype ({weight.dtype}), got {bias.dtype}")
         head = cls(vocab_size, hidden_size, rank=rank, world_size=world_size, group=group, pad_to=pad_to,
                    bias=bias is not None, reduce=reduce, dtype=weight.dtype, device=weight.device)
         start, _, valid = head.shard
@@ -113,8 +123,9 @@ class VocabParallelLMHead(nn.Module):
                               bias=self.bias, d2t=d2t, group=self.group, reduce=self.reduce)
 
     def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[B, rows]`` this shard's logits (weight dtype), for non-greedy paths;
-        columns at or past ``num_valid`` are padding (set to -inf)."""
+        """``[B, rows]`` this shard's logits, for non-greedy paths: weight dtype
+        without a bias, float32 with one (the bias is float32); columns at or
+        past ``num_valid`` are padding (set to -inf)."""
         logits = hidden @ self.weight.T
         if self.bias is not None:
             logits = logits + self.bias
@@ -147,25 +158,23 @@ def _lm_head_layout(lm_head):
     return lm_head.weight, getattr(lm_head, "bias", None), start, end - start, getattr(lm_head, "tp_group", None)
 
 
-def _check_logit_scale(owner, scale) -> None:
-    """Refuse a non-positive logit scale (argmax would become argmin). Python
-    numbers are checked every call; a tensor scale once per version (its value
-    is read on the host, so a CUDA scale costs one sync per in-place update,
-    never one per step, and nothing inside torch.compile or graph capture)."""
+def _check_logit_scale(scale) -> None:
+    """Refuse a non-positive or NaN logit scale (argmax would become argmin or
+    a constant), on every call, however the scale was written (``.data``
+    writes and reloads included). A Python number, or a CPU tensor outside
+    torch.compile, is read on the host: ValueError at once. A tensor on a
+    device (or under torch.compile) is checked by an asynchronous device-side
+    assert (``torch._assert_async``: one small kernel, no host sync, capturable
+    in a CUDA graph) that raises at the next synchronisation."""
     if not isinstance(scale, torch.Tensor):
         if not float(scale) > 0:
             raise ValueError(f"logit scale must be > 0 for greedy drafting by argmax, got {scale}")
         return
-    if torch.compiler.is_compiling():
+    if scale.device.type == "cpu" and not torch.compiler.is_compiling():
+        if not bool((scale > 0).all()):
+            raise ValueError(f"logit scale must be > 0 for greedy drafting by argmax, got {scale.detach().tolist()}")
         return
-    stamp = (id(scale), scale._version)
-    if getattr(owner, "_localargmax_scale_checked", None) == stamp:
-        return
-    if scale.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
-    if not bool((scale > 0).all()):
-        raise ValueError(f"logit scale must be > 0 for greedy drafting by argmax, got {scale.detach().cpu().tolist()}")
-    object.__setattr__(owner, "_localargmax_scale_checked", stamp)
+    torch._assert_async((scale > 0).all(), "logit scale must be > 0 for greedy drafting by argmax")
 
 
 class LocalArgmaxMixin:
@@ -184,8 +193,10 @@ class LocalArgmaxMixin:
         ``self.logits_processor.scale``) and a soft-cap
         (``self.logits_processor.soft_cap`` / ``self.final_logit_softcapping``):
         a positive scale and any soft-cap ``tanh(x / c) * c`` are monotonic, so
-        they leave the argmax unchanged and cost nothing. A non-positive scale
-        would turn argmax into argmin (or a constant) and raises ValueError.
+        they leave the argmax unchanged and cost nothing. A non-positive or NaN
+        scale would turn argmax into argmin (or a constant): it is checked on
+        every call (see ``_check_logit_scale``: ValueError for a Python number
+        or CPU tensor, a device-side assert for a CUDA tensor).
 
     Raises:
         AttributeError naming the missing attribute; ValueError for a
@@ -203,7 +214,7 @@ class LocalArgmaxMixin:
         if scale is None:
             scale = getattr(getattr(self, "logits_processor", None), "scale", None)
         if scale is not None:
-            _check_logit_scale(self, scale)
+            _check_logit_scale(scale)
         d2t = getattr(self, "draft_id_to_target_id", None)
         reduce = getattr(lm_head, "reduce", "all_gather")
         return lm_head_argmax(hidden_states, weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias,

@@ -17,90 +17,18 @@ from typing import Optional, Tuple
 import torch
 
 from . import _C  # noqa: F401  (loads the library: registers torch.ops.localargmax)
+from ._validation import (
+    MAX_TOPK,
+    _check_tensor,
+    check_merge_keys_args,
+    check_path_arg,
+    check_sample_args,
+    check_shard_argmax_args,
+    check_topk_arg,
+)
+from .packed_key import MAX_GLOBAL_INDEX
 
-MAX_GLOBAL_INDEX = 0xFFFFFFFE
-"""Largest global vocabulary index a packed key can carry (2**32 - 2)."""
-
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def _check_tensor(name: str, value, dims: str) -> None:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor {dims}, got {type(value).__name__}")
-
-
-def check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid) -> None:
-    """Raise ValueError/TypeError naming the argument if the shard_argmax inputs
-    are malformed. Shared by the public wrapper and the fake kernel."""
-    _check_tensor("hidden", hidden, "[batch, hidden_size]")
-    _check_tensor("weight", weight, "[rows, hidden_size]")
-    if weight.dim() != 2:
-        raise ValueError(f"weight must be 2-D [rows, hidden_size], got shape {tuple(weight.shape)}")
-    if hidden.dim() != 2:
-        raise ValueError(f"hidden must be 2-D [batch, hidden_size], got shape {tuple(hidden.shape)}")
-    if weight.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"weight dtype must be float32, bfloat16 or float16, got {weight.dtype}")
-    if hidden.dtype != weight.dtype:
-        raise TypeError(f"hidden dtype ({hidden.dtype}) must equal weight dtype ({weight.dtype})")
-    if hidden.shape[1] != weight.shape[1]:
-        raise ValueError(
-            f"hidden is {tuple(hidden.shape)} and weight is {tuple(weight.shape)}: "
-            "their last dimension (hidden_size) must match"
-        )
-    if hidden.device != weight.device:
-        raise ValueError(f"hidden is on {hidden.device} but weight is on {weight.device}; both must be on one device")
-    if weight.shape[1] > 1 and weight.stride(1) != 1:
-        raise ValueError(
-            f"weight rows must be contiguous (stride(1) == 1), got strides {weight.stride()}; "
-            "call weight.contiguous() once at load time"
-        )
-    for name, value in (("vocab_start", vocab_start), ("num_valid", num_valid)):
-        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if vocab_start < 0:
-        raise ValueError(f"vocab_start must be >= 0, got {vocab_start}")
-    rows = weight.shape[0]
-    if not 0 <= num_valid <= rows:
-        raise ValueError(f"num_valid must be in [0, rows={rows}], got {num_valid}")
-    if num_valid > 0 and vocab_start + num_valid - 1 > MAX_GLOBAL_INDEX:
-        raise ValueError(
-            f"global indices up to vocab_start + num_valid - 1 = {vocab_start + num_valid - 1} exceed "
-            f"{MAX_GLOBAL_INDEX}, the largest index a packed key holds (32 bits)"
-        )
-    if bias is not None:
-        _check_tensor("bias", bias, f"[rows={rows}]")
-        if bias.dim() != 1 or bias.shape[0] != rows:
-            raise ValueError(f"bias must be 1-D [rows={rows}], got shape {tuple(bias.shape)}")
-        if bias.dtype not in (torch.float32, weight.dtype):
-            raise TypeError(f"bias dtype must be float32 or the weight dtype ({weight.dtype}), got {bias.dtype}")
-        if bias.device != weight.device:
-            raise ValueError(f"bias is on {bias.device} but weight is on {weight.device}")
-
-
-def check_merge_keys_args(keys, d2t) -> None:
-    """Raise ValueError/TypeError naming the argument if merge_keys inputs are malformed."""
-    _check_tensor("keys", keys, "[tp, batch] or [batch]")
-    if keys.dim() not in (1, 2):
-        raise ValueError(f"keys must be [tp, batch] or [batch], got shape {tuple(keys.shape)}")
-    if keys.dtype != torch.int64:
-        raise TypeError(f"keys must be int64 packed keys, got {keys.dtype}")
-    if keys.dim() == 2 and keys.shape[0] == 0 and keys.shape[1] > 0:
-        raise ValueError(f"keys has 0 ranks (shape {tuple(keys.shape)})")
-    if d2t is not None:
-        check_d2t_arg(d2t, keys.device)
-
-
-def check_d2t_arg(d2t, device) -> None:
-    """Per-step d2t checks (dtype, rank, device); its contents are checked once
-    at load time by :func:`localargmax.validate_d2t`."""
-    _check_tensor("d2t", d2t, "[draft_vocab] int64")
-    if d2t.dim() != 1:
-        raise ValueError(f"d2t must be 1-D [draft_vocab], got shape {tuple(d2t.shape)}")
-    if d2t.dtype != torch.int64:
-        raise TypeError(f"d2t must be int64, got {d2t.dtype}")
-    if d2t.device != device:
-        raise ValueError(f"d2t is on {d2t.device} but the keys are on {device}")
-
+__all__ = ["MAX_GLOBAL_INDEX", "MAX_TOPK", "decode_keys", "merge_keys", "shard_argmax", "shard_sample", "shard_topk"]
 
 def shard_argmax(
     hidden: torch.Tensor,
@@ -109,6 +37,7 @@ def shard_argmax(
     vocab_start: int = 0,
     num_valid: Optional[int] = None,
     bias: Optional[torch.Tensor] = None,
+    path: str = "auto",
 ) -> torch.Tensor:
     """Fused ``hidden @ weight.T (+ bias)`` and row-wise argmax over one vocab shard.
 
@@ -130,26 +59,29 @@ def shard_argmax(
         Products are accumulated in float32; the per-row order depends on ``k``
         only, so identical weight rows give identical logits (rule 5).
 
-    CUDA: bf16 / fp16 run on one of three paths (``csrc/cuda/
-    shard_argmax_cuda.cu``): ``mma``, the tensor-core fused kernel (sm_80+,
-    ``H``, row strides multiples of 8, 16-byte aligned data); ``gemm`` from
-    batch 128 (``LOCALARGMAX_CUDA_GEMM_MIN_BATCH``): cuBLAS float32 logits
-    of a batch chunk, then a keys kernel; ``simt``, the CUDA-core fused
-    kernel, for everything else (and for float32). ``LOCALARGMAX_CUDA_PATH=
-    simt|mma|gemm`` forces one where it applies. The paths differ only in
-    the float32 summation order of the dot products.
+        path: which kernel variant runs. ``"auto"`` (default) picks per
+            call from the shapes, dtype and device. CPU: ``"avx2"`` (AVX2 +
+            FMA + F16C) or ``"generic"``, bit-identical. CUDA
+            (``csrc/cuda/shard_argmax_cuda.cu``): ``"mma"``, the tensor-core
+            fused kernel (bf16 / fp16, sm_80+, ``H`` and row strides multiples
+            of 8, 16-byte aligned data); ``"gemm"``, cuBLAS float32 logits of
+            a batch chunk then a keys kernel (bf16 / fp16; auto's choice from
+            batch 128); ``"simt"``, the CUDA-core fused kernel (every dtype).
+            The CUDA paths differ only in the float32 summation order of the
+            dot products. A forced path that cannot take the inputs raises
+            ValueError; it never falls back silently.
 
     Raises:
         TypeError / ValueError: naming the argument, for wrong ranks, shapes,
             dtypes, devices, non-contiguous weight rows, ``num_valid`` outside
             ``[0, rows]``, ``vocab_start < 0`` or global indices past 2**32 - 2;
-            ValueError for a bad ``LOCALARGMAX_CUDA_PATH`` /
-            ``LOCALARGMAX_CUDA_GEMM_MIN_BATCH`` on CUDA.
+            ValueError for an unknown ``path`` or one that cannot take the inputs.
     """
     if num_valid is None:
         num_valid = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else 0
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
-    return torch.ops.localargmax.shard_argmax.default(hidden, weight, bias, vocab_start, num_valid)
+    check_path_arg(path, weight.device)
+    return torch.ops.localargmax.shard_argmax.default(hidden, weight, bias, vocab_start, num_valid, path)
 
 
 def merge_keys(keys: torch.Tensor, d2t: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -176,36 +108,6 @@ def merge_keys(keys: torch.Tensor, d2t: Optional[torch.Tensor] = None) -> Tuple[
     return ids, values
 
 
-MAX_TOPK = 64
-"""Largest k of :func:`shard_topk`."""
-
-
-def check_topk_arg(k) -> None:
-    if isinstance(k, bool) or not isinstance(k, (int, torch.SymInt)) or not 1 <= k <= MAX_TOPK:
-        raise ValueError(f"k must be an int in [1, {MAX_TOPK}], got {k!r}")
-
-
-def check_sample_args(hidden, temperature, seed, offset) -> None:
-    _check_tensor("temperature", temperature, f"[batch={hidden.shape[0]}] float32")
-    if temperature.dim() != 1 or temperature.shape[0] != hidden.shape[0]:
-        raise ValueError(f"temperature must be 1-D [batch={hidden.shape[0]}], got shape {tuple(temperature.shape)}")
-    if temperature.dtype != torch.float32:
-        raise TypeError(f"temperature must be float32, got {temperature.dtype}")
-    if temperature.device != hidden.device:
-        raise ValueError(f"temperature is on {temperature.device} but hidden is on {hidden.device}")
-    for name, value in (("seed", seed), ("offset", offset)):
-        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or not 0 <= value < 2**63:
-            raise ValueError(f"{name} must be an int in [0, 2**63), got {value!r}")
-
-
-def check_temperature_values(temperature: torch.Tensor) -> None:
-    """Refuse negative or NaN temperatures of a CPU tensor (reading a CUDA
-    tensor would sync the host every step; there ``T <= 0`` rows are greedy)."""
-    if temperature.device.type == "cpu" and not torch.compiler.is_compiling():
-        if bool((temperature < 0).any() | temperature.isnan().any()):
-            raise ValueError("temperature must be >= 0 (0 = greedy) and not NaN")
-
-
 def shard_topk(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -214,6 +116,7 @@ def shard_topk(
     vocab_start: int = 0,
     num_valid: Optional[int] = None,
     bias: Optional[torch.Tensor] = None,
+    path: str = "auto",
 ) -> torch.Tensor:
     """The shard's ``k`` best entries per row, as packed keys, fused like
     :func:`shard_argmax` (the logits are never materialized).
@@ -221,6 +124,8 @@ def shard_topk(
     Args:
         hidden, weight, vocab_start, num_valid, bias: as in :func:`shard_argmax`.
         k: ``1 <= k <= 64``.
+        path: ``"auto"``, CPU ``"generic"`` / ``"avx2"``, CUDA ``"simt"`` (top-k
+            has no tensor-core or gemm path).
 
     Returns:
         ``[B, k]`` int64 packed keys, sorted descending (unsigned), i.e. in
@@ -234,7 +139,8 @@ def shard_topk(
         num_valid = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else 0
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_topk_arg(k)
-    return torch.ops.localargmax.shard_topk.default(hidden, weight, bias, vocab_start, num_valid, k)
+    check_path_arg(path, weight.device)
+    return torch.ops.localargmax.shard_topk.default(hidden, weight, bias, vocab_start, num_valid, k, path)
 
 
 def shard_sample(
@@ -247,36 +153,43 @@ def shard_sample(
     vocab_start: int = 0,
     num_valid: Optional[int] = None,
     bias: Optional[torch.Tensor] = None,
+    path: str = "auto",
 ) -> torch.Tensor:
     """Gumbel-max sampling over one shard, fused like :func:`shard_argmax`.
 
-    Each row's key is the best of ``logit[b, v] / T[b] + g(seed, offset + b, v)``
-    over the shard, with ``g`` standard Gumbel noise from Philox 4x32-10 keyed
-    by the *global* vocabulary index ``v`` (csrc/common/philox.h), so the merged
-    sample is the same for every TP size and shard layout. Rows with ``T == 0``
-    are greedy (no noise).
+    Each row's key is the best Gumbel-max score ``logit[b, v] / T[b] + g`` over
+    the shard (computed as ``logit + T·g`` for ``T < 1``, which has the same
+    argmax and cannot overflow: ``gumbel_score`` in csrc/common/philox.h, one
+    function for every kernel), with ``g = g(seed, offset + b, v)`` standard
+    Gumbel noise from Philox 4x32-10 keyed by the *global* vocabulary index
+    ``v``, so the merged sample is the same for every TP size and shard
+    layout. Rows with ``T == 0`` are greedy (no noise).
 
     Args:
         hidden, weight, vocab_start, num_valid, bias: as in :func:`shard_argmax`.
-        temperature: ``[B]`` float32 on the device of ``hidden``, ``>= 0``.
+        temperature: ``[B]`` float32 on the device of ``hidden``, finite and ``>= 0``.
         seed: Philox key, ``0 <= seed < 2**63``.
         offset: Philox subsequence of row 0 (row ``b`` uses ``offset + b``);
             advance it by ``B`` every step for fresh noise.
+        path: as in :func:`shard_argmax`.
 
     Returns:
         ``[B]`` int64 packed keys (their values are the perturbed scores).
 
     Raises:
         TypeError / ValueError as :func:`shard_argmax`, and for a malformed
-        ``temperature``, ``seed`` or ``offset``.
+        ``temperature``, ``seed`` or ``offset``. A NaN, negative or infinite
+        temperature value: ValueError on CPU (read by the kernel, so eager and
+        torch.compile alike); on CUDA that row's key is 0 ("no valid entry"),
+        which the ``lm_head_*`` steps turn into an error.
     """
     if num_valid is None:
         num_valid = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else 0
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_sample_args(hidden, temperature, seed, offset)
-    check_temperature_values(temperature)
+    check_path_arg(path, weight.device)
     return torch.ops.localargmax.shard_sample.default(hidden, weight, bias, vocab_start, num_valid, temperature,
-                                                      seed, offset)
+                                                      seed, offset, path)
 
 
 def decode_keys(keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -301,20 +214,20 @@ def decode_keys(keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.library.register_fake("localargmax::shard_argmax")
-def _shard_argmax_fake(hidden, weight, bias, vocab_start, num_valid):
+def _shard_argmax_fake(hidden, weight, bias, vocab_start, num_valid, path="auto"):
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     return hidden.new_empty((hidden.shape[0],), dtype=torch.int64)
 
 
 @torch.library.register_fake("localargmax::shard_topk")
-def _shard_topk_fake(hidden, weight, bias, vocab_start, num_valid, k):
+def _shard_topk_fake(hidden, weight, bias, vocab_start, num_valid, k, path="auto"):
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_topk_arg(k)
     return hidden.new_empty((hidden.shape[0], k), dtype=torch.int64)
 
 
 @torch.library.register_fake("localargmax::shard_sample")
-def _shard_sample_fake(hidden, weight, bias, vocab_start, num_valid, temperature, seed, offset):
+def _shard_sample_fake(hidden, weight, bias, vocab_start, num_valid, temperature, seed, offset, path="auto"):
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_sample_args(hidden, temperature, seed, offset)
     return hidden.new_empty((hidden.shape[0],), dtype=torch.int64)

@@ -2,12 +2,102 @@
 kernel, one collective, merge, d2t."""
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
 
-from .collective import _SIGN_BIT, Group, check_step_consistency, debug_enabled, exchange_keys
-from .ops import check_d2t_arg, merge_keys, shard_argmax, shard_sample, shard_topk
+from . import envs
+from ._validation import check_d2t_arg
+from .collective import Group, check_step_consistency, exchange_keys, frame_keys
+from .ops import merge_keys, shard_argmax, shard_sample, shard_topk
+from .packed_key import SIGN_FLIP, key_index
+
+
+def _debug_check(group: Group, hidden, weight, d2t, k: int = 1) -> None:
+    """With ``LOCALARGMAX_DEBUG=1``, all-gather what each rank was called with
+    and raise ValueError on every rank if they differ (before the key
+    exchange, which cannot survive ranks that disagree on its size). The one
+    place every step calls."""
+    if not envs.LOCALARGMAX_DEBUG:
+        return
+    shape = lambda t, d: t.shape[d] if isinstance(t, torch.Tensor) and t.dim() == 2 else -1  # noqa: E731
+    check_step_consistency(
+        group,
+        [shape(hidden, 0), shape(hidden, 1), shape(weight, 0), d2t.shape[0] if isinstance(d2t, torch.Tensor) else -1, k],
+        ["batch size", "hidden size", "shard rows", "d2t length", "k"],
+    )
+
+
+def _host_checks(t: torch.Tensor) -> bool:
+    """Whether a check may read ``t`` on the host: CPU tensors outside
+    torch.compile. Elsewhere checks are folded into one device-side assert."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def _exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: int, d2t):
+    """The step's exchange: this rank's keys plus a 3-word header
+    (:func:`localargmax.collective.frame_keys`), then the checks that use only
+    what every rank received, so all ranks reach the same verdict and none is
+    left inside a later collective:
+
+    * every rank sent as many keys as this one (same batch size and ``k``);
+    * every nonzero key decodes to an id below ``vocab_total``, the end of the
+      valid vocabulary over all ranks (a corrupt exchange cannot yield an id
+      outside the vocabulary);
+    * ``d2t``, if given, covers every draft id ``[0, vocab_total)``.
+
+    Returns ``(keys [tp, *keys.shape], ok)``: on the host (CPU, eager) the
+    checks raise ValueError at once and ``ok`` is None; on a device (or under
+    torch.compile) ``ok`` is a bool tensor for :func:`_assert_ids` (no host
+    synchronisation).
+    """
+    n = keys.numel()
+    gathered = exchange_keys(frame_keys(keys, vocab_end), group, reduce)
+    body = gathered[:, :n].reshape(gathered.shape[0], *keys.shape)
+    sizes, neg_sizes, ends = gathered[:, n], gathered[:, n + 1], gathered[:, n + 2]
+    vocab_total = ends.max()
+    out_of_range = (body != 0) & (key_index(body) >= vocab_total)
+    if not _host_checks(keys):
+        ok = (sizes == n + 1).all() & (neg_sizes == -(n + 1)).all() & ~out_of_range.any()
+        if d2t is not None:
+            ok = ok & (vocab_total <= d2t.shape[0])
+        return body, ok
+    if not (bool((sizes == n + 1).all()) and bool((neg_sizes == -(n + 1)).all())):
+        sent = [v - 1 for v in sizes.tolist()] if reduce == "all_gather" else f"between {-int(neg_sizes[0]) - 1} and {int(sizes[0]) - 1}"
+        raise ValueError(
+            f"the TP ranks disagree on the size of this step's key exchange: this rank sent {n} keys "
+            f"(shape {tuple(keys.shape)}), the ranks sent {sent}; every rank must be called with the same batch size "
+            "(and k). LOCALARGMAX_DEBUG=1 checks this before the collective and names the ranks."
+        )
+    if bool(out_of_range.any()):
+        bad = int(key_index(body)[out_of_range][0])
+        raise ValueError(
+            f"a received key decodes to vocabulary id {bad}, outside the valid vocabulary [0, {int(vocab_total)}) "
+            "of the TP ranks: the key exchange was corrupted (ranks out of step?)"
+        )
+    if d2t is not None and d2t.shape[0] < int(vocab_total):
+        raise ValueError(
+            f"d2t has {d2t.shape[0]} entries but the draft vocabulary of the TP ranks spans ids [0, {int(vocab_total)}): "
+            "d2t must map every draft id (check it once at load time with localargmax.validate_d2t)"
+        )
+    return body, None
+
+
+def _assert_ids(ids: torch.Tensor, ok) -> torch.Tensor:
+    """On a device: one asynchronous assert (no host sync) that the exchange
+    checks passed and every id is valid (``merge_keys`` gives -1 on CUDA for a
+    row with no valid entry or a draft id outside ``d2t``). It surfaces as a
+    device-side assertion error at the next synchronisation."""
+    if ok is not None:
+        torch._assert_async(ok & (ids >= 0).all(), "localargmax: invalid key exchange or token id (see lm_head_argmax's Raises)")
+    return ids
+
+
+def _vocab_end(weight, vocab_start: int, num_valid: Optional[int]) -> int:
+    """End of this shard's valid ids; 0 for an empty shard (it holds none)."""
+    valid = weight.shape[0] if num_valid is None else num_valid
+    return vocab_start + valid if valid else 0
 
 
 def lm_head_argmax(
@@ -50,38 +140,52 @@ def lm_head_argmax(
     Raises:
         TypeError / ValueError naming the argument for malformed inputs (see
         :func:`localargmax.shard_argmax`, :func:`localargmax.exchange_keys`).
-        With ``LOCALARGMAX_DEBUG=1`` every step first all-gathers the batch
-        size, hidden size, shard rows and d2t length and raises ValueError on
-        every rank if they differ. Without it, ranks called with different
-        batch sizes make the collective fail or, on gloo, can return wrong
-        ids: the batch size is trusted per step. A rank that never arrives
-        surfaces as the group's own timeout (``init_process_group(timeout=...)``).
+        Every step also checks, from what all ranks received (so every rank
+        reaches the same verdict and none is left waiting): that the ranks
+        sent the same number of keys, that every received key decodes to an
+        id inside the ranks' valid vocabulary, and that ``d2t`` covers it.
+        On CPU these raise ValueError at once; on CUDA (no host sync per
+        step) they, and a row without any valid entry, trip one asynchronous
+        device-side assert (``torch._assert_async``, one small kernel per
+        step) that raises at the next synchronisation. No id outside the
+        vocabulary is ever returned. With ``LOCALARGMAX_DEBUG=1`` every step
+        first all-gathers the batch size, hidden size, shard rows and d2t
+        length and raises ValueError naming the ranks that differ; without
+        it, ranks called with different batch sizes make the collective fail
+        (gloo may abort the process; NCCL may wait for the group's timeout)
+        or raise the ValueError above. A rank that never arrives surfaces as
+        the group's own timeout (``init_process_group(timeout=...)``).
     """
-    if debug_enabled():
-        check_step_consistency(
-            group,
-            [hidden.shape[0] if hidden.dim() else -1, hidden.shape[-1] if hidden.dim() else -1,
-             weight.shape[0] if weight.dim() else -1, 0 if d2t is None else d2t.shape[0]],
-            ["batch size", "hidden size", "shard rows", "d2t length"],
-        )
+    _debug_check(group, hidden, weight, d2t)
     keys = shard_argmax(hidden, weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias)
-    gathered = exchange_keys(keys, group, reduce)
+    if d2t is not None:
+        check_d2t_arg(d2t, keys.device)
+    gathered, ok = _exchange_checked(keys, group, reduce, _vocab_end(weight, vocab_start, num_valid), d2t)
     ids, _ = merge_keys(gathered, d2t)
-    return ids
-
+    return _assert_ids(ids, ok)
 
 
 def _resolve_temperature(temperature, hidden: torch.Tensor) -> torch.Tensor:
+    """``temperature`` (a Python number or a tensor ``[B]`` / ``[]``) as the
+    float32 ``[B]`` tensor :func:`localargmax.shard_sample` takes. Values are
+    checked where they are known on the host: a Python number here, a tensor
+    of another float dtype here before its cast to float32 (a tiny negative
+    float64 would round to -0.0), a float32 tensor by the CPU kernel."""
     if not isinstance(hidden, torch.Tensor):
         raise TypeError(f"hidden must be a torch.Tensor [batch, hidden_size], got {type(hidden).__name__}")
     if hidden.dim() != 2:
         raise ValueError(f"hidden must be 2-D [batch, hidden_size], got shape {tuple(hidden.shape)}")
     if isinstance(temperature, torch.Tensor):
+        if not temperature.is_floating_point():
+            raise TypeError(f"temperature must be a float32 tensor [batch={hidden.shape[0]}], got {temperature.dtype}")
         if temperature.dim() == 0:
             temperature = temperature.reshape(1).expand(hidden.shape[0])
-        return temperature.to(torch.float32).contiguous()  # values checked by shard_sample
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise ValueError(f"temperature must be a float >= 0 (0 = greedy) or a float32 tensor [B], got {temperature!r}")
+        if temperature.dtype != torch.float32 and _host_checks(temperature):
+            if not bool(((temperature >= 0) & temperature.isfinite()).all()):
+                raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {temperature.tolist()}")
+        return temperature.to(torch.float32).contiguous()
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature must be a finite float >= 0 (0 = greedy) or a float32 tensor [B], got {temperature!r}")
     return torch.full((hidden.shape[0],), float(temperature), dtype=torch.float32, device=hidden.device)
 
 
@@ -120,20 +224,21 @@ def lm_head_topk(
     """
     if group is None and isinstance(num_valid, int) and isinstance(k, int) and 1 <= k and num_valid < k:
         raise ValueError(f"k={k} exceeds the valid vocabulary (num_valid={num_valid})")
+    _debug_check(group, hidden, weight, d2t, k)
     keys = shard_topk(hidden, weight, k, vocab_start=vocab_start, num_valid=num_valid, bias=bias)
     if d2t is not None:
         check_d2t_arg(d2t, keys.device)
-    gathered = exchange_keys(keys, group, "all_gather")  # [tp, B, k]
+    gathered, ok = _exchange_checked(keys, group, "all_gather", _vocab_end(weight, vocab_start, num_valid), d2t)
     batch = keys.shape[0]
     if batch == 0:
         return keys.new_empty((0, k)), keys.new_empty((0, k), dtype=torch.float32)
-    candidates = gathered.permute(1, 0, 2).reshape(batch, -1) ^ _SIGN_BIT  # signed order == unsigned order
-    merged = candidates.topk(k, dim=1, sorted=True).values ^ _SIGN_BIT
-    if merged.device.type == "cpu" and not torch.compiler.is_compiling() and bool((merged == 0).any()):
+    candidates = gathered.permute(1, 0, 2).reshape(batch, -1) ^ SIGN_FLIP  # signed order == unsigned order
+    merged = candidates.topk(k, dim=1, sorted=True).values ^ SIGN_FLIP
+    if _host_checks(merged) and bool((merged == 0).any()):
         raise ValueError(f"k={k} exceeds the valid vocabulary summed over all ranks")
     # merge_keys of [1, B*k] decodes every kept key and applies d2t (range-checked on CPU)
     ids, values = merge_keys(merged.reshape(1, -1), d2t)
-    return ids.view(batch, k), values.view(batch, k)
+    return _assert_ids(ids, ok).view(batch, k), values.view(batch, k)
 
 
 def lm_head_sample(
@@ -159,8 +264,13 @@ def lm_head_sample(
     (tp-invariant sampling); one key per row per rank is exchanged.
 
     Args:
-        temperature: a float ``>= 0`` or a float32 tensor ``[B]``; ``T == 0``
-            rows are greedy.
+        temperature: a finite float ``>= 0`` or a float32 tensor ``[B]`` (or
+            ``[]``); ``T == 0`` rows are greedy. Every ``T > 0``, however
+            small, samples ``softmax(logits / T)``: the kernels score
+            ``logit + T * g`` for ``T < 1`` (the same argmax as
+            ``logit / T + g``, without its overflow), so a ``T`` small enough
+            to round the noise away gives the greedy id. ``T = inf`` is
+            refused (it would make a banned ``-inf`` logit NaN, and NaN wins).
         seed: ``0 <= seed < 2**63``; offset: Philox subsequence of row 0
             (advance by ``B`` per step for fresh noise).
         Others: as in :func:`lm_head_argmax`.
@@ -169,10 +279,18 @@ def lm_head_sample(
         ``[B]`` int64 sampled ids (target ids with ``d2t``), the same on every rank.
 
     Raises:
-        TypeError / ValueError naming the argument for malformed inputs, a
-        negative or NaN temperature (checked for CPU tensors and Python floats).
+        TypeError / ValueError naming the argument for malformed inputs; ValueError
+        for a negative, NaN or infinite temperature: for a Python number or a
+        CPU tensor at once, eager or under torch.compile (the CPU kernel reads
+        the values); on CUDA the kernel gives such a row no valid key and the
+        step's device-side assert raises (see :func:`lm_head_argmax`). The
+        exchange is checked as in :func:`lm_head_argmax`.
     """
     t = _resolve_temperature(temperature, hidden)
+    _debug_check(group, hidden, weight, d2t)
     keys = shard_sample(hidden, weight, t, seed, offset, vocab_start=vocab_start, num_valid=num_valid, bias=bias)
-    ids, _ = merge_keys(exchange_keys(keys, group, reduce), d2t)
-    return ids
+    if d2t is not None:
+        check_d2t_arg(d2t, keys.device)
+    gathered, ok = _exchange_checked(keys, group, reduce, _vocab_end(weight, vocab_start, num_valid), d2t)
+    ids, _ = merge_keys(gathered, d2t)
+    return _assert_ids(ids, ok)

@@ -317,12 +317,14 @@ def simulated_argmax(hidden, shards, *, d2t=None, reduce="all_gather"):
     that returns the stacked keys of all shards (all-gather) or their emulated
     all-reduce MAX (``[1, B]``). Asserts that every rank passes its own keys
     and that all ranks return the same ids; returns them."""
-    keys = shard_keys(hidden, shards)
-    exchanged = keys if reduce == "all_gather" else allreduce_max(keys)
+    from helpers import stack_frames
+
+    frames = stack_frames(shard_keys(hidden, shards), [(s.vocab_start, s.num_valid) for _, _, s in shards])
+    exchanged = frames if reduce == "all_gather" else allreduce_max(frames)
     out = None
     for r, (w, b, s) in enumerate(shards):
         def group(k, r=r):
-            assert torch.equal(k, keys[r]), f"rank {r} passed keys that are not its shard's"
+            assert torch.equal(k, frames[r]), f"rank {r} passed keys that are not its shard's"
             return exchanged
 
         ids = localargmax.lm_head_argmax(hidden, w, vocab_start=s.vocab_start, num_valid=s.num_valid, bias=b, d2t=d2t,
@@ -335,15 +337,16 @@ def simulated_argmax(hidden, shards, *, d2t=None, reduce="all_gather"):
 def simulated_topk(hidden, shards, k, *, d2t=None):
     """lm_head_topk on every simulated rank with a callable all-gather of the
     ``[B, k]`` top-k keys; returns (ids, values) of rank 0 after checking all agree."""
-    keys = torch.stack([
-        localargmax.shard_topk(hidden, w, k, vocab_start=s.vocab_start, num_valid=s.num_valid, bias=b)
-        for w, b, s in shards
-    ])
+    from helpers import stack_frames
+
+    keys = [localargmax.shard_topk(hidden, w, k, vocab_start=s.vocab_start, num_valid=s.num_valid, bias=b)
+            for w, b, s in shards]
+    frames = stack_frames(keys, [(s.vocab_start, s.num_valid) for _, _, s in shards])
     out = None
     for r, (w, b, s) in enumerate(shards):
         def group(x, r=r):
-            assert torch.equal(x, keys[r])
-            return keys
+            assert torch.equal(x, frames[r])
+            return frames
 
         ids, values = localargmax.lm_head_topk(hidden, w, k, vocab_start=s.vocab_start, num_valid=s.num_valid, bias=b,
                                                d2t=d2t, group=group)

@@ -333,6 +333,17 @@ class RankFailure(AssertionError):
     """One or more ranks raised, crashed, or did not finish in time."""
 
 
+def stack_frames(keys, layouts) -> torch.Tensor:
+    """What a real all-gather returns in a step's exchange: every simulated
+    rank's framed payload (its keys plus the 3-word header of
+    ``localargmax.collective.frame_keys``), stacked rank-major. For callable
+    groups that play the other ranks in one process. ``layouts``: each
+    rank's ``(vocab_start, num_valid)``."""
+    from localargmax.collective import frame_keys
+
+    return torch.stack([frame_keys(k, int(s) + int(n) if n else 0) for k, (s, n) in zip(keys, layouts)])
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

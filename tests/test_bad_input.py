@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import localargmax
-from helpers import ref_argmax
+from helpers import ref_argmax, stack_frames
 
 H = 8
 ROWS = 6
@@ -159,7 +159,7 @@ def test_callable_group_all_gather(gen):
     shards = [torch.randn(ROWS, H, generator=gen) for _ in range(3)]
     keys = [localargmax.shard_argmax(hidden, w, vocab_start=r * ROWS) for r, w in enumerate(shards)]
     ids = localargmax.lm_head_argmax(
-        hidden, shards[1], vocab_start=ROWS, group=lambda k: torch.stack([keys[0], k, keys[2]])
+        hidden, shards[1], vocab_start=ROWS, group=lambda k: stack_frames(keys, [(r * ROWS, ROWS) for r in range(3)])
     )
     assert torch.equal(ids, ref_argmax(hidden, torch.cat(shards)))
 

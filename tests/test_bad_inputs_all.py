@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import localargmax
+from helpers import stack_frames
 
 H = 8
 ROWS = 6
@@ -150,7 +151,8 @@ def test_topk_rejects_bad_k(entry, k):
 def test_lm_head_topk_k_past_valid_vocabulary():
     _check(LT, (_t(B, H), _t(ROWS, H), ROWS + 1), {}, ValueError, "exceeds the valid vocabulary")
     _check(LT, (_t(B, H), _t(ROWS, H), 3), {"num_valid": 2}, ValueError, "exceeds the valid vocabulary")
-    keys = torch.stack([localargmax.shard_topk(_t(B, H), _t(ROWS, H), 4, num_valid=1, vocab_start=r) for r in range(2)])
+    keys = stack_frames([localargmax.shard_topk(_t(B, H), _t(ROWS, H), 4, num_valid=1, vocab_start=r) for r in range(2)],
+                        [(0, 1), (1, 1)])
     _check(LT, (_t(B, H), _t(ROWS, H), 4), {"num_valid": 1, "group": lambda k: keys}, ValueError,
            "exceeds the valid vocabulary")
 

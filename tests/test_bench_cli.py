@@ -102,12 +102,12 @@ def test_smoke_run_json(tmp_path):
         tp, batch = r["tp"], r["batch"]
         if r["method"].startswith("fused"):
             assert r["agree"] == 1.0, r
-            assert r["bytes_sent_per_rank"] == 8 * batch
+            assert r["bytes_sent_per_rank"] == framed_bytes(batch)
         if r["method"] == "full-gather":
             assert r["bytes_sent_per_rank"] == ITEMSIZE[r["dtype"]] * batch * r["rows"]
             assert r["speedup_vs_full_gather"] == 1.0
         if r["method"] == "fused-allreduce":
-            assert r["bytes_recv_per_rank"] == round(2 * (tp - 1) / tp * 8 * batch)
+            assert r["bytes_recv_per_rank"] == round(2 * (tp - 1) / tp * framed_bytes(batch))
         else:
             assert r["bytes_recv_per_rank"] == (tp - 1) * r["bytes_sent_per_rank"]
         assert (r["draft_vocab"] is not None) == ("d2t" in r["shape"])
@@ -143,7 +143,7 @@ def test_smoke_topk_json(tmp_path):
         assert 0.0 <= r["agree"] <= 1.0
         if r["method"] == "fused":
             assert r["agree"] == 1.0, r  # exact float32 order == the float64 reference top-4
-            assert r["bytes_sent_per_rank"] == 8 * 4 * r["batch"]
+            assert r["bytes_sent_per_rank"] == framed_bytes(r["batch"], 4)
     table = format_table(rows, kernel_only=False).splitlines()
     assert table[0].split()[:5] == ["method", "shape", "tp", "batch", "k"]
 
@@ -157,7 +157,7 @@ def test_smoke_sample_json(tmp_path):
         assert r["ranks_agree"] == 1.0, r  # full-gather too: every rank's generator has the same seed
         if r["method"] == "fused":
             assert r["tp_invariance"] == 1.0, r
-            assert r["bytes_sent_per_rank"] == 8 * r["batch"]
+            assert r["bytes_sent_per_rank"] == framed_bytes(r["batch"])
         else:
             assert r["tp_invariance"] is None
     assert format_table(rows, kernel_only=False).splitlines()[0].split()[-2:] == ["agree", "tp_inv"]
@@ -202,13 +202,21 @@ def test_kernel_only_smoke_has_gbps(tmp_path):
             assert r["speedup_vs_torch"] > 0
 
 
+def framed_bytes(batch, k=1):
+    """Bytes of the payload the step really sends (frame_keys of its keys)."""
+    from localargmax.collective import frame_keys
+
+    return frame_keys(torch.zeros(batch, k, dtype=torch.int64), 0).numel() * 8
+
+
 def test_comm_bytes():
     assert comm_bytes("full-gather", 8, 15264, 2, 4) == (8 * 15264 * 2, 3 * 8 * 15264 * 2)
     assert comm_bytes("unfused-local", 8, 15264, 2, 4) == (64, 192)
-    assert comm_bytes("fused", 8, 15264, 2, 4) == (64, 192)
-    assert comm_bytes("fused-allreduce", 8, 15264, 2, 4) == (64, 96)
-    assert comm_bytes("fused-allreduce", 8, 15264, 2, 1) == (64, 0)
-    assert comm_bytes("fused", 8, 15264, 2, 4, k=16) == (8 * 16 * 8, 3 * 8 * 16 * 8)  # topk: one key per candidate
+    assert comm_bytes("fused", 8, 15264, 2, 4) == (framed_bytes(8), 3 * framed_bytes(8))
+    assert comm_bytes("fused-allreduce", 8, 15264, 2, 4) == (framed_bytes(8), round(1.5 * framed_bytes(8)))
+    assert comm_bytes("fused-allreduce", 8, 15264, 2, 1) == (framed_bytes(8), 0)
+    # topk: one key per candidate
+    assert comm_bytes("fused", 8, 15264, 2, 4, k=16) == (framed_bytes(8, 16), 3 * framed_bytes(8, 16))
     assert comm_bytes("full-gather", 8, 15264, 2, 4, k=16) == (8 * 15264 * 2, 3 * 8 * 15264 * 2)
 
 

@@ -293,21 +293,18 @@ def test_cross_block_batch_sizes(gen, batch):
 
 
 def _keys_under(monkeypatch, isa, threads, hidden, weight, bias, num_valid):
-    if isa == "generic":
-        monkeypatch.setenv("LOCALARGMAX_CPU_ISA", "generic")
-    else:
-        monkeypatch.delenv("LOCALARGMAX_CPU_ISA", raising=False)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return localargmax.shard_argmax(hidden, weight, bias=bias, num_valid=num_valid)
+        return localargmax.shard_argmax(hidden, weight, bias=bias, num_valid=num_valid,
+                                        path="generic" if isa == "generic" else "auto")
     finally:
         torch.set_num_threads(old)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
 def test_isa_and_threads_bit_identical(gen, monkeypatch, dtype):
-    """LOCALARGMAX_CPU_ISA=generic vs the default ISA, 1 vs 2 threads:
+    """path="generic" vs the default ISA, 1 vs 2 threads:
     bit-identical keys for every hidden width and shard height."""
     compared = 0
     for hsize in HSIZES:
@@ -497,6 +494,7 @@ def _worker_main(rank, world, seed):
                 full, rank, ws, group=groups[tp]) and None)
     # -- 6b. LOCALARGMAX_DEBUG=1: one rank with another batch / hidden size / d2t length
     os.environ["LOCALARGMAX_DEBUG"] = "1"
+    localargmax.envs.reload()
     try:
         for tp in (2, 3):
             if rank >= tp:
@@ -521,6 +519,7 @@ def _worker_main(rank, world, seed):
                     h, weight, vocab_start=rank * 64, group=group, reduce=reduce))
     finally:
         del os.environ["LOCALARGMAX_DEBUG"]
+        localargmax.envs.reload()
     return out
 
 

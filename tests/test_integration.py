@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import localargmax
-from helpers import run_ranks
+from helpers import run_ranks, stack_frames
 from localargmax.reference import reference_argmax
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,13 +111,13 @@ def test_callable_group_is_an_all_gather(gen):
     hidden, weight = _problem(gen, 5, 900, 16)
     want = reference_argmax(hidden, weight)
     shards = [localargmax.VocabParallelLMHead.from_full(weight, r, 3) for r in range(3)]
-    keys = torch.stack([localargmax.shard_argmax(hidden, h.weight, vocab_start=h.vocab_start, num_valid=h.num_valid)
-                        for h in shards])
+    keys = stack_frames([localargmax.shard_argmax(hidden, h.weight, vocab_start=h.vocab_start, num_valid=h.num_valid)
+                         for h in shards], [(h.vocab_start, h.num_valid) for h in shards])
     for r, h in enumerate(shards):  # each "rank" sees the others' keys through the engine's gather
         ids = localargmax.lm_head_argmax(hidden, h.weight, vocab_start=h.vocab_start, num_valid=h.num_valid,
                                          group=lambda k: keys)
         assert torch.equal(ids, want)
-    with pytest.raises(ValueError, match=r"must return keys \[tp, 5\] \(B=5\)"):
+    with pytest.raises(ValueError, match=r"must return \[tp, 8\], an all-gather"):
         localargmax.lm_head_argmax(hidden, weight, group=lambda k: k)
     with pytest.raises(ValueError, match="reduce='all_gather'"):
         localargmax.lm_head_argmax(hidden, weight, group=lambda k: keys, reduce="all_reduce")

@@ -21,7 +21,8 @@ def test_ops_exist_with_cpu_kernel(name):
 def test_schemas():
     """The schemas of csrc/ops.cpp: integer outputs, no aliasing, no mutation."""
     assert str(torch.ops.localargmax.shard_argmax.default._schema) == (
-        "localargmax::shard_argmax(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid) -> Tensor"
+        "localargmax::shard_argmax(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, "
+        'str path="auto") -> Tensor'
     )
     assert str(torch.ops.localargmax.merge_keys.default._schema) == (
         "localargmax::merge_keys(Tensor keys, Tensor? d2t) -> (Tensor, Tensor)"

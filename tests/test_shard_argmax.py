@@ -399,8 +399,7 @@ def test_float16_subnormal_weights(gen, monkeypatch, isa):
     """fp16 subnormal weights (the half -> float conversion's subnormal path):
     the exact winner and its exact value, H >= 8 so the AVX2 path converts
     with F16C and the tail in software."""
-    if isa == "generic":
-        monkeypatch.setenv("LOCALARGMAX_CPU_ISA", "generic")
+    path = "generic" if isa == "generic" else "auto"
     vocab, hsize = 300, 11
     k = torch.randperm(1023, generator=gen)[:vocab] + 1  # distinct subnormal mantissas
     sub = (k.double() * 2.0**-24).to(torch.float16)
@@ -412,7 +411,7 @@ def test_float16_subnormal_weights(gen, monkeypatch, isa):
     hidden = torch.zeros((2, hsize), dtype=torch.float16)
     hidden[0, col] = 1.0
     hidden[1, (col + 3) % hsize] = 2.0
-    ids, values = localargmax.decode_keys(localargmax.shard_argmax(hidden, weight))
+    ids, values = localargmax.decode_keys(localargmax.shard_argmax(hidden, weight, path=path))
     want = ref_argmax(hidden, weight)
     assert torch.equal(ids, want)
     assert int(want[0]) == int(k.argmax()) and int(want[1]) == int(k.argmin())
@@ -424,11 +423,11 @@ def test_float16_subnormal_weights(gen, monkeypatch, isa):
 # ----------------------------------------------------------------------------
 
 
-def _logit_at(hidden, weight, row, vocab_start=0):
+def _logit_at(hidden, weight, row, vocab_start=0, path="auto"):
     """The float32 logit of local `row` alone: every other row gets bias -inf."""
     bias = torch.full((weight.shape[0],), float("-inf"))
     bias[row] = 0.0
-    keys = localargmax.shard_argmax(hidden, weight, vocab_start=vocab_start, bias=bias)
+    keys = localargmax.shard_argmax(hidden, weight, vocab_start=vocab_start, bias=bias, path=path)
     ids, values = localargmax.decode_keys(keys)
     assert ids.eq(vocab_start + row).all()
     return values
@@ -494,12 +493,10 @@ def test_generic_isa_matches_default(gen, monkeypatch, dtype, hsize):
     bias = torch.randn(rows, generator=gen)
     results = {}
     for isa in ("default", "generic", "default"):
-        if isa == "generic":
-            monkeypatch.setenv("LOCALARGMAX_CPU_ISA", "generic")
-        else:
-            monkeypatch.delenv("LOCALARGMAX_CPU_ISA", raising=False)
+        path = "generic" if isa == "generic" else "auto"
         results.setdefault(isa, []).append(
-            [localargmax.shard_argmax(hidden, weight, num_valid=nv, bias=b) for nv in (rows, 600) for b in (None, bias)]
+            [localargmax.shard_argmax(hidden, weight, num_valid=nv, bias=b, path=path) for nv in (rows, 600)
+             for b in (None, bias)]
         )
     # also every row's own logit (not just the winner), through the bias trick
     weight = weight.clone()
@@ -507,12 +504,8 @@ def test_generic_isa_matches_default(gen, monkeypatch, dtype, hsize):
     weight[9, -1] = -1.0
     for row in (0, 1, 5, 9, 63, 64, 600, 776):
         vals = []
-        for isa in ("default", "generic"):
-            if isa == "generic":
-                monkeypatch.setenv("LOCALARGMAX_CPU_ISA", "generic")
-            else:
-                monkeypatch.delenv("LOCALARGMAX_CPU_ISA", raising=False)
-            vals.append(_logit_at(hidden, weight, row))
+        for path in ("auto", "generic"):
+            vals.append(_logit_at(hidden, weight, row, path=path))
         assert same_float32(vals[0], vals[1]), f"row {row} logit differs between ISA variants"
     default_a, default_b = results["default"]
     for got, ref_a, ref_b in zip(results["generic"][0], default_a, default_b):

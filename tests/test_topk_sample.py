@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import localargmax
-from helpers import run_ranks
+from helpers import run_ranks, stack_frames
 
 # ------------------------------------------------------------------ references
 
@@ -75,7 +75,8 @@ def shards_of(weight, tp, pad_to, bias=None, pad_fill=1e4):
 def simulated_topk(hidden, weight, k, tp, pad_to, bias=None, d2t=None):
     """lm_head_topk on every simulated rank, the key exchange done by a callable."""
     shards = shards_of(weight, tp, pad_to, bias)
-    keys = torch.stack([localargmax.shard_topk(hidden, w, k, vocab_start=s, num_valid=n, bias=b) for w, b, s, n in shards])
+    keys = stack_frames([localargmax.shard_topk(hidden, w, k, vocab_start=s, num_valid=n, bias=b) for w, b, s, n in shards],
+                        [(s, n) for _, _, s, n in shards])
     results = [localargmax.lm_head_topk(hidden, w, k, vocab_start=s, num_valid=n, bias=b, d2t=d2t, group=lambda x: keys)
                for w, b, s, n in shards]
     for ids, values in results[1:]:
@@ -86,8 +87,8 @@ def simulated_topk(hidden, weight, k, tp, pad_to, bias=None, d2t=None):
 def simulated_sample(hidden, weight, tp, pad_to, temperature, seed, offset=0, d2t=None, reduce="all_gather"):
     shards = shards_of(weight, tp, pad_to)
     t = temperature if isinstance(temperature, torch.Tensor) else torch.full((hidden.shape[0],), float(temperature))
-    keys = torch.stack([localargmax.shard_sample(hidden, w, t, seed, offset, vocab_start=s, num_valid=n)
-                        for w, b, s, n in shards])
+    keys = stack_frames([localargmax.shard_sample(hidden, w, t, seed, offset, vocab_start=s, num_valid=n)
+                         for w, b, s, n in shards], [(s, n) for _, _, s, n in shards])
     ids = [localargmax.lm_head_sample(hidden, w, temperature=temperature, seed=seed, offset=offset, vocab_start=s,
                                       num_valid=n, d2t=d2t, group=lambda x: keys) for w, b, s, n in shards]
     for i in ids[1:]:

@@ -58,4 +58,20 @@ LAM_HD float gumbel_noise(uint64_t seed, uint64_t row, uint64_t index) {
   return static_cast<float>(-log(-log(u)));
 }
 
+// A temperature the samplers accept: finite and >= 0 (0 = greedy). NaN, a
+// negative or an infinite T has no distribution behind it (T = inf would give
+// -inf / inf = NaN for a banned token, and NaN wins the argmax).
+LAM_HD bool valid_temperature(float t) { return t >= 0.0f && t <= 3.40282347e38f; }
+
+// The Gumbel-max score of logit s at temperature t > 0 with noise g: its
+// argmax over the vocabulary is a sample of softmax(logits / t). Computed as
+// s / t + g for t >= 1 and as t * (s / t + g) = s + t * g for t < 1, so that
+// neither form can overflow (s / t did for tiny t: every logit became +-inf,
+// the row tied and the smallest index won). Multiplying a row's scores by
+// t > 0 keeps their order, so both forms sample the same distribution; as
+// t -> 0+ the noise term vanishes and the score is the logit itself (greedy,
+// ties to the smallest index). One function for every CPU and CUDA kernel:
+// the same float operations, so the sample is the same on every rank.
+LAM_HD float gumbel_score(float s, float t, float g) { return t >= 1.0f ? s / t + g : s + t * g; }
+
 }  // namespace localargmax

@@ -11,10 +11,12 @@
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "../checks.h"
+#include "../common/philox.h"
 #include "shard_argmax_tiles.h"
 
 namespace localargmax {
@@ -23,15 +25,23 @@ namespace {
 
 using TilesFn = void (*)(const ShardArgmaxProblem&, int64_t, int64_t, float*, uint64_t*);
 
-// AVX2 + FMA + F16C when the CPU has them, unless LOCALARGMAX_CPU_ISA=generic.
-// Both variants give bit-identical keys (see shard_argmax_tiles.h).
-TilesFn pick_tiles_fn() {
-  const char* isa = std::getenv("LOCALARGMAX_CPU_ISA");
-  if (isa != nullptr && std::strcmp(isa, "generic") == 0) return shard_argmax_tiles_generic;
+bool cpu_has_avx2() {
 #if defined(__x86_64__) || defined(__i386__)
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) return shard_argmax_tiles_avx2;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+  return false;
 #endif
-  return shard_argmax_tiles_generic;
+}
+
+// The CPU paths: "avx2" (AVX2 + FMA + F16C), "generic" (baseline ISA), "auto"
+// = avx2 when the CPU has it. Both give bit-identical keys (see
+// shard_argmax_tiles.h).
+TilesFn pick_tiles_fn(const std::string& path) {
+  TORCH_CHECK_VALUE(path == "auto" || path == "generic" || path == "avx2",
+                    "shard_argmax: path must be 'auto', 'generic' or 'avx2' on CPU, got '", path, "'");
+  if (path == "generic") return shard_argmax_tiles_generic;
+  TORCH_CHECK_VALUE(path == "auto" || cpu_has_avx2(), "shard_argmax: path='avx2' needs a CPU with AVX2, FMA and F16C");
+  return cpu_has_avx2() ? shard_argmax_tiles_avx2 : shard_argmax_tiles_generic;
 }
 
 WeightDtype weight_dtype_of(at::ScalarType t) {
@@ -48,7 +58,8 @@ WeightDtype weight_dtype_of(at::ScalarType t) {
 // on thread ids or timing.
 at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                         int64_t vocab_start, int64_t num_valid, int64_t topk, const at::Tensor& temperature,
-                        uint64_t seed, uint64_t offset) {
+                        uint64_t seed, uint64_t offset, const std::string& path) {
+  const TilesFn tiles_fn = pick_tiles_fn(path);
   const int64_t batch = hidden.size(0);
   const int64_t hidden_size = hidden.size(1);
   at::Tensor keys = at::zeros({batch, topk}, hidden.options().dtype(at::kLong));
@@ -82,7 +93,6 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
   const int64_t num_chunks = std::min<int64_t>(num_tiles, 4 * static_cast<int64_t>(at::get_num_threads()));
   const int64_t per_chunk = batch * topk;
   std::vector<uint64_t> partial(static_cast<size_t>(num_chunks * per_chunk), 0);
-  const TilesFn tiles_fn = pick_tiles_fn();
   at::parallel_for(0, num_chunks, 1, [&](int64_t c_begin, int64_t c_end) {
     std::vector<float> scratch(static_cast<size_t>(4 * hidden_pad + kLanes));
     for (int64_t c = c_begin; c < c_end; ++c) {
@@ -109,25 +119,32 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
 
 at::Tensor shard_argmax_cpu(const at::Tensor& hidden, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, int64_t vocab_start,
-                            int64_t num_valid) {
+                            int64_t num_valid, c10::string_view path) {
   check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
-  return reduce_shard(hidden, weight, bias, vocab_start, num_valid, 1, at::Tensor(), 0, 0).view({-1});
+  return reduce_shard(hidden, weight, bias, vocab_start, num_valid, 1, at::Tensor(), 0, 0, std::string(path)).view({-1});
 }
 
 at::Tensor shard_topk_cpu(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                          int64_t vocab_start, int64_t num_valid, int64_t k) {
+                          int64_t vocab_start, int64_t num_valid, int64_t k, c10::string_view path) {
   check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
   check_topk_arg(k);
-  return reduce_shard(hidden, weight, bias, vocab_start, num_valid, k, at::Tensor(), 0, 0);
+  return reduce_shard(hidden, weight, bias, vocab_start, num_valid, k, at::Tensor(), 0, 0, std::string(path));
 }
 
 at::Tensor shard_sample_cpu(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                             int64_t vocab_start, int64_t num_valid, const at::Tensor& temperature, int64_t seed,
-                            int64_t offset) {
+                            int64_t offset, c10::string_view path) {
   check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
   check_sample_args(hidden, temperature, offset);
+  // Values are read here, on the host, so that eager and compiled calls refuse
+  // the same temperatures (the CUDA kernel gives such rows key 0 instead).
+  const at::Tensor t = temperature.contiguous();
+  const float* tp = t.data_ptr<float>();
+  for (int64_t b = 0; b < t.numel(); ++b)
+    TORCH_CHECK_VALUE(valid_temperature(tp[b]), "shard_sample: temperature must be finite and >= 0 (0 = greedy), got ",
+                      tp[b], " at row ", b);
   return reduce_shard(hidden, weight, bias, vocab_start, num_valid, 1, temperature, static_cast<uint64_t>(seed),
-                      static_cast<uint64_t>(offset))
+                      static_cast<uint64_t>(offset), std::string(path))
       .view({-1});
 }
 

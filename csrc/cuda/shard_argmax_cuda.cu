@@ -13,8 +13,8 @@
 // by blockIdx.y in a grid-stride loop (grid y stays <= 65535).
 //
 // bf16 / fp16 argmax and sample have two more paths, chosen per call by
-// pick_path() (its comment lists the environment variables that force one;
-// the benchmark uses them to time every path side by side):
+// pick_path() from the ops' `path` argument ("auto" by default; the benchmark
+// forces each path to time them side by side):
 //   "mma"  the tensor-core fused kernel (shard_argmax_mma_kernel.cuh, sm_80+);
 //   "gemm" for large batches: cuBLAS computes float32 logits for a chunk of
 //          batch rows (at::mm with out_dtype float32: torch's caching
@@ -31,7 +31,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -69,15 +68,6 @@ constexpr int64_t kDefaultGemmMinBatch = 128;
 
 enum class Path { kSimt, kMma, kGemm };
 
-int64_t env_int(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  const long long x = std::strtoll(v, &end, 10);
-  TORCH_CHECK_VALUE(end != nullptr && *end == '\0' && x >= 1, name, " must be an integer >= 1, got '", v, "'");
-  return x;
-}
-
 // Whether the tensor-core kernel takes this problem.
 template <typename T>
 bool mma_ok(const ShardArgmaxProblem<T>& p, const at::Tensor& weight) {
@@ -89,24 +79,31 @@ bool mma_ok(const ShardArgmaxProblem<T>& p, const at::Tensor& weight) {
   return major >= 8 && mma_takes(p);
 }
 
-// LOCALARGMAX_CUDA_PATH=auto (default) | simt | mma | gemm forces a path
-// where that path exists (mma: bf16 / fp16 on sm_80+ with the shapes mma_ok
-// takes; gemm: bf16 / fp16; neither for top-k); elsewhere the simt kernel runs.
-// LOCALARGMAX_CUDA_GEMM_MIN_BATCH=N moves auto's switch from mma to gemm.
-// Read on every call (getenv, no host sync), so a benchmark can flip paths
-// between calls.
+// The `path` argument of the ops: "auto" (default), "simt", "mma" or "gemm".
+// auto: top-k and float32 run on simt; bf16 / fp16 on gemm from batch
+// kDefaultGemmMinBatch, else on mma where mma_ok takes the inputs, else simt.
+// A forced path that cannot take the inputs raises ValueError (it never falls
+// back silently: the paths sum in different orders).
 template <typename T>
-Path pick_path(const ShardArgmaxProblem<T>& p, const at::Tensor& weight, bool topk_mode) {
-  const char* forced = std::getenv("LOCALARGMAX_CUDA_PATH");
-  const std::string mode = forced == nullptr || *forced == '\0' ? "auto" : forced;
-  TORCH_CHECK_VALUE(mode == "auto" || mode == "simt" || mode == "mma" || mode == "gemm",
-                    "LOCALARGMAX_CUDA_PATH must be auto, simt, mma or gemm, got '", mode, "'");
+Path pick_path(const ShardArgmaxProblem<T>& p, const at::Tensor& weight, bool topk_mode, const std::string& path) {
+  TORCH_CHECK_VALUE(path == "auto" || path == "simt" || path == "mma" || path == "gemm",
+                    "shard_argmax: path must be 'auto', 'simt', 'mma' or 'gemm' on CUDA, got '", path, "'");
   const bool half = weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kHalf;
-  if (topk_mode || !half || mode == "simt") return Path::kSimt;
-  if (mode == "gemm") return Path::kGemm;
+  if (path == "simt") return Path::kSimt;
+  if (path != "auto") {
+    TORCH_CHECK_VALUE(!topk_mode, "shard_topk: path='", path, "' does not exist for top-k; use 'auto' or 'simt'");
+    TORCH_CHECK_VALUE(half, "shard_argmax: path='", path, "' needs bfloat16 or float16 weights, got ",
+                      weight.scalar_type());
+  }
+  if (path == "gemm") return Path::kGemm;
+  if (topk_mode || !half) return Path::kSimt;
   const bool mma = mma_ok(p, weight);
-  if (mode == "mma") return mma ? Path::kMma : Path::kSimt;
-  if (p.batch >= env_int("LOCALARGMAX_CUDA_GEMM_MIN_BATCH", kDefaultGemmMinBatch)) return Path::kGemm;
+  if (path == "mma") {
+    TORCH_CHECK_VALUE(mma, "shard_argmax: path='mma' needs sm_80+, hidden_size and row strides multiples of 8 and "
+                      "16-byte aligned hidden / weight data");
+    return Path::kMma;
+  }
+  if (p.batch >= kDefaultGemmMinBatch) return Path::kGemm;
   return mma ? Path::kMma : Path::kSimt;
 }
 
@@ -130,7 +127,7 @@ void launch_gemm(const ShardArgmaxProblem<T>& p, const at::Tensor& hidden, const
 template <typename T>
 void launch_typed(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
                   const at::Tensor& bias_f, int64_t vocab_start, int64_t num_valid, const ShardReduce& out,
-                  bool topk_mode) {
+                  bool topk_mode, const std::string& path) {
   const ShardArgmaxProblem<T> p{reinterpret_cast<const T*>(hidden.data_ptr()),
                                 row_stride(hidden),
                                 reinterpret_cast<const T*>(weight.data_ptr()),
@@ -142,24 +139,19 @@ void launch_typed(const at::Tensor& hidden, const at::Tensor& weight, const at::
                                 num_valid,
                                 vocab_start,
                                 out};
-  if constexpr (std::is_same_v<T, float>) {
-    if (topk_mode) return launch_simt<T, true>(p, CudaLaunch{});
-    return launch_simt<T, false>(p, CudaLaunch{});
-  } else {
-    switch (pick_path(p, weight, topk_mode)) {
-      case Path::kGemm: return launch_gemm(p, hidden, weight);
-      case Path::kMma: return launch_mma(p, CudaLaunch{});
-      case Path::kSimt: break;
-    }
-    if (topk_mode) return launch_simt<T, true>(p, CudaLaunch{});
-    return launch_simt<T, false>(p, CudaLaunch{});
+  const Path chosen = pick_path(p, weight, topk_mode, path);  // float32: always kSimt (or it raised)
+  if constexpr (!std::is_same_v<T, float>) {
+    if (chosen == Path::kGemm) return launch_gemm(p, hidden, weight);
+    if (chosen == Path::kMma) return launch_mma(p, CudaLaunch{});
   }
+  if (topk_mode) return launch_simt<T, true>(p, CudaLaunch{});
+  return launch_simt<T, false>(p, CudaLaunch{});
 }
 
 // Runs the fused kernel (or the gemm path, see pick_path) in one mode on the
 // current stream, under a device guard.
 void launch(const at::Tensor& hidden_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-            int64_t vocab_start, int64_t num_valid, const ShardReduce& out, bool topk_mode) {
+            int64_t vocab_start, int64_t num_valid, const ShardReduce& out, bool topk_mode, const std::string& path) {
   const at::Tensor hidden = hidden_in.stride(1) == 1 ? hidden_in : hidden_in.contiguous();
   TORCH_CHECK_VALUE(num_valid < (int64_t{1} << 31) - kRowsPerBlock,
                     "shard_argmax: a CUDA shard holds fewer than 2**31 rows, got num_valid=", num_valid);
@@ -173,10 +165,13 @@ void launch(const at::Tensor& hidden_in, const at::Tensor& weight, const std::op
       bias_t = bias->contiguous();
   }
   switch (weight.scalar_type()) {
-    case at::kFloat: return launch_typed<float>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out, topk_mode);
-    case at::kHalf: return launch_typed<__half>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out, topk_mode);
+    case at::kFloat:
+      return launch_typed<float>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out, topk_mode, path);
+    case at::kHalf:
+      return launch_typed<__half>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out, topk_mode, path);
     case at::kBFloat16:
-      return launch_typed<__nv_bfloat16>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out, topk_mode);
+      return launch_typed<__nv_bfloat16>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out, topk_mode,
+                                         path);
     default: TORCH_CHECK_TYPE(false, "shard_argmax: unsupported dtype ", weight.scalar_type());
   }
 }
@@ -184,18 +179,20 @@ void launch(const at::Tensor& hidden_in, const at::Tensor& weight, const std::op
 unsigned long long* key_ptr(at::Tensor& t) { return reinterpret_cast<unsigned long long*>(t.data_ptr<int64_t>()); }
 
 at::Tensor shard_argmax_cuda(const at::Tensor& hidden, const at::Tensor& weight,
-                             const std::optional<at::Tensor>& bias, int64_t vocab_start, int64_t num_valid) {
+                             const std::optional<at::Tensor>& bias, int64_t vocab_start, int64_t num_valid,
+                             c10::string_view path) {
   check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
   const c10::cuda::CUDAGuard guard(weight.device());
   at::Tensor keys = at::zeros({hidden.size(0)}, hidden.options().dtype(at::kLong));  // memset on the current stream
   if (hidden.size(0) == 0 || num_valid == 0) return keys;
-  launch(hidden, weight, bias, vocab_start, num_valid, ShardReduce{key_ptr(keys), nullptr, 1, nullptr, 0, 0}, false);
+  launch(hidden, weight, bias, vocab_start, num_valid, ShardReduce{key_ptr(keys), nullptr, 1, nullptr, 0, 0}, false,
+         std::string(path));
   return keys;
 }
 
 at::Tensor shard_sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                              int64_t vocab_start, int64_t num_valid, const at::Tensor& temperature, int64_t seed,
-                             int64_t offset) {
+                             int64_t offset, c10::string_view path) {
   check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
   check_sample_args(hidden, temperature, offset);
   const c10::cuda::CUDAGuard guard(weight.device());
@@ -205,14 +202,14 @@ at::Tensor shard_sample_cuda(const at::Tensor& hidden, const at::Tensor& weight,
   launch(hidden, weight, bias, vocab_start, num_valid,
          ShardReduce{key_ptr(keys), nullptr, 1, t.data_ptr<float>(), static_cast<uint64_t>(seed),
                      static_cast<uint64_t>(offset)},
-         false);
+         false, std::string(path));
   return keys;
 }
 
 // Top-k: each block's top-k per batch row, then torch.topk over the blocks'
 // lists (on sign-flipped keys: signed order == unsigned order).
 at::Tensor shard_topk_cuda(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                           int64_t vocab_start, int64_t num_valid, int64_t k) {
+                           int64_t vocab_start, int64_t num_valid, int64_t k, c10::string_view path) {
   check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
   check_topk_arg(k);
   const c10::cuda::CUDAGuard guard(weight.device());
@@ -222,8 +219,8 @@ at::Tensor shard_topk_cuda(const at::Tensor& hidden, const at::Tensor& weight, c
   at::Tensor block_topk = at::empty({blocks_x, batch, k}, hidden.options().dtype(at::kLong));
   launch(hidden, weight, bias, vocab_start, num_valid, ShardReduce{nullptr, key_ptr(block_topk), static_cast<int>(k),
                                                                    nullptr, 0, 0},
-         true);
-  const int64_t sign = std::numeric_limits<int64_t>::min();
+         true, std::string(path));
+  const int64_t sign = static_cast<int64_t>(kSignFlip);  // signed order of key ^ sign == unsigned order of key
   at::Tensor flipped = block_topk.permute({1, 0, 2}).reshape({batch, blocks_x * k}).bitwise_xor(sign);
   const int64_t kept = std::min<int64_t>(k, blocks_x * k);
   return std::get<0>(flipped.topk(kept, 1, true, true)).bitwise_xor(sign);

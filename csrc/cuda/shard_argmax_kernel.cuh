@@ -93,14 +93,18 @@ struct ShardArgmaxProblem {
 };
 
 // The key of logit s (bias already added) of batch row b at global_index:
-// sampling rows (temperature T > 0) carry s / T + Gumbel(seed, offset + b,
-// global_index) (common/philox.h; the CPU kernel's emit() does the same),
-// greedy rows the logit. Every CUDA kernel ends in this one function.
+// sampling rows (temperature T > 0) carry gumbel_score(s, T, Gumbel(seed,
+// offset + b, global_index)) (common/philox.h; the CPU kernel's emit() does
+// the same), greedy rows the logit. A row with an invalid temperature (NaN,
+// negative, infinite) gets key 0 everywhere, "no valid entry", which the step
+// turns into an error (the CPU kernel raises before it starts). Every CUDA
+// kernel ends in this one function.
 __device__ __forceinline__ unsigned long long key_of(float s, int64_t b, uint64_t global_index,
                                                      const ShardReduce& out) {
   if (out.temperature != nullptr) {
     const float t = out.temperature[b];
-    if (t > 0.0f) s = __fadd_rn(__fdiv_rn(s, t), gumbel_noise(out.seed, out.offset + static_cast<uint64_t>(b), global_index));
+    if (!valid_temperature(t)) return kNoEntryKey;
+    if (t > 0.0f) s = gumbel_score(s, t, gumbel_noise(out.seed, out.offset + static_cast<uint64_t>(b), global_index));
   }
   return pack_key(s, global_index);
 }

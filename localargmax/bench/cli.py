@@ -9,6 +9,8 @@ import shlex
 import sys
 from typing import List, Optional
 
+from .. import envs
+
 DESCRIPTION = """\
 Benchmark token selection from a vocab-parallel lm_head under tensor
 parallelism (TP): greedy ids (--op argmax, the default), top-k (--op topk) or
@@ -86,7 +88,7 @@ columns:
                       device copy counted as read + write bytes;
                       vs_torch = torch-matmul-max median / this median.
                       On CUDA with bf16/fp16 the fused op is also timed on
-                      each of its paths, forced with LOCALARGMAX_CUDA_PATH:
+                      each of its paths, forced with shard_argmax(path=...):
                       fused-simt (CUDA cores), fused-mma (tensor cores),
                       gemm-keys (cuBLAS float32 logits, then keys); the
                       fused-kernel row is the path it picks itself (JSON
@@ -181,7 +183,7 @@ def make_config(args, command: List[str]):
     from .. import MAX_TOPK
     from .runner import OP_METHODS, RunConfig, under_torchrun
 
-    smoke = args.smoke or os.environ.get(SMOKE_ENV, "") not in ("", "0")
+    smoke = args.smoke or envs.LOCALARGMAX_BENCH_SMOKE
     synthetic = args.model != "minilm"
     if (args.vocab or args.hidden) and args.model != "synthetic":
         raise UsageError("--vocab/--hidden go with --model synthetic")

@@ -5,7 +5,7 @@ Rows per shard:
 * ``fused-kernel``: ``localargmax.shard_argmax`` (logits never written), on the
   path it picks by itself (``cuda_path`` "auto");
 * on CUDA with bf16 / fp16, the same op forced onto each of its paths
-  (``LOCALARGMAX_CUDA_PATH``): ``fused-simt`` (CUDA-core kernel), ``fused-mma``
+  (the op's ``path`` argument): ``fused-simt`` (CUDA-core kernel), ``fused-mma``
   (tensor-core kernel), ``gemm-keys`` (cuBLAS float32 logits + keys kernel),
   so one run shows where each path wins;
 * ``lm-head-step``: the whole step ``localargmax.lm_head_argmax`` (kernel,
@@ -34,12 +34,9 @@ than the last-level cache anyway. CUDA times with CUDA events, CPU with
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 import time
 from typing import Callable, List
-from unittest import mock
 
 import numpy as np
 import torch
@@ -80,17 +77,9 @@ def as_float32_matrix(weight: torch.Tensor) -> torch.Tensor:
     return flat[: 4 * n32].view(torch.float32).view(-1, cols)
 
 
-# Rows that force one CUDA path of shard_argmax (LOCALARGMAX_CUDA_PATH, see
+# Rows that force one CUDA path of shard_argmax (its `path` argument, see
 # csrc/cuda/shard_argmax_cuda.cu): bf16 / fp16 on CUDA only.
 CUDA_PATH_METHODS = {"simt": "fused-simt", "mma": "fused-mma", "gemm": "gemm-keys"}
-
-
-def forced_cuda_path(path):
-    """Context: LOCALARGMAX_CUDA_PATH = ``path`` for the block, then restored
-    (``None``: left alone)."""
-    if path is None:
-        return contextlib.nullcontext()
-    return mock.patch.dict(os.environ, {"LOCALARGMAX_CUDA_PATH": path})
 
 
 def as_int64_flat(weight: torch.Tensor) -> torch.Tensor:
@@ -182,11 +171,11 @@ def run_kernel_only(cfg: RunConfig, shape: Shape, rows: int, budget_s: float) ->
                    ("fused-kernel", fused, None),
                    ("lm-head-step", lambda w: lm_head_argmax(hidden, w, group=group), None)]
         if cuda and dtype in (torch.bfloat16, torch.float16):
-            methods += [(name, fused, path) for path, name in CUDA_PATH_METHODS.items()]
+            methods += [(name, lambda w, p=path: shard_argmax(hidden, w, path=p), path)
+                        for path, name in CUDA_PATH_METHODS.items()]
         for method, fn, path in methods:
             print(f"  {method} B={batch} ...", file=sys.stderr)
-            with forced_cuda_path(path):
-                times, out = time_calls(fn, buffers, cfg.steps, cfg.warmup, budget_s, cuda)
+            times, out = time_calls(fn, buffers, cfg.steps, cfg.warmup, budget_s, cuda)
             ids = out if method in ("torch-matmul-max", "lm-head-step") else decode_keys(out)[0]
             row = _row(method, batch, times, nbytes, common)
             row["cuda_path"] = path if path is not None else ("auto" if cuda else None)

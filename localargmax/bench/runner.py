@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from .. import lm_head_argmax, lm_head_sample, lm_head_topk
+from ..collective import HEADER_LEN
 from ..baselines import (FLOAT32_EXACT_INDEX_LIMIT, full_gather_argmax, full_gather_sample, full_gather_topk,
                          unfused_local_argmax)
 from . import report
@@ -79,13 +80,19 @@ def comm_bytes(method: str, batch: int, rows: int, itemsize: int, tp: int, k: in
     """``(bytes_sent_per_rank, bytes_recv_per_rank)`` of one step.
 
     Sent is the payload a rank contributes: the ``[batch, rows]`` logits in the
-    weight dtype for full-gather, 8 bytes per row otherwise (two float32 for
-    unfused-local, one int64 key for fused*), times ``k`` for fused top-k (one
-    key per candidate). Received is ``(tp - 1) * payload`` for an all-gather and
+    weight dtype for full-gather, 8 bytes per row for unfused-local (two
+    float32), and for fused* one int64 key per row (times ``k`` for top-k) plus
+    the 24-byte header of the step's exchange (DESIGN.md, "The step's
+    exchange"). Received is ``(tp - 1) * payload`` for an all-gather and
     the ring all-reduce estimate ``2 * (tp - 1) / tp * payload`` for
     fused-allreduce.
     """
-    payload = batch * rows * itemsize if method == "full-gather" else 8 * k * batch
+    if method == "full-gather":
+        payload = batch * rows * itemsize
+    elif method == "unfused-local":
+        payload = 8 * batch
+    else:
+        payload = 8 * (k * batch + HEADER_LEN)
     if method == "fused-allreduce":
         return payload, int(round(2 * (tp - 1) / tp * payload))
     return payload, (tp - 1) * payload

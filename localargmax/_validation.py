@@ -1,0 +1,130 @@
+"""Argument checks of the ops (localargmax/ops.py), shared by the public
+wrappers and the fake (meta) kernels. Each raises TypeError / ValueError
+naming the argument and what it must be; the C++ kernels check the same
+things again (csrc/checks.h) so that direct ``torch.ops.localargmax.*`` calls
+can never crash or read out of bounds."""
+from __future__ import annotations
+
+import torch
+
+from .packed_key import MAX_GLOBAL_INDEX
+
+MAX_TOPK = 64
+"""Largest k of :func:`localargmax.shard_topk`."""
+
+PATHS = {"cpu": ("auto", "generic", "avx2"), "cuda": ("auto", "simt", "mma", "gemm")}
+"""The kernel paths the ops' ``path`` argument names, per device type."""
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_tensor(name: str, value, dims: str) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor {dims}, got {type(value).__name__}")
+
+
+def check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid) -> None:
+    """Raise ValueError/TypeError naming the argument if the shard_argmax inputs
+    are malformed. Shared by the public wrapper and the fake kernel."""
+    _check_tensor("hidden", hidden, "[batch, hidden_size]")
+    _check_tensor("weight", weight, "[rows, hidden_size]")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D [rows, hidden_size], got shape {tuple(weight.shape)}")
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden must be 2-D [batch, hidden_size], got shape {tuple(hidden.shape)}")
+    if weight.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"weight dtype must be float32, bfloat16 or float16, got {weight.dtype}")
+    if hidden.dtype != weight.dtype:
+        raise TypeError(f"hidden dtype ({hidden.dtype}) must equal weight dtype ({weight.dtype})")
+    if hidden.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"hidden is {tuple(hidden.shape)} and weight is {tuple(weight.shape)}: "
+            "their last dimension (hidden_size) must match"
+        )
+    if hidden.device != weight.device:
+        raise ValueError(f"hidden is on {hidden.device} but weight is on {weight.device}; both must be on one device")
+    if weight.shape[1] > 1 and weight.stride(1) != 1:
+        raise ValueError(
+            f"weight rows must be contiguous (stride(1) == 1), got strides {weight.stride()}; "
+            "call weight.contiguous() once at load time"
+        )
+    for name, value in (("vocab_start", vocab_start), ("num_valid", num_valid)):
+        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if vocab_start < 0:
+        raise ValueError(f"vocab_start must be >= 0, got {vocab_start}")
+    rows = weight.shape[0]
+    if not 0 <= num_valid <= rows:
+        raise ValueError(f"num_valid must be in [0, rows={rows}], got {num_valid}")
+    if num_valid > 0 and vocab_start + num_valid - 1 > MAX_GLOBAL_INDEX:
+        raise ValueError(
+            f"global indices up to vocab_start + num_valid - 1 = {vocab_start + num_valid - 1} exceed "
+            f"{MAX_GLOBAL_INDEX}, the largest index a packed key holds (32 bits)"
+        )
+    if bias is not None:
+        _check_tensor("bias", bias, f"[rows={rows}]")
+        if bias.dim() != 1 or bias.shape[0] != rows:
+            raise ValueError(f"bias must be 1-D [rows={rows}], got shape {tuple(bias.shape)}")
+        if bias.dtype not in (torch.float32, weight.dtype):
+            raise TypeError(f"bias dtype must be float32 or the weight dtype ({weight.dtype}), got {bias.dtype}")
+        if bias.device != weight.device:
+            raise ValueError(f"bias is on {bias.device} but weight is on {weight.device}")
+
+
+def check_merge_keys_args(keys, d2t) -> None:
+    """Raise ValueError/TypeError naming the argument if merge_keys inputs are malformed."""
+    _check_tensor("keys", keys, "[tp, batch] or [batch]")
+    if keys.dim() not in (1, 2):
+        raise ValueError(f"keys must be [tp, batch] or [batch], got shape {tuple(keys.shape)}")
+    if keys.dtype != torch.int64:
+        raise TypeError(f"keys must be int64 packed keys, got {keys.dtype}")
+    if keys.dim() == 2 and keys.shape[0] == 0 and keys.shape[1] > 0:
+        raise ValueError(f"keys has 0 ranks (shape {tuple(keys.shape)})")
+    if d2t is not None:
+        check_d2t_arg(d2t, keys.device)
+
+
+def check_d2t_arg(d2t, device) -> None:
+    """Per-step d2t checks (dtype, rank, device); its contents are checked once
+    at load time by :func:`localargmax.validate_d2t`."""
+    _check_tensor("d2t", d2t, "[draft_vocab] int64")
+    if d2t.dim() != 1:
+        raise ValueError(f"d2t must be 1-D [draft_vocab], got shape {tuple(d2t.shape)}")
+    if d2t.dtype != torch.int64:
+        raise TypeError(f"d2t must be int64, got {d2t.dtype}")
+    if d2t.device != device:
+        raise ValueError(f"d2t is on {d2t.device} but the keys are on {device}")
+
+
+
+
+
+def check_topk_arg(k) -> None:
+    if isinstance(k, bool) or not isinstance(k, (int, torch.SymInt)) or not 1 <= k <= MAX_TOPK:
+        raise ValueError(f"k must be an int in [1, {MAX_TOPK}], got {k!r}")
+
+
+def check_sample_args(hidden, temperature, seed, offset) -> None:
+    _check_tensor("temperature", temperature, f"[batch={hidden.shape[0]}] float32")
+    if temperature.dim() != 1 or temperature.shape[0] != hidden.shape[0]:
+        raise ValueError(f"temperature must be 1-D [batch={hidden.shape[0]}], got shape {tuple(temperature.shape)}")
+    if temperature.dtype != torch.float32:
+        raise TypeError(f"temperature must be float32, got {temperature.dtype}")
+    if temperature.device != hidden.device:
+        raise ValueError(f"temperature is on {temperature.device} but hidden is on {hidden.device}")
+    for name, value in (("seed", seed), ("offset", offset)):
+        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or not 0 <= value < 2**63:
+            raise ValueError(f"{name} must be an int in [0, 2**63), got {value!r}")
+
+
+def check_path_arg(path, device: torch.device) -> None:
+    """``path`` must be one of :data:`PATHS` for the device type (whether the
+    path can take the inputs is decided by the kernel, which raises ValueError
+    rather than falling back)."""
+    allowed = PATHS.get(device.type, ("auto",))
+    if not isinstance(path, str) or path not in allowed:
+        raise ValueError(f"path must be one of {allowed} on {device.type}, got {path!r}")
+

@@ -1,0 +1,92 @@
+"""Every ``LOCALARGMAX_*`` environment variable: its type, default and meaning,
+in one table, each read once (at first use) and cached.
+
+    from localargmax import envs
+    if envs.LOCALARGMAX_DEBUG: ...
+
+Run-time code reads only ``LOCALARGMAX_DEBUG``; kernel paths are chosen by the
+ops' ``path`` argument, never by the environment. The build variables are
+read by setup.py (which loads this file by path, before the package exists),
+the test and benchmark ones by tests/ and ``localargmax.bench``. Call
+:func:`reload` after changing ``os.environ`` in a running process (tests do).
+This module imports nothing from torch or the package.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, NamedTuple
+
+
+class Knob(NamedTuple):
+    parse: Callable[[str], Any]
+    default: Any
+    used_by: str  # "run time", "build", "benchmark" or "tests"
+    meaning: str
+
+
+def _flag(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "on", "yes"):
+        return True
+    if v in ("0", "false", "off", "no", ""):
+        return False
+    raise ValueError(f"expected 0/1 (or true/false, on/off), got {value!r}")
+
+
+def _positive_int(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise ValueError(f"expected an integer >= 1, got {value!r}")
+    return n
+
+
+KNOBS: Dict[str, Knob] = {
+    "LOCALARGMAX_DEBUG": Knob(
+        _flag, False, "run time",
+        "Before every key exchange, all-gather each rank's batch size, hidden size, shard rows, d2t length and k, "
+        "and raise ValueError on every rank, naming the ranks, if they differ (one extra small collective per step)."),
+    "LOCALARGMAX_CUDA": Knob(
+        _flag, True, "build",
+        "Compile the CUDA kernels when torch is a CUDA build and nvcc is found (0: CPU kernels only, ~2 min builds)."),
+    "LOCALARGMAX_CUDA_ARCH": Knob(
+        str, "80;90a;100", "build", "CUDA architectures to compile for, CMake style (sm_80, sm_90a, sm_100)."),
+    "LOCALARGMAX_BUILD_JOBS": Knob(
+        _positive_int, os.cpu_count() or 1, "build", "Parallel compile jobs (default: all cores)."),
+    "LOCALARGMAX_BENCH_SMOKE": Knob(
+        _flag, False, "benchmark", "Same as localargmax-bench --smoke: tiny shapes, for tests."),
+    "LOCALARGMAX_TEST_SEED": Knob(
+        int, 0, "tests", "Seed of the tests' random inputs; 0 draws a fresh one (printed on failure to replay)."),
+    "LOCALARGMAX_STRESS_CASES": Knob(
+        _positive_int, 10000, "tests", "Random cases of the slow stress test (pytest -m slow)."),
+    "LOCALARGMAX_FAULT_START": Knob(
+        str, "forkserver", "tests", "Start method of the multi-rank test launcher: forkserver (fast) or spawn."),
+    "LOCALARGMAX_FAULT_WALL_TIMEOUT": Knob(
+        float, 90.0, "tests", "Seconds after which a multi-rank test launch counts as hung and is killed."),
+}
+
+_cache: Dict[str, Any] = {}
+
+
+def read(name: str) -> Any:
+    """The parsed value of ``name`` (a key of :data:`KNOBS`), read from the
+    environment once and cached. Raises ValueError naming the variable for a
+    value that does not parse, KeyError for an unknown name."""
+    if name not in _cache:
+        knob = KNOBS[name]
+        raw = os.environ.get(name)
+        try:
+            _cache[name] = knob.default if raw is None or raw == "" else knob.parse(raw)
+        except ValueError as e:
+            raise ValueError(f"{name}={raw!r}: {e}") from None
+    return _cache[name]
+
+
+def reload() -> None:
+    """Forget the cached values: the next read sees ``os.environ`` as it is now."""
+    _cache.clear()
+
+
+def __getattr__(name: str) -> Any:
+    if name in KNOBS:
+        return read(name)
+    raise AttributeError(f"module 'localargmax.envs' has no attribute {name!r}")
