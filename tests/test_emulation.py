@@ -210,6 +210,19 @@ def test_sample_equals_cpu_draws(emu, gen, path, dtype, batch, rows, hidden_size
     assert_keys_equal(got, cpu_keys(h, w, b, 64, rows, temperature=temperature, seed=seed, offset=offset), path)
 
 
+@pytest.mark.parametrize("path,dtype", [("simt", torch.float32), ("mma", torch.bfloat16), ("gemm", torch.float16)])
+def test_invalid_temperature_rows_get_key_0(emu, gen, path, dtype):
+    """The CUDA kernels turn a NaN, negative or infinite temperature into key 0
+    ("no valid entry") for that row only; the CPU kernel raises instead."""
+    h, w, b = exact_problem(gen, 6, 130, 16, dtype)
+    temperature = torch.tensor([1.0, float("nan"), -1.0, float("inf"), 0.0, 0.25])
+    got = emu.shard(h, w, b, 0, 130, path=path, temperature=temperature, seed=9, offset=2)
+    assert got[1:4].tolist() == [0, 0, 0]
+    for row in (0, 4, 5):  # the valid rows: the CPU's draw for batch row `row` (Philox subsequence offset + row)
+        want = cpu_keys(h[row:row + 1], w, b, 0, 130, temperature=temperature[row:row + 1], seed=9, offset=2 + row)
+        assert got[row] == want[0], row
+
+
 # --- merge with d2t, empty shards ---
 
 def test_merge_keys_with_d2t_and_an_empty_shard(emu, gen):
