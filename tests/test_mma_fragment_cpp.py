@@ -47,7 +47,7 @@ def test_cpp_test_catches_broken_fragments(tmp_path, mutation):
     old, new = mutation
     header = (CSRC / "common" / "mma_fragment.h").read_text()
     assert old in header, f"mutation anchor {old!r} not found in mma_fragment.h (update this test)"
-    (tmp_path / "common").mkdir()
+    shutil.copytree(CSRC / "common", tmp_path / "common")  # with host_device.h
     (tmp_path / "common" / "mma_fragment.h").write_text(header.replace(old, new))
     proc = _run(tmp_path, tmp_path, 1)
     assert proc.returncode != 0, f"the C++ test passed against a broken header ({old!r} -> {new!r})"

@@ -44,7 +44,7 @@ def test_cpp_test_catches_broken_encoding(tmp_path, mutation):
     old, new = mutation
     header = (CSRC / "common" / "packed_key.h").read_text()
     assert old in header, f"mutation anchor {old!r} not found in packed_key.h (update this test)"
-    (tmp_path / "common").mkdir()
+    shutil.copytree(CSRC / "common", tmp_path / "common")  # with host_device.h
     (tmp_path / "common" / "packed_key.h").write_text(header.replace(old, new))
     binary = _build(tmp_path, tmp_path / "broken")
     proc = subprocess.run([str(binary), "1"], capture_output=True, text=True, timeout=120)

@@ -1,6 +1,6 @@
 // Which k of a 32-element chunk sits in which half of which mma.sync register,
 // for the tensor-core shard-argmax kernel (cuda/shard_argmax_mma_kernel.cuh).
-// __host__ __device__ so tests/cpp/test_mma_fragment.cpp (driven by
+// LAM_HD (host and device) so tests/cpp/test_mma_fragment.cpp (driven by
 // tests/test_mma_fragment_cpp.py) can check it on the CPU against an
 // emulation of mma.sync written from the PTX ISA's fragment tables.
 //
@@ -25,11 +25,7 @@
 // does not depend on where the row sits (DESIGN.md rule 5).
 #pragma once
 
-#if defined(__CUDACC__)
-#define LAM_MMA_HD static __host__ __device__ __forceinline__
-#else
-#define LAM_MMA_HD static inline
-#endif
+#include "host_device.h"
 
 namespace localargmax {
 
@@ -38,7 +34,7 @@ constexpr int kMmaChunkK = 32;  // k elements per chunk: 2 mma steps of k16
 // Offset in [0, 32) of the element that mma step s feeds at mma k-column
 // `col` (0..15) for a lane with thread-in-group t: the inverse of the load
 // pattern above. Lanes with the same t own the same k.
-LAM_MMA_HD int mma_chunk_k(int t, int s, int col) {
+LAM_HD int mma_chunk_k(int t, int s, int col) {
   // col = 2t' + 8h + j; only lanes with t' == t hold it, so t is implied.
   const int h = col / 8;
   const int j = col % 2;
@@ -47,12 +43,12 @@ LAM_MMA_HD int mma_chunk_k(int t, int s, int col) {
 
 // The word (0..3) of a lane's 16-byte load that feeds register `reg` of A
 // (reg 0..3) or of B (reg 0..1) in mma step s.
-LAM_MMA_HD int mma_a_word(int s, int reg) { return 2 * s + reg / 2; }
-LAM_MMA_HD int mma_a_row_half(int reg) { return reg % 2; }  // 0: row g, 1: row g + 8
-LAM_MMA_HD int mma_b_word(int s, int reg) { return 2 * s + reg; }
+LAM_HD int mma_a_word(int s, int reg) { return 2 * s + reg / 2; }
+LAM_HD int mma_a_row_half(int reg) { return reg % 2; }  // 0: row g, 1: row g + 8
+LAM_HD int mma_b_word(int s, int reg) { return 2 * s + reg; }
 
 // Row (0..15) and column (0..7) of accumulator register r (0..3) of lane l.
-LAM_MMA_HD int mma_c_row(int lane, int r) { return lane / 4 + 8 * (r / 2); }
-LAM_MMA_HD int mma_c_col(int lane, int r) { return 2 * (lane % 4) + r % 2; }
+LAM_HD int mma_c_row(int lane, int r) { return lane / 4 + 8 * (r / 2); }
+LAM_HD int mma_c_col(int lane, int r) { return 2 * (lane % 4) + r % 2; }
 
 }  // namespace localargmax

@@ -11,13 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
-// static: every translation unit gets its own copy, so the CPU kernel's ISA
-// variants (compiled with different -m flags) can never share one.
-#if defined(__CUDACC__)
-#define LAM_HD static __host__ __device__ __forceinline__
-#else
-#define LAM_HD static inline
-#endif
+#include "host_device.h"
 
 namespace localargmax {
 

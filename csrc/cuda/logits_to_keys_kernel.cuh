@@ -9,6 +9,7 @@
 
 #include "../common/packed_key.h"
 #include "../common/philox.h"
+#include "device_runtime.cuh"
 #include "shard_argmax_kernel.cuh"
 
 namespace localargmax {
@@ -26,13 +27,18 @@ __device__ __forceinline__ unsigned long long warp_max_key(unsigned long long ke
 }
 
 // grid.x: column blocks of kKeysColumnsPerBlock logits; grid.y walks the
-// batch rows of this chunk (grid-stride, y <= 65535). b0: the chunk's first
-// batch row (for out.keys, temperatures and the Philox subsequence).
+// batch rows of this chunk (grid-stride, y <= 65535). logits: [rows, ldl],
+// batch rows b0 .. b0 + rows - 1 of p (for out.keys, temperatures and the
+// Philox subsequence); p's hidden and weight are not read.
 template <typename T>
 __global__ void __launch_bounds__(kKeysThreads)
     logits_to_keys_kernel(const float* __restrict__ logits, int64_t ldl, int64_t rows, int64_t b0,
-                          int num_valid, const T* __restrict__ bias_t, const float* __restrict__ bias_f,
-                          int64_t vocab_start, ShardReduce out) {
+                          const ShardArgmaxProblem<T> p) {
+  const T* __restrict__ bias_t = p.bias_t;
+  const float* __restrict__ bias_f = p.bias_f;
+  const int num_valid = static_cast<int>(p.num_valid);
+  const int64_t vocab_start = p.vocab_start;
+  const ShardReduce& out = p.out;
   __shared__ unsigned long long warp_best[kKeysThreads / 32];
   const int col0 = static_cast<int>(blockIdx.x) * kKeysColumnsPerBlock;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {

@@ -1,5 +1,6 @@
-// CUDA implementation of localargmax::merge_keys: one launch, one thread per
-// batch row: unsigned max over ranks, decode, optional d2t lookup.
+// CUDA implementation of localargmax::merge_keys: one launch of
+// merge_keys_kernel.cuh, one thread per batch row: unsigned max over ranks,
+// decode, optional d2t lookup.
 // A row with no valid entry (all keys 0), or a draft id outside d2t, cannot
 // raise without a host sync: it gets id -1 and value NaN instead (the CPU
 // implementation raises). lm_head_argmax never produces either: its inputs
@@ -13,29 +14,11 @@
 #include <tuple>
 
 #include "../checks.h"
-#include "../common/packed_key.h"
+#include "merge_keys_kernel.cuh"
 
 namespace localargmax {
 namespace cuda {
 namespace {
-
-__global__ void merge_keys_kernel(const unsigned long long* __restrict__ keys, int64_t tp, int64_t batch,
-                                  bool has_d2t, const int64_t* __restrict__ d2t, int64_t draft_vocab,
-                                  int64_t* __restrict__ ids, float* __restrict__ values) {
-  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (b >= batch) return;
-  unsigned long long best = kNoEntryKey;
-  for (int64_t r = 0; r < tp; ++r) best = max_key(best, keys[r * batch + b]);
-  if (best == kNoEntryKey) {
-    ids[b] = -1;
-    values[b] = __uint_as_float(0x7FC00000u);
-    return;
-  }
-  int64_t id = static_cast<int64_t>(key_index(best));
-  if (has_d2t) id = id < draft_vocab ? id + d2t[id] : -1;
-  ids[b] = id;
-  values[b] = key_value(best);
-}
 
 std::tuple<at::Tensor, at::Tensor> merge_keys_cuda(const at::Tensor& keys_in, const std::optional<at::Tensor>& d2t_in) {
   check_merge_keys_args(keys_in, d2t_in);
@@ -48,9 +31,8 @@ std::tuple<at::Tensor, at::Tensor> merge_keys_cuda(const at::Tensor& keys_in, co
   if (batch == 0) return {ids, values};
   at::Tensor d2t;
   if (d2t_in.has_value()) d2t = d2t_in->contiguous();
-  constexpr int kThreads = 256;
-  const int64_t blocks = (batch + kThreads - 1) / kThreads;
-  merge_keys_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+  const int64_t blocks = (batch + kMergeThreads - 1) / kMergeThreads;
+  merge_keys_kernel<<<static_cast<unsigned>(blocks), kMergeThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
       reinterpret_cast<const unsigned long long*>(keys.data_ptr<int64_t>()), tp, batch, d2t.defined(),
       d2t.defined() ? d2t.data_ptr<int64_t>() : nullptr, d2t.defined() ? d2t.size(0) : 0,
       ids.data_ptr<int64_t>(), values.data_ptr<float>());

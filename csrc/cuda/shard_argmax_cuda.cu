@@ -22,6 +22,9 @@
 //          into the same keys.
 // The kernel above ("simt") serves fp32, top-k, and shapes the mma kernel
 // does not take (hidden_size or strides not multiples of 8, unaligned data).
+// Which instantiation and grid each path launches is decided by the
+// torch-free shard_argmax_launch.cuh, which the host emulation (csrc/emu/)
+// runs too; this file builds the ShardArgmaxProblem and picks the path.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAException.h>
@@ -31,12 +34,11 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "../checks.h"
 
-#include "logits_to_keys_kernel.cuh"
-#include "shard_argmax_kernel.cuh"
-#include "shard_argmax_mma_kernel.cuh"
+#include "shard_argmax_launch.cuh"
 
 namespace localargmax {
 namespace cuda {
@@ -46,44 +48,15 @@ namespace {
 // row's stride(0) is arbitrary, so it counts as its row length.
 int64_t row_stride(const at::Tensor& t) { return t.size(0) > 1 ? t.stride(0) : t.size(1); }
 
-template <typename T, int NB, bool TOPK>
-void launch_nb(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
-               const at::Tensor& bias_f, int64_t vocab_start, int64_t num_valid, const ShardReduce& out) {
-  const int64_t batch = hidden.size(0);
-  const int64_t hidden_size = hidden.size(1);
-  const int64_t ldh = hidden.stride(0);
-  const int64_t ldw = row_stride(weight);
-  constexpr int kVec = 16 / sizeof(T);
-  const auto* hp = reinterpret_cast<const T*>(hidden.data_ptr());
-  const auto* wp = reinterpret_cast<const T*>(weight.data_ptr());
-  const bool vec_ok = hidden_size % kVec == 0 && ldh % kVec == 0 && ldw % kVec == 0 &&
-                      reinterpret_cast<uintptr_t>(hp) % 16 == 0 && reinterpret_cast<uintptr_t>(wp) % 16 == 0;
-  const int64_t blocks_x = (num_valid + kRowsPerBlock - 1) / kRowsPerBlock;
-  const int64_t chunks = (batch + NB - 1) / NB;
-  const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
-  const dim3 block(kWarps * 32);
-  const T* bt = bias_t.defined() ? reinterpret_cast<const T*>(bias_t.data_ptr()) : nullptr;
-  const float* bf = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (vec_ok) {
-    shard_argmax_kernel<T, NB, kVec, TOPK><<<grid, block, 0, stream>>>(hp, ldh, wp, ldw, bt, bf, batch, hidden_size,
-                                                                       num_valid, vocab_start, out);
-  } else {
-    shard_argmax_kernel<T, NB, 1, TOPK><<<grid, block, 0, stream>>>(hp, ldh, wp, ldw, bt, bf, batch, hidden_size,
-                                                                    num_valid, vocab_start, out);
+// Starts kernel<<<grid, block>>>(args...) on the current stream (the
+// launch functor of shard_argmax_launch.cuh).
+struct CudaLaunch {
+  template <typename Kernel, typename... Args>
+  void operator()(const char*, Kernel kernel, dim3 grid, dim3 block, const Args&... args) const {
+    kernel<<<grid, block, 0, c10::cuda::getCurrentCUDAStream()>>>(args...);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-template <typename T, bool TOPK>
-void launch_batch(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
-                  const at::Tensor& bias_f, int64_t vocab_start, int64_t num_valid, const ShardReduce& out) {
-  const int64_t batch = hidden.size(0);
-  if (batch <= 1) return launch_nb<T, 1, TOPK>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
-  if (batch <= 2) return launch_nb<T, 2, TOPK>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
-  if (batch <= 4) return launch_nb<T, 4, TOPK>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
-  return launch_nb<T, 8, TOPK>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
-}
+};
 
 // Batch size from which bf16 / fp16 argmax and sample take the gemm path.
 // NOT MEASURED YET (no GPU was lent to the sessions that wrote this): a guess
@@ -95,20 +68,15 @@ constexpr int64_t kDefaultGemmMinBatch = 128;
 
 enum class Path { kSimt, kMma, kGemm };
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // Whether the tensor-core kernel takes this problem.
-bool mma_ok(const at::Tensor& hidden, const at::Tensor& weight) {
+template <typename T>
+bool mma_ok(const ShardArgmaxProblem<T>& p, const at::Tensor& weight) {
   if (weight.scalar_type() != at::kBFloat16 && weight.scalar_type() != at::kHalf) return false;
   // (cudaDeviceGetAttribute, not ATen/cuda/CUDAContext.h: that header needs
   // cuSPARSE headers, which a minimal toolkit such as CI's lacks.)
   int major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, weight.get_device()));
-  if (major < 8) return false;
-  const int64_t ldw = row_stride(weight);
-  const int64_t ldh = row_stride(hidden);
-  return hidden.size(1) % 8 == 0 && ldw % 8 == 0 && ldh % 8 == 0 && aligned16(weight.data_ptr()) &&
-         aligned16(hidden.data_ptr());
+  return major >= 8 && mma_takes(p);
 }
 
 // The `path` argument of the ops: "auto" (default), "simt", "mma" or "gemm".
@@ -116,7 +84,8 @@ bool mma_ok(const at::Tensor& hidden, const at::Tensor& weight) {
 // kDefaultGemmMinBatch, else on mma where mma_ok takes the inputs, else simt.
 // A forced path that cannot take the inputs raises ValueError (it never falls
 // back silently: the paths sum in different orders).
-Path pick_path(const at::Tensor& hidden, const at::Tensor& weight, bool topk_mode, const std::string& path) {
+template <typename T>
+Path pick_path(const ShardArgmaxProblem<T>& p, const at::Tensor& weight, bool topk_mode, const std::string& path) {
   TORCH_CHECK_VALUE(path == "auto" || path == "simt" || path == "mma" || path == "gemm",
                     "shard_argmax: path must be 'auto', 'simt', 'mma' or 'gemm' on CUDA, got '", path, "'");
   const bool half = weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kHalf;
@@ -128,42 +97,14 @@ Path pick_path(const at::Tensor& hidden, const at::Tensor& weight, bool topk_mod
   }
   if (path == "gemm") return Path::kGemm;
   if (topk_mode || !half) return Path::kSimt;
-  const bool mma = mma_ok(hidden, weight);
+  const bool mma = mma_ok(p, weight);
   if (path == "mma") {
     TORCH_CHECK_VALUE(mma, "shard_argmax: path='mma' needs sm_80+, hidden_size and row strides multiples of 8 and "
                       "16-byte aligned hidden / weight data");
     return Path::kMma;
   }
-  if (hidden.size(0) >= kDefaultGemmMinBatch) return Path::kGemm;
+  if (p.batch >= kDefaultGemmMinBatch) return Path::kGemm;
   return mma ? Path::kMma : Path::kSimt;
-}
-
-template <typename T, int NT, int KV>
-void launch_mma_nt(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
-                   const at::Tensor& bias_f, int64_t vocab_start, int64_t num_valid, const ShardReduce& out) {
-  const int64_t batch = hidden.size(0);
-  const int64_t ldh = row_stride(hidden);
-  const int64_t ldw = row_stride(weight);
-  const int64_t blocks_x = (num_valid + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock;
-  const int64_t chunks = (batch + NT * 8 - 1) / (NT * 8);
-  const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
-  shard_argmax_mma_kernel<T, NT, KV><<<grid, kMmaWarps * 32, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      reinterpret_cast<const T*>(hidden.data_ptr()), ldh, reinterpret_cast<const T*>(weight.data_ptr()), ldw,
-      bias_t.defined() ? reinterpret_cast<const T*>(bias_t.data_ptr()) : nullptr,
-      bias_f.defined() ? bias_f.data_ptr<float>() : nullptr, batch, static_cast<int>(hidden.size(1)),
-      static_cast<int>(num_valid), vocab_start, out);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-template <typename T>
-void launch_mma(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
-                const at::Tensor& bias_f, int64_t vocab_start, int64_t num_valid, const ShardReduce& out) {
-  const int64_t batch = hidden.size(0);
-  // (NT, KV): batch rows per pass / 8, k chunks per step (register budget).
-  if (batch <= 8) return launch_mma_nt<T, 1, 2>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
-  if (batch <= 16) return launch_mma_nt<T, 2, 2>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
-  if (batch <= 32) return launch_mma_nt<T, 4, 1>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
-  return launch_mma_nt<T, 8, 1>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
 }
 
 // The gemm path: logits = hidden_chunk @ weight.T in float32 (cuBLAS, tensor
@@ -173,30 +114,38 @@ void launch_mma(const at::Tensor& hidden, const at::Tensor& weight, const at::Te
 // the same GEMM shape: cuBLAS picks its algorithm (tiles, split-K) per shape,
 // and identical rows on two ranks must still give identical logits (rules 1
 // and 5). Batch rows go in chunks so that one chunk's logits stay <= 256 MiB.
-void launch_gemm(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
-                 const at::Tensor& bias_f, int64_t vocab_start, int64_t num_valid, const ShardReduce& out) {
-  const int64_t batch = hidden.size(0);
-  const at::Tensor& w = weight;
+template <typename T>
+void launch_gemm(const ShardArgmaxProblem<T>& p, const at::Tensor& hidden, const at::Tensor& weight) {
   const int64_t chunk = std::max<int64_t>(1, (int64_t{256} << 20) / 4 / weight.size(0));
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const unsigned blocks_x = static_cast<unsigned>((num_valid + kKeysColumnsPerBlock - 1) / kKeysColumnsPerBlock);
-  for (int64_t b0 = 0; b0 < batch; b0 += chunk) {
-    const int64_t rows = std::min(chunk, batch - b0);
-    const at::Tensor logits = at::mm(hidden.narrow(0, b0, rows), w.t(), at::kFloat);
-    const dim3 grid(blocks_x, static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
-    const float* bf = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
-#define LAM_KEYS(T)                                                                                   \
-  logits_to_keys_kernel<T><<<grid, kKeysThreads, 0, stream>>>(                                        \
-      logits.data_ptr<float>(), logits.stride(0), rows, b0, static_cast<int>(num_valid),              \
-      bias_t.defined() ? reinterpret_cast<const T*>(bias_t.data_ptr()) : nullptr, bf, vocab_start, out)
-    if (weight.scalar_type() == at::kHalf) {
-      LAM_KEYS(__half);
-    } else {
-      LAM_KEYS(__nv_bfloat16);
-    }
-#undef LAM_KEYS
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  for (int64_t b0 = 0; b0 < p.batch; b0 += chunk) {
+    const int64_t rows = std::min(chunk, p.batch - b0);
+    const at::Tensor logits = at::mm(hidden.narrow(0, b0, rows), weight.t(), at::kFloat);
+    launch_logits_to_keys(logits.data_ptr<float>(), logits.stride(0), rows, b0, p, CudaLaunch{});
   }
+}
+
+template <typename T>
+void launch_typed(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
+                  const at::Tensor& bias_f, int64_t vocab_start, int64_t num_valid, const ShardReduce& out,
+                  bool topk_mode, const std::string& path) {
+  const ShardArgmaxProblem<T> p{reinterpret_cast<const T*>(hidden.data_ptr()),
+                                row_stride(hidden),
+                                reinterpret_cast<const T*>(weight.data_ptr()),
+                                row_stride(weight),
+                                bias_t.defined() ? reinterpret_cast<const T*>(bias_t.data_ptr()) : nullptr,
+                                bias_f.defined() ? bias_f.data_ptr<float>() : nullptr,
+                                hidden.size(0),
+                                hidden.size(1),
+                                num_valid,
+                                vocab_start,
+                                out};
+  const Path chosen = pick_path(p, weight, topk_mode, path);  // float32: always kSimt (or it raised)
+  if constexpr (!std::is_same_v<T, float>) {
+    if (chosen == Path::kGemm) return launch_gemm(p, hidden, weight);
+    if (chosen == Path::kMma) return launch_mma(p, CudaLaunch{});
+  }
+  if (topk_mode) return launch_simt<T, true>(p, CudaLaunch{});
+  return launch_simt<T, false>(p, CudaLaunch{});
 }
 
 // Runs the fused kernel (or the gemm path, see pick_path) in one mode on the
@@ -215,25 +164,16 @@ void launch(const at::Tensor& hidden_in, const at::Tensor& weight, const std::op
     else
       bias_t = bias->contiguous();
   }
-  switch (pick_path(hidden, weight, topk_mode, path)) {
-    case Path::kGemm:
-      return launch_gemm(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
-    case Path::kMma:
-      if (weight.scalar_type() == at::kHalf) return launch_mma<__half>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
-      return launch_mma<__nv_bfloat16>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out);
-    case Path::kSimt:
-      break;
-  }
-#define LAM_LAUNCH(T)                                                                          \
-  (topk_mode ? launch_batch<T, true>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out) \
-             : launch_batch<T, false>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out))
   switch (weight.scalar_type()) {
-    case at::kFloat: LAM_LAUNCH(float); break;
-    case at::kHalf: LAM_LAUNCH(__half); break;
-    case at::kBFloat16: LAM_LAUNCH(__nv_bfloat16); break;
+    case at::kFloat:
+      return launch_typed<float>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out, topk_mode, path);
+    case at::kHalf:
+      return launch_typed<__half>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out, topk_mode, path);
+    case at::kBFloat16:
+      return launch_typed<__nv_bfloat16>(hidden, weight, bias_t, bias_f, vocab_start, num_valid, out, topk_mode,
+                                         path);
     default: TORCH_CHECK_TYPE(false, "shard_argmax: unsupported dtype ", weight.scalar_type());
   }
-#undef LAM_LAUNCH
 }
 
 unsigned long long* key_ptr(at::Tensor& t) { return reinterpret_cast<unsigned long long*>(t.data_ptr<int64_t>()); }

@@ -1,11 +1,12 @@
 // The CUDA-core fused shard-argmax kernel (see shard_argmax_cuda.cu for the
-// layout). Kept free of torch headers so that it compiles on its own.
+// layout), and the problem struct every shard kernel takes. Kept free of torch
+// headers so that it compiles on its own, for the GPU and for the host
+// emulation (device_runtime.cuh).
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
+
+#include "device_runtime.cuh"
 
 #include "../common/packed_key.h"
 #include "../common/philox.h"
@@ -74,6 +75,23 @@ struct ShardReduce {
   uint64_t offset;           // sample: Philox subsequence of batch row 0
 };
 
+// One launch over a weight shard: the operands and what to reduce them to
+// (the CUDA side of cpu::ShardArgmaxProblem, csrc/cpu/shard_argmax_tiles.h).
+template <typename T>
+struct ShardArgmaxProblem {
+  const T* hidden;       // [batch, ldh]; rows of hidden_size elements
+  int64_t ldh;           // elements between hidden rows
+  const T* weight;       // [>= num_valid, ldw]; rows of hidden_size elements
+  int64_t ldw;           // elements between weight rows
+  const T* bias_t;       // [num_valid] in T, or nullptr
+  const float* bias_f;   // [num_valid] float32 (with a bf16 / fp16 weight), or nullptr
+  int64_t batch;
+  int64_t hidden_size;
+  int64_t num_valid;     // rows [0, num_valid) are the vocabulary; < 2**31 - 64
+  int64_t vocab_start;   // global index of row 0
+  ShardReduce out;
+};
+
 // The key of logit s (bias already added) of batch row b at global_index:
 // sampling rows (temperature T > 0) carry gumbel_score(s, T, Gumbel(seed,
 // offset + b, global_index)) (common/philox.h; the CPU kernel's emit() does
@@ -99,10 +117,14 @@ template <typename T, int NB, int VEC, bool TOPK>
 // minBlocksPerSM = 2: without it ptxas spilled a 64-bit value to the stack in
 // some instantiations on sm_80 / sm_100 (tests/test_cuda_build.py checks).
 __global__ void __launch_bounds__(kWarps * 32, 2)
-    shard_argmax_kernel(const T* __restrict__ hidden, int64_t ldh, const T* __restrict__ weight,
-                        int64_t ldw, const T* __restrict__ bias_t, const float* __restrict__ bias_f,
-                        int64_t batch, int64_t hidden_size, int64_t num_valid, int64_t vocab_start,
-                        ShardReduce out) {
+    shard_argmax_kernel(const ShardArgmaxProblem<T> p) {
+  const T* __restrict__ hidden = p.hidden;
+  const T* __restrict__ weight = p.weight;
+  const T* __restrict__ bias_t = p.bias_t;
+  const float* __restrict__ bias_f = p.bias_f;
+  const int64_t ldh = p.ldh, ldw = p.ldw, batch = p.batch, hidden_size = p.hidden_size;
+  const int64_t num_valid = p.num_valid, vocab_start = p.vocab_start;
+  const ShardReduce& out = p.out;
   __shared__ unsigned long long block_best[kWarps][NB];
   __shared__ unsigned long long candidates[TOPK ? kRowsPerBlock : 1][NB];
   __shared__ unsigned long long lists[TOPK ? NB : 1][TOPK ? 64 : 1];

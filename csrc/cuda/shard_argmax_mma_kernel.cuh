@@ -18,14 +18,13 @@
 // kernel): hidden_size % 8 == 0, row strides % 8 == 0, 16-byte aligned data.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
 
 #include "../common/mma_fragment.h"
 #include "../common/packed_key.h"
 #include "../common/philox.h"
+#include "device_runtime.cuh"
+#include "mma_sync.cuh"
 #include "shard_argmax_kernel.cuh"
 
 namespace localargmax {
@@ -39,39 +38,6 @@ constexpr int kMmaRowsPerBlock = kMmaWarps * kMmaRowsPerWarp;
 
 __device__ __forceinline__ unsigned int word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], unsigned int a0, unsigned int a1, unsigned int a2,
-                                          unsigned int a3, unsigned int b0, unsigned int b1);
-
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], unsigned int a0, unsigned int a1,
-                                                         unsigned int a2, unsigned int a3, unsigned int b0,
-                                                         unsigned int b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-  __trap();  // the launcher never picks this kernel below sm_80
-#endif
-}
-
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], unsigned int a0, unsigned int a1, unsigned int a2,
-                                                  unsigned int a3, unsigned int b0, unsigned int b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-  __trap();
-#endif
 }
 
 // 16 bytes at p, or zeros when !valid. The weight is streamed (evict first)
@@ -88,7 +54,10 @@ __device__ __forceinline__ uint4 load_hidden16(const void* p, bool valid) {
 
 // NT: n-tiles of 8 batch rows per pass. KV: 32-element k chunks per loop
 // step (KV * 2 KB of weight in flight per warp; more for small NT, where
-// registers are free).
+// registers are free). Takes a ShardArgmaxProblem's fields one by one
+// (launch_mma in shard_argmax_launch.cuh unpacks it; hidden_size and num_valid
+// as int): with the struct itself as the parameter ptxas spilled 8-16 bytes
+// for NT = 2 on sm_90a and NT = 4 on sm_100 (tests/test_cuda_build.py).
 template <typename T, int NT, int KV>
 __global__ void __launch_bounds__(kMmaWarps * 32)
     shard_argmax_mma_kernel(const T* __restrict__ hidden, int64_t ldh, const T* __restrict__ weight, int64_t ldw,

@@ -1,0 +1,14 @@
+// The CUDA device API the kernels use (threadIdx, __syncthreads, shuffles,
+// atomicMax, __ldg, uint4, __half, __nv_bfloat16, ...): the real one under
+// nvcc; under a host C++ compiler the SIMT emulation of csrc/emu/simt_emu.h,
+// which runs the same kernel text on the CPU (tests/test_emulation.py). The
+// kernel headers hold no other compiler switch; the inline PTX sits behind
+// functions with a host definition (mma_sync.cuh).
+#pragma once
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#else
+#include "../emu/simt_emu.h"
+#endif

@@ -1,0 +1,160 @@
+// The CUDA kernels, compiled from their unmodified headers for the host SIMT
+// emulation (simt_emu.h), with the launch choices of shard_argmax_launch.cuh,
+// behind a C ABI for tests/test_emulation.py (ctypes). This translation unit
+// is the instrumented one (-fsanitize=thread hooks, simt_emu.cpp); it must
+// hold no static data of its own: its .bss becomes shared memory.
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "../cuda/merge_keys_kernel.cuh"
+#include "../cuda/shard_argmax_launch.cuh"
+#include "simt_emu_runtime.h"
+
+namespace emu {
+void note_launch(const void* kernel, const char* family);   // simt_emu.cpp
+void name_kernel(const void* kernel, const char* name);
+bool kernels_named();
+}  // namespace emu
+
+namespace localargmax {
+namespace cuda {
+namespace {
+
+template <auto Kernel>
+const char* kernel_name() {
+  return __PRETTY_FUNCTION__;
+}
+
+template <typename T>
+void name_typed() {
+  constexpr int kVec = 16 / sizeof(T);
+  const auto simt = [](auto k, const char* n) { emu::name_kernel(reinterpret_cast<const void*>(k), n); };
+#define LAM_NB(NB)                                                                                        \
+  simt(shard_argmax_kernel<T, NB, kVec, false>, kernel_name<shard_argmax_kernel<T, NB, kVec, false>>()); \
+  simt(shard_argmax_kernel<T, NB, 1, false>, kernel_name<shard_argmax_kernel<T, NB, 1, false>>());       \
+  simt(shard_argmax_kernel<T, NB, kVec, true>, kernel_name<shard_argmax_kernel<T, NB, kVec, true>>());   \
+  simt(shard_argmax_kernel<T, NB, 1, true>, kernel_name<shard_argmax_kernel<T, NB, 1, true>>());
+  LAM_NB(1) LAM_NB(2) LAM_NB(4) LAM_NB(8)
+#undef LAM_NB
+  if constexpr (!std::is_same_v<T, float>) {
+    simt(shard_argmax_mma_kernel<T, 1, 2>, kernel_name<shard_argmax_mma_kernel<T, 1, 2>>());
+    simt(shard_argmax_mma_kernel<T, 2, 2>, kernel_name<shard_argmax_mma_kernel<T, 2, 2>>());
+    simt(shard_argmax_mma_kernel<T, 4, 1>, kernel_name<shard_argmax_mma_kernel<T, 4, 1>>());
+    simt(shard_argmax_mma_kernel<T, 8, 1>, kernel_name<shard_argmax_mma_kernel<T, 8, 1>>());
+    simt(logits_to_keys_kernel<T>, kernel_name<logits_to_keys_kernel<T>>());
+  }
+}
+
+// LAM_EMU_BF16_ONLY: only the bfloat16 instantiations (a third of the compile
+// time), for the mutation tests' many builds.
+#if defined(LAM_EMU_BF16_ONLY)
+constexpr bool kAllDtypes = false;
+#else
+constexpr bool kAllDtypes = true;
+#endif
+
+void name_all() {
+  if (emu::kernels_named()) return;
+  if constexpr (kAllDtypes) name_typed<float>();
+  name_typed<__nv_bfloat16>();
+  if constexpr (kAllDtypes) name_typed<__half>();
+  emu::name_kernel(reinterpret_cast<const void*>(merge_keys_kernel), kernel_name<merge_keys_kernel>());
+}
+
+// The launch functor of shard_argmax_launch.cuh for the emulation.
+struct EmuLaunch {
+  bool* ok;
+  template <typename... P, typename... Args>
+  void operator()(const char* family, void (*kernel)(P...), dim3 grid, dim3 block, const Args&... args) const {
+    auto call = [&] { kernel(args...); };
+    using Call = decltype(call);
+    emu::note_launch(reinterpret_cast<const void*>(kernel), family);
+    *ok = *ok && emu::launch(family, [](void* c) { (*static_cast<Call*>(c))(); }, &call, grid, block);
+  }
+};
+
+template <typename T>
+int run_shard(int path, int topk_mode, const ShardArgmaxProblem<T>& p, int64_t max_grid_y) {
+  bool ok = true;
+  if (path == 1) {
+    if constexpr (std::is_same_v<T, float>) {
+      return 2;
+    } else {
+      if (!mma_takes(p)) return 2;
+      launch_mma(p, EmuLaunch{&ok}, max_grid_y);
+    }
+  } else if (topk_mode) {
+    launch_simt<T, true>(p, EmuLaunch{&ok}, max_grid_y);
+  } else {
+    launch_simt<T, false>(p, EmuLaunch{&ok}, max_grid_y);
+  }
+  return ok ? 0 : 1;
+}
+
+template <typename T>
+ShardArgmaxProblem<T> problem(const void* hidden, int64_t ldh, const void* weight, int64_t ldw, const void* bias_t,
+                              const float* bias_f, int64_t batch, int64_t hidden_size, int64_t num_valid,
+                              int64_t vocab_start, const ShardReduce& out) {
+  return ShardArgmaxProblem<T>{static_cast<const T*>(hidden), ldh, static_cast<const T*>(weight), ldw,
+                               static_cast<const T*>(bias_t), bias_f, batch, hidden_size, num_valid, vocab_start, out};
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace localargmax
+
+using namespace localargmax::cuda;
+
+extern "C" {
+
+// dtype: 0 float32, 1 bfloat16, 2 float16. path: 0 CUDA-core ("simt"), 1
+// tensor-core ("mma"). Returns 0, 1 (a checked failure: lam_emu_last_error),
+// 2 (the mma kernel does not take this problem) or 3 (dtype not built).
+int lam_emu_shard(int dtype, int path, int topk_mode, const void* hidden, int64_t ldh, const void* weight,
+                  int64_t ldw, const void* bias_t, const float* bias_f, int64_t batch, int64_t hidden_size,
+                  int64_t num_valid, int64_t vocab_start, unsigned long long* keys, unsigned long long* block_topk,
+                  int topk, const float* temperature, uint64_t seed, uint64_t offset, int64_t max_grid_y) {
+  name_all();
+  const ShardReduce out{keys, block_topk, topk, temperature, seed, offset};
+#define LAM_ARGS hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size, num_valid, vocab_start, out
+  if (dtype == 1) return run_shard(path, topk_mode, problem<__nv_bfloat16>(LAM_ARGS), max_grid_y);
+  if constexpr (kAllDtypes) {
+    if (dtype == 0) return run_shard(path, topk_mode, problem<float>(LAM_ARGS), max_grid_y);
+    return run_shard(path, topk_mode, problem<__half>(LAM_ARGS), max_grid_y);
+  }
+  return 3;
+#undef LAM_ARGS
+}
+
+// The gemm path's keys kernel over float32 logits [rows, ldl] of batch rows b0..
+int lam_emu_logits_to_keys(int dtype, const float* logits, int64_t ldl, int64_t rows, int64_t b0, const void* bias_t,
+                           const float* bias_f, int64_t batch, int64_t num_valid, int64_t vocab_start,
+                           unsigned long long* keys, const float* temperature, uint64_t seed, uint64_t offset,
+                           int64_t max_grid_y) {
+  name_all();
+  bool ok = true;
+  const ShardReduce out{keys, nullptr, 1, temperature, seed, offset};
+#define LAM_ARGS nullptr, 0, nullptr, 0, bias_t, bias_f, batch, 0, num_valid, vocab_start, out
+  if (dtype == 1)
+    launch_logits_to_keys(logits, ldl, rows, b0, problem<__nv_bfloat16>(LAM_ARGS), EmuLaunch{&ok}, max_grid_y);
+  else if constexpr (kAllDtypes)
+    launch_logits_to_keys(logits, ldl, rows, b0, problem<__half>(LAM_ARGS), EmuLaunch{&ok}, max_grid_y);
+  else
+    return 3;
+#undef LAM_ARGS
+  return ok ? 0 : 1;
+}
+
+// merge_keys_kernel with merge_keys_cuda.cu's grid.
+int lam_emu_merge_keys(const unsigned long long* keys, int64_t tp, int64_t batch, int has_d2t, const int64_t* d2t,
+                       int64_t draft_vocab, int64_t* ids, float* values) {
+  name_all();
+  bool ok = true;
+  const int64_t blocks = (batch + kMergeThreads - 1) / kMergeThreads;
+  EmuLaunch{&ok}("merge_keys_kernel", merge_keys_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kMergeThreads),
+                 keys, tp, batch, has_d2t != 0, d2t, draft_vocab, ids, values);
+  return ok ? 0 : 1;
+}
+
+}  // extern "C"

@@ -1,0 +1,596 @@
+// The runtime of the host SIMT emulation (simt_emu.h): fibers, block barrier,
+// warp collectives, mma.sync from the PTX ISA fragment tables, the tensor
+// arena and the memory checker behind the -fsanitize=thread hooks. Built
+// without instrumentation; the kernel translation unit (emu_kernels.cpp) is
+// the instrumented one.
+#include "simt_emu.h"
+
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "simt_emu_runtime.h"
+
+// Fiber switch: saves the callee-saved registers on the current stack, stores
+// the stack pointer in *from, continues on `to` (x86-64 System V; elsewhere
+// ucontext, about 50x slower because it saves the signal mask by syscall).
+#if defined(__x86_64__)
+extern "C" void lam_emu_switch(void** from, void* to);
+asm(R"(
+.text
+.globl lam_emu_switch
+.type lam_emu_switch, @function
+lam_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size lam_emu_switch, .-lam_emu_switch
+)");
+#endif
+
+extern "C" char __start_lam_emu_shared[] __attribute__((weak));
+extern "C" char __stop_lam_emu_shared[] __attribute__((weak));
+
+namespace emu {
+
+Thread* g_thread = nullptr;
+Launch g_launch;
+
+namespace {
+
+constexpr size_t kStackBytes = 256 << 10;
+constexpr int kMaxThreads = 1024;
+constexpr uint64_t kArenaSlot = uint64_t{64} << 30;  // 64 GiB of address space per tensor
+constexpr int kArenaSlots = 15;
+
+enum class State { kRunnable, kAtBarrier, kAtWarp, kExited };
+
+struct Context {
+#if defined(__x86_64__)
+  void* sp;
+#else
+  ucontext_t uc;
+#endif
+};
+
+struct Fiber {
+  Thread thread;
+  Context ctx;
+  State state;
+  int line;  // where it waits
+};
+
+struct WarpSync {
+  uint32_t arrived = 0, mask = 0;
+  int line = -1, kind = -1, parity = 0;
+  uint64_t value[2][32];
+  // mma: per lane a0..a3, b0, b1 in, c[4] in / out
+  uint32_t a[2][32][4], b[2][32][2];
+  float c[2][32][4];
+};
+
+struct Tensor {
+  std::string name;
+  char* base;
+  size_t bytes;
+  bool writable;
+};
+
+struct Shadow {  // per shared byte, for this block
+  uint16_t writer;  // tid + 1 of the last writer, 0: never written
+  uint16_t reader;  // tid + 1 of the last reader this epoch
+  uint32_t write_epoch, read_epoch;
+  bool many_readers;
+};
+
+struct State_ {
+  // configuration
+  bool scramble = false;
+  std::mt19937_64 rng{1};
+  // arena
+  char* arena = nullptr;
+  std::vector<Tensor> tensors;
+  // launch
+  const char* kernel = "";
+  void (*entry)(void*) = nullptr;
+  void* closure = nullptr;
+  std::vector<Fiber> fibers;
+  char* stacks = nullptr;
+  Context scheduler;
+  int nthreads = 0, live = 0, at_barrier = 0, barrier_line = -1;
+  uint32_t epoch = 0;
+  std::vector<WarpSync> warps;
+  bool in_kernel = false;
+  bool failed = false;
+  std::string error;
+  std::vector<Shadow> shadow;
+  uint64_t blocks_run = 0, barriers = 0, collectives = 0;
+};
+State_ S;
+
+void switch_to(Context& from, Context& to) {
+#if defined(__x86_64__)
+  lam_emu_switch(&from.sp, to.sp);
+#else
+  swapcontext(&from.uc, &to.uc);
+#endif
+}
+
+char* shared_lo() { return __start_lam_emu_shared; }
+size_t shared_bytes() {
+  return __start_lam_emu_shared == nullptr ? 0 : static_cast<size_t>(__stop_lam_emu_shared - __start_lam_emu_shared);
+}
+
+std::string where() {
+  char buf[256];
+  if (g_thread == nullptr) return std::string(S.kernel);
+  std::snprintf(buf, sizeof buf, "%s block (%u,%u) thread %d (warp %d lane %d)", S.kernel, g_launch.block_idx.x,
+                g_launch.block_idx.y, g_thread->tid, g_thread->tid / 32, g_thread->tid % 32);
+  return buf;
+}
+
+[[noreturn]] void abort_block(const std::string& msg) {
+  if (!S.failed) {
+    S.failed = true;
+    S.error = msg;
+  }
+  switch_to(S.fibers[g_thread->tid].ctx, S.scheduler);
+  __builtin_unreachable();
+}
+
+std::string format(const char* fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  return buf;
+}
+
+void yield(State st, int line) {
+  Fiber& f = S.fibers[g_thread->tid];
+  f.state = st;
+  f.line = line;
+  switch_to(f.ctx, S.scheduler);
+}
+
+[[noreturn]] void fiber_main() {
+  const int tid = g_thread->tid;
+  S.entry(S.closure);
+  S.fibers[tid].state = State::kExited;
+  --S.live;
+  switch_to(S.fibers[tid].ctx, S.scheduler);
+  __builtin_unreachable();
+}
+
+void start_fiber(Fiber& f, char* stack, size_t bytes) {
+#if defined(__x86_64__)
+  // a frame lam_emu_switch "returns" into: six saved registers, then fiber_main
+  // as the return address, with the stack 16-byte aligned at its entry + 8.
+  auto* top = reinterpret_cast<void**>((reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t{15}) - 8);
+  *--top = reinterpret_cast<void*>(fiber_main);
+  for (int i = 0; i < 6; ++i) *--top = nullptr;
+  f.ctx.sp = top;
+#else
+  getcontext(&f.ctx.uc);
+  f.ctx.uc.uc_stack.ss_sp = stack;
+  f.ctx.uc.uc_stack.ss_size = bytes;
+  f.ctx.uc.uc_link = nullptr;
+  makecontext(&f.ctx.uc, reinterpret_cast<void (*)()>(+[] { fiber_main(); }), 0);
+#endif
+}
+
+std::string describe_states() {
+  std::string s;
+  int exited = 0;
+  for (const Fiber& f : S.fibers) exited += f.state == State::kExited;
+  s += format("%d of %d threads exited", exited, S.nthreads);
+  int shown = 0;
+  for (const Fiber& f : S.fibers) {
+    if (f.state == State::kExited || shown >= 6) continue;
+    s += format("; thread %d waits at %s line %d", f.thread.tid,
+                f.state == State::kAtBarrier ? "__syncthreads" : "a warp collective", f.line);
+    ++shown;
+  }
+  return s;
+}
+
+bool run_block() {
+  const int n = S.nthreads;
+  S.live = n;
+  S.at_barrier = 0;
+  S.barrier_line = -1;
+  S.epoch = 0;
+  for (WarpSync& w : S.warps) w = WarpSync{};
+  const size_t sb = shared_bytes();
+  if (sb) {
+    std::memset(shared_lo(), 0xA5, sb);  // poison: 0xA5A5... as a key, a float, an index
+    std::memset(S.shadow.data(), 0, sb * sizeof(Shadow));
+  }
+  for (int t = 0; t < n; ++t) {
+    Fiber& f = S.fibers[t];
+    f.thread.tid = t;
+    f.thread.thread_idx = uint3{static_cast<unsigned>(t) % g_launch.block_dim.x,
+                                static_cast<unsigned>(t) / g_launch.block_dim.x % g_launch.block_dim.y,
+                                static_cast<unsigned>(t) / (g_launch.block_dim.x * g_launch.block_dim.y)};
+    f.state = State::kRunnable;
+    f.line = -1;
+    start_fiber(f, S.stacks + static_cast<size_t>(t) * kStackBytes, kStackBytes);
+  }
+  std::vector<int> order(n);
+  for (int t = 0; t < n; ++t) order[t] = t;
+  S.in_kernel = true;
+  while (S.live > 0) {
+    if (S.scramble) std::shuffle(order.begin(), order.end(), S.rng);
+    bool ran = false;
+    for (int t : order) {
+      if (S.fibers[t].state != State::kRunnable) continue;
+      ran = true;
+      g_thread = &S.fibers[t].thread;
+      switch_to(S.scheduler, S.fibers[t].ctx);
+      if (S.failed) break;
+    }
+    if (S.failed) break;
+    if (!ran) {
+      g_thread = nullptr;
+      S.failed = true;
+      S.error = format("%s block (%u,%u): deadlock: %s", S.kernel, g_launch.block_idx.x, g_launch.block_idx.y,
+                       describe_states().c_str());
+      break;
+    }
+  }
+  S.in_kernel = false;
+  g_thread = nullptr;
+  ++S.blocks_run;
+  return !S.failed;
+}
+
+}  // namespace
+
+[[noreturn]] void fail(int line, const char* what) {
+  abort_block(format("%s: line %d: %s", where().c_str(), line, what));
+}
+
+void syncthreads(int line) {
+  if (S.at_barrier == 0) {
+    S.barrier_line = line;
+  } else if (S.barrier_line != line) {
+    abort_block(format("%s: divergent __syncthreads: line %d while other threads wait at line %d", where().c_str(),
+                       line, S.barrier_line));
+  }
+  ++S.barriers;
+  if (++S.at_barrier == S.nthreads) {  // every thread of the block (exited ones never arrive: deadlock)
+    S.at_barrier = 0;
+    ++S.epoch;
+    for (Fiber& f : S.fibers)
+      if (f.state == State::kAtBarrier) f.state = State::kRunnable;
+    return;
+  }
+  yield(State::kAtBarrier, line);
+}
+
+namespace {
+
+// Arrives at warp collective `kind` at `line`; returns the parity slot the
+// results are in once every lane of `mask` has arrived.
+template <typename Deposit, typename Complete>
+int warp_collective(int kind, int line, unsigned int mask, Deposit deposit, Complete complete) {
+  const int tid = g_thread->tid, lane = tid % 32;
+  WarpSync& w = S.warps[tid / 32];
+  ++S.collectives;
+  if (!((mask >> lane) & 1u))
+    abort_block(format("%s: line %d: lane %d runs a warp collective whose mask 0x%08x excludes it", where().c_str(),
+                       line, lane, mask));
+  if (w.arrived == 0) {
+    w.mask = mask;
+    w.line = line;
+    w.kind = kind;
+  } else if (w.mask != mask || w.line != line || w.kind != kind) {
+    abort_block(format("%s: line %d mask 0x%08x: warp collective diverges from lanes 0x%08x waiting at line %d "
+                       "mask 0x%08x", where().c_str(), line, mask, w.arrived, w.line, w.mask));
+  }
+  const int parity = w.parity;
+  deposit(w, parity, lane);
+  w.arrived |= 1u << lane;
+  if (w.arrived == mask) {
+    complete(w, parity);
+    w.arrived = 0;
+    w.parity ^= 1;
+    const int base = tid / 32 * 32;
+    for (int l = 0; l < 32 && base + l < S.nthreads; ++l)
+      if (S.fibers[base + l].state == State::kAtWarp && ((mask >> l) & 1u)) S.fibers[base + l].state = State::kRunnable;
+    return parity;
+  }
+  yield(State::kAtWarp, line);
+  return parity;
+}
+
+float half_bits_to_float(MmaInput input, uint32_t h) {
+  if (input == MmaInput::kBFloat16) return __uint_as_float(h << 16);
+  return __half2float(__half{static_cast<unsigned short>(h)});
+}
+
+}  // namespace
+
+uint64_t shfl(int line, unsigned int mask, uint64_t value, int src_lane) {
+  const int parity = warp_collective(
+      0, line, mask, [&](WarpSync& w, int p, int lane) { w.value[p][lane] = value; }, [](WarpSync&, int) {});
+  if (!((mask >> src_lane) & 1u))
+    abort_block(format("%s: line %d: shuffle reads lane %d, outside the mask 0x%08x", where().c_str(), line, src_lane,
+                       mask));
+  return S.warps[g_thread->tid / 32].value[parity][src_lane];
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.f32, written from the PTX
+// ISA fragment tables ("Matrix Fragments for mma.m16n8k16 with floating point
+// type"), independently of common/mma_fragment.h. Lane l, group g = l >> 2,
+// t = l % 4. A: a_i (i = 0..7, register i / 2, half i % 2) at row g (+8 for
+// a2,a3,a6,a7), col 2t + (i & 1) (+8 for a4..a7); B: b_i (i = 0..3) at row
+// 2t + (i & 1) (+8 for b2, b3), col g; C: c_i at row g (+8 for c2, c3), col
+// 2t + (i & 1). D = C + A B: each product exact, the 16-term sum and the add of
+// C done in double and rounded once to float32 (real tensor cores round
+// differently; see DESIGN.md, "Host emulation").
+void mma_m16n8k16(MmaInput input, float (&c)[4], unsigned int a0, unsigned int a1, unsigned int a2, unsigned int a3,
+                  unsigned int b0, unsigned int b1, int line) {
+  const int parity = warp_collective(
+      1, line, 0xFFFFFFFFu,
+      [&](WarpSync& w, int p, int lane) {
+        const uint32_t a[4] = {a0, a1, a2, a3};
+        std::memcpy(w.a[p][lane], a, sizeof a);
+        w.b[p][lane][0] = b0;
+        w.b[p][lane][1] = b1;
+        std::memcpy(w.c[p][lane], c, sizeof(float) * 4);
+      },
+      [&](WarpSync& w, int p) {
+        double A[16][16], B[16][8], C[16][8];
+        for (int l = 0; l < 32; ++l) {
+          const int g = l >> 2, t = l % 4;
+          for (int i = 0; i < 8; ++i) {
+            const uint32_t reg = w.a[p][l][i / 2];
+            const uint32_t h = (i % 2) ? (reg >> 16) : (reg & 0xFFFFu);
+            const int row = g + ((i == 2 || i == 3 || i == 6 || i == 7) ? 8 : 0);
+            const int col = 2 * t + (i & 1) + (i >= 4 ? 8 : 0);
+            A[row][col] = half_bits_to_float(input, h);
+          }
+          for (int i = 0; i < 4; ++i) {
+            const uint32_t reg = w.b[p][l][i / 2];
+            const uint32_t h = (i % 2) ? (reg >> 16) : (reg & 0xFFFFu);
+            B[2 * t + (i & 1) + (i >= 2 ? 8 : 0)][g] = half_bits_to_float(input, h);
+          }
+          for (int i = 0; i < 4; ++i) C[g + (i >= 2 ? 8 : 0)][2 * t + (i & 1)] = w.c[p][l][i];
+        }
+        for (int l = 0; l < 32; ++l) {
+          const int g = l >> 2, t = l % 4;
+          for (int i = 0; i < 4; ++i) {
+            const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+            double s = C[row][col];
+            for (int k = 0; k < 16; ++k) s += A[row][k] * B[k][col];
+            w.c[p][l][i] = static_cast<float>(s);
+          }
+        }
+      });
+  std::memcpy(c, S.warps[g_thread->tid / 32].c[parity][g_thread->tid % 32], sizeof(float) * 4);
+}
+
+// ---- the memory checker (called by the hooks below) ----
+
+static void check_shared(uintptr_t a, size_t n, bool write) {
+  const size_t off = a - reinterpret_cast<uintptr_t>(shared_lo());
+  const uint16_t me = static_cast<uint16_t>(g_thread->tid + 1);
+  for (size_t i = 0; i < n; ++i) {
+    Shadow& s = S.shadow[off + i];
+    if (!write) {
+      if (s.writer == 0)
+        abort_block(format("%s: shared read of %zu bytes at shared offset %zu: never written in this block "
+                           "(poisoned)", where().c_str(), n, off));
+      if (s.writer != me && s.write_epoch == S.epoch)
+        abort_block(format("%s: shared race: read of %zu bytes at shared offset %zu written by thread %d since the "
+                           "last __syncthreads", where().c_str(), n, off, s.writer - 1));
+      if (s.read_epoch == S.epoch && s.reader != 0 && s.reader != me) s.many_readers = true;
+      else if (s.read_epoch != S.epoch || s.reader == 0) s.many_readers = false;
+      s.reader = me;
+      s.read_epoch = S.epoch;
+    } else {
+      if (s.writer != 0 && s.writer != me && s.write_epoch == S.epoch)
+        abort_block(format("%s: shared race: write of %zu bytes at shared offset %zu also written by thread %d since "
+                           "the last __syncthreads", where().c_str(), n, off, s.writer - 1));
+      if (s.read_epoch == S.epoch && s.reader != 0 && (s.many_readers || s.reader != me))
+        abort_block(format("%s: shared race: write of %zu bytes at shared offset %zu read by thread %d since the last "
+                           "__syncthreads", where().c_str(), n, off, s.reader - 1));
+      s.writer = me;
+      s.write_epoch = S.epoch;
+    }
+  }
+}
+
+static void check_global(uintptr_t a, size_t n, bool write) {
+  const Tensor* below = nullptr;
+  const Tensor* above = nullptr;
+  for (const Tensor& t : S.tensors) {
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(t.base);
+    if (a >= lo && a + n <= lo + t.bytes) {
+      if (write && !t.writable)
+        abort_block(format("%s: store of %zu bytes into read-only tensor '%s' at byte offset %zu", where().c_str(), n,
+                           t.name.c_str(), static_cast<size_t>(a - lo)));
+      return;
+    }
+    if (lo <= a && (below == nullptr || lo > reinterpret_cast<uintptr_t>(below->base))) below = &t;
+    if (lo > a && (above == nullptr || lo < reinterpret_cast<uintptr_t>(above->base))) above = &t;
+  }
+  std::string msg = format("%s: out-of-bounds global %s of %zu bytes", where().c_str(), write ? "store" : "load", n);
+  if (below)
+    msg += format(" at byte offset %lld of tensor '%s' (%zu bytes)",
+                  static_cast<long long>(a - reinterpret_cast<uintptr_t>(below->base)), below->name.c_str(),
+                  below->bytes);
+  if (above)
+    msg += format("%s %lld bytes before tensor '%s'", below ? "," : " at",
+                  static_cast<long long>(reinterpret_cast<uintptr_t>(above->base) - a), above->name.c_str());
+  abort_block(msg);
+}
+
+static inline void check(const void* p, size_t n, bool write) {
+  if (!S.in_kernel) return;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (a - reinterpret_cast<uintptr_t>(shared_lo()) < shared_bytes()) return check_shared(a, n, write);
+  if (a - reinterpret_cast<uintptr_t>(S.arena) < kArenaSlot * (kArenaSlots + 1)) return check_global(a, n, write);
+}
+
+// ---- host side ----
+
+void* arena_alloc(const char* name, size_t bytes, size_t align_offset, bool writable) {
+  if (S.arena == nullptr) {
+    void* p = mmap(nullptr, kArenaSlot * (kArenaSlots + 1), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    S.arena = static_cast<char*>(p);
+  }
+  if (S.tensors.size() >= static_cast<size_t>(kArenaSlots) || bytes + align_offset + 4096 > kArenaSlot) return nullptr;
+  char* slot = S.arena + kArenaSlot * (S.tensors.size() + 1);  // slot 0 stays a gap
+  const size_t span = (bytes + align_offset + 4095) / 4096 * 4096;
+  if (span && mprotect(slot, span, PROT_READ | PROT_WRITE) != 0) return nullptr;
+  S.tensors.push_back(Tensor{name, slot + align_offset, bytes, writable});
+  return slot + align_offset;
+}
+
+void arena_reset() {
+  for (size_t i = 0; i < S.tensors.size(); ++i) {
+    char* slot = S.arena + kArenaSlot * (i + 1);
+    const size_t span = (S.tensors[i].bytes + 256 + 4095) / 4096 * 4096;
+    madvise(slot, span, MADV_DONTNEED);
+    mprotect(slot, span, PROT_NONE);
+  }
+  S.tensors.clear();
+}
+
+void configure(bool scramble, uint64_t seed) {
+  S.scramble = scramble;
+  S.rng.seed(seed);
+}
+
+const char* last_error() { return S.error.c_str(); }
+uint64_t shared_size() { return shared_bytes(); }
+
+bool launch(const char* kernel, void (*entry)(void*), void* closure, dim3 grid, dim3 block) {
+  S.kernel = kernel;
+  S.entry = entry;
+  S.closure = closure;
+  S.failed = false;
+  S.error.clear();
+  const int n = static_cast<int>(block.x * block.y * block.z);
+  if (n <= 0 || n > kMaxThreads || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535) {
+    S.failed = true;
+    S.error = format("%s: invalid launch grid (%u,%u,%u) block (%u,%u,%u)", kernel, grid.x, grid.y, grid.z, block.x,
+                     block.y, block.z);
+    return false;
+  }
+  if (S.stacks == nullptr) {
+    S.stacks = static_cast<char*>(mmap(nullptr, kStackBytes * kMaxThreads, PROT_READ | PROT_WRITE,
+                                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+    S.fibers.resize(kMaxThreads);
+  }
+  S.nthreads = n;
+  S.warps.assign((n + 31) / 32, WarpSync{});
+  S.shadow.resize(shared_bytes());
+  g_launch.block_dim = block;
+  g_launch.grid_dim = grid;
+  std::vector<uint3> blocks;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) blocks.push_back(uint3{x, y, z});
+  if (S.scramble) std::shuffle(blocks.begin(), blocks.end(), S.rng);
+  for (const uint3& b : blocks) {
+    g_launch.block_idx = b;
+    if (!run_block()) return false;
+  }
+  return true;
+}
+
+void stats(uint64_t out[4]) {
+  out[0] = S.blocks_run;
+  out[1] = S.barriers;
+  out[2] = S.collectives;
+  out[3] = shared_bytes();
+}
+
+}  // namespace emu
+
+// ---- the -fsanitize=thread instrumentation hooks of the kernel translation unit ----
+#define LAM_EMU_HOOK(n)                                                                             \
+  extern "C" void __tsan_read##n(void* p) { emu::check(p, n, false); }                             \
+  extern "C" void __tsan_write##n(void* p) { emu::check(p, n, true); }                             \
+  extern "C" void __tsan_unaligned_read##n(void* p) { emu::check(p, n, false); }                   \
+  extern "C" void __tsan_unaligned_write##n(void* p) { emu::check(p, n, true); }                   \
+  extern "C" void __tsan_volatile_read##n(void* p) { emu::check(p, n, false); }                    \
+  extern "C" void __tsan_volatile_write##n(void* p) { emu::check(p, n, true); }
+LAM_EMU_HOOK(1)
+LAM_EMU_HOOK(2)
+LAM_EMU_HOOK(4)
+LAM_EMU_HOOK(8)
+LAM_EMU_HOOK(16)
+#undef LAM_EMU_HOOK
+extern "C" void __tsan_read_range(void* p, unsigned long n) { emu::check(p, n, false); }
+extern "C" void __tsan_write_range(void* p, unsigned long n) { emu::check(p, n, true); }
+extern "C" void __tsan_init() {}
+extern "C" void __tsan_func_entry(void*) {}
+extern "C" void __tsan_func_exit() {}
+extern "C" void __tsan_vptr_update(void**, void*) {}
+extern "C" void __tsan_vptr_read(void**) {}
+
+// ---- kernel names, launches, and the C ABI of the runtime ----
+#include <map>
+
+namespace emu {
+namespace {
+std::map<const void*, std::string> g_names;
+std::string g_launched;
+}  // namespace
+
+void name_kernel(const void* kernel, const char* pretty) {
+  // "const char* ...kernel_name() [with auto Kernel = X]" -> "X"
+  std::string s = pretty;
+  const size_t at = s.find("Kernel = ");
+  if (at != std::string::npos) s = s.substr(at + 9, s.size() - at - 10);
+  const std::string ns = "localargmax::cuda::{anonymous}::";
+  for (size_t i; (i = s.find(ns)) != std::string::npos;) s.erase(i, ns.size());
+  g_names[kernel] = s;
+}
+bool kernels_named() { return !g_names.empty(); }
+void note_launch(const void* kernel, const char* family) {
+  const auto it = g_names.find(kernel);
+  if (!g_launched.empty()) g_launched += ";";
+  g_launched += it == g_names.end() ? std::string(family) + "<?>" : it->second;
+}
+
+}  // namespace emu
+
+extern "C" {
+void* lam_emu_alloc(const char* name, uint64_t bytes, uint64_t align_offset, int writable) {
+  return emu::arena_alloc(name, bytes, align_offset, writable != 0);
+}
+void lam_emu_reset(int scramble, uint64_t seed) {
+  emu::arena_reset();
+  emu::configure(scramble != 0, seed);
+  emu::g_launched.clear();
+}
+const char* lam_emu_last_error() { return emu::last_error(); }
+const char* lam_emu_launched() { return emu::g_launched.c_str(); }
+void lam_emu_stats(uint64_t* out) { emu::stats(out); }
+}

@@ -1,0 +1,25 @@
+// The host side of the SIMT emulation runtime (simt_emu.cpp), for the
+// launcher in emu_kernels.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "simt_emu.h"
+
+namespace emu {
+
+// A region of the checked arena: `bytes` at an address == align_offset mod
+// 4096, with unmapped gigabytes around it. Every global access of a kernel
+// must fall inside one region (and inside a writable one for stores).
+void* arena_alloc(const char* name, size_t bytes, size_t align_offset, bool writable);
+void arena_reset();
+void configure(bool scramble, uint64_t seed);
+// Runs entry(closure) as every thread of every block of the grid; false (and
+// last_error()) on the first checked failure, deadlock or divergence.
+bool launch(const char* kernel, void (*entry)(void*), void* closure, dim3 grid, dim3 block);
+const char* last_error();
+uint64_t shared_size();
+void stats(uint64_t out[4]);
+
+}  // namespace emu

@@ -1,0 +1,266 @@
+"""Driver of the host SIMT emulation of the CUDA kernels (csrc/emu/): builds
+the kernels' unmodified source with g++ into a small shared library (cached
+under build/emu/, keyed by the sources and flags) and runs the CUDA launchers'
+choices on torch CPU tensors through ctypes. Used by tests/test_emulation*.py.
+
+Every tensor a kernel reads or writes is copied into a checked arena region of
+exactly its extent (its alignment kept), so an access outside it fails the
+launch; see csrc/emu/simt_emu.h for what else is checked.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+from typing import Optional, Sequence
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CSRC = ROOT / "csrc"
+BUILD = ROOT / "build" / "emu"
+MAX_GRID_Y = 65535
+_KERNEL_FLAGS = ["-O1", "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0"]
+_COMMON_FLAGS = ["-std=c++20", "-fPIC", "-ffp-contract=off", "-fno-strict-aliasing", "-Wall", "-Wextra",
+                 "-Wno-unknown-pragmas", "-Wno-unused-parameter", "-Werror"]
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+SIGN = -(2**63)
+
+
+class EmuError(AssertionError):
+    """A checked failure of an emulated launch (out-of-bounds access, shared
+    memory race or poisoned read, divergent barrier or shuffle, deadlock)."""
+
+
+def sources(csrc: pathlib.Path = CSRC) -> list[pathlib.Path]:
+    return sorted([*(csrc / "emu").glob("*"), *(csrc / "cuda").glob("*.cuh"), *(csrc / "common").glob("*.h")])
+
+
+def have_compiler() -> bool:
+    return shutil.which("g++") is not None and shutil.which("objcopy") is not None
+
+
+def _digest(files, flags) -> str:
+    h = hashlib.sha256(" ".join(flags).encode())
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building the emulation failed:\n{' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+
+
+def _runtime_object(csrc: pathlib.Path) -> pathlib.Path:
+    """simt_emu.cpp (not instrumented), shared by every build of the same runtime."""
+    files = [csrc / "emu" / n for n in ("simt_emu.cpp", "simt_emu.h", "simt_emu_runtime.h")]
+    obj = BUILD / "runtime" / f"{_digest(files, _COMMON_FLAGS)}.o"
+    if not obj.exists():
+        obj.parent.mkdir(parents=True, exist_ok=True)
+        tmp = obj.with_suffix(f".{os.getpid()}.tmp.o")
+        _run(["g++", *_COMMON_FLAGS, "-O2", f"-I{csrc}", "-c", str(files[0]), "-o", str(tmp)])
+        os.replace(tmp, obj)
+    return obj
+
+
+def build(csrc: pathlib.Path = CSRC, tag: str = "main", bf16_only: bool = False) -> pathlib.Path:
+    """libemu.so of the kernels under `csrc` (a mutated copy for the mutation
+    tests); compiled once per content, under build/emu/. bf16_only: only the
+    bfloat16 instantiations (faster to compile)."""
+    flags = [*_COMMON_FLAGS, *_KERNEL_FLAGS, *(["-DLAM_EMU_BF16_ONLY"] if bf16_only else [])]
+    out_dir = BUILD / f"{tag}-{_digest(sources(csrc), flags)}"
+    lib = out_dir / "libemu.so"
+    if lib.exists():
+        return lib
+    runtime = _runtime_object(csrc)
+    tmp = out_dir / f"tmp-{os.getpid()}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    kernels = tmp / "kernels.o"
+    _run(["g++", *flags, f"-I{csrc}", "-c", str(csrc / "emu" / "emu_kernels.cpp"), "-o",
+          str(kernels)])
+    # The kernel translation unit's .bss holds nothing but the __shared__ statics.
+    _run(["objcopy", "--rename-section", ".bss=lam_emu_shared", str(kernels)])
+    _run(["g++", "-shared", "-Wl,-Bsymbolic", "-Wl,--no-undefined", str(kernels), str(runtime), "-o",
+          str(tmp / "libemu.so")])
+    os.replace(tmp / "libemu.so", lib)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return lib
+
+
+def _row_stride(t: torch.Tensor) -> int:
+    return t.stride(0) if t.size(0) > 1 else t.size(1)
+
+
+class PlacedWeight:
+    """A [rows, hidden_size] weight with row stride ldw placed in the arena by
+    Emulator.alloc_weight_view (shape, strides and dtype as a tensor's)."""
+
+    def __init__(self, ptr: int, rows: int, hidden_size: int, ldw: int, dtype: torch.dtype):
+        self.ptr, self.shape, self.ldw, self.dtype = ptr, (rows, hidden_size), ldw, dtype
+
+    def size(self, dim: int) -> int:
+        return self.shape[dim]
+
+    def stride(self, dim: int) -> int:
+        return (self.ldw, 1)[dim]
+
+
+class Emulator:
+    """One loaded build. Methods mirror the CUDA ops' launchers
+    (csrc/cuda/shard_argmax_cuda.cu, merge_keys_cuda.cu) step by step."""
+
+    def __init__(self, lib: pathlib.Path):
+        self.path = lib
+        self.lib = ctypes.CDLL(str(lib))
+        L, p, i64, u64, i32 = self.lib, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int
+        L.lam_emu_alloc.restype = p
+        L.lam_emu_alloc.argtypes = [ctypes.c_char_p, u64, u64, i32]
+        L.lam_emu_reset.argtypes = [i32, u64]
+        L.lam_emu_last_error.restype = ctypes.c_char_p
+        L.lam_emu_launched.restype = ctypes.c_char_p
+        L.lam_emu_stats.argtypes = [ctypes.POINTER(u64)]
+        L.lam_emu_shard.argtypes = [i32, i32, i32, p, i64, p, i64, p, p, i64, i64, i64, i64, p, p, i32, p, u64, u64,
+                                    i64]
+        L.lam_emu_logits_to_keys.argtypes = [i32, p, i64, i64, i64, p, p, i64, i64, i64, p, p, u64, u64, i64]
+        L.lam_emu_merge_keys.argtypes = [p, i64, i64, i32, p, i64, p, p]
+        self.launched: list[str] = []
+
+    # -- arena --
+    def _reset(self, scramble: bool, seed: int) -> None:
+        self.lib.lam_emu_reset(int(scramble), seed)
+
+    def _place(self, name: str, t: Optional[torch.Tensor], writable: bool = False) -> Optional[int]:
+        """Copies t's storage span (first to last element) into a checked
+        region at the same address modulo 4096; returns the data pointer."""
+        if t is None:
+            return None
+        assert t.dim() <= 2 and (t.dim() < 2 or t.stride(1) == 1 or t.size(1) <= 1)
+        if t.numel() == 0:
+            nbytes = 0
+        elif t.dim() == 2:
+            nbytes = ((t.size(0) - 1) * t.stride(0) + t.size(1)) * t.element_size()
+        else:
+            nbytes = ((t.size(0) - 1) * t.stride(0) + 1) * t.element_size()
+        ptr = self.lib.lam_emu_alloc(name.encode(), nbytes, t.data_ptr() % 4096, int(writable))
+        assert ptr, f"arena allocation of {nbytes} bytes for {name} failed"
+        if nbytes:
+            ctypes.memmove(ptr, t.data_ptr(), nbytes)
+        return ptr
+
+    def _alloc(self, name: str, nbytes: int, fill: int = 0) -> int:
+        ptr = self.lib.lam_emu_alloc(name.encode(), nbytes, 0, 1)
+        assert ptr, f"arena allocation of {nbytes} bytes for {name} failed"
+        ctypes.memset(ptr, fill, nbytes)
+        return ptr
+
+    @staticmethod
+    def _read(ptr: int, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        out = torch.empty(shape, dtype=dtype)
+        ctypes.memmove(out.data_ptr(), ptr, out.numel() * out.element_size())
+        return out
+
+    def _check(self, rc: int) -> None:
+        self.launched += [s for s in self.lib.lam_emu_launched().decode().split(";") if s]
+        if rc == 2:
+            raise ValueError("the mma kernel does not take this problem (mma_takes)")
+        if rc == 3:
+            raise ValueError("this emulation build has no kernels for the dtype (bf16_only)")
+        if rc != 0:
+            raise EmuError(self.lib.lam_emu_last_error().decode())
+
+    # -- the shard ops --
+    def shard(self, hidden, weight, bias=None, vocab_start=0, num_valid=None, *, path="simt", k=None,
+              temperature=None, seed=0, offset=0, max_grid_y=MAX_GRID_Y, scramble=False, order_seed=1,
+              gemm_chunk=None) -> torch.Tensor:
+        """shard_argmax (k None, temperature None), shard_topk (k) or
+        shard_sample (temperature) through the emulated kernel of `path`
+        ("simt", "mma" or "gemm"). weight: a tensor, or a PlacedWeight (a
+        view too large to copy, already in the arena)."""
+        weight_ptr = weight.ptr if isinstance(weight, PlacedWeight) else None
+        num_valid = weight.size(0) if num_valid is None else num_valid
+        batch = hidden.size(0)
+        topk = k is not None
+        if batch == 0 or num_valid == 0:  # the launchers return before launching
+            return torch.zeros((batch, k) if topk else (batch,), dtype=torch.int64)
+        if weight_ptr is None:  # (alloc_weight_view reset the arena already)
+            self._reset(scramble, order_seed)
+        hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
+        dtype = _DTYPES[weight.dtype]
+        bias_t = bias_f = None
+        if bias is not None:
+            if bias.dtype == torch.float32 and weight.dtype != torch.float32:
+                bias_f = bias.contiguous()
+            else:
+                bias_t = bias.contiguous()
+        temp = temperature.contiguous() if temperature is not None else None
+        bt, bf = self._place("bias", bias_t), self._place("bias", bias_f)
+        tp = self._place("temperature", temp)
+        if path == "gemm":
+            assert not topk and weight.dtype != torch.float32
+            keys = self._alloc("keys", batch * 8)
+            w32 = weight.float()
+            chunk = gemm_chunk or max(1, (256 << 20) // 4 // weight.size(0))
+            for b0 in range(0, batch, chunk):
+                rows = min(chunk, batch - b0)
+                logits = hidden[b0:b0 + rows].float() @ w32.T  # stands in for cuBLAS
+                lp = self._place("logits", logits)
+                self._check(self.lib.lam_emu_logits_to_keys(
+                    dtype, lp, logits.stride(0) if rows > 1 else logits.size(1), rows, b0, bt, bf, batch, num_valid,
+                    vocab_start, keys, tp, seed, offset, max_grid_y))
+            return self._read(keys, (batch,), torch.int64)
+        hp = self._place("hidden", hidden)
+        wp = weight_ptr if weight_ptr is not None else self._place("weight", weight)
+        blocks_x = (num_valid + 63) // 64
+        if topk:
+            block_topk = self._alloc("block_topk", blocks_x * batch * k * 8, fill=0xA5)  # at::empty: garbage
+            keys = None
+        else:
+            keys = self._alloc("keys", batch * 8)  # zeroed on the stream
+            block_topk = None
+        self._check(self.lib.lam_emu_shard(
+            dtype, {"simt": 0, "mma": 1}[path], int(topk), hp, _row_stride(hidden), wp, _row_stride(weight), bt, bf,
+            batch, hidden.size(1), num_valid, vocab_start, keys, block_topk, k or 1, tp, seed, offset, max_grid_y))
+        if not topk:
+            return self._read(keys, (batch,), torch.int64)
+        # shard_topk_cuda's host step: torch.topk over the blocks' lists
+        lists = self._read(block_topk, (blocks_x, batch, k), torch.int64)
+        flipped = lists.permute(1, 0, 2).reshape(batch, blocks_x * k) ^ SIGN
+        return flipped.topk(k, 1, True, True).values ^ SIGN
+
+    def merge_keys(self, keys: torch.Tensor, d2t: Optional[torch.Tensor] = None):
+        keys = (keys.unsqueeze(0) if keys.dim() == 1 else keys).contiguous()
+        tp, batch = keys.shape
+        if batch == 0:
+            return torch.empty(0, dtype=torch.int64), torch.empty(0)
+        self._reset(False, 1)
+        kp = self._place("keys", keys)
+        dp = self._place("d2t", d2t.contiguous()) if d2t is not None else None
+        ids = self._alloc("ids", batch * 8, fill=0xA5)
+        values = self._alloc("values", batch * 4, fill=0xA5)
+        self._check(self.lib.lam_emu_merge_keys(kp, tp, batch, int(d2t is not None), dp,
+                                                d2t.size(0) if d2t is not None else 0, ids, values))
+        return self._read(ids, (batch,), torch.int64), self._read(values, (batch,), torch.float32)
+
+    def alloc_weight_view(self, rows: int, ldw: int, hidden_size: int, dtype: torch.dtype,
+                          fill: torch.Tensor) -> "PlacedWeight":
+        """A [rows, ldw] weight placed in the arena without copying its
+        (possibly many GB of untouched) storage: only rows[:, :hidden_size]
+        are written from `fill` [rows, hidden_size]."""
+        es = torch.empty(0, dtype=dtype).element_size()
+        self._reset(False, 1)
+        ptr = self.lib.lam_emu_alloc(b"weight", ((rows - 1) * ldw + hidden_size) * es, 0, 0)
+        assert ptr
+        fill = fill.to(dtype).contiguous()
+        for r in range(rows):
+            ctypes.memmove(ptr + r * ldw * es, fill[r].data_ptr(), hidden_size * es)
+        return PlacedWeight(ptr, rows, hidden_size, ldw, dtype)
+
+    def stats(self) -> dict:
+        out = (ctypes.c_uint64 * 4)()
+        self.lib.lam_emu_stats(out)
+        return {"blocks": out[0], "barriers": out[1], "collectives": out[2], "shared_bytes": out[3]}

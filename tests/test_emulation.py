@@ -1,0 +1,339 @@
+"""The CUDA kernels' own source, run on the CPU by the host SIMT emulation
+(csrc/emu/, driven by tests/emulation.py): every kernel family and every
+template instantiation the launchers pick, on shapes covering the tails, the
+grid-y loop, padding rows, empty shards, ties across blocks and NaN / -0.0 /
+-inf rows. Each launch runs with checked global memory, poisoned shared memory
+and the shared-memory race check. Needs g++ and objcopy only (no nvcc, no GPU).
+
+Oracles: on exact-integer problems (every dot product exact in float32) the
+keys must equal the CPU kernel's bit for bit, for argmax, top-k and sampling;
+on random float problems the ids must equal the float64 reference's wherever
+the top-2 gap exceeds the float32 accumulation bound, and the values must be
+within that bound.
+"""
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+
+import pytest
+import torch
+
+import localargmax  # noqa: F401  (registers torch.ops.localargmax)
+from localargmax.reference import reference_logits
+
+import emulation
+from emulation import CSRC, EmuError, Emulator
+
+pytestmark = pytest.mark.skipif(not emulation.have_compiler(), reason="g++ / objcopy not found")
+
+ops = torch.ops.localargmax
+HALF = (torch.bfloat16, torch.float16)
+ALL = (torch.float32, *HALF)
+
+
+@pytest.fixture(scope="module")
+def emu() -> Emulator:
+    return Emulator(emulation.build())
+
+
+def exact_problem(gen, batch, rows, hidden_size, dtype, bias=None, lo=-3, hi=3):
+    """Small integers: every dot product (and bias sum) is exact in float32,
+    so every accumulation order gives the same bits. bias: None, "f" (float32
+    with a half weight) or "t" (the weight's dtype)."""
+    h = torch.randint(lo, hi + 1, (batch, hidden_size), generator=gen).to(dtype)
+    w = torch.randint(lo, hi + 1, (rows, hidden_size), generator=gen).to(dtype)
+    b = None
+    if bias is not None:
+        b = torch.randint(-8, 9, (rows,), generator=gen).to(torch.float32 if bias == "f" else dtype)
+    return h, w, b
+
+
+def cpu_keys(h, w, b, vocab_start, num_valid, k=None, temperature=None, seed=0, offset=0):
+    if k is not None:
+        return ops.shard_topk(h, w, b, vocab_start, num_valid, k)
+    if temperature is not None:
+        return ops.shard_sample(h, w, b, vocab_start, num_valid, temperature, seed, offset)
+    return ops.shard_argmax(h, w, b, vocab_start, num_valid)
+
+
+def assert_keys_equal(got, want, what):
+    assert got.shape == want.shape, what
+    bad = (got != want).nonzero().flatten().tolist()
+    assert not bad, f"{what}: emulated keys differ from the CPU kernel's at rows {bad[:10]}: " \
+                    f"{[hex(v & (2**64 - 1)) for v in got.flatten()[bad[:3]].tolist()]} vs " \
+                    f"{[hex(v & (2**64 - 1)) for v in want.flatten()[bad[:3]].tolist()]}"
+
+
+def decode(keys):
+    low = keys & 0xFFFFFFFF
+    return 0xFFFFFFFF - low
+
+
+# --- every instantiation, and the same kernel text in both builds ---
+
+def _instantiations():
+    names = []
+    for t, vec in (("float", 4), ("__nv_bfloat16", 8), ("__half", 8)):
+        for nb in (1, 2, 4, 8):
+            for v in (vec, 1):
+                for topk in ("false", "true"):
+                    names.append(f"shard_argmax_kernel<{t}, {nb}, {v}, {topk}>")
+        if t != "float":
+            names += [f"shard_argmax_mma_kernel<{t}, {nt}, {kv}>" for nt, kv in ((1, 2), (2, 2), (4, 1), (8, 1))]
+            names.append(f"logits_to_keys_kernel<{t}>")
+    return names + ["merge_keys_kernel"]
+
+
+def test_every_instantiation_the_launchers_pick_runs(emu, gen):
+    """Batch sizes at every NB / NT boundary, vector and scalar loads, top-k
+    and argmax, each dtype: the launch choices of shard_argmax_launch.cuh reach
+    every instantiation, and each one runs checked."""
+    emu.launched.clear()
+    for dtype in ALL:
+        for batch in (1, 2, 3, 5, 9, 17, 33):
+            for hidden_size in (8, 9):  # 9: scalar loads (simt) / not taken (mma)
+                h, w, _ = exact_problem(gen, batch, 3, hidden_size, dtype)
+                want = cpu_keys(h, w, None, 0, 3)
+                assert_keys_equal(emu.shard(h, w), want, f"simt {dtype} B={batch} H={hidden_size}")
+                assert_keys_equal(emu.shard(h, w, k=2), cpu_keys(h, w, None, 0, 3, k=2), "topk")
+                if dtype in HALF and hidden_size == 8:
+                    assert_keys_equal(emu.shard(h, w, path="mma"), want, f"mma {dtype} B={batch}")
+                    assert_keys_equal(emu.shard(h, w, path="gemm"), want, f"gemm {dtype} B={batch}")
+    keys = torch.stack([ops.shard_argmax(*exact_problem(gen, 4, 5, 8, torch.float32)[:2], None, 0, 5)])
+    emu.merge_keys(keys)
+    assert set(_instantiations()) == set(emu.launched), set(_instantiations()) ^ set(emu.launched)
+
+
+def test_host_and_cuda_builds_compile_the_same_kernel_text(emu):
+    kernel_headers = sorted((CSRC / "cuda").glob("*.cuh"))
+    switches = {"device_runtime.cuh", "mma_sync.cuh"}  # the only files that may tell the compilers apart
+    for f in kernel_headers:
+        if f.name in switches:
+            continue
+        conditionals = [ln for ln in f.read_text().splitlines() if re.match(r"\s*#\s*(if|ifdef|ifndef|elif)", ln)]
+        assert not conditionals, f"{f.name} holds preprocessor switches {conditionals}: the host emulation and nvcc " \
+                                 "could compile different kernel text"
+    # mma_sync.cuh: one switch per PTX wrapper: the asm under nvcc, the emulated collective on the host.
+    body = (CSRC / "cuda" / "mma_sync.cuh").read_text()
+    assert body.count("#if defined(__CUDA_ARCH__)") == body.count("emu::mma_m16n8k16(") == 2
+    # The emulation translation unit reads every kernel header from csrc/cuda itself (no copy) ...
+    deps = subprocess.run(["g++", "-std=c++20", f"-I{CSRC}", "-MM", str(CSRC / "emu" / "emu_kernels.cpp")],
+                          capture_output=True, text=True, check=True).stdout
+    used = {pathlib.Path(p).resolve() for p in re.findall(r"\S+\.cuh", deps)}
+    assert all(p.parent == (CSRC / "cuda").resolve() for p in used), used
+    used = {p.name for p in used}
+    assert used == {f.name for f in kernel_headers}, used ^ {f.name for f in kernel_headers}
+    # ... and the CUDA translation units include the same kernel headers.
+    cu_includes = set()
+    for cu in (CSRC / "cuda").glob("*.cu"):
+        cu_includes |= set(re.findall(r'#include "(\w+\.cuh)"', cu.read_text()))
+    assert cu_includes and cu_includes <= used
+    # Kernels are defined in csrc/cuda only.
+    for f in [*(CSRC / "emu").glob("*"), *(CSRC.parent / "tests" / "cpp").glob("*")]:
+        assert not re.search(r"__global__\s+void", f.read_text()), f"a kernel defined in {f}"
+    # The kernel object's shared-memory section holds the kernels' __shared__ arrays and nothing else.
+    syms = subprocess.run(["nm", "-C", str(emu.path)], capture_output=True, text=True, check=True).stdout
+    addr = {m[1]: int(m[0], 16) for m in re.findall(r"^([0-9a-f]+) \w (__(?:start|stop)_lam_emu_shared)$", syms, re.M)}
+    lo, hi = addr["__start_lam_emu_shared"], addr["__stop_lam_emu_shared"]
+    assert hi - lo == emu.stats()["shared_bytes"] > 0
+    inside = [ln for ln in syms.splitlines()
+              if re.match(r"[0-9a-f]+ ", ln) and lo <= int(ln.split()[0], 16) < hi and "lam_emu_shared" not in ln]
+    assert inside and all(re.search(r"_kernel<.*>\(.*\)::(block_best|candidates|lists|warp_best)$", ln)
+                          for ln in inside), inside
+
+
+# --- argmax on every path, exact problems: keys bit-equal to the CPU kernel's ---
+
+SIMT = [(1, 1, 8), (2, 65, 16), (3, 130, 24), (4, 300, 40), (5, 63, 7), (8, 129, 4104), (9, 64, 33), (17, 127, 1),
+        (130, 70, 16)]
+MMA = [(1, 1, 8), (8, 129, 16), (9, 65, 24), (16, 300, 40), (17, 127, 8), (32, 64, 4104), (33, 129, 40),
+       (64, 65, 16), (65, 130, 24), (128, 70, 8), (130, 3, 16)]
+GEMM = [(1, 1, 8), (7, 300, 40), (130, 129, 4104)]
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=str)
+@pytest.mark.parametrize("batch,rows,hidden_size", SIMT)
+def test_simt_argmax(emu, gen, dtype, batch, rows, hidden_size):
+    bias = (None, "f", "t")[batch % 3] if dtype in HALF else (None, "t")[batch % 2]
+    h, w, b = exact_problem(gen, batch, rows, hidden_size, dtype, bias)
+    vocab_start = 1000 * (rows % 3)
+    got = emu.shard(h, w, b, vocab_start, rows, path="simt")
+    assert_keys_equal(got, cpu_keys(h, w, b, vocab_start, rows), "simt")
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("batch,rows,hidden_size", MMA)
+def test_mma_argmax(emu, gen, dtype, batch, rows, hidden_size):
+    bias = (None, "f", "t")[batch % 3]
+    h, w, b = exact_problem(gen, batch, rows, hidden_size, dtype, bias)
+    got = emu.shard(h, w, b, 77, rows, path="mma")
+    assert_keys_equal(got, cpu_keys(h, w, b, 77, rows), "mma")
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("batch,rows,hidden_size", GEMM)
+def test_gemm_keys(emu, gen, dtype, batch, rows, hidden_size):
+    h, w, b = exact_problem(gen, batch, rows, hidden_size, dtype, (None, "f", "t")[batch % 3])
+    got = emu.shard(h, w, b, 5, rows, path="gemm", gemm_chunk=50)  # chunks of 50 batch rows: b0 > 0
+    assert_keys_equal(got, cpu_keys(h, w, b, 5, rows), "gemm")
+
+
+# --- top-k and sampling ---
+
+@pytest.mark.parametrize("dtype", ALL, ids=str)
+@pytest.mark.parametrize("batch,rows,hidden_size,k", [(1, 300, 40, 64), (3, 129, 4104, 5), (9, 65, 7, 1),
+                                                       (17, 200, 16, 64)])
+def test_simt_topk_in_torch_topk_order(emu, gen, dtype, batch, rows, hidden_size, k):
+    h, w, b = exact_problem(gen, batch, rows, hidden_size, dtype, "t")
+    got = emu.shard(h, w, b, 3, rows, k=k)
+    assert_keys_equal(got, cpu_keys(h, w, b, 3, rows, k=k), "topk")
+    logits = reference_logits(h, w, b)
+    kept = min(k, rows)
+    want = torch.topk(logits, kept, dim=1)
+    _, values = localargmax.decode_keys(got[:, :kept])
+    assert torch.equal(values.double(), want.values)
+    ids = decode(got[:, :kept]) - 3
+    assert torch.equal(logits.gather(1, ids), want.values)
+    assert (got[:, kept:] == 0).all()  # empty slots
+
+
+@pytest.mark.parametrize("path,dtype", [("simt", torch.float32), ("simt", torch.bfloat16), ("mma", torch.float16),
+                                        ("mma", torch.bfloat16), ("gemm", torch.bfloat16)])
+@pytest.mark.parametrize("batch,rows,hidden_size", [(5, 300, 40), (33, 129, 16)])
+def test_sample_equals_cpu_draws(emu, gen, path, dtype, batch, rows, hidden_size):
+    h, w, b = exact_problem(gen, batch, rows, hidden_size, dtype)
+    temperature = torch.tensor([0.0, 0.5, 1.0, 2.0, 1e-3, 7.0] * 6)[:batch]
+    seed, offset = int(torch.randint(0, 2**62, (1,), generator=gen)), 11
+    got = emu.shard(h, w, b, 64, rows, path=path, temperature=temperature, seed=seed, offset=offset)
+    assert_keys_equal(got, cpu_keys(h, w, b, 64, rows, temperature=temperature, seed=seed, offset=offset), path)
+
+
+@pytest.mark.parametrize("path,dtype", [("simt", torch.float32), ("mma", torch.bfloat16), ("gemm", torch.float16)])
+def test_invalid_temperature_rows_get_key_0(emu, gen, path, dtype):
+    """The CUDA kernels turn a NaN, negative or infinite temperature into key 0
+    ("no valid entry") for that row only; the CPU kernel raises instead."""
+    h, w, b = exact_problem(gen, 6, 130, 16, dtype)
+    temperature = torch.tensor([1.0, float("nan"), -1.0, float("inf"), 0.0, 0.25])
+    got = emu.shard(h, w, b, 0, 130, path=path, temperature=temperature, seed=9, offset=2)
+    assert got[1:4].tolist() == [0, 0, 0]
+    for row in (0, 4, 5):  # the valid rows: the CPU's draw for batch row `row` (Philox subsequence offset + row)
+        want = cpu_keys(h[row:row + 1], w, b, 0, 130, temperature=temperature[row:row + 1], seed=9, offset=2 + row)
+        assert got[row] == want[0], row
+
+
+# --- merge with d2t, empty shards ---
+
+def test_merge_keys_with_d2t_and_an_empty_shard(emu, gen):
+    h, w, _ = exact_problem(gen, 300, 200, 16, torch.bfloat16)
+    shards = [(0, 64), (64, 0), (64, 136)]  # (vocab_start, num_valid); the middle shard is empty
+    keys = torch.stack([emu.shard(h, w[s:s + n], None, s, n) for s, n in shards])
+    assert (keys[1] == 0).all()
+    d2t = torch.randint(0, 50, (200,), generator=gen)
+    ids, values = emu.merge_keys(keys, d2t)
+    want_ids, want_values = ops.merge_keys(keys, d2t)
+    assert torch.equal(ids, want_ids) and torch.equal(values, want_values)
+    # no valid entry, or a draft id past d2t: -1 and NaN (the CPU raises instead)
+    bad = torch.zeros(2, 3, dtype=torch.int64)
+    bad[:, 1] = keys[0, 0]
+    ids, values = emu.merge_keys(bad, d2t[:0])
+    assert ids.tolist() == [-1, -1, -1] and values.isnan().all()
+
+
+# --- the grid-y loop, padding rows, ties across blocks, special values ---
+
+@pytest.mark.parametrize("path", ["simt", "mma", "gemm"])
+@pytest.mark.parametrize("max_grid_y", [1, 2])
+def test_grid_y_loop(emu, gen, path, max_grid_y):
+    h, w, b = exact_problem(gen, 130, 150, 24, torch.bfloat16, "f")
+    got = emu.shard(h, w, b, 0, 150, path=path, max_grid_y=max_grid_y)
+    assert_keys_equal(got, cpu_keys(h, w, b, 0, 150), f"{path} grid y <= {max_grid_y}")
+    t = torch.full((130,), 0.7)
+    got = emu.shard(h, w, b, 0, 150, path=path, max_grid_y=max_grid_y, temperature=t, seed=3, offset=5)
+    assert_keys_equal(got, cpu_keys(h, w, b, 0, 150, temperature=t, seed=3, offset=5), "sample")
+
+
+@pytest.mark.parametrize("path,dtype", [("simt", torch.float32), ("simt", torch.bfloat16), ("mma", torch.bfloat16),
+                                        ("mma", torch.float16), ("gemm", torch.float16)])
+def test_padding_rows_never_win(emu, gen, path, dtype):
+    h, w, b = exact_problem(gen, 9, 256, 16, dtype, "f" if dtype != torch.float32 else "t", lo=0, hi=2)
+    w[70:] = 8.0  # padding rows past num_valid = 70, far larger than every real row
+    b[70:] = 1e4
+    got = emu.shard(h, w, b, 0, 70, path=path)
+    assert_keys_equal(got, cpu_keys(h, w, b, 0, 70), path)
+    assert (decode(got) < 70).all()
+
+
+@pytest.mark.parametrize("path,dtype", [("simt", torch.float32), ("simt", torch.bfloat16), ("mma", torch.bfloat16),
+                                        ("mma", torch.float16), ("gemm", torch.float16)])
+@pytest.mark.parametrize("scramble", [False, True])
+def test_ties_across_blocks_go_to_the_smallest_index(emu, gen, path, dtype, scramble):
+    """Random float data; the winning row is copied to rows in other warps, m-tiles
+    and blocks: identical rows give identical logits (rule 5), the smallest index wins."""
+    batch, rows, hidden_size = 12, 400, 40
+    h = torch.randn(batch, hidden_size, generator=gen).to(dtype)
+    w = (torch.randn(rows, hidden_size, generator=gen) * 0.1).to(dtype)
+    win = torch.randn(hidden_size, generator=gen).to(dtype)
+    places = [399, 263, 130, 69, 37, 21]
+    for r in places:
+        w[r] = win
+    h[:] = (win.float() * 3 + torch.randn(batch, hidden_size, generator=gen) * 0.05).to(dtype)
+    got = emu.shard(h, w, None, 0, rows, path=path, scramble=scramble, order_seed=int(gen.initial_seed()) % 1000)
+    assert (decode(got) == 21).all(), decode(got)
+    assert torch.equal(decode(got), decode(cpu_keys(h, w, None, 0, rows)))
+
+
+@pytest.mark.parametrize("path,dtype", [("simt", torch.float32), ("simt", torch.float16), ("mma", torch.bfloat16),
+                                        ("gemm", torch.bfloat16)])
+def test_nan_negative_zero_and_infinite_rows(emu, gen, path, dtype):
+    h, w, _ = exact_problem(gen, 6, 150, 16, dtype)
+    h[0] = 0.0          # every logit +-0.0: all tie, index 0 wins
+    h[1] = -0.0
+    h[2, 3] = float("nan")  # every logit NaN: index 0
+    got = emu.shard(h, w, None, 0, 150, path=path)
+    assert_keys_equal(got, cpu_keys(h, w, None, 0, 150), "+-0 and NaN rows")
+    assert decode(got)[:3].tolist() == [0, 0, 0]
+    w[100] = 0.0
+    w[100, 5] = float("nan")  # a NaN weight row wins every batch row (row 2: all NaN, index 0)
+    got = emu.shard(h, w, None, 0, 150, path=path)
+    assert_keys_equal(got, cpu_keys(h, w, None, 0, 150), "a NaN row")
+    assert decode(got).tolist() == [100, 100, 0, 100, 100, 100]
+    b = torch.full((150,), float("-inf"), dtype=torch.float32 if dtype != torch.float32 else dtype)
+    got = emu.shard(h[3:], w[:100], b[:100], 9, 100, path=path)  # all -inf: the first valid index
+    assert decode(got).tolist() == [9, 9, 9]
+    assert_keys_equal(got, cpu_keys(h[3:], w[:100], b[:100], 9, 100), "-inf rows")
+    b[42] = float("inf")
+    got = emu.shard(h[3:], w[:100], b[:100], 0, 100, path=path)
+    assert decode(got).tolist() == [42, 42, 42]
+
+
+@pytest.mark.parametrize("path,dtype", [("simt", torch.float32), ("simt", torch.bfloat16), ("mma", torch.bfloat16)])
+def test_random_floats_against_the_float64_reference(emu, gen, path, dtype):
+    for batch, rows, hidden_size in ((3, 300, 4104), (20, 129, 40)):
+        h = torch.randn(batch, hidden_size, generator=gen).to(dtype)
+        w = torch.randn(rows, hidden_size, generator=gen).to(dtype)
+        got = emu.shard(h, w, None, 0, rows, path=path)
+        ids, values = localargmax.decode_keys(got)
+        logits = reference_logits(h, w)
+        bound = 1.01 * hidden_size * 2.0**-24 * (h.double().abs() @ w.double().abs().T).max(1).values
+        top2 = logits.topk(2, dim=1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 2 * bound
+        assert clear.any()
+        assert torch.equal(ids[clear], logits.argmax(1)[clear])
+        assert ((values.double() - logits.gather(1, ids[:, None])[:, 0]).abs() <= bound).all()
+        assert ((values.double() - top2[:, 0]).abs() <= 2 * bound).all()
+
+
+@pytest.mark.parametrize("path", ["simt", "mma"])
+def test_weight_offsets_beyond_2_31_elements(emu, gen, path):
+    """A weight view whose rows lie 2**23 + 8 elements apart: rows >= 256 sit
+    past element 2**31 (4 GiB of bf16 address space, mostly never touched)."""
+    rows, hidden_size, ldw = 300, 16, 2**23 + 8
+    h, w, _ = exact_problem(gen, 9, rows, hidden_size, torch.bfloat16)
+    w[290] = 3.0  # the winner sits past 2**31 elements
+    h[:] = h.abs() + 1
+    view = emu.alloc_weight_view(rows, ldw, hidden_size, torch.bfloat16, w)
+    got = emu.shard(h, view, None, 0, rows, path=path)
+    assert_keys_equal(got, cpu_keys(h, w, None, 0, rows), "2**31 offsets")
+    assert (decode(got) == 290).all()

@@ -1,0 +1,128 @@
+"""Mutation check of the host emulation suite: deliberately broken copies of
+the kernel source (a missing barrier, off-by-one tails, a wrong shuffle mask,
+32-bit offsets, ...) are built with the emulation and run through a slice of
+tests/test_emulation.py; each must be caught (a checked failure or a wrong
+answer), and the same slice must pass on the real source."""
+from __future__ import annotations
+
+import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+import emulation
+import test_emulation as suite
+from emulation import CSRC, Emulator
+
+pytestmark = pytest.mark.skipif(not emulation.have_compiler(), reason="g++ / objcopy not found")
+
+B16 = torch.bfloat16  # the mutants are built for bfloat16 only
+
+# (id, how it must be caught (regex of the failure), file under csrc/cuda, text, broken text)
+MUTANTS = [
+    ("simt_missing_barrier", "never written in this block|shared race", "shard_argmax_kernel.cuh",
+     "block_best[warp][j] = best[j];\n      }\n      __syncthreads();\n",
+     "block_best[warp][j] = best[j];\n      }\n"),
+    ("simt_topk_missing_barrier", "shared race", "shard_argmax_kernel.cuh",
+     "candidates[i / NB][i % NB] = kNoEntryKey;\n      __syncthreads();\n",
+     "candidates[i / NB][i % NB] = kNoEntryKey;\n"),
+    ("mma_missing_trailing_barrier", "shared race", "shard_argmax_mma_kernel.cuh",
+     "fold_block_best(block_best, b0, batch, out.keys);\n    __syncthreads();\n",
+     "fold_block_best(block_best, b0, batch, out.keys);\n"),
+    ("simt_row_tail_off_by_one", "out-of-bounds global load", "shard_argmax_kernel.cuh",
+     "min(row_begin + kRowsPerBlock, static_cast<int>(num_valid))",
+     "min(row_begin + kRowsPerBlock, static_cast<int>(num_valid) + 1)"),
+    ("mma_row_tail_off_by_one", "out-of-bounds global load", "shard_argmax_mma_kernel.cuh",
+     "wok[mt][h] = row < num_valid;", "wok[mt][h] = row <= num_valid;"),
+    ("mma_k_tail_off_by_one", "out-of-bounds global load", "shard_argmax_mma_kernel.cuh",
+     "const bool kok = k + 8 * t < hidden_size;", "const bool kok = k + 8 * t <= hidden_size;"),
+    ("keys_column_tail_off_by_one", "out-of-bounds global load", "logits_to_keys_kernel.cuh",
+     "if (col < num_valid) {", "if (col <= num_valid) {"),
+    ("merge_batch_tail_off_by_one", "out-of-bounds global load", "merge_keys_kernel.cuh",
+     "if (b >= batch) return;", "if (b > batch) return;"),
+    ("mma_wrong_shuffle_mask", "mask 0x0000ffff excludes it", "shard_argmax_mma_kernel.cuh",
+     "__shfl_xor_sync(0xFFFFFFFFu, best[nt][j], offset)", "__shfl_xor_sync(0x0000FFFFu, best[nt][j], offset)"),
+    ("simt_short_butterfly", "differ from the CPU kernel", "shard_argmax_kernel.cuh",
+     "for (int offset = 16; offset > 0; offset /= 2) s = __fadd_rn",
+     "for (int offset = 16; offset > 1; offset /= 2) s = __fadd_rn"),
+    ("simt_32bit_row_offset", "out-of-bounds global load", "shard_argmax_kernel.cuh",
+     "weight + static_cast<int64_t>(row) * ldw;", "weight + row * static_cast<int>(ldw);"),
+    ("mma_32bit_row_offset", "out-of-bounds global load", "shard_argmax_mma_kernel.cuh",
+     "weight + static_cast<int64_t>(wok[mt][h] ? row : 0) * ldw",
+     "weight + (wok[mt][h] ? row : 0) * static_cast<int>(ldw)"),
+    ("sample_wrong_temperature_row", "differ from the CPU kernel", "shard_argmax_kernel.cuh",
+     "const float t = out.temperature[b];", "const float t = out.temperature[0];"),
+]
+
+# A slice of tests/test_emulation.py: (test function, its parameters), bf16.
+SLICE = [
+    (suite.test_simt_argmax, dict(dtype=B16, batch=130, rows=70, hidden_size=16)),
+    (suite.test_simt_argmax, dict(dtype=B16, batch=5, rows=63, hidden_size=7)),
+    (suite.test_simt_argmax, dict(dtype=B16, batch=8, rows=129, hidden_size=4104)),
+    (suite.test_mma_argmax, dict(dtype=B16, batch=65, rows=130, hidden_size=24)),
+    (suite.test_mma_argmax, dict(dtype=B16, batch=16, rows=300, hidden_size=40)),
+    (suite.test_gemm_keys, dict(dtype=B16, batch=7, rows=300, hidden_size=40)),
+    (suite.test_simt_topk_in_torch_topk_order, dict(dtype=B16, batch=17, rows=200, hidden_size=16, k=64)),
+    (suite.test_sample_equals_cpu_draws, dict(path="simt", dtype=B16, batch=5, rows=300, hidden_size=40)),
+    (suite.test_grid_y_loop, dict(path="simt", max_grid_y=1)),
+    (suite.test_grid_y_loop, dict(path="mma", max_grid_y=1)),
+    (suite.test_padding_rows_never_win, dict(path="simt", dtype=B16)),
+    (suite.test_padding_rows_never_win, dict(path="mma", dtype=B16)),
+    (suite.test_merge_keys_with_d2t_and_an_empty_shard, {}),
+    (suite.test_weight_offsets_beyond_2_31_elements, dict(path="simt")),
+    (suite.test_weight_offsets_beyond_2_31_elements, dict(path="mma")),
+]
+
+
+def run_slice(emu: Emulator, seed: int, stop_at: str | None = None) -> list[str]:
+    """The slice's checks that fail, with the first line of why; stop_at: stop
+    at the first failure matching this regex."""
+    failures = []
+    for fn, kwargs in SLICE:
+        gen = torch.Generator().manual_seed(seed)
+        try:
+            fn(emu, gen, **kwargs)
+        except AssertionError as e:  # EmuError is one
+            first = str(e).strip().splitlines()[0] if str(e).strip() else "assertion"
+            failures.append(f"{fn.__name__}{kwargs}: {first[:300]}")
+            if stop_at is not None and re.search(stop_at, first):
+                break
+    return failures
+
+
+def _build_mutant(tmp_root, mutant):
+    name, _, file, old, new = mutant
+    root = tmp_root / name
+    for d in ("common", "cuda", "emu"):
+        shutil.copytree(CSRC / d, root / d)
+    path = root / "cuda" / file
+    text = path.read_text()
+    assert text.count(old) >= 1, f"mutation anchor of {name} not found in {file} (update this test)"
+    path.write_text(text.replace(old, new))
+    return emulation.build(root, tag=f"mutant-{name}", bf16_only=True)
+
+
+@pytest.fixture(scope="module")
+def mutant_libs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mutants")
+    with ThreadPoolExecutor(max_workers=2) as pool:  # g++ runs in subprocesses
+        libs = list(pool.map(lambda m: _build_mutant(root, m), MUTANTS))
+    return {m[0]: lib for m, lib in zip(MUTANTS, libs)}
+
+
+def test_slice_passes_on_the_real_kernels(seed):
+    emu = Emulator(emulation.build())
+    assert run_slice(emu, seed) == []
+
+
+@pytest.mark.parametrize("mutant", [m[0] for m in MUTANTS])
+def test_mutant_is_caught(mutant_libs, mutant, seed):
+    reason = next(m[1] for m in MUTANTS if m[0] == mutant)
+    failures = run_slice(Emulator(mutant_libs[mutant]), seed, stop_at=reason)
+    assert failures, f"the broken kernel '{mutant}' passed every check of the slice"
+    assert re.search(reason, failures[-1]), f"'{mutant}' was not caught as /{reason}/: {failures}"
+    if "global" in reason:  # compute-sanitizer style: kernel, block, thread, offset
+        assert re.search(r"_kernel block \(\d+,\d+\) thread \d+ .*(byte offset|bytes before)", failures[-1])
+    print(f"\n{mutant}: caught by {failures[-1]}")
