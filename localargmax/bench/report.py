@@ -113,6 +113,39 @@ def format_table(rows: List[dict], kernel_only: bool) -> str:
     return "\n".join(lines)
 
 
+# One-line definitions of the table's columns: the legend under the printed
+# table and the "columns:" section of --help both use these words.
+DEFINITIONS = {
+    "median_us": "rank 0's step time in µs (median, 90th percentile)",
+    "sent_B": "bytes one rank sends per step",
+    "recv_B": "bytes one rank receives per step",
+    "speedup": "full-gather's median time / this row's (same shape, batch)",
+    "agree": "fraction of rows whose ids equal the float64 reference's",
+    "agree_topk": "fraction of rows whose K ids equal the reference's, in order",
+    "tp_inv": "fraction of rows whose sample equals the one-rank sample",
+    "kernel_median_us": "one local step's time in µs (median, 90th percentile)",
+    "gbps": "weight bytes read / median time",
+    "vs_torch": "torch-matmul-max's median time / this row's",
+    "of_stream": "this row's GB/s / the stream-read row's GB/s",
+}
+
+
+def format_legend(rows: List[dict], kernel_only: bool) -> str:
+    """The two-line legend printed under :func:`format_table`'s table, in the
+    words of :data:`DEFINITIONS` (the same as ``--help``'s)."""
+    d = DEFINITIONS
+    if kernel_only:
+        first = f"vs_torch = {d['vs_torch']}; of_stream = {d['of_stream']}"
+        second = f"median_us, p90_us = {d['kernel_median_us']}; GB/s = {d['gbps']}"
+    else:
+        op = rows[0].get("op", "argmax") if rows else "argmax"
+        agree = {"argmax": f"agree = {d['agree']}", "topk": f"agree = {d['agree_topk']}",
+                 "sample": f"tp_inv = {d['tp_inv']}"}[op]
+        first = f"speedup = {d['speedup']}; {agree}"
+        second = f"sent_B = {d['sent_B']}; recv_B = {d['recv_B']}"
+    return f"{first}\n{second} (all columns: --help)"
+
+
 def finish(rows: List[dict], cfg, kernel_only: bool) -> None:
     """Print the table (to stderr when the JSON goes to stdout) and write the JSON."""
     to_stdout = cfg.json_path == "-"
@@ -127,7 +160,8 @@ def finish(rows: List[dict], cfg, kernel_only: bool) -> None:
         elif op == "sample":
             header += f" op=sample temperature={first['temperature']:g} seed={first['seed']} offset={first['offset']}"
         print(header, file=out)
-    print(format_table(rows, kernel_only), file=out, flush=True)
+    print(format_table(rows, kernel_only), file=out)
+    print(format_legend(rows, kernel_only), file=out, flush=True)
     if cfg.json_path:
         doc = {"env": env_info(cfg.device, cfg.threads), "rows": rows, "command": shlex.join(cfg.command)}
         text = json.dumps(doc, indent=2)
