@@ -10,17 +10,26 @@ Environment switches (all optional):
 
 CUDA kernels are compiled whenever torch is a CUDA build and nvcc is found; no
 GPU is needed to build them.
+
+The build prints what it compiles, an estimate of how long that takes, ninja's
+[n/N] progress and the time it took. pip shows a build's output only with
+``pip install -v``; the full log is build/cmake-*/build.log either way.
 """
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
+# Seconds to compile one file on a 2-core machine (measured, see the README's
+# install table): a C++ file, and a .cu file for each CUDA architecture.
+SECONDS_PER_CPP_FILE = 12
+SECONDS_PER_CUDA_FILE_AND_ARCH = 50
 
 
 def find_cuda_home():
@@ -92,17 +101,48 @@ class CMakeBuild(build_ext):
             build_dir.mkdir(parents=True)
         cmake = find_build_tool("cmake")
         subprocess.check_call([cmake, "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
+        archs = arch.split(";") if with_cuda else []
+        print(plan(pending_sources(cmake, build_dir, env), archs), flush=True)
         jobs = os.environ.get("LOCALARGMAX_BUILD_JOBS", str(os.cpu_count() or 1))
         log = build_dir / "build.log"
+        start = time.monotonic()
         with open(log, "w") as f:
-            proc = subprocess.Popen([cmake, "--build", str(build_dir), "-j", jobs, "--", "-v"], env=env,
+            proc = subprocess.Popen([cmake, "--build", str(build_dir), "-j", jobs], env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for line in proc.stdout:
                 f.write(line)
                 if not line.startswith("ptxas info") and "bytes stack frame" not in line:
-                    sys.stdout.write(line)
+                    sys.stdout.write(f"localargmax {_clock(time.monotonic() - start)} {line}")
+                    sys.stdout.flush()
             if proc.wait() != 0:
                 raise subprocess.CalledProcessError(proc.returncode, "cmake --build")
+        print(f"localargmax: built in {_clock(time.monotonic() - start)} (min:s); full log {log}", flush=True)
+
+
+def pending_sources(cmake: str, build_dir: Path, env: dict) -> list:
+    """The source files the next build will compile (a ninja dry run)."""
+    out = subprocess.run([cmake, "--build", str(build_dir), "--", "-n"], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    return [line.split(" object ", 1)[1].strip() for line in out.splitlines() if " object " in line]
+
+
+def plan(sources: list, archs: list) -> str:
+    """What the build compiles and roughly how long that takes, in one paragraph."""
+    cu = [s for s in sources if s.endswith(".cu.o")]
+    cpp = len(sources) - len(cu)
+    seconds = cpp * SECONDS_PER_CPP_FILE + len(cu) * len(archs) * SECONDS_PER_CUDA_FILE_AND_ARCH
+    what = f"{cpp} C++ file(s)"
+    if archs:
+        what += f" + {len(cu)} CUDA file(s) for {len(archs)} architecture(s) ({', '.join(archs)})"
+    lines = [f"localargmax: compiling {what}; about {_clock(seconds)} (min:s) on 2 cores, less with more."]
+    if archs:
+        lines.append("localargmax: no GPU here? LOCALARGMAX_CUDA=0 skips the CUDA kernels; "
+                     "LOCALARGMAX_CUDA_ARCH=90a builds one architecture.")
+    return "\n".join(lines)
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
 
 
 setup(
