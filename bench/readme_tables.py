@@ -12,8 +12,8 @@ the columns, rows and units the CLI prints, followed by the CLI's legend and a
 note naming the files, the command that wrote them and the machine. When the
 glob matches several runs of one command, each cell shows the median over the
 runs and, where the runs differ, their range: ``1.30 (1.17–1.59)``. A file
-with ``{"rows": [{"what", "command", "seconds"}]}`` (install times) becomes a
-table of those.
+whose rows hold ``what, command, seconds, build_seconds, loadavg`` (timed
+install commands, bench/results/install_times.json) becomes a table of those.
 
     python bench/readme_tables.py           # check: exit 1 and a diff if README.md is stale
     python bench/readme_tables.py --write   # rewrite the tables in README.md
@@ -112,15 +112,22 @@ def _provenance(docs: list) -> str:
 
 
 def install_table(docs: list) -> str:
-    """A table of measured install / build times."""
-    lines = ["| what | command | measured |", "|---|---|---|"]
+    """A table of measured install times (rows: what, command, seconds, build_seconds, loadavg)."""
+    lines = ["| install | total | of it, compiling localargmax | 1-minute load average |", "|---|---|---|---|"]
     for doc in docs:
         for row in doc["rows"]:
-            lines.append(f"| {row['what']} | `{row['command']}` | {row['seconds'] / 60:.1f} min ({row['seconds']:.0f} s) |")
+            lines.append(f"| {row['what']} | {_minutes(row['seconds'])} | {_minutes(row['build_seconds'])} | "
+                         f"{row['loadavg']} |")
     env = docs[0]["env"]
     files = ", ".join(f"`{d['path']}`" for d in docs)
-    lines += ["", f"From {files}: one machine's times ({env['cpu']}, {env['cpu_count']} CPUs; {env['note']})."]
+    lines += ["", f"From {files}: the install commands above, each timed in a new clone "
+              f"(`{docs[0]['command']}`). One machine's times: {env['cpu']}, {env['cpu_count']} CPUs, "
+              f"Python {env['python']}; {env['note']}."]
     return "\n".join(lines)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min ({seconds:.0f} s)"
 
 
 def render(readme: str) -> str:

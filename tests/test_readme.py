@@ -100,3 +100,9 @@ def test_ci_runs_the_readme_gpu_install():
     command = gpu_install.strip().split(" && ")
     pip_part = " && ".join(c for c in command if c.startswith("pip install"))
     assert pip_part and pip_part in (ROOT / ".ci" / "run").read_text()
+
+
+def test_timed_install_commands_are_the_readme_ones():
+    blocks = [code for lang, code, _, _ in code_blocks(README.read_text()) if lang == "bash"]
+    rows = [row for doc in readme_tables().load("install_times.json") for row in doc["rows"]]
+    assert rows and all(any(row["command"] + " && localargmax-bench" in b for b in blocks) for row in rows), rows
