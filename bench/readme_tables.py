@@ -31,6 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's localargmax (its table format and legend)
+from localargmax.bench.report import format_cell, format_legend, table_columns  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 BLOCK = re.compile(r"(<!-- results: (?P<glob>\S+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
 # Columns whose value is a measurement that differs between runs of one command.
@@ -59,23 +61,19 @@ def _key(row: dict, columns) -> tuple:
 
 def _cell(values: list) -> str:
     """One cell: the CLI's format of the median over runs, plus the range when runs differ."""
-    from localargmax.bench.report import _fmt
-
     present = [v for v in values if v is not None]
     if not present:
         return "-"
     if len(set(present)) == 1 or not isinstance(present[0], (int, float)):
-        return _fmt(present[0])
+        return format_cell(present[0])
     mid = statistics.median_low(present) if isinstance(present[0], int) else statistics.median(present)
-    return f"{_fmt(mid)} ({_fmt(min(present))}–{_fmt(max(present))})"
+    return f"{format_cell(mid)} ({format_cell(min(present))}–{format_cell(max(present))})"
 
 
 def bench_table(docs: list) -> str:
     """A benchmark table: the CLI's columns and rows, one cell per run set."""
-    from localargmax.bench.report import _KERNEL_COLUMNS, _multi_columns, format_legend
-
     kernel_only = "speedup_vs_torch" in docs[0]["rows"][0]
-    columns = _KERNEL_COLUMNS if kernel_only else _multi_columns(docs[0]["rows"])
+    columns = table_columns(docs[0]["rows"], kernel_only)
     keys = [_key(r, columns) for r in docs[0]["rows"]]
     runs = []
     for doc in docs:

@@ -77,7 +77,9 @@ _KERNEL_COLUMNS = (("method", "method"), ("shape", "shape"), ("rows", "rows"), (
                    ("fraction_of_stream", "of_stream"), ("speedup_vs_torch", "vs_torch"), ("agree", "agree"))
 
 
-def _fmt(value) -> str:
+def format_cell(value) -> str:
+    """One table cell as the CLI prints it: "-" for None; floats with 3 decimals
+    below 10, 1 below 100, none from 100 up."""
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -99,10 +101,15 @@ def _multi_columns(rows: List[dict]) -> tuple:
     return tuple(columns)
 
 
+def table_columns(rows: List[dict], kernel_only: bool) -> tuple:
+    """The printed table's ``(JSON key, column title)`` pairs for these rows."""
+    return _KERNEL_COLUMNS if kernel_only else _multi_columns(rows)
+
+
 def format_table(rows: List[dict], kernel_only: bool) -> str:
     """Plain aligned text table of the rows (numbers right-aligned)."""
-    columns = _KERNEL_COLUMNS if kernel_only else _multi_columns(rows)
-    cells = [[title for _, title in columns]] + [[_fmt(r.get(key)) for key, _ in columns] for r in rows]
+    columns = table_columns(rows, kernel_only)
+    cells = [[title for _, title in columns]] + [[format_cell(r.get(key)) for key, _ in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     lines = []
     for n, row in enumerate(cells):
