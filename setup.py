@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -102,21 +103,44 @@ class CMakeBuild(build_ext):
         cmake = find_build_tool("cmake")
         subprocess.check_call([cmake, "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
         archs = arch.split(";") if with_cuda else []
-        print(plan(pending_sources(cmake, build_dir, env), archs), flush=True)
+        sources = pending_sources(cmake, build_dir, env)
+        print(plan(sources, archs), flush=True)
         jobs = os.environ.get("LOCALARGMAX_BUILD_JOBS", str(os.cpu_count() or 1))
         log = build_dir / "build.log"
-        start = time.monotonic()
+        seconds = compile_with_progress([cmake, "--build", str(build_dir), "-j", jobs], env, log, sources)
+        print(f"localargmax: built in {_clock(seconds)} (min:s); full log {log}", flush=True)
+
+
+def compile_with_progress(command: list, env: dict, log: Path, sources: list) -> float:
+    """Run the build, copying its output to ``log`` and to stdout (ninja's
+    [n/N] lines, which it prints as each file finishes, prefixed with the
+    elapsed time; not ptxas' per-kernel resource lines), and every minute the
+    files not finished yet. Returns the seconds it took."""
+    start = time.monotonic()
+    finished = []
+    quiet = threading.Event()
+
+    def heartbeat():
+        while not quiet.wait(60):
+            left = [Path(s).name.removesuffix(".o") for s in sources if not any(s in line for line in finished)]
+            if left:
+                print(f"localargmax {_clock(time.monotonic() - start)} not finished yet: {', '.join(left)}", flush=True)
+
+    threading.Thread(target=heartbeat, daemon=True).start()
+    try:
         with open(log, "w") as f:
-            proc = subprocess.Popen([cmake, "--build", str(build_dir), "-j", jobs], env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for line in proc.stdout:
                 f.write(line)
+                if line.startswith("["):
+                    finished.append(line)
                 if not line.startswith("ptxas info") and "bytes stack frame" not in line:
-                    sys.stdout.write(f"localargmax {_clock(time.monotonic() - start)} {line}")
-                    sys.stdout.flush()
+                    print(f"localargmax {_clock(time.monotonic() - start)} {line}", end="", flush=True)
             if proc.wait() != 0:
                 raise subprocess.CalledProcessError(proc.returncode, "cmake --build")
-        print(f"localargmax: built in {_clock(time.monotonic() - start)} (min:s); full log {log}", flush=True)
+    finally:
+        quiet.set()
+    return time.monotonic() - start
 
 
 def pending_sources(cmake: str, build_dir: Path, env: dict) -> list:
