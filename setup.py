@@ -158,7 +158,8 @@ def plan(sources: list, archs: list) -> str:
     what = f"{cpp} C++ file(s)"
     if archs:
         what += f" + {len(cu)} CUDA file(s) for {len(archs)} architecture(s) ({', '.join(archs)})"
-    lines = [f"localargmax: compiling {what}; about {_clock(seconds)} (min:s) on 2 cores, less with more."]
+    lines = [f"localargmax: compiling {what}; about {_clock(seconds)} (min:s) on 2 idle cores, "
+             "more when they are busy, less with more cores."]
     if archs:
         lines.append("localargmax: no GPU here? LOCALARGMAX_CUDA=0 skips the CUDA kernels; "
                      "LOCALARGMAX_CUDA_ARCH=90a builds one architecture.")

@@ -111,7 +111,7 @@ def _provenance(docs: list) -> str:
 
 def install_table(docs: list) -> str:
     """A table of measured install times (rows: what, command, seconds, build_seconds, loadavg)."""
-    lines = ["| install | total | of it, compiling localargmax | 1-minute load average |", "|---|---|---|---|"]
+    lines = ["| install | total | of it, compiling localargmax | 1-minute load average during the build |", "|---|---|---|---|"]
     for doc in docs:
         for row in doc["rows"]:
             lines.append(f"| {row['what']} | {_minutes(row['seconds'])} | {_minutes(row['build_seconds'])} | "
