@@ -115,7 +115,7 @@ models (shape names in the rows):
 EPILOG = """\
 examples:
   localargmax-bench                                   # tp=2 gloo, minilm, fp32, B=1,8,64
-  localargmax-bench --json bench/results/cpu_minilm_default.json
+  localargmax-bench --json bench/results/cpu_minilm_default.1.json
   localargmax-bench --model qwen3 --batch 1,8 --steps 5
   localargmax-bench --model synthetic --vocab 262144 --hidden 2048 --methods full-gather,fused
   localargmax-bench --op topk --k 8 --json bench/results/cpu_minilm_topk8.json
