@@ -10,17 +10,27 @@ Environment switches (all optional; the registry is localargmax/envs.py):
 
 CUDA kernels are compiled whenever torch is a CUDA build and nvcc is found; no
 GPU is needed to build them.
+
+The build prints what it compiles, an estimate of how long that takes, ninja's
+[n/N] progress and the time it took. pip shows a build's output only with
+``pip install -v``; the full log is build/cmake-*/build.log either way.
 """
 import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
+# Seconds to compile one file on a 2-core machine (measured, see the README's
+# install table): a C++ file, and a .cu file for each CUDA architecture.
+SECONDS_PER_CPP_FILE = 12
+SECONDS_PER_CUDA_FILE_AND_ARCH = 50
 
 
 def load_envs():
@@ -104,17 +114,72 @@ class CMakeBuild(build_ext):
             build_dir.mkdir(parents=True)
         cmake = find_build_tool("cmake")
         subprocess.check_call([cmake, "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
+        archs = arch.split(";") if with_cuda else []
+        sources = pending_sources(cmake, build_dir, env)
+        print(plan(sources, archs), flush=True)
         jobs = str(envs.LOCALARGMAX_BUILD_JOBS)
         log = build_dir / "build.log"
+        seconds = compile_with_progress([cmake, "--build", str(build_dir), "-j", jobs], env, log, sources)
+        print(f"localargmax: built in {_clock(seconds)} (min:s); full log {log}", flush=True)
+
+
+def compile_with_progress(command: list, env: dict, log: Path, sources: list) -> float:
+    """Run the build, copying its output to ``log`` and to stdout (ninja's
+    [n/N] lines, which it prints as each file finishes, prefixed with the
+    elapsed time; not ptxas' per-kernel resource lines), and every minute the
+    files not finished yet. Returns the seconds it took."""
+    start = time.monotonic()
+    finished = []
+    quiet = threading.Event()
+
+    def heartbeat():
+        while not quiet.wait(60):
+            left = [Path(s).name.removesuffix(".o") for s in sources if not any(s in line for line in finished)]
+            if left:
+                print(f"localargmax {_clock(time.monotonic() - start)} not finished yet: {', '.join(left)}", flush=True)
+
+    threading.Thread(target=heartbeat, daemon=True).start()
+    try:
         with open(log, "w") as f:
-            proc = subprocess.Popen([cmake, "--build", str(build_dir), "-j", jobs, "--", "-v"], env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for line in proc.stdout:
                 f.write(line)
+                if line.startswith("["):
+                    finished.append(line)
                 if not line.startswith("ptxas info") and "bytes stack frame" not in line:
-                    sys.stdout.write(line)
+                    print(f"localargmax {_clock(time.monotonic() - start)} {line}", end="", flush=True)
             if proc.wait() != 0:
                 raise subprocess.CalledProcessError(proc.returncode, "cmake --build")
+    finally:
+        quiet.set()
+    return time.monotonic() - start
+
+
+def pending_sources(cmake: str, build_dir: Path, env: dict) -> list:
+    """The source files the next build will compile (a ninja dry run)."""
+    out = subprocess.run([cmake, "--build", str(build_dir), "--", "-n"], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    return [line.split(" object ", 1)[1].strip() for line in out.splitlines() if " object " in line]
+
+
+def plan(sources: list, archs: list) -> str:
+    """What the build compiles and roughly how long that takes, in one paragraph."""
+    cu = [s for s in sources if s.endswith(".cu.o")]
+    cpp = len(sources) - len(cu)
+    seconds = cpp * SECONDS_PER_CPP_FILE + len(cu) * len(archs) * SECONDS_PER_CUDA_FILE_AND_ARCH
+    what = f"{cpp} C++ file(s)"
+    if archs:
+        what += f" + {len(cu)} CUDA file(s) for {len(archs)} architecture(s) ({', '.join(archs)})"
+    lines = [f"localargmax: compiling {what}; about {_clock(seconds)} (min:s) on 2 idle cores, "
+             "more when they are busy, less with more cores."]
+    if archs:
+        lines.append("localargmax: no GPU here? LOCALARGMAX_CUDA=0 skips the CUDA kernels; "
+                     "LOCALARGMAX_CUDA_ARCH=90a builds one architecture.")
+    return "\n".join(lines)
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
 
 
 setup(

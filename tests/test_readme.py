@@ -1,18 +1,108 @@
-"""The README's Python API example runs as written (in a fresh interpreter,
-since it creates a process group) and its own assertion holds."""
+"""README.md keeps its promises: every ```python and ```bash block runs as
+pasted (bar the bash blocks marked as not run, each with its reason), and the
+measured tables are exactly what bench/readme_tables.py renders from the
+committed bench/results/*.json."""
+import importlib.util
+import os
 import pathlib
 import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+# A bash block that must not run here (it creates a venv, or runs this suite)
+# sits right under this comment, which gives the reason.
+NOT_RUN = "<!-- not run by tests/test_readme.py: "
+BLOCK = re.compile(r"^(?P<marker><!--[^\n]*-->\n)?```(?P<lang>\w*)\n(?P<code>.*?)^```$", re.S | re.M)
 
 
-def test_readme_api_example_runs(tmp_path):
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
-    example = next(b for b in blocks if "lm_head_argmax(" in b and "init_process_group" in b)
-    script = tmp_path / "example.py"
-    script.write_text(example)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def code_blocks(text: str):
+    """``(lang, code, line, reason_not_run or None)`` for every fenced block."""
+    blocks = []
+    for m in BLOCK.finditer(text):
+        marker = m["marker"] or ""
+        reason = marker[len(NOT_RUN):-len(" -->\n")] if marker.startswith(NOT_RUN) else None
+        blocks.append((m["lang"], m["code"], text.count("\n", 0, m.start("lang")) + 1, reason))
+    return blocks
+
+
+def readme_tables():
+    spec = importlib.util.spec_from_file_location("readme_tables", ROOT / "bench" / "readme_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RUNNABLE = [b for b in code_blocks(README.read_text()) if b[0] in ("python", "bash") and b[3] is None]
+
+
+def test_code_blocks_are_found_and_skips_are_few_and_justified():
+    blocks = code_blocks(README.read_text())
+    assert sum(lang == "python" for lang, *_ in RUNNABLE) >= 2, "the API and draft-model examples"
+    skipped = [(lang, line, reason) for lang, _, line, reason in blocks if reason is not None]
+    assert all(lang == "bash" and len(reason) > 20 for lang, _, reason in skipped), skipped
+    assert len(skipped) <= 3, f"only the install commands and the test command itself may be skipped: {skipped}"
+    assert {lang for lang, *_ in blocks} <= {"python", "bash", ""}, "a block in a language this test cannot run"
+
+
+@pytest.mark.parametrize("lang,code,line", [b[:3] for b in RUNNABLE], ids=[f"{b[0]}-line{b[2]}" for b in RUNNABLE])
+def test_code_block_runs_as_pasted(lang, code, line, tmp_path):
+    # Python blocks run in a fresh interpreter (they may create a process
+    # group); bash blocks from the repository root with this interpreter first
+    # on PATH, as after the README's `. .venv/bin/activate`.
+    env = dict(os.environ, PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if lang == "python":
+        script = tmp_path / "block.py"
+        script.write_text(code)
+        cmd, cwd = [sys.executable, str(script)], tmp_path
+    else:
+        cmd, cwd = ["bash", "-e", "-o", "pipefail", "-c", code], ROOT
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
+    assert proc.returncode == 0, f"README.md line {line}:\n{code}\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+
+
+def test_readme_tables_match_bench_results():
+    readme = README.read_text()
+    assert readme_tables().render(readme) == readme, "README.md is stale: run python bench/readme_tables.py --write"
+
+
+def test_every_bench_result_is_in_the_readme():
+    tables = readme_tables()
+    shown = {doc["path"] for m in tables.BLOCK.finditer(README.read_text()) for doc in tables.load(m["glob"])}
+    committed = {str(p.relative_to(ROOT)) for p in (ROOT / "bench" / "results").glob("*.json")}
+    assert committed - shown == set(), "results not rendered in README.md (add a <!-- results: ... --> block)"
+
+
+def test_check_fails_when_a_figure_is_edited_by_hand(tmp_path, capsys):
+    tables = readme_tables()
+    readme = README.read_text()
+    first_row = next(line for line in readme.splitlines() if line.startswith("| full-gather |"))
+    edited = tmp_path / "README.md"
+    edited.write_text(readme.replace(first_row, first_row.replace("| 1.000 |", "| 1.100 |", 1), 1))
+    assert tables.main(["--readme", str(edited)]) == 1
+    assert "1.100" in capsys.readouterr().out
+    assert tables.main(["--readme", str(README)]) == 0
+
+
+def test_no_measured_figure_outside_the_rendered_tables():
+    # Times, bandwidths and ratios belong in the tables rendered from JSON.
+    prose = readme_tables().BLOCK.sub("", README.read_text())
+    figures = re.findall(r"[^\n]*\d[\d.,]*\s?(?:ms|µs|GB/s|GFLOP/s|×)(?![\w/])[^\n]*", prose)
+    assert figures == [], figures
+
+
+def test_ci_runs_the_readme_gpu_install():
+    # CI must keep compiling the CUDA kernels, with the command a reader pastes.
+    gpu_install = next(code for lang, code, _, _ in code_blocks(README.read_text()) if "torch==2.14.1" in code)
+    command = gpu_install.strip().split(" && ")
+    pip_part = " && ".join(c for c in command if c.startswith("pip install"))
+    assert pip_part and pip_part in (ROOT / ".ci" / "run").read_text()
+
+
+def test_timed_install_commands_are_the_readme_ones():
+    blocks = [code for lang, code, _, _ in code_blocks(README.read_text()) if lang == "bash"]
+    rows = [row for doc in readme_tables().load("install_times.json") for row in doc["rows"]]
+    assert rows and all(any(row["command"] + " && localargmax-bench" in b for b in blocks) for row in rows), rows

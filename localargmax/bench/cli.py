@@ -48,38 +48,54 @@ default 1.0, 0 = greedy):
                    row (localargmax.lm_head_sample). Every timed step uses the
                    same seed and offset.
 
-columns:
-  median_us, p90_us   step time. Every timed step starts after a barrier (not
-                      timed); the time is rank 0's wall time until its ids
-                      are ready (CUDA: after synchronize). All methods end in
-                      a collective, so this includes waiting for every rank.
-  sent_B (bytes_sent_per_rank)  payload one rank contributes to the collective
-                      per step: full-gather B*rows*itemsize; unfused-local
-                      8*B (two float32); fused and fused-allreduce 8*B (one key);
-                      fused topk 8*K*B (one key per candidate).
-  recv_B (bytes_recv_per_rank)  all-gather: (tp-1)*payload. all-reduce: the
-                      ring-algorithm ESTIMATE 2*(tp-1)/tp*payload (the real
-                      traffic depends on the backend's algorithm).
-  speedup             full-gather median / this median (same shape, batch).
-  agree               fraction of rows whose ids (on every rank) equal the
-                      float64 reference: logits of the full unpadded lm_head in
-                      float64 (inputs first rounded to --dtype), torch.argmax,
-                      then d2t. Synthetic shapes: rank 0 regenerates the weight
-                      block by block from the seed and keeps the first maximum
-                      across blocks (torch.argmax rule), independent of the
-                      kernels under test.
-                      --op topk: fraction of rows whose K ids, in order, equal
-                      the float64 reference top-K (larger logit first, ties to
-                      the smaller index; a stable sort), mapped by d2t.
+columns (the first line of each is the legend printed under the table):
+  median_us, p90_us   {median_us}.
+                      Every timed step starts after a barrier (not timed);
+                      the time is rank 0's wall time until its ids are ready
+                      (CUDA: after synchronize). All methods end in a
+                      collective, so this includes waiting for every rank.
+  sent_B              {sent_B}
+                      (JSON bytes_sent_per_rank): the payload it contributes
+                      to the collective: full-gather B*rows*itemsize;
+                      unfused-local 8*B (two float32); fused and
+                      fused-allreduce 8*B (one key); fused topk 8*K*B.
+  recv_B              {recv_B}
+                      (JSON bytes_recv_per_rank). all-gather: (tp-1)*payload.
+                      all-reduce: the ring-algorithm ESTIMATE
+                      2*(tp-1)/tp*payload (the real traffic depends on the
+                      backend's algorithm).
+  speedup             {speedup}.
+  agree               {agree},
+                      on every rank. The reference: logits of the full unpadded
+                      lm_head in float64 (inputs first rounded to --dtype),
+                      torch.argmax, then d2t. Synthetic shapes: rank 0
+                      regenerates the weight block by block from the seed and
+                      keeps the first maximum across blocks (torch.argmax
+                      rule), independent of the kernels under test.
+                      --op topk:
+                      {agree_topk}
+                      (the float64 reference top-K: larger logit first, ties
+                      to the smaller index, a stable sort, mapped by d2t).
                       --op sample: "-" (another random stream, not comparable).
   k                   --op topk only: K.
-  tp_inv (tp_invariance)  --op sample, fused only: fraction of rows whose
-                      sample (on every rank) equals lm_head_sample on rank 0
-                      with group=None on the whole unpadded lm_head in --dtype,
-                      same seed and offset: the sample must not depend on tp.
+  tp_inv              {tp_inv}
+                      (JSON tp_invariance; --op sample, fused only): the
+                      one-rank sample is lm_head_sample on rank 0 with
+                      group=None on the whole unpadded lm_head in --dtype, same
+                      seed and offset; the sample must not depend on tp.
                       "-" when the full matrix does not fit in memory.
                       (JSON: sample rows also hold ranks_agree, the fraction
                       of rows whose sample is the same on every rank.)
+ --kernel-only columns:
+  median_us, p90_us   {kernel_median_us}.
+  GB/s                {gbps}.
+  of_stream           {of_stream}.
+                      The stream-read row is the bandwidth bound of the same
+                      run: on CPU the faster of two torch reads of the same
+                      bytes (int64 sum on all threads, float32 mv with a ones
+                      vector; JSON stream_method), on CUDA a device-to-device
+                      copy counted as read + write bytes.
+  vs_torch            {vs_torch}.
 
 --kernel-only: the local step alone in one process (no ranks) for --op argmax,
 topk or sample, on the rank-0 shard of each --tp (comma list, default 1; e.g.
@@ -131,7 +147,7 @@ models (shape names in the rows):
 EPILOG = """\
 examples:
   localargmax-bench                                   # tp=2 gloo, minilm, fp32, B=1,8,64
-  localargmax-bench --json bench/results/cpu_minilm_default.json
+  localargmax-bench --json bench/results/cpu_minilm_default.1.json
   localargmax-bench --model qwen3 --batch 1,8 --steps 5
   localargmax-bench --model synthetic --vocab 262144 --hidden 2048 --methods full-gather,fused
   localargmax-bench --op topk --k 8 --json bench/results/cpu_minilm_topk8.json
@@ -157,7 +173,10 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     """The argument parser (its --help is the user documentation)."""
     from .runner import DTYPES, OP_METHODS, OPS
 
-    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG,
+    from .report import DEFINITIONS
+
+    description = DESCRIPTION.format(**DEFINITIONS)
+    p = argparse.ArgumentParser(prog=prog, description=description, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=MODELS, default="minilm", help="lm_head and inputs (default: minilm)")
     p.add_argument("--vocab", type=int, help="vocabulary size, with --model synthetic")

@@ -103,7 +103,8 @@ def _kernel_columns(rows: List[dict]) -> tuple:
     return tuple(columns)
 
 
-def _cell(row: dict, key):
+def cell_value(row: dict, key):
+    """The value of one table column in a row (``key`` as in :func:`table_columns`)."""
     if isinstance(key, tuple):  # ("flashsampling_h200", column): the published ratio
         return ((row.get(key[0]) or {}).get(key[1]) or {}).get("ratio")
     if key == "note":
@@ -119,7 +120,9 @@ def device_label(device: str) -> str:
     return device.upper()
 
 
-def _fmt(value) -> str:
+def format_cell(value) -> str:
+    """One table cell as the CLI prints it: "-" for None; floats with 3 decimals
+    below 10, 1 below 100, none from 100 up."""
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -141,10 +144,15 @@ def _multi_columns(rows: List[dict]) -> tuple:
     return tuple(columns)
 
 
+def table_columns(rows: List[dict], kernel_only: bool) -> tuple:
+    """The printed table's ``(JSON key, column title)`` pairs for these rows."""
+    return _kernel_columns(rows) if kernel_only else _multi_columns(rows)
+
+
 def format_table(rows: List[dict], kernel_only: bool) -> str:
     """Plain aligned text table of the rows (numbers right-aligned)."""
-    columns = _kernel_columns(rows) if kernel_only else _multi_columns(rows)
-    cells = [[title for _, title in columns]] + [[_fmt(_cell(r, key)) for key, _ in columns] for r in rows]
+    columns = table_columns(rows, kernel_only)
+    cells = [[title for _, title in columns]] + [[format_cell(cell_value(r, key)) for key, _ in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     lines = []
     for n, row in enumerate(cells):
@@ -172,6 +180,39 @@ def kernel_legend(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
+# One-line definitions of the table's columns: the legend under the printed
+# table and the "columns:" section of --help both use these words.
+DEFINITIONS = {
+    "median_us": "rank 0's step time in µs (median, 90th percentile)",
+    "sent_B": "bytes one rank sends per step",
+    "recv_B": "bytes one rank receives per step",
+    "speedup": "full-gather's median time / this row's (same shape, batch)",
+    "agree": "fraction of rows whose ids equal the float64 reference's",
+    "agree_topk": "fraction of rows whose K ids equal the reference's, in order",
+    "tp_inv": "fraction of rows whose sample equals the one-rank sample",
+    "kernel_median_us": "one local step's time in µs (median, 90th percentile)",
+    "gbps": "weight bytes read / median time",
+    "vs_torch": "torch-matmul-max's median time / this row's",
+    "of_stream": "this row's GB/s / the stream-read row's GB/s",
+}
+
+
+def format_legend(rows: List[dict], kernel_only: bool) -> str:
+    """The two-line legend printed under :func:`format_table`'s table, in the
+    words of :data:`DEFINITIONS` (the same as ``--help``'s)."""
+    d = DEFINITIONS
+    if kernel_only:
+        first = f"vs_torch = {d['vs_torch']}; of_stream = {d['of_stream']}"
+        second = f"median_us, p90_us = {d['kernel_median_us']}; GB/s = {d['gbps']}"
+    else:
+        op = rows[0].get("op", "argmax") if rows else "argmax"
+        agree = {"argmax": f"agree = {d['agree']}", "topk": f"agree = {d['agree_topk']}",
+                 "sample": f"tp_inv = {d['tp_inv']}"}[op]
+        first = f"speedup = {d['speedup']}; {agree}"
+        second = f"sent_B = {d['sent_B']}; recv_B = {d['recv_B']}"
+    return f"{first}\n{second} (all columns: --help)"
+
+
 def finish(rows: List[dict], cfg, kernel_only: bool) -> None:
     """Print the table (to stderr when the JSON goes to stdout) and write the JSON."""
     to_stdout = cfg.json_path == "-"
@@ -186,7 +227,8 @@ def finish(rows: List[dict], cfg, kernel_only: bool) -> None:
         elif op == "sample":
             header += f" op=sample temperature={first['temperature']:g} seed={first['seed']} offset={first['offset']}"
         print(header, file=out)
-    print(format_table(rows, kernel_only), file=out, flush=True)
+    print(format_table(rows, kernel_only), file=out)
+    print(format_legend(rows, kernel_only), file=out, flush=True)
     if kernel_only and rows:
         print(kernel_legend(rows), file=out, flush=True)
     if cfg.json_path:

@@ -1,0 +1,162 @@
+"""Render README.md's measured tables from the committed bench/results/*.json.
+
+Each generated table in README.md sits between two marker comments that name
+the JSON files it is made from (a glob under bench/results/):
+
+    <!-- results: cpu_minilm_default.*.json -->
+    ...generated, do not edit...
+    <!-- /results -->
+
+Benchmark files (written by ``localargmax-bench --json``) become a table with
+the columns, rows and units the CLI prints, followed by the CLI's legend and a
+note naming the files, the command that wrote them and the machine. When the
+glob matches several runs of one command, each cell shows the median over the
+runs and, where the runs differ, their range: ``1.30 (1.17–1.59)``. A file
+whose rows hold ``what, command, seconds, build_seconds, loadavg`` (timed
+install commands, bench/results/install_times.json) becomes a table of those.
+
+    python bench/readme_tables.py           # check: exit 1 and a diff if README.md is stale
+    python bench/readme_tables.py --write   # rewrite the tables in README.md
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import glob
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's localargmax (its table format and legend)
+from localargmax.bench.report import cell_value, format_cell, format_legend, table_columns  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+BLOCK = re.compile(r"(<!-- results: (?P<glob>\S+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+# Columns whose value is a measurement that differs between runs of one command.
+# The other columns (method, shape, batch, bytes, ...) identify a row.
+MEASURED = {"median_us", "p90_us", "speedup_vs_full_gather", "agree", "tp_invariance", "gbps",
+            "fraction_of_stream", "speedup_vs_torch"}
+
+
+def load(pattern: str) -> list:
+    """The JSON documents matching ``pattern`` under bench/results/, with their paths."""
+    paths = sorted(glob.glob(str(RESULTS / pattern)))
+    if not paths:
+        raise SystemExit(f"readme_tables: no file matches bench/results/{pattern}")
+    docs = []
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        doc["path"] = str(Path(path).relative_to(ROOT))
+        docs.append(doc)
+    return docs
+
+
+def _key(row: dict, columns) -> tuple:
+    return tuple(row.get(key) for key, _ in columns if key not in MEASURED)
+
+
+def _cell(values: list) -> str:
+    """One cell: the CLI's format of the median over runs, plus the range when runs differ."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return "-"
+    if len(set(present)) == 1 or not isinstance(present[0], (int, float)):
+        return format_cell(present[0])
+    mid = statistics.median_low(present) if isinstance(present[0], int) else statistics.median(present)
+    return f"{format_cell(mid)} ({format_cell(min(present))}–{format_cell(max(present))})"
+
+
+def bench_table(docs: list) -> str:
+    """A benchmark table: the CLI's columns and rows, one cell per run set."""
+    kernel_only = "speedup_vs_torch" in docs[0]["rows"][0]
+    columns = table_columns(docs[0]["rows"], kernel_only)
+    keys = [_key(r, columns) for r in docs[0]["rows"]]
+    runs = []
+    for doc in docs:
+        by_key = {_key(r, columns): r for r in doc["rows"]}
+        if sorted(by_key, key=str) != sorted(keys, key=str):
+            raise SystemExit(f"readme_tables: {doc['path']} has other rows than {docs[0]['path']}")
+        runs.append(by_key)
+    lines = ["| " + " | ".join(title for _, title in columns) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
+    for k in keys:
+        lines.append("| " + " | ".join(_cell([cell_value(run[k], key) for run in runs]) for key, _ in columns) + " |")
+    lines.append("")
+    lines += [f"- {line}" for line in format_legend(docs[0]["rows"], kernel_only).splitlines()]
+    lines.append("")
+    lines.append(_provenance(docs))
+    return "\n".join(lines)
+
+
+def _provenance(docs: list) -> str:
+    env = docs[0]["env"]
+    files = ", ".join(f"`{d['path']}`" for d in docs)
+    # The runs of one command differ only in their --json file: show it once.
+    commands = sorted({d["command"].replace(d["path"], "FILE") for d in docs})
+    command = "; ".join(f"`{c}`" for c in commands)
+    if len(docs) == 1:
+        what = f"From {files}, written by `{docs[0]['command']}`."
+    else:
+        what = (f"From {len(docs)} runs ({files}), each written by {command} with FILE its file name; a cell "
+                f"shows the median over the runs, then (lowest–highest) where they differ.")
+    loads = ", ".join(str(d["env"].get("loadavg", ["?"])[0]) for d in docs)
+    return (f"{what} Times are one machine's: {env['cpu']}, {env['cpu_count']} CPUs, torch {env['torch']}, "
+            f"{env['threads_per_rank']} thread(s) per rank; 1-minute load average at the end of the "
+            f"run{'s' if len(docs) > 1 else ''}: {loads}.")
+
+
+def install_table(docs: list) -> str:
+    """A table of measured install times (rows: what, command, seconds, build_seconds, loadavg)."""
+    lines = ["| install | total | of it, compiling localargmax | 1-minute load average during the build |", "|---|---|---|---|"]
+    for doc in docs:
+        for row in doc["rows"]:
+            lines.append(f"| {row['what']} | {_minutes(row['seconds'])} | {_minutes(row['build_seconds'])} | "
+                         f"{row['loadavg']} |")
+    env = docs[0]["env"]
+    files = ", ".join(f"`{d['path']}`" for d in docs)
+    lines += ["", f"From {files}: the install commands above, each timed in a new clone "
+              f"(`{docs[0]['command']}`). One machine's times: {env['cpu']}, {env['cpu_count']} CPUs, "
+              f"Python {env['python']}; {env['note']}."]
+    return "\n".join(lines)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min ({seconds:.0f} s)"
+
+
+def render(readme: str) -> str:
+    """``readme`` with every marked table rendered again from its JSON files."""
+    def replace(match):
+        docs = load(match["glob"])
+        body = install_table(docs) if "seconds" in docs[0]["rows"][0] else bench_table(docs)
+        return f"{match.group(1)}{body}\n{match.group(4)}"
+
+    return BLOCK.sub(replace, readme)
+
+
+def main(argv=None) -> int:
+    """Check (default) or rewrite README.md's generated tables; returns the exit code."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", action="store_true", help="rewrite README.md instead of checking it")
+    parser.add_argument("--readme", type=Path, default=ROOT / "README.md", help="the file (default: README.md)")
+    args = parser.parse_args(argv)
+    current = args.readme.read_text()
+    rendered = render(current)
+    if args.write:
+        args.readme.write_text(rendered)
+        return 0
+    if rendered != current:
+        diff = difflib.unified_diff(current.splitlines(), rendered.splitlines(), "README.md", "rendered", lineterm="")
+        print("\n".join(diff))
+        print(f"{args.readme} disagrees with bench/results/*.json: run python bench/readme_tables.py --write",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
