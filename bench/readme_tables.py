@@ -55,8 +55,12 @@ def load(pattern: str) -> list:
     return docs
 
 
+def _measured(key) -> bool:
+    return isinstance(key, str) and (key in MEASURED or key.startswith(("speedup_vs_", "fraction_of_")) or key == "tflops")
+
+
 def _key(row: dict, columns) -> tuple:
-    return tuple(row.get(key) for key, _ in columns if key not in MEASURED)
+    return tuple(cell_value(row, key) for key, _ in columns if not _measured(key))
 
 
 def _cell(values: list) -> str:
@@ -72,7 +76,7 @@ def _cell(values: list) -> str:
 
 def bench_table(docs: list) -> str:
     """A benchmark table: the CLI's columns and rows, one cell per run set."""
-    kernel_only = "speedup_vs_torch" in docs[0]["rows"][0]
+    kernel_only = any("fraction_of_stream" in r for r in docs[0]["rows"])
     columns = table_columns(docs[0]["rows"], kernel_only)
     keys = [_key(r, columns) for r in docs[0]["rows"]]
     runs = []
