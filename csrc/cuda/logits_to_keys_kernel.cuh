@@ -36,18 +36,18 @@ __global__ void __launch_bounds__(kKeysThreads)
                           const ShardArgmaxProblem<T> p) {
   const T* __restrict__ bias_t = p.bias_t;
   const float* __restrict__ bias_f = p.bias_f;
-  const int num_valid = static_cast<int>(p.num_valid);
+  const int64_t num_valid = p.num_valid;  // 64-bit column arithmetic: a block's columns may pass 2**31
   const int64_t vocab_start = p.vocab_start;
   const ShardReduce& out = p.out;
   __shared__ unsigned long long warp_best[kKeysThreads / 32];
-  const int col0 = static_cast<int>(blockIdx.x) * kKeysColumnsPerBlock;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kKeysColumnsPerBlock;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const int64_t b = b0 + r;
     const float* row = logits + r * ldl;
     unsigned long long best = kNoEntryKey;
 #pragma unroll 4
     for (int i = 0; i < kKeysPerThread; ++i) {
-      const int col = col0 + i * kKeysThreads + static_cast<int>(threadIdx.x);
+      const int64_t col = col0 + i * kKeysThreads + static_cast<int64_t>(threadIdx.x);
       if (col < num_valid) {
         float s = row[col];
         if (bias_f != nullptr) s = __fadd_rn(s, bias_f[col]);

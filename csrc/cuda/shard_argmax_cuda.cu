@@ -59,11 +59,10 @@ struct CudaLaunch {
 };
 
 // Batch size from which bf16 / fp16 argmax and sample take the gemm path.
-// NOT MEASURED YET (no GPU was lent to the sessions that wrote this): a guess
-// from arithmetic intensity (at batch 64 the mma kernel needs ~300 TFLOP/s of
+// Unmeasured: a guess from arithmetic intensity (at batch 64 the mma kernel needs ~300 TFLOP/s of
 // mma.sync to stay at HBM speed on an H200; cuBLAS's wgmma has more headroom).
 // bench/gpu_check.sh times the paths side by side (fused-simt, fused-mma,
-// gemm-keys rows) so that the next GPU session can replace this number.
+// gemm-keys rows) so that a GPU run can replace this number.
 constexpr int64_t kDefaultGemmMinBatch = 128;
 
 enum class Path { kSimt, kMma, kGemm };
@@ -152,7 +151,16 @@ void launch_typed(const at::Tensor& hidden, const at::Tensor& weight, const at::
 // current stream, under a device guard.
 void launch(const at::Tensor& hidden_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
             int64_t vocab_start, int64_t num_valid, const ShardReduce& out, bool topk_mode, const std::string& path) {
-  const at::Tensor hidden = hidden_in.stride(1) == 1 ? hidden_in : hidden_in.contiguous();
+  // The path and the vector width (hence the summation order) may depend on
+  // alignment; hidden is small, so a misaligned or oddly strided one is copied
+  // to a fresh (aligned, contiguous) buffer and the choice depends on the
+  // weight and the shared arguments only. Ranks must hold equally aligned
+  // weight shards (any tensor torch allocates is; see DESIGN.md, CUDA rules).
+  const int64_t vec = 16 / hidden_in.element_size();
+  const bool hidden_ok = hidden_in.stride(1) == 1 && reinterpret_cast<uintptr_t>(hidden_in.data_ptr()) % 16 == 0 &&
+                         row_stride(hidden_in) % vec == 0;
+  const at::Tensor hidden =
+      hidden_ok ? hidden_in : at::empty(hidden_in.sizes(), hidden_in.options()).copy_(hidden_in);
   TORCH_CHECK_VALUE(num_valid < (int64_t{1} << 31) - kRowsPerBlock,
                     "shard_argmax: a CUDA shard holds fewer than 2**31 rows, got num_valid=", num_valid);
   TORCH_CHECK_VALUE(hidden.size(1) < (int64_t{1} << 30), "shard_argmax: hidden_size must be < 2**30 on CUDA, got ",
