@@ -110,7 +110,7 @@ def _topk_case(plugin, gen, vocab, hsize, batch, k, dtype, *, bias=False, scale=
     return {
         "vllm_ids": tid.tolist(), "ours_ids": oid.tolist(), "ref_ids": rid.tolist(),
         "vllm_values": tval.tolist(), "ours_values": oval.tolist(), "ref_values": rval.tolist(),
-        "dtypes": (str(oid.dtype), str(oval.dtype)), "fused": plugin.stats().get("fused", 0) - before,
+        "dtypes": [str(oid.dtype), str(oval.dtype)], "fused": plugin.stats().get("fused", 0) - before,
     }
 
 
