@@ -150,3 +150,13 @@ def test_seed_switch_through_vllms_proposer(res):
     assert r["fused_calls"] == 1
     assert r["ours"] == r["ref"] == r["vllm"]
     assert "does not implement get_top_tokens()" in r["missing_check"]
+
+
+def test_vllm_eagle3_draft_class_through_the_proposer(res):
+    """vLLM's own Eagle3LlamaForCausalLM (draft vocabulary 600 of 5000, d2t
+    loaded by its load_weights) at TP = 2: the proposer's _greedy_sample runs
+    the fused op and vLLM's LocalArgmaxMixin maps the ids with d2t."""
+    r = res["eagle3"]
+    assert r["class"] == "Eagle3LlamaForCausalLM" and r["kept_own_head"] and r["d2t_loaded"]
+    assert r["fused_calls"] == 1
+    assert r["ours"] == r["ref"] == r["vllm"]

@@ -21,11 +21,12 @@ def _vllm_setup(rank: int, world_size: int):
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 
-    ctx = set_current_vllm_config(VllmConfig())
+    cfg = VllmConfig()
+    ctx = set_current_vllm_config(cfg)
     ctx.__enter__()
     init_distributed_environment(world_size, rank, "env://", rank, backend="gloo")
     initialize_model_parallel(tensor_model_parallel_size=world_size)
-    return ctx
+    return ctx, cfg
 
 
 def _head(full: torch.Tensor, *, bias: bool = False, org_vocab=None):
@@ -301,8 +302,74 @@ def _proposer_case(plugin, gen):
     return out
 
 
+class _Stub:
+    """A config stand-in: the given attributes, None for any other (vLLM reads many optional ones)."""
+
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+
+def _eagle3_case(plugin, gen, cfg):
+    """vLLM's own EAGLE-3 draft class (Eagle3LlamaForCausalLM: LlamaForCausalLM
+    with LocalArgmaxMixin, a 600-token draft vocabulary, a d2t Parameter)
+    built on CPU at TP = 2, its lm_head and d2t loaded by its own
+    load_weights, drafting through the proposer's _greedy_sample. vLLM 0.33
+    needs a ModelConfig / SpeculativeConfig made from a checkpoint to build it;
+    stand-ins carry what the constructor reads (layer count, vocab sizes, the
+    transformers LlamaConfig). The draft's forward (attention) is not run:
+    hidden states are random."""
+    from transformers import LlamaConfig
+    from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    import localargmax
+
+    target_vocab, draft_vocab, hsize = 5000, 600, 64
+    hf = LlamaConfig(vocab_size=target_vocab, hidden_size=hsize, intermediate_size=128, num_hidden_layers=1,
+                     num_attention_heads=4, num_key_value_heads=4, draft_vocab_size=draft_vocab)
+    saved = cfg.model_config, cfg.speculative_config
+    object.__setattr__(cfg, "model_config", _Stub(get_total_num_hidden_layers=lambda: 2, get_vocab_size=lambda: target_vocab,
+                                                   hf_config=hf, dtype=torch.float32, is_moe=False))
+    object.__setattr__(cfg, "speculative_config", _Stub(draft_model_config=_Stub(hf_config=hf), parallel_drafting=False))
+    try:
+        model = Eagle3LlamaForCausalLM(vllm_config=cfg)
+    finally:
+        object.__setattr__(cfg, "model_config", saved[0])
+        object.__setattr__(cfg, "speculative_config", saved[1])
+    full = torch.randn(draft_vocab, hsize, generator=gen)
+    d2t = localargmax.build_d2t(torch.rand(target_vocab, generator=gen), draft_vocab)
+    model.load_weights([("lm_head.weight", full), ("d2t", d2t)])
+    model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
+
+    class Target(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = torch.nn.Module()
+            self.lm_head = _head(torch.randn(target_vocab, hsize, generator=gen))
+
+    proposer = EagleProposer.__new__(EagleProposer)
+    proposer.vllm_config = _Stub(speculative_config=None)
+    proposer.use_local_argmax_reduction = True
+    proposer.model = model
+    proposer._maybe_share_lm_head(Target())
+    hidden = torch.randn(6, hsize, generator=gen)
+    before = plugin.stats().get("fused", 0)
+    ours = proposer._greedy_sample(hidden)
+    fused = plugin.stats().get("fused", 0) - before
+    theirs = plugin._ORIGINAL["get_top_tokens"](model.logits_processor, model.lm_head, hidden)
+    ref = (hidden.double() @ full.double().T).argmax(dim=1)
+    return {"class": type(model).__name__, "kept_own_head": model.lm_head.weight.shape[0] < target_vocab,
+            "d2t_loaded": torch.equal(model.draft_id_to_target_id.data, d2t), "fused_calls": fused,
+            "ours": ours.tolist(), "vllm": (theirs + d2t[theirs]).tolist(), "ref": (ref + d2t[ref]).tolist()}
+
+
 def worker(rank: int, world_size: int, seed: int):
-    ctx = _vllm_setup(rank, world_size)
+    ctx, cfg = _vllm_setup(rank, world_size)
     from vllm.plugins import load_general_plugins
 
     import localargmax.integrations.vllm as plugin
@@ -334,6 +401,7 @@ def worker(rank: int, world_size: int, seed: int):
     out["fallback"] = _fallback_cases(plugin, gen)
     out["bytes"] = _bytes_case(plugin, gen)
     out["proposer"] = _proposer_case(plugin, gen)
+    out["eagle3"] = _eagle3_case(plugin, gen, cfg)
     out["stats"] = plugin.stats()
     from vllm.distributed import destroy_model_parallel
 
