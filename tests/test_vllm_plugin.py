@@ -160,3 +160,13 @@ def test_vllm_eagle3_draft_class_through_the_proposer(res):
     assert r["class"] == "Eagle3LlamaForCausalLM" and r["kept_own_head"] and r["d2t_loaded"]
     assert r["fused_calls"] == 1
     assert r["ours"] == r["ref"] == r["vllm"]
+
+
+def test_bad_input_raises_on_every_rank_naming_the_argument(res):
+    r = res["bad_input"]
+    assert r["vllm"] != "no error"
+    assert r["ours"].startswith(("ValueError", "TypeError")) and "hidden" in r["ours"]
+
+
+def test_register_uninstall_and_env_switch(res):
+    assert res["switch"] == {"uninstalled_restores_vllm": True, "disabled_by_env": True, "reinstalled": True}

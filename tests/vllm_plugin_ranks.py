@@ -368,6 +368,41 @@ def _eagle3_case(plugin, gen, cfg):
             "ours": ours.tolist(), "vllm": (theirs + d2t[theirs]).tolist(), "ref": (ref + d2t[ref]).tolist()}
 
 
+def _bad_input_case(plugin, gen):
+    """A hidden size that does not match the head: both methods raise on every rank, ours naming the argument."""
+    head = _head(torch.randn(500, 16, generator=gen))
+    hidden = torch.randn(3, 17, generator=gen)
+    out = {}
+    for name, fn in (("vllm", plugin._ORIGINAL["get_top_tokens"]), ("ours", type(_processor(500)).get_top_tokens)):
+        try:
+            fn(_processor(500), head, hidden)
+            out[name] = "no error"
+        except Exception as e:  # noqa: BLE001
+            out[name] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def _switch_case(plugin):
+    """register() honours LOCALARGMAX_VLLM_PLUGIN=0; uninstall() restores vLLM's methods."""
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
+    from localargmax import envs
+
+    out = {}
+    plugin.uninstall()
+    out["uninstalled_restores_vllm"] = not plugin.is_active() and LogitsProcessor.get_top_tokens.__module__.startswith("vllm.")
+    os.environ["LOCALARGMAX_VLLM_PLUGIN"] = "0"
+    envs.reload()
+    plugin.register()
+    out["disabled_by_env"] = not plugin.is_active()
+    del os.environ["LOCALARGMAX_VLLM_PLUGIN"]
+    envs.reload()
+    plugin.register()
+    plugin.register()  # idempotent
+    out["reinstalled"] = plugin.is_active() and plugin._ORIGINAL["get_top_tokens"].__module__.startswith("vllm.")
+    return out
+
+
 def worker(rank: int, world_size: int, seed: int):
     ctx, cfg = _vllm_setup(rank, world_size)
     from vllm.plugins import load_general_plugins
@@ -402,7 +437,9 @@ def worker(rank: int, world_size: int, seed: int):
     out["bytes"] = _bytes_case(plugin, gen)
     out["proposer"] = _proposer_case(plugin, gen)
     out["eagle3"] = _eagle3_case(plugin, gen, cfg)
+    out["bad_input"] = _bad_input_case(plugin, gen)
     out["stats"] = plugin.stats()
+    out["switch"] = _switch_case(plugin)
     from vllm.distributed import destroy_model_parallel
 
     destroy_model_parallel()
