@@ -17,7 +17,7 @@ import pytest
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
-    reason="vLLM is not installed (pip install --no-deps vllm==0.33.0 && pip install -e '.[vllm-test]')",
+    reason="vLLM is not installed (README 'Use it in vLLM': pip install --no-deps vllm==0.33.0, then the vllm-test extra)",
 )
 
 ARGMAX_CASES = ("f32", "f32_bias", "f32_scale_softcap", "bf16", "bf16_head_fp32", "f16_bias", "tiny_vocab", "batch_zero")
