@@ -368,6 +368,23 @@ def _eagle3_case(plugin, gen, cfg):
             "ours": ours.tolist(), "vllm": (theirs + d2t[theirs]).tolist(), "ref": (ref + d2t[ref]).tolist()}
 
 
+def _agreement_sweep(plugin, gen, batch=256, vocab=4000, hsize=64):
+    """Random data, many rows: how often each path's argmax equals float64's."""
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        full = (torch.randn(vocab, hsize, generator=gen) / hsize**0.5).to(dtype)
+        hidden = torch.randn(batch, hsize, generator=gen).to(dtype)
+        head, lp = _head(full), _processor(vocab)
+        theirs, ours = _both(plugin, lp, head, hidden, "get_top_tokens")
+        logits = _ref_logits(hidden, full)
+        ref, top2 = logits.argmax(dim=1), logits.topk(2, dim=1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 1e-4  # rows away from float32-accumulation near-ties
+        out[str(dtype).split(".")[1]] = {"rows": batch, "vllm_right": int((theirs == ref).sum()),
+                                         "ours_right": int((ours == ref).sum()),
+                                         "ours_wrong_clear": int(((ours != ref) & clear).sum())}
+    return out
+
+
 def _bad_input_case(plugin, gen):
     """A hidden size that does not match the head: both methods raise on every rank, ours naming the argument."""
     head = _head(torch.randn(500, 16, generator=gen))
@@ -438,6 +455,7 @@ def worker(rank: int, world_size: int, seed: int):
     out["proposer"] = _proposer_case(plugin, gen)
     out["eagle3"] = _eagle3_case(plugin, gen, cfg)
     out["bad_input"] = _bad_input_case(plugin, gen)
+    out["sweep"] = _agreement_sweep(plugin, gen)
     out["stats"] = plugin.stats()
     out["switch"] = _switch_case(plugin)
     from vllm.distributed import destroy_model_parallel
