@@ -4,7 +4,8 @@ in one table, each read once (at first use) and cached.
     from localargmax import envs
     if envs.LOCALARGMAX_DEBUG: ...
 
-Run-time code reads only ``LOCALARGMAX_DEBUG``; kernel paths are chosen by the
+Run-time code reads only ``LOCALARGMAX_DEBUG`` (and the vLLM plugin
+``LOCALARGMAX_VLLM_PLUGIN``); kernel paths are chosen by the
 ops' ``path`` argument, never by the environment. The build variables are
 read by setup.py (which loads this file by path, before the package exists),
 the test and benchmark ones by tests/ and ``localargmax.bench``. Call
@@ -45,6 +46,10 @@ KNOBS: Dict[str, Knob] = {
         _flag, False, "run time",
         "Before every key exchange, all-gather each rank's batch size, hidden size, shard rows, d2t length and k, "
         "and raise ValueError on every rank, naming the ranks, if they differ (one extra small collective per step)."),
+    "LOCALARGMAX_VLLM_PLUGIN": Knob(
+        _flag, True, "run time",
+        "Let the vLLM general plugin (localargmax.integrations.vllm) replace LogitsProcessor.get_top_tokens / "
+        "get_top_k_tokens when vLLM loads it (0: keep vLLM's own methods)."),
     "LOCALARGMAX_CUDA": Knob(
         _flag, True, "build",
         "Compile the CUDA kernels when torch is a CUDA build and nvcc is found (0: CPU kernels only, ~2 min builds)."),

@@ -1,0 +1,1 @@
+"""Integrations of localargmax into inference engines (each an optional extra)."""

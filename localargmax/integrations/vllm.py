@@ -1,0 +1,200 @@
+"""vLLM general plugin: ``LogitsProcessor.get_top_tokens`` and
+``get_top_k_tokens`` on the fused op.
+
+vLLM 0.33 drafts greedily, under ``SpeculativeConfig.use_local_argmax_reduction``,
+through ``LocalArgmaxMixin.get_top_tokens`` -> ``LogitsProcessor.get_top_tokens``
+(per-rank argmax over materialised logits, then an all-gather of float32
+(value, index) pairs), and tree/parallel drafters call
+``LogitsProcessor.get_top_k_tokens``. :func:`register` (the entry point of
+group ``vllm.general_plugins``, loaded by vLLM in every process) replaces those
+two methods with :func:`get_top_tokens` / :func:`get_top_k_tokens`, which run
+:func:`localargmax.lm_head_argmax` / :func:`localargmax.lm_head_topk` on vLLM's
+own ``ParallelLMHead`` (its weight, ``shard_indices`` and TP group's device
+group). vLLM's ``LocalArgmaxMixin`` still applies ``d2t`` (``top + d2t[top]``)
+unchanged.
+
+Everything the fused op does not cover runs vLLM's original method
+(:func:`unsupported_reason` lists the cases). The decision uses only values
+every TP rank shares (vLLM config, layer attributes, shapes and dtypes of the
+replicated hidden states, ``k``), so no rank takes the fused collective while
+another takes vLLM's.
+
+Check it is active: ``localargmax.integrations.vllm.is_active()``, or the
+counters of :func:`stats` (fused calls, and fallbacks by reason). Set
+``LOCALARGMAX_VLLM_PLUGIN=0`` to keep vLLM's own methods.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import math
+from typing import Optional
+
+import torch
+
+logger = logging.getLogger("localargmax.integrations.vllm")
+
+_ORIGINAL = {}  # method name -> vLLM's original function
+_STATS: "collections.Counter[str]" = collections.Counter()
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def register() -> None:
+    """Entry point (``vllm.general_plugins``): install unless
+    ``LOCALARGMAX_VLLM_PLUGIN=0``."""
+    from .. import envs
+
+    if not envs.LOCALARGMAX_VLLM_PLUGIN:
+        logger.info("localargmax vLLM plugin disabled by LOCALARGMAX_VLLM_PLUGIN=0")
+        return
+    install()
+
+
+def install() -> None:
+    """Replace ``LogitsProcessor.get_top_tokens`` / ``get_top_k_tokens`` (idempotent)."""
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
+    if is_active():
+        return
+    for name, new in (("get_top_tokens", get_top_tokens), ("get_top_k_tokens", get_top_k_tokens)):
+        _ORIGINAL[name] = getattr(LogitsProcessor, name)
+        setattr(LogitsProcessor, name, new)
+    logger.info("localargmax: vLLM LogitsProcessor.get_top_tokens / get_top_k_tokens run on the fused op")
+
+
+def uninstall() -> None:
+    """Put vLLM's own methods back."""
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
+    for name, original in _ORIGINAL.items():
+        setattr(LogitsProcessor, name, original)
+    _ORIGINAL.clear()
+
+
+def is_active() -> bool:
+    """Whether vLLM's ``LogitsProcessor`` currently runs on this plugin."""
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
+    return getattr(LogitsProcessor.get_top_tokens, "_localargmax", False)
+
+
+def stats() -> dict:
+    """Calls in this process: ``{"fused": n, "fallback: <reason>": n, ...}``."""
+    return dict(_STATS)
+
+
+def unsupported_reason(lp, lm_head, hidden_states, embedding_bias=None, k: Optional[int] = None,
+                       return_log_probs: bool = False) -> Optional[str]:
+    """Why the fused op cannot serve this call (vLLM's method will), or None.
+
+    Every input here is the same on every TP rank: the processor's and the
+    head's configuration, the replicated hidden states' shape/dtype/device,
+    the bias's shape/dtype, ``k`` and ``return_log_probs``.
+    """
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    from .. import WITH_CUDA
+
+    if return_log_probs:
+        return "return_log_probs (log-partition not fused yet)"
+    if lp.logits_as_input:
+        return "logits_as_input"
+    if not isinstance(getattr(lm_head, "quant_method", None), (UnquantizedEmbeddingMethod, UnquantizedLinearMethod)):
+        return "quantized lm_head"
+    scale, cap = lp.scale, lp.soft_cap
+    if not isinstance(scale, (int, float)) or not (0 < scale < math.inf):
+        return "non-positive or non-finite scale"
+    if cap is not None and (not isinstance(cap, (int, float)) or not (0 < cap < math.inf)):
+        return "soft_cap not a positive number"
+    if getattr(lm_head, "num_added_embeddings", 0):
+        return "added (LoRA) vocabulary in the shard"
+    weight = getattr(lm_head, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.dtype not in _FLOAT_DTYPES:
+        return "lm_head weight not a 2-D float tensor"
+    if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2:
+        return "hidden_states not 2-D"
+    if hidden_states.dtype != weight.dtype:
+        return "hidden_states dtype differs from the weight dtype"
+    if lp.head_dtype not in (None, hidden_states.dtype, torch.float32):
+        return "head_dtype other than the model dtype or float32"
+    if hidden_states.device != weight.device or hidden_states.device.type not in ("cpu", "cuda"):
+        return "hidden_states on another device"
+    if hidden_states.device.type == "cuda" and not WITH_CUDA:
+        return "localargmax built without CUDA kernels"
+    if weight.stride(1) != 1:
+        return "lm_head weight rows not contiguous"
+    if embedding_bias is not None and (
+        not isinstance(embedding_bias, torch.Tensor)
+        or tuple(embedding_bias.shape) != (weight.shape[0],)
+        or embedding_bias.dtype not in (torch.float32, weight.dtype)
+    ):
+        return "embedding_bias not a [rows] float32 / weight-dtype tensor"
+    if k is not None:
+        from .. import MAX_TOPK
+
+        if not isinstance(k, int) or not 1 <= k <= MAX_TOPK:
+            return f"k outside [1, {MAX_TOPK}]"
+        if k > lp.org_vocab_size or k > weight.shape[0]:
+            return "k larger than the vocabulary or the shard"
+    return None
+
+
+def _layout(lm_head):
+    """(vocab_start, num_valid, group) of a vLLM ParallelLMHead."""
+    idx = lm_head.shard_indices
+    start, end = int(idx.org_vocab_start_index), int(idx.org_vocab_end_index)
+    if lm_head.tp_size == 1:
+        return start, end - start, None
+    coordinator = getattr(lm_head, "parallel_group", None)
+    if coordinator is None:
+        from vllm.distributed import get_tp_group
+
+        coordinator = get_tp_group()
+    return start, end - start, coordinator.device_group
+
+
+def get_top_tokens(self, lm_head, hidden_states: torch.Tensor, embedding_bias: Optional[torch.Tensor] = None):
+    """``LogitsProcessor.get_top_tokens`` on :func:`localargmax.lm_head_argmax`:
+    ``[B]`` int64 global (draft) ids, ``torch.argmax`` of the full unpadded
+    float32 logits (ties to the smallest id, exact past 2**24)."""
+    reason = unsupported_reason(self, lm_head, hidden_states, embedding_bias)
+    if reason is not None:
+        _STATS["fallback: " + reason] += 1
+        return _ORIGINAL["get_top_tokens"](self, lm_head, hidden_states, embedding_bias)
+    from ..step import lm_head_argmax
+
+    _STATS["fused"] += 1
+    start, num_valid, group = _layout(lm_head)
+    return lm_head_argmax(hidden_states, lm_head.weight, vocab_start=start, num_valid=num_valid,
+                          bias=embedding_bias, group=group)
+
+
+get_top_tokens._localargmax = True
+
+
+def get_top_k_tokens(self, lm_head, hidden_states: torch.Tensor, k: int, embedding_bias: Optional[torch.Tensor] = None,
+                     *, return_log_probs: bool = False):
+    """``LogitsProcessor.get_top_k_tokens`` on :func:`localargmax.lm_head_topk`:
+    ``(ids [B, k] int64, values [B, k] float32)``. The values are the exact
+    float32 logits, then, as vLLM's method does, multiplied by ``scale`` and
+    soft-capped (in that order). ``return_log_probs=True`` runs vLLM's method."""
+    reason = unsupported_reason(self, lm_head, hidden_states, embedding_bias, k, return_log_probs)
+    if reason is not None:
+        _STATS["fallback: " + reason] += 1
+        return _ORIGINAL["get_top_k_tokens"](self, lm_head, hidden_states, k, embedding_bias,
+                                             return_log_probs=return_log_probs)
+    from ..step import lm_head_topk
+
+    _STATS["fused"] += 1
+    start, num_valid, group = _layout(lm_head)
+    ids, values = lm_head_topk(hidden_states, lm_head.weight, k, vocab_start=start, num_valid=num_valid,
+                               bias=embedding_bias, group=group)
+    if self.scale != 1.0:
+        values = values * self.scale
+    if self.soft_cap is not None:
+        values = torch.tanh(values / self.soft_cap) * self.soft_cap
+    return ids, values
+
+
+get_top_k_tokens._localargmax = True

@@ -1,0 +1,465 @@
+"""The rank body of tests/test_vllm_plugin.py: vLLM 0.33's own classes on 2
+gloo ranks (CPU), every case in one launch (each spawned rank pays for
+importing vLLM once). Returns plain data; the tests assert on it.
+
+Each case builds vLLM's ``ParallelLMHead`` (loaded with its own
+``weight_loader``) and ``LogitsProcessor`` and calls, on the same inputs,
+vLLM's original ``get_top_tokens`` / ``get_top_k_tokens`` and the methods the
+plugin installed (reached through ``LogitsProcessor``, i.e. vLLM's call path).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+TP = 2
+
+
+def _vllm_setup(rank: int, world_size: int):
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    cfg = VllmConfig()
+    ctx = set_current_vllm_config(cfg)
+    ctx.__enter__()
+    init_distributed_environment(world_size, rank, "env://", rank, backend="gloo")
+    initialize_model_parallel(tensor_model_parallel_size=world_size)
+    return ctx, cfg
+
+
+def _head(full: torch.Tensor, *, bias: bool = False, org_vocab=None):
+    """vLLM's ParallelLMHead holding ``full [V, H]`` (loaded as a checkpoint is)."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    vocab, hidden = full.shape
+    head = ParallelLMHead(vocab, hidden, bias=bias, params_dtype=full.dtype, org_num_embeddings=org_vocab)
+    head.weight.weight_loader(head.weight, full[:head.org_vocab_size])  # LoRA-added rows stay as created
+    head.quant_method.process_weights_after_loading(head)  # vLLM's CPU gemm dispatch (sets cpu_linear)
+    if not hasattr(head, "cpu_linear"):
+        head.cpu_linear = torch.nn.functional.linear
+    return head
+
+
+def _processor(vocab: int, scale: float = 1.0, soft_cap=None, logits_as_input: bool = False):
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
+    return LogitsProcessor(vocab, scale=scale, soft_cap=soft_cap, logits_as_input=logits_as_input)
+
+
+def _ref_logits(hidden, full, bias_full=None, scale=1.0, soft_cap=None):
+    """float64 logits on the full, unsharded matrix (then soft-cap, scale)."""
+    logits = hidden.double() @ full.double().T
+    if bias_full is not None:
+        logits = logits + bias_full.double()
+    if soft_cap is not None:
+        logits = torch.tanh(logits / soft_cap) * soft_cap
+    return logits * scale
+
+
+def _shard_bias(head, bias_full):
+    """This rank's ``[rows]`` embedding bias (zeros on padding rows), as vLLM lays it out."""
+    idx = head.shard_indices
+    out = torch.zeros(head.weight.shape[0], dtype=bias_full.dtype)
+    n = idx.org_vocab_end_index - idx.org_vocab_start_index
+    out[:n] = bias_full[idx.org_vocab_start_index:idx.org_vocab_end_index]
+    return out
+
+
+def _both(plugin, lp, head, hidden, method, *args, **kwargs):
+    """(vLLM's original method, the installed one via LogitsProcessor)."""
+    theirs = plugin._ORIGINAL[method](lp, head, hidden, *args, **kwargs)
+    ours = getattr(lp, method)(head, hidden, *args, **kwargs)
+    return theirs, ours
+
+
+def _argmax_case(plugin, gen, vocab, hsize, batch, dtype, *, bias=False, scale=1.0, soft_cap=None, head_dtype=None):
+    full = (torch.randn(vocab, hsize, generator=gen) / hsize**0.5).to(dtype)
+    hidden = torch.randn(batch, hsize, generator=gen).to(dtype)
+    bias_full = torch.randn(vocab, generator=gen).to(dtype) if bias else None
+    head = _head(full)
+    lp = _processor(vocab, scale, soft_cap)
+    if head_dtype is not None:
+        lp.head_dtype = head_dtype
+    eb = _shard_bias(head, bias_full) if bias else None
+    before = plugin.stats().get("fused", 0)
+    theirs, ours = _both(plugin, lp, head, hidden, "get_top_tokens", eb)
+    ref = _ref_logits(hidden, full, bias_full, scale, soft_cap)
+    top2 = ref.topk(2, dim=1).values
+    return {
+        "vllm": theirs.tolist(), "ours": ours.tolist(), "ref": ref.argmax(dim=1).tolist(),
+        "dtype": str(ours.dtype), "fused": plugin.stats().get("fused", 0) - before,
+        "gap": (top2[:, 0] - top2[:, 1]).tolist(),
+    }
+
+
+def _topk_case(plugin, gen, vocab, hsize, batch, k, dtype, *, bias=False, scale=1.0, soft_cap=None):
+    full = (torch.randn(vocab, hsize, generator=gen) / hsize**0.5).to(dtype)
+    hidden = torch.randn(batch, hsize, generator=gen).to(dtype)
+    bias_full = torch.randn(vocab, generator=gen).to(dtype) if bias else None
+    head = _head(full)
+    lp = _processor(vocab, scale, soft_cap)
+    eb = _shard_bias(head, bias_full) if bias else None
+    before = plugin.stats().get("fused", 0)
+    (tid, tval), (oid, oval) = _both(plugin, lp, head, hidden, "get_top_k_tokens", k, eb)
+    raw = _ref_logits(hidden, full, bias_full)
+    rval, rid = raw.topk(k, dim=1)
+    rval = rval * scale  # vLLM's get_top_k_tokens: scale, then soft-cap, on the k values
+    if soft_cap is not None:
+        rval = torch.tanh(rval / soft_cap) * soft_cap
+    return {
+        "vllm_ids": tid.tolist(), "ours_ids": oid.tolist(), "ref_ids": rid.tolist(),
+        "vllm_values": tval.tolist(), "ours_values": oval.tolist(), "ref_values": rval.tolist(),
+        "dtypes": [str(oid.dtype), str(oval.dtype)], "fused": plugin.stats().get("fused", 0) - before,
+    }
+
+
+def _past_2_24_case(plugin):
+    """A winner at global id 2**24 + 1 (rank 1's shard): float32 cannot hold it."""
+    vocab, hsize, winner = 2**24 + 64, 2, 2**24 + 1
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    head = ParallelLMHead(vocab, hsize, params_dtype=torch.float32)
+    head.cpu_linear = torch.nn.functional.linear
+    idx = head.shard_indices
+    with torch.no_grad():  # fill the shard in place: the full [V, H] would cost 134 MB per rank
+        head.weight.zero_()
+        if idx.org_vocab_start_index <= winner < idx.org_vocab_end_index:
+            head.weight[winner - idx.org_vocab_start_index] = torch.tensor([1.0, 1.0])
+            head.weight[winner - 1 - idx.org_vocab_start_index] = torch.tensor([0.5, 0.5])
+    hidden = torch.ones(3, hsize)
+    lp = _processor(vocab)
+    theirs, ours = _both(plugin, lp, head, hidden, "get_top_tokens")
+    (tid, _), (oid, _) = _both(plugin, lp, head, hidden, "get_top_k_tokens", 2)
+    return {"vllm": theirs.tolist(), "ours": ours.tolist(), "ref": [winner] * 3,
+            "vllm_topk": tid.tolist(), "ours_topk": oid.tolist(), "ref_topk": [[winner, winner - 1]] * 3}
+
+
+def _bf16_near_tie_case(plugin):
+    """Rank 0 holds id 3 with logit 1.0, rank 1 holds id V-5 with logit
+    1 + 2**-10 (exact in float32, 1.0 once rounded to bf16): vLLM's bf16 logits
+    tie and its cross-rank argmax takes rank 0's id."""
+    vocab, hsize = 1000, 2
+    full = torch.zeros(vocab, hsize, dtype=torch.bfloat16)
+    full[3] = torch.tensor([1.0, 0.0])
+    full[vocab - 5] = torch.tensor([1.0, 2.0**-10])
+    hidden = torch.ones(2, hsize, dtype=torch.bfloat16)
+    head = _head(full)
+    lp = _processor(vocab)
+    theirs, ours = _both(plugin, lp, head, hidden, "get_top_tokens")
+    (tid, tval), (oid, oval) = _both(plugin, lp, head, hidden, "get_top_k_tokens", 2)
+    ref = _ref_logits(hidden, full)
+    return {"vllm": theirs.tolist(), "ours": ours.tolist(), "ref": ref.argmax(dim=1).tolist(),
+            "vllm_topk": tid.tolist(), "ours_topk": oid.tolist(), "ref_topk": ref.topk(2, dim=1).indices.tolist(),
+            "ours_topk_values": oval.tolist(), "ref_topk_values": ref.topk(2, dim=1).values.tolist()}
+
+
+class _FakeQuantMethod:
+    """Stands in for a quantized lm_head's method (not an Unquantized* method)."""
+
+    def apply(self, layer, x, bias=None):
+        return torch.nn.functional.linear(x, layer.weight, bias)
+
+
+def _fallback_cases(plugin, gen):
+    """Inputs the fused op does not take: vLLM's own method must run, with its result or error."""
+    vocab, hsize, batch = 700, 16, 4
+    full = torch.randn(vocab, hsize, generator=gen)
+    hidden = torch.randn(batch, hsize, generator=gen)
+    out = {}
+
+    def run(name, lp, head, method, *args, **kwargs):
+        before = dict(plugin.stats())
+        try:
+            theirs = plugin._ORIGINAL[method](lp, head, hidden, *args, **kwargs)
+        except Exception as e:  # noqa: BLE001
+            theirs = f"{type(e).__name__}: {e}"
+        try:
+            ours = getattr(lp, method)(head, hidden, *args, **kwargs)
+        except Exception as e:  # noqa: BLE001
+            ours = f"{type(e).__name__}: {e}"
+        after = plugin.stats()
+        delta = {key: after[key] - before.get(key, 0) for key in after if after[key] != before.get(key, 0)}
+        as_data = lambda r: [t.tolist() for t in r] if isinstance(r, tuple) else (r.tolist() if isinstance(r, torch.Tensor) else r)  # noqa: E731
+        out[name] = {"vllm": as_data(theirs), "ours": as_data(ours), "stats": delta}
+
+    head = _head(full)
+    run("logits_as_input", _processor(vocab, logits_as_input=True), head, "get_top_tokens")
+    run("non_positive_scale", _processor(vocab, scale=-1.0), head, "get_top_tokens")
+    run("non_positive_scale_topk", _processor(vocab, scale=0.0), head, "get_top_k_tokens", 3)
+    run("return_log_probs", _processor(vocab), head, "get_top_k_tokens", 3, return_log_probs=True)
+    bias2d = torch.randn(1, head.weight.shape[0], generator=gen)
+    run("bias_other_shape", _processor(vocab), head, "get_top_tokens", bias2d)
+    run("k_over_64", _processor(vocab), head, "get_top_k_tokens", 65)
+    quant = _head(full)
+    quant.quant_method = _FakeQuantMethod()
+    run("quantized_lm_head", _processor(vocab), quant, "get_top_tokens")
+    lora = _head(torch.randn(vocab + 10, hsize, generator=gen), org_vocab=vocab)
+    run("added_vocab", _processor(vocab + 10), lora, "get_top_tokens")
+    return out
+
+
+def _bytes_case(plugin, gen):
+    """Bytes one rank sends per step: vLLM's collectives vs our one exchange."""
+    from vllm.distributed.parallel_state import GroupCoordinator
+
+    import localargmax.step as step
+
+    sent = {"vllm": 0, "ours": 0}
+    orig_gather, orig_exchange = GroupCoordinator.all_gather, step.exchange_keys
+
+    def count_gather(self, input_, dim=-1):
+        sent["vllm"] += input_.numel() * input_.element_size()
+        return orig_gather(self, input_, dim)
+
+    def count_exchange(keys, group=None, reduce="all_gather"):
+        sent["ours"] += keys.numel() * keys.element_size()
+        return orig_exchange(keys, group, reduce)
+
+    rows = []
+    GroupCoordinator.all_gather, step.exchange_keys = count_gather, count_exchange
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            full = torch.randn(1000, 32, generator=gen).to(dtype)
+            head, lp = _head(full), _processor(1000)
+            for batch in (1, 8, 64):
+                hidden = torch.randn(batch, 32, generator=gen).to(dtype)
+                for method, args in (("get_top_tokens", ()), ("get_top_k_tokens", (8,))):
+                    sent.update(vllm=0, ours=0)
+                    _both(plugin, lp, head, hidden, method, *args)
+                    rows.append({"dtype": str(dtype).split(".")[1], "batch": batch, "method": method,
+                                 "k": args[0] if args else 1, "vllm": sent["vllm"], "ours": sent["ours"]})
+    finally:
+        GroupCoordinator.all_gather, step.exchange_keys = orig_gather, orig_exchange
+    return rows
+
+
+def _proposer_case(plugin, gen):
+    """The seed's switch through vLLM's own proposer code: a draft model with
+    vLLM's LocalArgmaxMixin (ParallelLMHead, LogitsProcessor, d2t Parameter);
+    ``SpecDecodeBaseProposer._maybe_share_lm_head`` (the check that the draft
+    has get_top_tokens when use_local_argmax_reduction is set) and
+    ``_greedy_sample`` (which calls model.get_top_tokens) run unmodified."""
+    from vllm.config import SpeculativeConfig
+    from vllm.model_executor.models.interfaces import LocalArgmaxMixin
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    import localargmax
+
+    draft_vocab, target_vocab, hsize, batch = 600, 5000, 24, 5
+
+    class Draft(LocalArgmaxMixin, torch.nn.Module):
+        has_own_lm_head = True
+
+        def __init__(self):
+            super().__init__()
+            self.lm_head = _head(torch.randn(draft_vocab, hsize, generator=gen))
+            self.logits_processor = _processor(draft_vocab)
+            d2t = localargmax.build_d2t(torch.rand(target_vocab, generator=gen), draft_vocab)
+            self.draft_id_to_target_id = torch.nn.Parameter(d2t, requires_grad=False)
+
+    class NoTopTokens(torch.nn.Module):
+        has_own_lm_head = True
+
+    class Target(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = torch.nn.Module()
+            self.lm_head = _head(torch.randn(target_vocab, hsize, generator=gen))
+
+    draft = Draft()
+    proposer = EagleProposer.__new__(EagleProposer)  # vLLM's methods, none of its GPU set-up
+    proposer.vllm_config = type("Cfg", (), {"speculative_config": None})()
+    proposer.use_local_argmax_reduction = True
+    proposer.model = draft
+    proposer._maybe_share_lm_head(Target())
+    out = {"switch_field_default": SpeculativeConfig.__dataclass_fields__["use_local_argmax_reduction"].default}
+
+    hidden = torch.randn(batch, hsize, generator=gen)
+    before = plugin.stats().get("fused", 0)
+    ours = proposer._greedy_sample(hidden)
+    out["fused_calls"] = plugin.stats().get("fused", 0) - before
+    theirs = plugin._ORIGINAL["get_top_tokens"](draft.logits_processor, draft.lm_head, hidden)
+    theirs = theirs + draft.draft_id_to_target_id[theirs]
+    full = torch.empty(draft_vocab, hsize)
+    # the reference needs the full draft matrix: gather the shards back
+    from vllm.distributed import tensor_model_parallel_all_gather
+
+    shards = tensor_model_parallel_all_gather(draft.lm_head.weight.detach().clone(), dim=0)
+    full = shards[:draft_vocab] if shards.shape[0] >= draft_vocab else full
+    ref = (hidden.double() @ full.double().T).argmax(dim=1)
+    ref = ref + draft.draft_id_to_target_id[ref]
+    out.update(ours=ours.tolist(), vllm=theirs.tolist(), ref=ref.tolist())
+
+    proposer.model = NoTopTokens()
+    proposer.model.lm_head = draft.lm_head
+    try:
+        proposer._maybe_share_lm_head(Target())
+        out["missing_check"] = "no error"
+    except ValueError as e:
+        out["missing_check"] = str(e)
+    return out
+
+
+class _Stub:
+    """A config stand-in: the given attributes, None for any other (vLLM reads many optional ones)."""
+
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+
+def _eagle3_case(plugin, gen, cfg):
+    """vLLM's own EAGLE-3 draft class (Eagle3LlamaForCausalLM: LlamaForCausalLM
+    with LocalArgmaxMixin, a 600-token draft vocabulary, a d2t Parameter)
+    built on CPU at TP = 2, its lm_head and d2t loaded by its own
+    load_weights, drafting through the proposer's _greedy_sample. vLLM 0.33
+    needs a ModelConfig / SpeculativeConfig made from a checkpoint to build it;
+    stand-ins carry what the constructor reads (layer count, vocab sizes, the
+    transformers LlamaConfig). The draft's forward (attention) is not run:
+    hidden states are random."""
+    from transformers import LlamaConfig
+    from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    import localargmax
+
+    target_vocab, draft_vocab, hsize = 5000, 600, 64
+    hf = LlamaConfig(vocab_size=target_vocab, hidden_size=hsize, intermediate_size=128, num_hidden_layers=1,
+                     num_attention_heads=4, num_key_value_heads=4, draft_vocab_size=draft_vocab)
+    saved = cfg.model_config, cfg.speculative_config
+    object.__setattr__(cfg, "model_config", _Stub(get_total_num_hidden_layers=lambda: 2, get_vocab_size=lambda: target_vocab,
+                                                   hf_config=hf, dtype=torch.float32, is_moe=False))
+    object.__setattr__(cfg, "speculative_config", _Stub(draft_model_config=_Stub(hf_config=hf), parallel_drafting=False))
+    try:
+        model = Eagle3LlamaForCausalLM(vllm_config=cfg)
+    finally:
+        object.__setattr__(cfg, "model_config", saved[0])
+        object.__setattr__(cfg, "speculative_config", saved[1])
+    full = torch.randn(draft_vocab, hsize, generator=gen)
+    d2t = localargmax.build_d2t(torch.rand(target_vocab, generator=gen), draft_vocab)
+    model.load_weights([("lm_head.weight", full), ("d2t", d2t)])
+    model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
+
+    class Target(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = torch.nn.Module()
+            self.lm_head = _head(torch.randn(target_vocab, hsize, generator=gen))
+
+    proposer = EagleProposer.__new__(EagleProposer)
+    proposer.vllm_config = _Stub(speculative_config=None)
+    proposer.use_local_argmax_reduction = True
+    proposer.model = model
+    proposer._maybe_share_lm_head(Target())
+    hidden = torch.randn(6, hsize, generator=gen)
+    before = plugin.stats().get("fused", 0)
+    ours = proposer._greedy_sample(hidden)
+    fused = plugin.stats().get("fused", 0) - before
+    theirs = plugin._ORIGINAL["get_top_tokens"](model.logits_processor, model.lm_head, hidden)
+    ref = (hidden.double() @ full.double().T).argmax(dim=1)
+    return {"class": type(model).__name__, "kept_own_head": model.lm_head.weight.shape[0] < target_vocab,
+            "d2t_loaded": torch.equal(model.draft_id_to_target_id.data, d2t), "fused_calls": fused,
+            "ours": ours.tolist(), "vllm": (theirs + d2t[theirs]).tolist(), "ref": (ref + d2t[ref]).tolist()}
+
+
+def _agreement_sweep(plugin, gen, batch=256, vocab=4000, hsize=64):
+    """Random data, many rows: how often each path's argmax equals float64's."""
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        full = (torch.randn(vocab, hsize, generator=gen) / hsize**0.5).to(dtype)
+        hidden = torch.randn(batch, hsize, generator=gen).to(dtype)
+        head, lp = _head(full), _processor(vocab)
+        theirs, ours = _both(plugin, lp, head, hidden, "get_top_tokens")
+        logits = _ref_logits(hidden, full)
+        ref, top2 = logits.argmax(dim=1), logits.topk(2, dim=1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 1e-4  # rows away from float32-accumulation near-ties
+        out[str(dtype).split(".")[1]] = {"rows": batch, "vllm_right": int((theirs == ref).sum()),
+                                         "ours_right": int((ours == ref).sum()),
+                                         "ours_wrong_clear": int(((ours != ref) & clear).sum())}
+    return out
+
+
+def _bad_input_case(plugin, gen):
+    """A hidden size that does not match the head: both methods raise on every rank, ours naming the argument."""
+    head = _head(torch.randn(500, 16, generator=gen))
+    hidden = torch.randn(3, 17, generator=gen)
+    out = {}
+    for name, fn in (("vllm", plugin._ORIGINAL["get_top_tokens"]), ("ours", type(_processor(500)).get_top_tokens)):
+        try:
+            fn(_processor(500), head, hidden)
+            out[name] = "no error"
+        except Exception as e:  # noqa: BLE001
+            out[name] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def _switch_case(plugin):
+    """register() honours LOCALARGMAX_VLLM_PLUGIN=0; uninstall() restores vLLM's methods."""
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
+    from localargmax import envs
+
+    out = {}
+    plugin.uninstall()
+    out["uninstalled_restores_vllm"] = not plugin.is_active() and LogitsProcessor.get_top_tokens.__module__.startswith("vllm.")
+    os.environ["LOCALARGMAX_VLLM_PLUGIN"] = "0"
+    envs.reload()
+    plugin.register()
+    out["disabled_by_env"] = not plugin.is_active()
+    del os.environ["LOCALARGMAX_VLLM_PLUGIN"]
+    envs.reload()
+    plugin.register()
+    plugin.register()  # idempotent
+    out["reinstalled"] = plugin.is_active() and plugin._ORIGINAL["get_top_tokens"].__module__.startswith("vllm.")
+    return out
+
+
+def worker(rank: int, world_size: int, seed: int):
+    ctx, cfg = _vllm_setup(rank, world_size)
+    from vllm.plugins import load_general_plugins
+
+    import localargmax.integrations.vllm as plugin
+
+    load_general_plugins()  # vLLM's own entry-point loader, as in every vLLM process
+    out = {"active_after_vllm_loader": plugin.is_active()}
+    if not out["active_after_vllm_loader"]:
+        plugin.install()  # still exercise the methods; the test reports the missing entry point
+    gen = torch.Generator().manual_seed(seed)
+    out["argmax"] = {
+        "f32": _argmax_case(plugin, gen, 1000, 32, 7, torch.float32),
+        "f32_bias": _argmax_case(plugin, gen, 1000, 32, 7, torch.float32, bias=True),
+        "f32_scale_softcap": _argmax_case(plugin, gen, 777, 24, 6, torch.float32, scale=0.5, soft_cap=30.0),
+        "bf16": _argmax_case(plugin, gen, 999, 64, 8, torch.bfloat16),
+        "bf16_head_fp32": _argmax_case(plugin, gen, 999, 64, 8, torch.bfloat16, head_dtype=torch.float32),
+        "f16_bias": _argmax_case(plugin, gen, 515, 48, 5, torch.float16, bias=True),
+        "tiny_vocab": _argmax_case(plugin, gen, 70, 8, 3, torch.float32),
+        "batch_zero": _argmax_case(plugin, gen, 300, 8, 0, torch.float32),
+    }
+    out["topk"] = {
+        "f32_k1": _topk_case(plugin, gen, 1000, 32, 6, 1, torch.float32),
+        "f32_k8": _topk_case(plugin, gen, 1000, 32, 6, 8, torch.float32),
+        "f32_k8_bias": _topk_case(plugin, gen, 1000, 32, 6, 8, torch.float32, bias=True),
+        "f32_k5_scale_softcap": _topk_case(plugin, gen, 777, 24, 4, 5, torch.float32, scale=2.0, soft_cap=3.0),
+        "bf16_k4": _topk_case(plugin, gen, 999, 64, 8, 4, torch.bfloat16),
+    }
+    out["past_2_24"] = _past_2_24_case(plugin)
+    out["bf16_near_tie"] = _bf16_near_tie_case(plugin)
+    out["fallback"] = _fallback_cases(plugin, gen)
+    out["bytes"] = _bytes_case(plugin, gen)
+    out["proposer"] = _proposer_case(plugin, gen)
+    out["eagle3"] = _eagle3_case(plugin, gen, cfg)
+    out["bad_input"] = _bad_input_case(plugin, gen)
+    out["sweep"] = _agreement_sweep(plugin, gen)
+    out["stats"] = plugin.stats()
+    out["switch"] = _switch_case(plugin)
+    from vllm.distributed import destroy_model_parallel
+
+    destroy_model_parallel()
+    ctx.__exit__(None, None, None)
+    return out
