@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from helpers import planted_problem, random_problem, ref_argmax, ref_logits
+from tests.support.problems import planted_problem, random_problem
+from tests.support.reference import ref_argmax, ref_logits
 from localargmax.reference import reference_argmax, reference_logits
 
 

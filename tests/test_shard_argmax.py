@@ -11,14 +11,18 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import localargmax
+from localargmax.reference import reference_argmax
 from tests.support.checks import raises_cleanly
 from tests.support.cpp import needs_gxx, run_against_mutation, run_cpp_test
 from tests.support.keys import pack_key, same_float32, to_int64
 from tests.support.paths import CPU_PATHS, KernelPath, cuda_only, each_cuda_path, on, use_path
 from tests.support.problems import (
     PAD_KINDS,
+    exact_problems,
     full_bias,
     integer_problem,
     make_shards,
@@ -61,14 +65,14 @@ def _ids(hidden, weight, **kw):
 def test_shard_argmax_correctness(gen, path, dtype):
     """Planted winners, every tp / padding layout, against the float64
     reference; the same keys as the default CPU kernel; opcheck."""
-    widths = (1, 3, 33, 129, 4097) if path.device == "cuda" else (1, 3, 33)
-    for hsize in widths:
-        for batch, vocab in [(1, 1), (3, 129), (17, 1001)]:
+    cuda = path.device == "cuda"
+    for hsize in (1, 2, 3, 31, 33, 127, 129, 4095, 4097) if cuda else (1, 3, 33):
+        for batch, vocab in [(1, 1), (3, 129), (17, 1001)] + ([(64, 20000)] if cuda else []):
             hidden, weight, _ = random_problem(gen, batch, vocab, hsize, dtype)
             winners = torch.randint(0, vocab, (batch,), generator=gen)
             weight[winners] = (hidden.float() * 3).to(dtype)
             bias = torch.randn(vocab, generator=gen) * 0.01
-            want = ref_argmax(hidden, weight, bias)
+            want = reference_argmax(hidden, weight, bias)
             for tp in (1, 3):
                 ids, _ = sharded_argmax(on(path, hidden), weight, bias, tp=tp, pad="nan" if tp == 3 else "huge")
                 assert torch.equal(ids.cpu(), want), f"{path} H={hsize} B={batch} V={vocab} tp={tp}"
@@ -133,6 +137,27 @@ def test_random_sharded_vs_reference(gen, dtype, pad):
                 ids, _ = sharded_argmax(hidden, weight, b, tp=tp, pad_to=pad_to, pad=pad)
                 ctx = f"tp={tp} pad_to={pad_to} V={vocab} B={batch} H={hsize}"
                 check_against_reference(ids, hidden, weight, b, min_clear_fraction=0.8, context=ctx)
+
+
+@settings(max_examples=1200, deadline=None)
+@given(p=exact_problems(), start_frac=st.floats(0, 1), pad_rows=st.integers(0, 70), pad=st.sampled_from(PAD_KINDS))
+def test_shard_argmax_exact(p, start_frac, pad_rows, pad):
+    """Exact data, one shard of vocab + pad_rows rows (padding that would win)
+    at any vocab_start: the exact id and the exact value."""
+    vocab = p.weight.shape[0]
+    vocab_start = int(start_frac * (localargmax.MAX_GLOBAL_INDEX - vocab + 1))
+    (w, b, s), = make_shards(p.weight, p.bias, 1, vocab + pad_rows, hidden=p.hidden, pad=pad)
+    assert s.rows == vocab + pad_rows and s.num_valid == vocab
+    keys = localargmax.shard_argmax(p.hidden, w, vocab_start=vocab_start, num_valid=vocab, bias=b)
+    if p.hidden.shape[0] == 0:
+        assert keys.shape == (0,)
+        return
+    b_full = full_bias(p.bias, [(w, b, s)], vocab)
+    want = ref_argmax(p.hidden, p.weight, b_full)
+    ids, values = localargmax.decode_keys(keys)
+    assert torch.equal(ids, want + vocab_start), p
+    exact = ref_logits(p.hidden, p.weight, b_full)[torch.arange(len(want)), want].float()
+    assert bool(((values.isnan() & exact.isnan()) | (values == exact)).all()), p
 
 
 def test_large_rows_many_chunks(gen):

@@ -1,8 +1,9 @@
-"""Stress: 10,000 random sharded-argmax cases across tp = 1..4 with planted
-hard cases, against the float64 reference, plus a real-gloo round of random
-cases (both reduce modes) with misbehaving ranks mixed in.
+"""Stress (marker ``slow``, deselected by default): 10,000 random
+sharded-argmax cases across tp = 1..4 with planted hard cases, against the
+float64 reference; 400 random layouts of random data; a real-gloo round of
+random cases (both reduce modes) with misbehaving ranks mixed in.
 
-Run with ``pytest -m slow tests/test_stress.py -s`` (prints the counts). Set
+Run with ``python -m pytest -m slow -s`` (prints the counts). Set
 ``LOCALARGMAX_TEST_SEED`` to replay a run; ``LOCALARGMAX_STRESS_CASES`` to
 change the number of in-process cases (default 10,000).
 """
@@ -19,19 +20,18 @@ import pytest
 import torch
 
 import localargmax
-from fault_helpers import (
+from tests.support.keys import allreduce_max, unsigned_max
+from tests.support.launch import launch, live_descendants, timed
+from tests.support.problems import (
     PAD_KINDS,
-    allreduce_max,
     full_bias,
-    launch,
-    live_descendants,
     make_shards,
-    python_unsigned_max,
+    random_problem,
     shard_keys,
+    sharded_argmax,
     simulated_argmax,
-    timed,
 )
-from helpers import error_bound, ref_logits
+from tests.support.reference import check_against_reference, error_bound, judge, ref_logits
 
 pytestmark = pytest.mark.slow
 
@@ -131,24 +131,32 @@ def _case(rng: random.Random, tp: int):
 def _judge(ids, hidden, weight, bias, exact):
     """(wrong, near_tie_rows): ``wrong`` counts rows that break the contract."""
     logits = ref_logits(hidden, weight, bias)
-    batch, vocab = logits.shape
-    ref = logits.argmax(dim=1)
     if exact:
-        return int((ids != ref).sum()), 0
-    if bool(((ids < 0) | (ids >= vocab)).any()):
-        return int(((ids < 0) | (ids >= vocab)).sum()), 0
+        return int((ids != logits.argmax(dim=1)).sum()), 0
+    out_of_range = (ids < 0) | (ids >= logits.shape[1])
+    if bool(out_of_range.any()):
+        return int(out_of_range.sum()), 0
     err = error_bound(hidden, weight, bias)
-    err = torch.where(torch.isfinite(logits), err, torch.zeros_like(err))
-    rows = torch.arange(batch)
-    best = logits[rows, ref]
-    decided = torch.isnan(logits).any(dim=1) | (best == math.inf) | (logits == -math.inf).all(dim=1)
-    upper = logits + err
-    upper[rows, ref] = -math.inf
-    clear = decided | (best - err[rows, ref] > upper.max(dim=1).values)
-    wrong = clear & (ids != ref)
-    ours = logits[rows, ids]
-    too_far = (~clear) & ~(best - ours <= err[rows, ref] + err[rows, ids])
+    clear, wrong, too_far = judge(ids, logits, torch.where(torch.isfinite(logits), err, torch.zeros_like(err)))
     return int(wrong.sum() + too_far.sum()), int((~clear).sum())
+
+
+def test_stress_random_layouts(gen):
+    """400 random (dtype, H, B, V, tp, pad_to, bias, padding fill) problems of
+    random data, each against the float64 reference."""
+    dtypes, biases = (torch.float32, torch.bfloat16, torch.float16), (None, "float32", "weight")
+
+    def pick(seq):
+        return seq[int(torch.randint(0, len(seq), (1,), generator=gen))]
+
+    for it in range(400):
+        dtype, bias, pad = pick(dtypes), pick(biases), pick(PAD_KINDS)
+        hsize, batch, vocab, tp = (int(torch.randint(1, n + 1, (1,), generator=gen)) for n in (160, 40, 4000, 8))
+        pad_to = pick([1, 2, 8, 64, 128])
+        hidden, weight, b = random_problem(gen, batch, vocab, hsize, dtype, bias)
+        ids, _ = sharded_argmax(hidden, weight, b, tp=tp, pad_to=pad_to, pad=pad)
+        ctx = f"it={it} {dtype} H={hsize} B={batch} V={vocab} bias={bias} tp={tp} pad_to={pad_to} fill={pad}"
+        check_against_reference(ids, hidden, weight, b, min_clear_fraction=0.5, context=ctx)
 
 
 def test_stress_random_cases(seed):
@@ -171,7 +179,7 @@ def test_stress_random_cases(seed):
                 # the all-reduce semantic: sign-flipped signed max == unsigned max
                 reduced = allreduce_max(keys)
                 if i % 50 == 0:
-                    assert torch.equal(reduced, python_unsigned_max(keys)), f"case {i}"
+                    assert torch.equal(reduced, unsigned_max(keys)), f"case {i}"
                 ids_reduce, _ = localargmax.merge_keys(reduced)
                 # the public step on every simulated rank, both reduce modes
                 ids_step = simulated_argmax(hidden, shards, reduce=rng.choice(("all_gather", "all_reduce")), d2t=d2t)
