@@ -11,6 +11,7 @@ Environment switches (all optional):
 CUDA kernels are compiled whenever torch is a CUDA build and nvcc is found; no
 GPU is needed to build them.
 """
+
 import os
 import shutil
 import subprocess
@@ -72,7 +73,8 @@ class CMakeBuild(build_ext):
             f"-DTORCH_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out.parent}",
             f"-DLOCALARGMAX_WITH_CUDA={'ON' if with_cuda else 'OFF'}",
-            "-G", "Ninja",
+            "-G",
+            "Ninja",
             f"-DCMAKE_MAKE_PROGRAM={find_build_tool('ninja')}",
         ]
         env = dict(os.environ)
@@ -95,8 +97,13 @@ class CMakeBuild(build_ext):
         jobs = os.environ.get("LOCALARGMAX_BUILD_JOBS", str(os.cpu_count() or 1))
         log = build_dir / "build.log"
         with open(log, "w") as f:
-            proc = subprocess.Popen([cmake, "--build", str(build_dir), "-j", jobs, "--", "-v"], env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            proc = subprocess.Popen(
+                [cmake, "--build", str(build_dir), "-j", jobs, "--", "-v"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
             for line in proc.stdout:
                 f.write(line)
                 if not line.startswith("ptxas info") and "bytes stack frame" not in line:

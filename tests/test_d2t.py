@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 import localargmax
 from localargmax import build_d2t, draft_to_target_ids, validate_d2t
 from tests.support.checks import raises_cleanly
-from tests.support.problems import d2t_for, exact_problems, make_shards, simulated_argmax
+from tests.support.problems import make_shards, simulated_argmax
 from tests.support.reference import ref_argmax
+from tests.support.strategies import d2t_for, exact_problems
 
 
 def test_build_d2t_keeps_the_k_most_frequent_in_id_order(gen):
@@ -52,7 +53,9 @@ def test_d2t_maps_exactly(p, tp, d2t_seed):
     assert bool((target[1:] > target[:-1]).all())
     want = ref_argmax(p.hidden, p.weight, p.bias, d2t)
     assert torch.equal(localargmax.lm_head_argmax(p.hidden, p.weight, bias=p.bias, d2t=d2t), want), p
-    assert torch.equal(simulated_argmax(p.hidden, make_shards(p.weight, p.bias, tp, 64, hidden=p.hidden), d2t=d2t), want), p
+    assert torch.equal(
+        simulated_argmax(p.hidden, make_shards(p.weight, p.bias, tp, 64, hidden=p.hidden), d2t=d2t), want
+    ), p
 
 
 GOOD = torch.tensor([0, 1, 1, 5], dtype=torch.int64)  # draft 4 -> targets 0, 2, 3, 8
@@ -74,7 +77,7 @@ BAD_VALIDATE = {
 @pytest.mark.parametrize("case", list(BAD_VALIDATE))
 def test_validate_d2t_rejects(case):
     args, exc, match = BAD_VALIDATE[case]
-    raises_cleanly(validate_d2t, args, {}, exc, match)
+    raises_cleanly(exc, match, validate_d2t, *args)
 
 
 BAD_BUILD = {
@@ -92,4 +95,4 @@ BAD_BUILD = {
 @pytest.mark.parametrize("case", list(BAD_BUILD))
 def test_build_d2t_rejects(case):
     args, match = BAD_BUILD[case]
-    raises_cleanly(build_d2t, args, {}, ValueError, match)
+    raises_cleanly(ValueError, match, build_d2t, *args)

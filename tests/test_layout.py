@@ -34,7 +34,9 @@ def _check_layout(vocab, tp, pad_to):
 
 
 @settings(max_examples=400, deadline=None)
-@given(vocab=st.integers(1, 300_000), tp=st.integers(1, 16), pad_to=st.sampled_from([1, 2, 3, 7, 8, 64, 128, 256, 1000]))
+@given(
+    vocab=st.integers(1, 300_000), tp=st.integers(1, 16), pad_to=st.sampled_from([1, 2, 3, 7, 8, 64, 128, 256, 1000])
+)
 def test_shard_vocab_properties(vocab, tp, pad_to):
     _check_layout(vocab, tp, pad_to)
 
@@ -60,8 +62,15 @@ def test_shard_vocab_matches_vllm_layout(vocab, tp):
 
 @pytest.mark.parametrize(
     "args,match",
-    [((0, 0, 1), "vocab_size"), ((10, 0, 0), "world_size"), ((10, 0, 2, 0), "pad_to"), ((10, 2, 2), "rank"),
-     ((10, -1, 2), "rank"), ((10.0, 0, 2), "vocab_size"), ((10, True, 2), "rank")],
+    [
+        ((0, 0, 1), "vocab_size"),
+        ((10, 0, 0), "world_size"),
+        ((10, 0, 2, 0), "pad_to"),
+        ((10, 2, 2), "rank"),
+        ((10, -1, 2), "rank"),
+        ((10.0, 0, 2), "vocab_size"),
+        ((10, True, 2), "rank"),
+    ],
 )
 def test_shard_vocab_rejects_bad_arguments(args, match):
     with pytest.raises(ValueError, match=match):
@@ -70,12 +79,21 @@ def test_shard_vocab_rejects_bad_arguments(args, match):
 
 LAYOUTS = {  # name: (tp, rank -> (shard, hidden_size), words every rank's error must contain, None = consistent)
     "consistent": (3, lambda r: (shard_vocab(1000, r, 3), 8), None),
-    "rows_differ_tp2": (2, lambda r: (shard_vocab(1000, r, 2 if r == 0 else 3), 8),
-                        ["rows differs across ranks", "ranks [0]", "ranks [1]"]),
-    "pad_to_differs_tp3": (3, lambda r: (shard_vocab(1000, r, 3, 64 if r < 2 else 1), 8),
-                           ["rows differs across ranks", "ranks [0, 1]", "ranks [2]"]),
-    "hidden_differs": (3, lambda r: (shard_vocab(1000, r, 3), 8 if r != 1 else 16),
-                       ["hidden_size differs across ranks", "ranks [0, 2]", "ranks [1]"]),
+    "rows_differ_tp2": (
+        2,
+        lambda r: (shard_vocab(1000, r, 2 if r == 0 else 3), 8),
+        ["rows differs across ranks", "ranks [0]", "ranks [1]"],
+    ),
+    "pad_to_differs_tp3": (
+        3,
+        lambda r: (shard_vocab(1000, r, 3, 64 if r < 2 else 1), 8),
+        ["rows differs across ranks", "ranks [0, 1]", "ranks [2]"],
+    ),
+    "hidden_differs": (
+        3,
+        lambda r: (shard_vocab(1000, r, 3), 8 if r != 1 else 16),
+        ["hidden_size differs across ranks", "ranks [0, 2]", "ranks [1]"],
+    ),
     "overlap": (3, lambda r: (shard_vocab(1000, min(r, 1), 3), 8), ["ranks 1 and 2 both hold vocabulary ids"]),
 }
 
@@ -94,7 +112,8 @@ def _layout_worker(rank, world):
         if rank < tp:
             ws = tp if rank == 0 else tp + 1
             out[("module", tp)] = timed(
-                lambda: localargmax.VocabParallelLMHead.from_full(full, rank, ws, group=groups[tp]) and None)
+                lambda: localargmax.VocabParallelLMHead.from_full(full, rank, ws, group=groups[tp]) and None
+            )
     return out
 
 

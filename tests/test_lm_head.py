@@ -51,8 +51,9 @@ def vllm_head(full_weight, rank, tp, pad_to=64):
     start, rows, valid = localargmax.shard_vocab(full_weight.shape[0], rank, tp, pad_to)
     weight = torch.zeros(rows, full_weight.shape[1], dtype=full_weight.dtype)
     weight[:valid] = full_weight[start : start + valid]
-    idx = types.SimpleNamespace(org_vocab_start_index=start, org_vocab_end_index=start + valid,
-                                num_org_vocab_padding=rows - valid)
+    idx = types.SimpleNamespace(
+        org_vocab_start_index=start, org_vocab_end_index=start + valid, num_org_vocab_padding=rows - valid
+    )
     return types.SimpleNamespace(weight=weight, shard_indices=idx)
 
 
@@ -121,10 +122,16 @@ def test_compile_fullgraph_with_gloo_group_of_2(seed):
 
 def test_greedy_drafting_example_identical_to_unsharded():
     """The README's example: Qwen3 draft, TP=2 gloo, 32 steps, with and without d2t."""
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "greedy_drafting.py"), "--steps", "32"],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "greedy_drafting.py"), "--steps", "32"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.count("identical to unsharded: yes") == 2 and proc.stdout.count("step 31:") == 2, proc.stdout[-3000:]
+    assert proc.stdout.count("identical to unsharded: yes") == 2 and proc.stdout.count("step 31:") == 2, proc.stdout[
+        -3000:
+    ]
 
 
 # ----------------------------------------------------------------------------- the logit scale
@@ -137,8 +144,10 @@ def _scale_problem(gen):
     return hidden, weight, localargmax.VocabParallelLMHead.from_full(weight, 0, 1)
 
 
-@pytest.mark.parametrize("scale,cap", [(s, None) for s in (1e-3, 0.5, 1.0, 3.0, 1e3)]
-                         + [(s, c) for s in (1e-3, 0.5, 1.0, 3.0) for c in (5.0, 30.0)])
+@pytest.mark.parametrize(
+    "scale,cap",
+    [(s, None) for s in (1e-3, 0.5, 1.0, 3.0, 1e3)] + [(s, c) for s in (1e-3, 0.5, 1.0, 3.0) for c in (5.0, 30.0)],
+)
 def test_positive_scale_and_softcap_keep_ids(gen, scale, cap):
     """A positive scale and a soft-cap are monotonic: the ids are the model's
     own greedy ids. (A soft-cap saturates for scale * logit >> cap, where tanh
@@ -151,8 +160,11 @@ def test_positive_scale_and_softcap_keep_ids(gen, scale, cap):
     want = ref_argmax(hidden, weight)
     assert torch.equal(logits.argmax(dim=1), want)
     processor = types.SimpleNamespace(scale=scale, soft_cap=cap)
-    for attrs in ({"logits_processor": processor}, {"logit_scale": scale, "final_logit_softcapping": cap},
-                  {"logit_scale": torch.tensor(scale)}):
+    for attrs in (
+        {"logits_processor": processor},
+        {"logit_scale": scale, "final_logit_softcapping": cap},
+        {"logit_scale": torch.tensor(scale)},
+    ):
         assert torch.equal(Draft(head, **attrs).get_top_tokens(hidden), want), attrs
 
 
@@ -199,23 +211,31 @@ BAD_FROM_FULL = {
 @pytest.mark.parametrize("case", list(BAD_FROM_FULL))
 def test_from_full_rejects(case):
     args, kwargs, exc, match = BAD_FROM_FULL[case]
-    raises_cleanly(localargmax.VocabParallelLMHead.from_full, args, kwargs, exc, match)
+    raises_cleanly(exc, match, localargmax.VocabParallelLMHead.from_full, *args, **kwargs)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"vocab_size": 0, "hidden_size": H}, "vocab_size"),
-    ({"vocab_size": 10.0, "hidden_size": H}, "vocab_size"),
-    ({"vocab_size": 10, "hidden_size": -1}, "hidden_size"),
-    ({"vocab_size": 10, "hidden_size": H, "world_size": 2, "rank": 5}, "rank"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"vocab_size": 0, "hidden_size": H}, "vocab_size"),
+        ({"vocab_size": 10.0, "hidden_size": H}, "vocab_size"),
+        ({"vocab_size": 10, "hidden_size": -1}, "hidden_size"),
+        ({"vocab_size": 10, "hidden_size": H, "world_size": 2, "rank": 5}, "rank"),
+    ],
+)
 def test_constructor_rejects(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         localargmax.VocabParallelLMHead(**kwargs)
 
 
 BAD_AT_CONSTRUCTION_OR_FORWARD = {
-    "int_weight": ({}, torch.ones(ROWS, H, dtype=torch.int64), torch.ones(B, H, dtype=torch.int64), (TypeError, ValueError),
-                   "dtype"),
+    "int_weight": (
+        {},
+        torch.ones(ROWS, H, dtype=torch.int64),
+        torch.ones(B, H, dtype=torch.int64),
+        (TypeError, ValueError),
+        "dtype",
+    ),
     "reduce_bogus": ({"reduce": "sum"}, _t(ROWS, H), _t(B, H), ValueError, "reduce"),
     "group_str": ({"group": "world"}, _t(ROWS, H), _t(B, H), TypeError, "group"),
 }

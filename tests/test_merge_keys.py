@@ -32,8 +32,9 @@ def random_entries(gen, tp, batch, *, empty_prob=0.2, tie_prob=0.3):
             index = int(torch.randint(0, 8, (1,), generator=gen))  # index ties across ranks too
         return value, index
 
-    entries = [[None if float(torch.rand(1, generator=gen)) < empty_prob else draw() for _ in range(batch)]
-               for _ in range(tp)]
+    entries = [
+        [None if float(torch.rand(1, generator=gen)) < empty_prob else draw() for _ in range(batch)] for _ in range(tp)
+    ]
     for b in range(batch):
         if all(entries[r][b] is None for r in range(tp)):
             entries[0][b] = (float(torch.randn(1, generator=gen)), 5)
@@ -94,7 +95,10 @@ def test_d2t_maps_winning_draft_id(gen, tp):
     target_ids = torch.sort(torch.randperm(target, generator=gen)[:draft]).values
     d2t = target_ids - torch.arange(draft)
     entries = [
-        [(float(torch.randn(1, generator=gen)), int(torch.randint(0, draft, (1,), generator=gen))) for _ in range(batch)]
+        [
+            (float(torch.randn(1, generator=gen)), int(torch.randint(0, draft, (1,), generator=gen)))
+            for _ in range(batch)
+        ]
         for _ in range(tp)
     ]
     keys = keys_of(entries)
@@ -121,7 +125,9 @@ def test_merge_of_shard_argmax_keys_matches_one_big_shard(gen):
     hidden = torch.randn(9, 21, generator=gen)
     weight = torch.randn(700, 21, generator=gen)
     bounds = [0, *sorted(set(torch.randint(1, 700, (4,), generator=gen).tolist())), 700]
-    parts = [localargmax.shard_argmax(hidden, weight[a:b].contiguous(), vocab_start=a) for a, b in zip(bounds, bounds[1:])]
+    parts = [
+        localargmax.shard_argmax(hidden, weight[a:b].contiguous(), vocab_start=a) for a, b in zip(bounds, bounds[1:])
+    ]
     ids, values = localargmax.merge_keys(torch.stack(parts))
     ids_w, values_w = localargmax.decode_keys(localargmax.shard_argmax(hidden, weight))
     assert torch.equal(ids, ids_w) and value_bits(values) == value_bits(values_w)
@@ -189,8 +195,11 @@ BAD_MERGE = {  # (keys, d2t) -> exception, message; through the wrapper and the 
     "d2t_int32": ((KEY, torch.zeros(8, dtype=torch.int32)), TypeError, "d2t must be int64"),
     "d2t_float": ((KEY, torch.zeros(8)), TypeError, "d2t must be int64"),
     "no_valid_entry": ((torch.tensor([[ONE, 0], [0, 0]]), None), ValueError, "no valid"),
-    "id_outside_d2t": ((torch.tensor([ONE, to_int64(pack_key(1.0, 10))]), torch.zeros(10, dtype=torch.int64)),
-                       ValueError, "outside d2t"),
+    "id_outside_d2t": (
+        (torch.tensor([ONE, to_int64(pack_key(1.0, 10))]), torch.zeros(10, dtype=torch.int64)),
+        ValueError,
+        "outside d2t",
+    ),
     "id_outside_empty_d2t": ((torch.tensor([ONE]), torch.zeros(0, dtype=torch.int64)), ValueError, "outside d2t"),
 }
 

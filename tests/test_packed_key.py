@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import localargmax
-from tests.support.cpp import needs_gxx, run_against_mutation, run_cpp_test
+from tests.support.cpp import check_cpp_test, needs_gxx, run_against_mutation
 from tests.support.keys import bits_f32, decoded_bits, f32_bits, pack_key, to_int64, to_uint64, value_bits
 
 INF, NAN = math.inf, math.nan
@@ -58,7 +58,11 @@ def test_design_table_through_shard_argmax(value, index, key, dtype):
 def test_design_table_decode(value, index, key):
     keys = torch.tensor([to_int64(key)], dtype=torch.int64)
     assert pack_key(value, index) == key  # the Python model agrees with the table
-    for ids, values in (localargmax.decode_keys(keys), localargmax.merge_keys(keys), localargmax.merge_keys(keys[None])):
+    for ids, values in (
+        localargmax.decode_keys(keys),
+        localargmax.merge_keys(keys),
+        localargmax.merge_keys(keys[None]),
+    ):
         assert ids.dtype == torch.int64 and values.dtype == torch.float32
         assert int(ids[0]) == index and value_bits(values) == [decoded_bits(value)]
 
@@ -136,20 +140,21 @@ def test_decode_and_kernel_encoding(value, index):
 @needs_gxx
 def test_packed_key_cpp(tmp_path, seed):
     """tests/cpp/test_packed_key.cpp: the table, ordering and round-trip properties in C++."""
-    proc = run_cpp_test("test_packed_key", tmp_path, seed)
-    assert proc.returncode == 0 and "OK" in proc.stdout, f"seed {seed}:\n{proc.stdout}{proc.stderr}"
+    check_cpp_test("test_packed_key", tmp_path, seed)
+
+
+PACKED_KEY_MUTATIONS = {  # id: (text of csrc/common/packed_key.h, broken replacement)
+    "no_negative_zero_fold": ("if (u == 0x80000000u) u = 0u;", ""),
+    "nan_not_canonical": ("return 0xFFFFFFFFu;  // any NaN", "return u;"),
+    "index_not_inverted": (
+        "(0xFFFFFFFFu - static_cast<uint32_t>(global_index))",
+        "(static_cast<uint32_t>(global_index))",
+    ),
+}
 
 
 @needs_gxx
-@pytest.mark.parametrize(
-    "old,new",
-    [
-        ("if (u == 0x80000000u) u = 0u;", ""),
-        ("return 0xFFFFFFFFu;  // any NaN", "return u;"),
-        ("(0xFFFFFFFFu - static_cast<uint32_t>(global_index))", "(static_cast<uint32_t>(global_index))"),
-    ],
-    ids=["no_negative_zero_fold", "nan_not_canonical", "index_not_inverted"],
-)
-def test_cpp_test_catches_broken_encoding(tmp_path, old, new):
-    """The C++ test can fail: it does against broken copies of packed_key.h."""
-    run_against_mutation("test_packed_key", "packed_key.h", old, new, tmp_path)
+@pytest.mark.parametrize("mutation", list(PACKED_KEY_MUTATIONS))
+def test_cpp_test_catches_broken_encoding(tmp_path, mutation):
+    """The C++ test can fail: it does against a broken copy of packed_key.h."""
+    run_against_mutation("test_packed_key", "packed_key.h", *PACKED_KEY_MUTATIONS[mutation], tmp_path)

@@ -1,5 +1,6 @@
 """The README's Python API example runs as written (in a fresh interpreter,
 since it creates a process group) and its own assertion holds."""
+
 import pathlib
 import re
 import subprocess

@@ -17,12 +17,11 @@ from hypothesis import strategies as st
 import localargmax
 from localargmax.reference import reference_argmax
 from tests.support.checks import raises_cleanly
-from tests.support.cpp import needs_gxx, run_against_mutation, run_cpp_test
+from tests.support.cpp import check_cpp_test, needs_gxx, run_against_mutation
 from tests.support.keys import pack_key, same_float32, to_int64
 from tests.support.paths import CPU_PATHS, KernelPath, cuda_only, each_cuda_path, on, use_path
 from tests.support.problems import (
     PAD_KINDS,
-    exact_problems,
     full_bias,
     integer_problem,
     make_shards,
@@ -42,6 +41,7 @@ from tests.support.reference import (
     ref_topk,
     reference_logits_and_error,
 )
+from tests.support.strategies import exact_problems
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 DTYPE_IDS = ["f32", "bf16", "f16"]
@@ -78,11 +78,17 @@ def test_shard_argmax_correctness(gen, path, dtype):
                 assert torch.equal(ids.cpu(), want), f"{path} H={hsize} B={batch} V={vocab} tp={tp}"
             with use_path(CPU_PATHS[0]):
                 cpu = localargmax.shard_argmax(hidden, weight, vocab_start=123, bias=bias)
-            assert torch.equal(localargmax.shard_argmax(*on(path, hidden, weight), vocab_start=123, bias=on(path, bias)).cpu(), cpu)
+            assert torch.equal(
+                localargmax.shard_argmax(*on(path, hidden, weight), vocab_start=123, bias=on(path, bias)).cpu(), cpu
+            )
     hidden, weight = on(path, torch.randn(5, 19, generator=gen).to(dtype), torch.randn(70, 19, generator=gen).to(dtype))
     bias32, biasw = on(path, torch.randn(70, generator=gen), torch.randn(70, generator=gen).to(dtype))
-    for args in [(hidden, weight, None, 0, 70), (hidden, weight, bias32, 1000, 65), (hidden, weight, biasw, 7, 0),
-                 (hidden[:0], weight, None, 0, 3)]:
+    for args in [
+        (hidden, weight, None, 0, 70),
+        (hidden, weight, bias32, 1000, 65),
+        (hidden, weight, biasw, 7, 0),
+        (hidden[:0], weight, None, 0, 3),
+    ]:
         torch.library.opcheck(torch.ops.localargmax.shard_argmax.default, args)
 
 
@@ -146,7 +152,7 @@ def test_shard_argmax_exact(p, start_frac, pad_rows, pad):
     at any vocab_start: the exact id and the exact value."""
     vocab = p.weight.shape[0]
     vocab_start = int(start_frac * (localargmax.MAX_GLOBAL_INDEX - vocab + 1))
-    (w, b, s), = make_shards(p.weight, p.bias, 1, vocab + pad_rows, hidden=p.hidden, pad=pad)
+    ((w, b, s),) = make_shards(p.weight, p.bias, 1, vocab + pad_rows, hidden=p.hidden, pad=pad)
     assert s.rows == vocab + pad_rows and s.num_valid == vocab
     keys = localargmax.shard_argmax(p.hidden, w, vocab_start=vocab_start, num_valid=vocab, bias=b)
     if p.hidden.shape[0] == 0:
@@ -202,7 +208,9 @@ def test_exact_ties_smallest_index_wins(gen, dtype, hsize):
                 assert ids.tolist() == [copies[0]] * batch, ctx
                 assert torch.equal(ref_argmax(hidden, weight, bias), ids), ctx
                 cut = copies[0] + 1  # without the first copy the next one wins
-                ids2, _ = sharded_argmax(hidden, weight[cut:], None if bias is None else bias[cut:], tp=tp, pad_to=pad_to)
+                ids2, _ = sharded_argmax(
+                    hidden, weight[cut:], None if bias is None else bias[cut:], tp=tp, pad_to=pad_to
+                )
                 assert ids2.tolist() == [copies[1] - cut] * batch, ctx
 
 
@@ -212,7 +220,9 @@ def test_ties_merge_independent_of_rank_order(gen):
     row = torch.randn(1, 16, generator=gen)
     hidden = row * (0.5 + torch.rand(6, 1, generator=gen)) + 0.01 * torch.randn(6, 16, generator=gen)
     k_low = localargmax.shard_argmax(hidden, torch.cat([torch.randn(9, 16, generator=gen) * 0.01, row]), vocab_start=10)
-    k_high = localargmax.shard_argmax(hidden, torch.cat([row, torch.randn(5, 16, generator=gen) * 0.01]), vocab_start=1000)
+    k_high = localargmax.shard_argmax(
+        hidden, torch.cat([row, torch.randn(5, 16, generator=gen) * 0.01]), vocab_start=1000
+    )
     assert torch.equal(k_high >> 32, k_low >> 32), "identical rows must give identical values (rule 5)"
     for order in ([k_high, k_low], [k_low, k_high], [k_high, k_high, k_low]):
         assert localargmax.merge_keys(torch.stack(order))[0].tolist() == [19] * 6
@@ -299,7 +309,9 @@ def test_padding_rows_never_win(gen, dtype, pad):
                 if exact:
                     assert torch.equal(simulated_argmax(hidden, shards), want), ctx
                     assert torch.equal(simulated_argmax(hidden, shards, reduce="all_reduce"), want), ctx
-                    assert torch.equal(simulated_topk(hidden, shards, k)[0], ref_topk(ref_logits(hidden, weight, b_full), k)), ctx
+                    assert torch.equal(
+                        simulated_topk(hidden, shards, k)[0], ref_topk(ref_logits(hidden, weight, b_full), k)
+                    ), ctx
                 for w, b, s in [sh for sh in shards if sh[2].rows > sh[2].num_valid][:1]:  # read as vocabulary, it wins
                     cheat = _ids(hidden, w, vocab_start=s.vocab_start, num_valid=s.rows, bias=b)
                     assert bool((cheat >= s.vocab_start + s.num_valid).any()), f"{ctx}: the fill would not win"
@@ -465,8 +477,13 @@ def test_generic_isa_matches_default(gen, dtype, hsize):
     results = []
     for path in (*CPU_PATHS, CPU_PATHS[0]):
         with use_path(path):
-            results.append([localargmax.shard_argmax(hidden, weight, num_valid=nv, bias=b)
-                            for nv in (rows, 600) for b in (None, bias)])
+            results.append(
+                [
+                    localargmax.shard_argmax(hidden, weight, num_valid=nv, bias=b)
+                    for nv in (rows, 600)
+                    for b in (None, bias)
+                ]
+            )
     assert all(torch.equal(a, b) for r in results[1:] for a, b in zip(results[0], r)), "ISA variants differ"
     weight = weight.clone()
     weight[5, 0], weight[9, -1] = 1.0, -1.0
@@ -540,7 +557,8 @@ def test_isa_and_threads_bit_identical(gen, dtype):
                         torch.set_num_threads(threads)
                         with use_path(path):
                             results[(str(path), threads)] = localargmax.shard_argmax(
-                                hidden, weight, bias=bias, num_valid=max(1, rows - 1))
+                                hidden, weight, bias=bias, num_valid=max(1, rows - 1)
+                            )
             finally:
                 torch.set_num_threads(saved_threads)
             ref = results[("cpu", 1)]
@@ -569,8 +587,10 @@ def test_large_indices_exact(gen, start):
     winners = torch.tensor([1, 3, 5, ROWS - 2, tp * ROWS - 1, tp * ROWS // 2 | 1])  # odd: float32 rounds them
     weight[winners] = 8 * hidden / (hidden * hidden).sum(dim=1, keepdim=True)
     want = start + winners
-    shards = [(weight[r * ROWS : (r + 1) * ROWS], None, localargmax.VocabShard(start + r * ROWS, ROWS, ROWS))
-              for r in range(tp)]
+    shards = [
+        (weight[r * ROWS : (r + 1) * ROWS], None, localargmax.VocabShard(start + r * ROWS, ROWS, ROWS))
+        for r in range(tp)
+    ]
     assert localargmax.merge_keys(shard_keys(hidden, shards))[0].tolist() == want.tolist()
     assert torch.equal(simulated_argmax(hidden, shards), want)
     assert torch.equal(simulated_argmax(hidden, shards, reduce="all_reduce"), want)
@@ -617,7 +637,9 @@ def test_near_ties_only_within_error_bound(gen, dtype, twins):
     near = (top2[:, 0] - top2[:, 1]) <= err[rows, ref] * 2
     print(f"{dtype} twins={twins}: near-tie rows={int(near.sum())} disagreements={int(differ.sum())}")
     assert bool((ids >= 0).all() & (ids < vocab).all())
-    assert bool((gap[differ] <= slack[differ]).all()), f"rows {differ.nonzero().flatten().tolist()[:10]} beyond the bound"
+    assert bool((gap[differ] <= slack[differ]).all()), (
+        f"rows {differ.nonzero().flatten().tolist()[:10]} beyond the bound"
+    )
     assert not twins or int(near.sum()) > batch // 10, "the twin construction did not produce near-ties"
 
 
@@ -628,17 +650,20 @@ def test_near_ties_only_within_error_bound(gen, dtype, twins):
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize(
     "batch,hsize",  # H = 4096 at small batches only: the float64 reference is a loop over k
-    [(b, h) for h in (8, 40, 264) for b in (1, 8, 9, 17, 33, 64, 65, 130)] + [(1, 4096), (9, 4096), (3, 4104), (5, 33), (70, 33)],
+    [(b, h) for h in (8, 40, 264) for b in (1, 8, 9, 17, 33, 64, 65, 130)]
+    + [(1, 4096), (9, 4096), (3, 4104), (5, 33), (70, 33)],
 )
 @pytest.mark.parametrize("bias", [None, "weight"])
 def test_cuda_paths_match_reference(gen, dtype, batch, hsize, bias):
     """Every CUDA path against one float64 reference, padding that would win (H = 33: mma declines, simt runs)."""
     hidden, weight, b = random_problem(gen, batch, 1499, hsize, dtype, bias)
-    (w, bb, _), = make_shards(weight, b, 1, 1501, hidden=hidden)
+    ((w, bb, _),) = make_shards(weight, b, 1, 1501, hidden=hidden)
     reference = reference_logits_and_error(hidden, weight, b)
     for path in each_cuda_path():
         ids = _ids(*on(path, hidden, w), bias=on(path, bb), vocab_start=77, num_valid=1499) - 77
-        check_against_reference(ids, hidden, weight, b, reference=reference, context=f"{path} {dtype} B={batch} H={hsize}")
+        check_against_reference(
+            ids, hidden, weight, b, reference=reference, context=f"{path} {dtype} B={batch} H={hsize}"
+        )
 
 
 @cuda_only
@@ -725,7 +750,9 @@ def test_cuda_subnormal_logits_are_not_flushed(gen):
 
 
 @cuda_only
-@pytest.mark.parametrize("path_name,batch", [("simt", 65535 * 8 + 3), ("mma", 65535 * 64 + 3), ("gemm", 65535 * 64 + 3)])
+@pytest.mark.parametrize(
+    "path_name,batch", [("simt", 65535 * 8 + 3), ("mma", 65535 * 64 + 3), ("gemm", 65535 * 64 + 3)]
+)
 def test_cuda_batch_past_grid_y_limit(gen, path_name, batch):
     """More batch blocks (simt), 64-row batch chunks (mma) or batch rows (gemm
     keys kernel) than grid y holds: the grid-stride loops cover them all."""
@@ -771,24 +798,23 @@ def test_mma_fragment_cpp(tmp_path, seed):
     """tests/cpp/test_mma_fragment.cpp: the tensor-core kernel's register map
     (csrc/common/mma_fragment.h) against an emulation of mma.sync m16n8k16
     written from the PTX ISA fragment tables, on the CPU."""
-    proc = run_cpp_test("test_mma_fragment", tmp_path, seed)
-    assert proc.returncode == 0 and "OK" in proc.stdout, f"seed {seed}:\n{proc.stdout}{proc.stderr}"
+    check_cpp_test("test_mma_fragment", tmp_path, seed)
+
+
+MMA_FRAGMENT_MUTATIONS = {  # id: (text of csrc/common/mma_fragment.h, broken replacement)
+    "a_row_half": ("{ return reg % 2; }", "{ return reg / 2; }"),
+    "a_word": ("return 2 * s + reg / 2;", "return 2 * s + reg % 2;"),
+    "b_word": ("return 2 * s + reg; }", "return 2 * (1 - s) + reg; }"),
+    "c_col": ("return 2 * (lane % 4) + r % 2;", "return 2 * (lane % 4) + r / 2;"),
+    "chunk_k": ("return 8 * t + 4 * s + 2 * h + j;", "return 8 * t + 4 * s + h + 2 * j;"),
+}
 
 
 @needs_gxx
-@pytest.mark.parametrize(
-    "old,new",
-    [
-        ("{ return reg % 2; }", "{ return reg / 2; }"),
-        ("return 2 * s + reg / 2;", "return 2 * s + reg % 2;"),
-        ("return 2 * s + reg; }", "return 2 * (1 - s) + reg; }"),
-        ("return 2 * (lane % 4) + r % 2;", "return 2 * (lane % 4) + r / 2;"),
-        ("return 8 * t + 4 * s + 2 * h + j;", "return 8 * t + 4 * s + h + 2 * j;"),
-    ],
-    ids=["a_row_half", "a_word", "b_word", "c_col", "chunk_k"],
-)
-def test_cpp_test_catches_broken_fragments(tmp_path, old, new):
-    run_against_mutation("test_mma_fragment", "mma_fragment.h", old, new, tmp_path)
+@pytest.mark.parametrize("mutation", list(MMA_FRAGMENT_MUTATIONS))
+def test_cpp_test_catches_broken_fragments(tmp_path, mutation):
+    """The C++ test can fail: it does against a broken copy of mma_fragment.h."""
+    run_against_mutation("test_mma_fragment", "mma_fragment.h", *MMA_FRAGMENT_MUTATIONS[mutation], tmp_path)
 
 
 # ----------------------------------------------------------------------------- bad input (every fused entry point)
@@ -814,8 +840,13 @@ BAD_SHARD = {
     "bias_f64": (_t(B, H), _t(ROWS_, H), {"bias": torch.zeros(ROWS_, dtype=torch.float64)}, TypeError, "bias dtype"),
     "dtype_mismatch": (_t(B, H), _t(ROWS_, H, dtype=torch.bfloat16), {}, TypeError, "hidden dtype"),
     "dtype_mismatch_f16": (_t(B, H, dtype=torch.float16), _t(ROWS_, H), {}, TypeError, "hidden dtype"),
-    "int_weight": (torch.ones(B, H, dtype=torch.int32), torch.ones(ROWS_, H, dtype=torch.int32), {}, TypeError,
-                   "weight dtype"),
+    "int_weight": (
+        torch.ones(B, H, dtype=torch.int32),
+        torch.ones(ROWS_, H, dtype=torch.int32),
+        {},
+        TypeError,
+        "weight dtype",
+    ),
     "f64_weight": (_t(B, H, dtype=torch.float64), _t(ROWS_, H, dtype=torch.float64), {}, TypeError, "weight dtype"),
     "int_weight_f32_hidden": (_t(B, H), torch.ones(ROWS_, H, dtype=torch.int64), {}, TypeError, "weight dtype"),
     "hidden_size_mismatch": (_t(B, H + 1), _t(ROWS_, H), {}, ValueError, "hidden_size"),
@@ -824,10 +855,20 @@ BAD_SHARD = {
     "num_valid_gt_rows": (_t(B, H), _t(ROWS_, H), {"num_valid": ROWS_ + 1}, ValueError, "num_valid"),
     "num_valid_negative": (_t(B, H), _t(ROWS_, H), {"num_valid": -1}, ValueError, "num_valid"),
     "vocab_start_negative": (_t(B, H), _t(ROWS_, H), {"vocab_start": -1}, ValueError, "vocab_start"),
-    "index_past_2pow32m2": (_t(B, H), _t(ROWS_, H), {"vocab_start": BIG - ROWS_ + 2}, ValueError,
-                            r"vocab_start \+ num_valid - 1"),
-    "index_far_past": (_t(B, H), _t(ROWS_, H), {"vocab_start": 2**40, "num_valid": 1}, ValueError,
-                       r"vocab_start \+ num_valid - 1"),
+    "index_past_2pow32m2": (
+        _t(B, H),
+        _t(ROWS_, H),
+        {"vocab_start": BIG - ROWS_ + 2},
+        ValueError,
+        r"vocab_start \+ num_valid - 1",
+    ),
+    "index_far_past": (
+        _t(B, H),
+        _t(ROWS_, H),
+        {"vocab_start": 2**40, "num_valid": 1},
+        ValueError,
+        r"vocab_start \+ num_valid - 1",
+    ),
 }
 BAD_SHARD_WRAPPER_ONLY = {  # Python-level types the raw op cannot even receive
     "num_valid_float": (_t(B, H), _t(ROWS_, H), {"num_valid": 2.0}, TypeError, "num_valid"),
@@ -857,7 +898,7 @@ def test_fused_ops_reject_malformed_shards(entry, case):
     fn, extra, extra_kw = ENTRY_POINTS[entry]
     if entry == "shard_sample" and case == "hidden_1d":
         match = "hidden must be 2-D|temperature"
-    raises_cleanly(fn, (hidden, weight, *extra), {**extra_kw, **kwargs}, exc, match)
+    raises_cleanly(exc, match, fn, hidden, weight, *extra, **{**extra_kw, **kwargs})
 
 
 @pytest.mark.parametrize("case", list(BAD_SHARD))
@@ -866,8 +907,9 @@ def test_shard_argmax_op_rejects(case):
     hidden, weight, kwargs, exc, match = BAD_SHARD[case]
     layout = {"vocab_start": 0, "num_valid": weight.shape[0] if weight.dim() == 2 else 0, **kwargs}
     with pytest.raises(exc, match=match):
-        torch.ops.localargmax.shard_argmax.default(hidden, weight, layout.get("bias"), layout["vocab_start"],
-                                                   layout["num_valid"])
+        torch.ops.localargmax.shard_argmax.default(
+            hidden, weight, layout.get("bias"), layout["vocab_start"], layout["num_valid"]
+        )
 
 
 def test_largest_legal_index_is_accepted():
@@ -900,7 +942,11 @@ def test_single_row_column_strided_weight(gen):
 def test_accepted_layouts_give_the_same_answer(gen):
     """Non-contiguous hidden / bias and a row-strided weight (rows contiguous,
     stride(0) > H) are fine and give the same keys."""
-    hidden, weight, bias = torch.randn(7, H, generator=gen), torch.randn(40, H, generator=gen), torch.randn(40, generator=gen)
+    hidden, weight, bias = (
+        torch.randn(7, H, generator=gen),
+        torch.randn(40, H, generator=gen),
+        torch.randn(40, generator=gen),
+    )
     want = localargmax.shard_argmax(hidden, weight, bias=bias)
     hidden_t = hidden.t().contiguous().t()
     weight_rs = torch.cat([weight, torch.randn(40, 3, generator=gen)], dim=1)[:, :H]

@@ -42,7 +42,11 @@ def test_python_philox_matches_random123_known_answers():
     assert py_philox4x32_10((0, 0, 0, 0), (0, 0)) == (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)
     assert py_philox4x32_10((MASK,) * 4, (MASK, MASK)) == (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)
     assert py_philox4x32_10((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0)) == (
-        0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)
+        0xD16CFE09,
+        0x94FDCCEB,
+        0x5001E420,
+        0x24126EA1,
+    )
 
 
 def test_shard_sample_correctness(gen, path):
@@ -54,8 +58,15 @@ def test_shard_sample_correctness(gen, path):
     offset = int(torch.randint(0, 2**40, (1,), generator=gen))
     hidden = on(path, torch.zeros(5, 8))
     for v in [0, 1, 63, 2**31 + 5, 0xFFFFFFFE] + torch.randint(0, 2**32 - 1, (5,), generator=gen).tolist():
-        keys = localargmax.shard_sample(hidden, on(path, torch.randn(1, 8, generator=gen)), on(path, torch.ones(5)), seed,
-                                        offset, vocab_start=v, num_valid=1)
+        keys = localargmax.shard_sample(
+            hidden,
+            on(path, torch.randn(1, 8, generator=gen)),
+            on(path, torch.ones(5)),
+            seed,
+            offset,
+            vocab_start=v,
+            num_valid=1,
+        )
         ids, values = localargmax.decode_keys(keys.cpu())
         assert ids.tolist() == [v] * 5 and values.tolist() == [py_gumbel(seed, offset + b, v) for b in range(5)]
     hidden, weight, _ = random_problem(gen, 70, 3000, 64, torch.bfloat16)
@@ -66,8 +77,17 @@ def test_shard_sample_correctness(gen, path):
     got = localargmax.lm_head_sample(*on(path, hidden, weight), temperature=on(path, t), seed=9, offset=4)
     assert (got.cpu() == cpu).float().mean() >= 0.95, "more than rounding-level disagreement"
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        hidden, weight = on(path, torch.randn(3, 20, generator=gen).to(dtype), torch.randn(150, 20, generator=gen).to(dtype))
-        args = (hidden, weight, on(path, torch.randn(150, generator=gen)), 3, 100, on(path, torch.tensor([0.0, 1.0, 2.0])))
+        hidden, weight = on(
+            path, torch.randn(3, 20, generator=gen).to(dtype), torch.randn(150, 20, generator=gen).to(dtype)
+        )
+        args = (
+            hidden,
+            weight,
+            on(path, torch.randn(150, generator=gen)),
+            3,
+            100,
+            on(path, torch.tensor([0.0, 1.0, 2.0])),
+        )
         torch.library.opcheck(torch.ops.localargmax.shard_sample.default, (*args, 42, 9))
 
 
@@ -82,14 +102,17 @@ def test_sampling_is_tp_invariant(gen, dtype):
     d2t = localargmax.build_d2t(torch.rand(5000, generator=gen), vocab)
 
     def sample(tp, pad_to, seed=seed):
-        return simulated_sample(hidden, make_shards(weight, None, tp, pad_to, hidden=hidden), temperature, seed, 7, d2t=d2t)
+        return simulated_sample(
+            hidden, make_shards(weight, None, tp, pad_to, hidden=hidden), temperature, seed, 7, d2t=d2t
+        )
 
     base = sample(1, 1)
     for tp in (1, 2, 3, 4):
         for pad_to in (1, 7, 64):
             assert torch.equal(sample(tp, pad_to), base), (tp, pad_to)
-    all_reduce = localargmax.lm_head_sample(hidden, weight, temperature=temperature, seed=seed, offset=7, d2t=d2t,
-                                            reduce="all_reduce")
+    all_reduce = localargmax.lm_head_sample(
+        hidden, weight, temperature=temperature, seed=seed, offset=7, d2t=d2t, reduce="all_reduce"
+    )
     assert torch.equal(all_reduce, base)
     assert int(base[3]) == int(localargmax.lm_head_argmax(hidden[3:4], weight, d2t=d2t)[0])  # T = 0 is greedy
     assert not torch.equal(sample(2, 64, seed + 1), base)  # the noise changes with the seed
@@ -125,7 +148,9 @@ def test_sampled_distribution_matches_softmax(temperature):
         counts += torch.bincount(simulated_sample(hidden, shards, temperature, seed), minlength=8).double()
     expected = probs * counts.sum()
     chi2 = float(((counts - expected) ** 2 / expected).sum())
-    print(f"T={temperature}: chi2={chi2:.2f} (df=7, critical 0.001 = {CHI2_CRITICAL_P001_DF7}); counts={counts.tolist()}")
+    print(
+        f"T={temperature}: chi2={chi2:.2f} (df=7, critical 0.001 = {CHI2_CRITICAL_P001_DF7}); counts={counts.tolist()}"
+    )
     assert chi2 < CHI2_CRITICAL_P001_DF7
 
 
@@ -145,30 +170,51 @@ BAD_TEMPERATURE_TENSOR = {  # shard_sample's temperature [B] float32 tensor
 @pytest.mark.parametrize("case", list(BAD_TEMPERATURE_TENSOR))
 def test_shard_sample_rejects_bad_temperature(case):
     temp, exc, match = BAD_TEMPERATURE_TENSOR[case]
-    raises_cleanly(localargmax.shard_sample, (torch.randn(B, H), torch.randn(ROWS, H), temp, 7), {}, exc, match)
+    raises_cleanly(exc, match, localargmax.shard_sample, torch.randn(B, H), torch.randn(ROWS, H), temp, 7)
 
 
-BAD_TEMPERATURE = [-1.0, float("nan"), "1", None, True, [1.0], torch.full((B,), -1.0), torch.tensor([1.0, math.nan, 1.0]),
-                   torch.tensor(-0.5), torch.ones(B + 1), torch.ones(B, 2)]
+BAD_TEMPERATURE = [
+    -1.0,
+    float("nan"),
+    "1",
+    None,
+    True,
+    [1.0],
+    torch.full((B,), -1.0),
+    torch.tensor([1.0, math.nan, 1.0]),
+    torch.tensor(-0.5),
+    torch.ones(B + 1),
+    torch.ones(B, 2),
+]
 
 
 @pytest.mark.parametrize("temp", BAD_TEMPERATURE, ids=[f"t{i}" for i in range(len(BAD_TEMPERATURE))])
 def test_lm_head_sample_rejects_bad_temperature(temp):
-    raises_cleanly(localargmax.lm_head_sample, (torch.randn(B, H), torch.randn(ROWS, H)), {"temperature": temp, "seed": 1},
-                   ValueError, "temperature")
+    raises_cleanly(
+        ValueError,
+        "temperature",
+        localargmax.lm_head_sample,
+        torch.randn(B, H),
+        torch.randn(ROWS, H),
+        temperature=temp,
+        seed=1,
+    )
+
+
+def _sample(entry, **kwargs):
+    """Call shard_sample or lm_head_sample with a valid problem and ``kwargs``."""
+    h, w = torch.randn(B, H), torch.randn(ROWS, H)
+    if entry == "shard_sample":
+        return localargmax.shard_sample(h, w, torch.ones(B), **{"seed": 7, **kwargs})
+    return localargmax.lm_head_sample(h, w, **{"temperature": 1.0, "seed": 7, **kwargs})
 
 
 @pytest.mark.parametrize("name", ["seed", "offset"])
 @pytest.mark.parametrize("value", [-1, 2**63, 1.5, True, "0", None])
 @pytest.mark.parametrize("entry", ["shard_sample", "lm_head_sample"])
 def test_sample_rejects_bad_seed_and_offset(entry, name, value):
-    kwargs = {"seed": 7, "offset": 0, name: value}
-    if entry == "shard_sample":
-        raises_cleanly(localargmax.shard_sample, (torch.randn(B, H), torch.randn(ROWS, H), torch.ones(B)), kwargs,
-                       ValueError, f"{name} must be")
-    else:
-        raises_cleanly(localargmax.lm_head_sample, (torch.randn(B, H), torch.randn(ROWS, H)),
-                       dict(kwargs, temperature=1.0), ValueError, name)
+    with pytest.raises(ValueError, match=f"{name} must be" if entry == "shard_sample" else name):
+        _sample(entry, **{name: value})
 
 
 BAD_STEP_ARGS = {
@@ -182,8 +228,7 @@ BAD_STEP_ARGS = {
 @pytest.mark.parametrize("case", list(BAD_STEP_ARGS))
 def test_lm_head_sample_rejects_bad_reduce_group_d2t(case):
     kwargs, exc, match = BAD_STEP_ARGS[case]
-    raises_cleanly(localargmax.lm_head_sample, (torch.randn(B, H), torch.randn(ROWS, H)),
-                   {"temperature": 1.0, "seed": 1, **kwargs}, exc, match)
+    raises_cleanly(exc, match, _sample, "lm_head_sample", **kwargs)
 
 
 BAD_OP = {  # raw op calls: (vocab_start, temperature) -> message
@@ -198,4 +243,6 @@ def test_shard_sample_op_rejects(case):
     """Direct torch.ops calls: the C++ checks raise, never crash."""
     (start, temp), word = BAD_OP[case]
     with pytest.raises((ValueError, TypeError, RuntimeError), match=word):
-        torch.ops.localargmax.shard_sample.default(torch.randn(B, H), torch.randn(ROWS, H), None, start, ROWS, temp, 1, 0)
+        torch.ops.localargmax.shard_sample.default(
+            torch.randn(B, H), torch.randn(ROWS, H), None, start, ROWS, temp, 1, 0
+        )

@@ -13,17 +13,9 @@ from hypothesis import strategies as st
 import localargmax
 from tests.support.checks import raises_cleanly
 from tests.support.paths import CPU_PATHS, on, use_path
-from tests.support.problems import (
-    exact_problems,
-    full_bias,
-    integer_problem,
-    layouts,
-    make_shards,
-    d2t_for,
-    planted_problem,
-    simulated_topk,
-)
+from tests.support.problems import full_bias, integer_problem, make_shards, planted_problem, simulated_topk
 from tests.support.reference import ref_logits, ref_topk
+from tests.support.strategies import d2t_for, exact_problems, layouts
 
 H, ROWS, B = 8, 6, 3
 
@@ -43,7 +35,9 @@ def test_shard_topk_correctness(gen, path):
     want = ref_topk(logits, 16)
     assert torch.equal(ids - 5, want) and torch.equal(values.double(), logits.gather(1, want))
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        hidden, weight = on(path, torch.randn(3, 20, generator=gen).to(dtype), torch.randn(150, 20, generator=gen).to(dtype))
+        hidden, weight = on(
+            path, torch.randn(3, 20, generator=gen).to(dtype), torch.randn(150, 20, generator=gen).to(dtype)
+        )
         bias = on(path, torch.randn(150, generator=gen))
         torch.library.opcheck(torch.ops.localargmax.shard_topk.default, (hidden, weight, None, 10, 140, 5))
         torch.library.opcheck(torch.ops.localargmax.shard_topk.default, (hidden, weight, bias, 0, 150, 64))
@@ -99,16 +93,17 @@ def test_lm_head_topk_exact(p, layout, k_frac, use_d2t):
 @pytest.mark.parametrize("k", [0, 65, -1, 1.5, True, "3", None])
 @pytest.mark.parametrize("fn", [localargmax.shard_topk, localargmax.lm_head_topk], ids=["shard_topk", "lm_head_topk"])
 def test_topk_rejects_bad_k(fn, k):
-    raises_cleanly(fn, (torch.randn(B, H), torch.randn(ROWS, H), k), {}, ValueError, r"k must be an int in \[1, 64\]")
+    raises_cleanly(ValueError, "k must be an int in \\[1, 64\\]", fn, torch.randn(B, H), torch.randn(ROWS, H), k)
 
 
 def test_lm_head_topk_k_past_valid_vocabulary():
     h, w = torch.randn(B, H), torch.randn(ROWS, H)
-    raises_cleanly(localargmax.lm_head_topk, (h, w, ROWS + 1), {}, ValueError, "exceeds the valid vocabulary")
-    raises_cleanly(localargmax.lm_head_topk, (h, w, 3), {"num_valid": 2}, ValueError, "exceeds the valid vocabulary")
+    raises_cleanly(ValueError, "exceeds the valid vocabulary", localargmax.lm_head_topk, h, w, ROWS + 1)
+    raises_cleanly(ValueError, "exceeds the valid vocabulary", localargmax.lm_head_topk, h, w, 3, num_valid=2)
     keys = torch.stack([localargmax.shard_topk(h, w, 4, num_valid=1, vocab_start=r) for r in range(2)])  # 2 in total
-    raises_cleanly(localargmax.lm_head_topk, (h, w, 4), {"num_valid": 1, "group": lambda k: keys}, ValueError,
-                   "exceeds the valid vocabulary")
+    raises_cleanly(
+        ValueError, "exceeds the valid vocabulary", localargmax.lm_head_topk, h, w, 4, num_valid=1, group=lambda k: keys
+    )
 
 
 BAD_D2T = {
@@ -123,7 +118,7 @@ BAD_D2T = {
 def test_lm_head_topk_rejects_bad_d2t(case):
     """Refused naming d2t (not float ids or a bare IndexError)."""
     d2t, exc = BAD_D2T[case]
-    raises_cleanly(localargmax.lm_head_topk, (torch.randn(B, H), torch.randn(ROWS, H), 2), {"d2t": d2t}, exc, "d2t")
+    raises_cleanly(exc, "d2t", localargmax.lm_head_topk, torch.randn(B, H), torch.randn(ROWS, H), 2, d2t=d2t)
 
 
 BAD_OP = {  # raw op calls: (bias, vocab_start, num_valid, k) -> message

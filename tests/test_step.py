@@ -16,23 +16,20 @@ from hypothesis import strategies as st
 
 import localargmax
 from tests.support.checks import raises_cleanly
+from tests.support.keys import allreduce_max, unsigned_max
 from tests.support.launch import run_ranks
 from tests.support.paths import cuda_only
 from tests.support.problems import (
-    d2t_for,
-    exact_problems,
     full_bias,
     integer_problem,
-    layouts,
     make_shards,
     planted_problem,
-    random_problem,
     shard_keys,
     simulated_argmax,
 )
-from tests.support.keys import allreduce_max, unsigned_max
 from tests.support.reference import ref_argmax, ref_logits, ref_topk
 from tests.support.scenarios import REDUCES, SCENARIO_NAMES, TPS, check_case
+from tests.support.strategies import d2t_for, exact_problems, layouts
 
 H, ROWS, B = 8, 6, 3
 
@@ -53,8 +50,12 @@ def test_scenarios_are_hard_enough(multirank_run):
         return [s for *_, s in make_shards(sc.weight, sc.bias, tp, sc.pad_to)]
 
     for tp in (2, 3, 4):
-        holders = {r for r, s in enumerate(layout("ties_across_ranks", tp)) for c in (300, 520, 700, 998)
-                   if s.vocab_start <= c < s.vocab_start + s.num_valid}
+        holders = {
+            r
+            for r, s in enumerate(layout("ties_across_ranks", tp))
+            for c in (300, 520, 700, 998)
+            if s.vocab_start <= c < s.vocab_start + s.num_valid
+        }
         assert len(holders) >= 2, f"tp={tp}: the tie is not across ranks"
         shards = layout("nan_on_later_rank", tp)
         assert shards[-1].vocab_start <= 990 or shards[-2].vocab_start <= 990
@@ -111,8 +112,9 @@ def test_world_size_one_without_group(gen):
     weight = torch.randn(300, 50, generator=gen)
     weight[250:] = float("nan")
     for reduce in REDUCES:
-        assert torch.equal(localargmax.lm_head_argmax(hidden, weight, num_valid=250, reduce=reduce),
-                           ref_argmax(hidden, weight[:250]))
+        assert torch.equal(
+            localargmax.lm_head_argmax(hidden, weight, num_valid=250, reduce=reduce), ref_argmax(hidden, weight[:250])
+        )
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
@@ -130,7 +132,9 @@ def test_torch_compile_fullgraph(gen, backend):
     assert torch.equal(compiled(hidden, weight, bias, d2t), step(hidden, weight, bias, d2t))
     hidden2 = torch.randn(3, 40, generator=gen)  # a second batch size (recompile or dynamic shapes)
     assert torch.equal(compiled(hidden2, weight, bias, d2t), step(hidden2, weight, bias, d2t))
-    plain = torch.compile(lambda h, w: localargmax.lm_head_argmax(h, w, num_valid=vocab), fullgraph=True, backend=backend)
+    plain = torch.compile(
+        lambda h, w: localargmax.lm_head_argmax(h, w, num_valid=vocab), fullgraph=True, backend=backend
+    )
     assert torch.equal(plain(hidden, weight), localargmax.lm_head_argmax(hidden, weight, num_valid=vocab))
 
 
@@ -155,7 +159,7 @@ def test_cuda_graph_capture_and_replay_world_size_1_nccl(gen):
     if not dist.is_initialized():
         dist.init_process_group("nccl", rank=0, world_size=1)
     for reduce in REDUCES:
-        hidden, weight, _ = random_problem(gen, 8, 5000, 128, torch.bfloat16)
+        hidden, weight, _, _ = planted_problem(gen, 8, 5000, 128, torch.bfloat16)
         h, w = hidden.cuda(), weight.cuda()
         localargmax.lm_head_argmax(h, w, group=dist.group.WORLD, reduce=reduce)  # warm up outside the graph
         torch.cuda.synchronize()
@@ -215,9 +219,11 @@ def test_no_valid_vocabulary_names_num_valid():
     h = torch.randn(B, H)
     for w, kwargs in ((torch.empty(0, H), {}), (torch.randn(ROWS, H), {"num_valid": 0})):
         assert localargmax.shard_argmax(h, w, **kwargs).eq(0).all()  # key 0: "no valid entry"
-        raises_cleanly(localargmax.lm_head_argmax, (h, w), kwargs, ValueError, "num_valid")
-        raises_cleanly(localargmax.lm_head_sample, (h, w), dict(kwargs, temperature=1.0, seed=1), ValueError, "num_valid")
-        raises_cleanly(localargmax.lm_head_topk, (h, w, 1), kwargs, ValueError, "exceeds the valid vocabulary")
+        raises_cleanly(ValueError, "num_valid", localargmax.lm_head_argmax, h, w, **kwargs)
+        raises_cleanly(
+            ValueError, "num_valid", localargmax.lm_head_sample, h, w, **dict(kwargs, temperature=1.0, seed=1)
+        )
+        raises_cleanly(ValueError, "exceeds the valid vocabulary", localargmax.lm_head_topk, h, w, 1, **kwargs)
 
 
 def test_largest_index_accepted_everywhere():
@@ -245,4 +251,4 @@ def test_lm_head_argmax_rejects_bad_d2t(case):
     d2t, exc = BAD_D2T[case]
     hidden, weight = torch.randn(B, H), torch.randn(ROWS, H)
     weight[ROWS - 1] = hidden.sum(0) * 100  # the winning id falls outside a short table
-    raises_cleanly(localargmax.lm_head_argmax, (hidden, weight), {"d2t": d2t}, exc, "d2t")
+    raises_cleanly(exc, "d2t", localargmax.lm_head_argmax, hidden, weight, d2t=d2t)

@@ -7,6 +7,7 @@ Run with ``python -m pytest -m slow -s`` (prints the counts). Set
 ``LOCALARGMAX_TEST_SEED`` to replay a run; ``LOCALARGMAX_STRESS_CASES`` to
 change the number of in-process cases (default 10,000).
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -37,8 +38,10 @@ pytestmark = pytest.mark.slow
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 EXP_RANGE = {torch.float32: (-149, 60), torch.bfloat16: (-133, 60), torch.float16: (-24, 10)}
-FAULTS = ("padding_would_win", "nan_later_rank", "nan_two_ranks", "pos_inf", "all_neg_inf", "ties_across_ranks",
-          "zero_hidden_row", "index_above_2pow24", "denormal_logits", "d2t", "empty_shards", "neg_zero_rows")
+FAULTS = tuple(
+    "padding_would_win nan_later_rank nan_two_ranks pos_inf all_neg_inf ties_across_ranks "
+    "zero_hidden_row index_above_2pow24 denormal_logits d2t empty_shards neg_zero_rows".split()
+)
 
 
 def _case(rng: random.Random, tp: int):
@@ -205,9 +208,11 @@ def test_stress_random_cases(seed):
             if wrong:
                 stats["failing_cases"] += 1
                 if stats["failing_cases"] <= 5:
-                    print(f"case {i} (seed {seed}) WRONG: tp={tp} V={weight.shape[0]} H={weight.shape[1]} "
-                          f"B={hidden.shape[0]} {hidden.dtype} exact={exact} faults={faults} offset={offset} "
-                          f"layouts={[tuple(s) for *_, s in shards]} ids={ids_gather.tolist()}")
+                    print(
+                        f"case {i} (seed {seed}) WRONG: tp={tp} V={weight.shape[0]} H={weight.shape[1]} "
+                        f"B={hidden.shape[0]} {hidden.dtype} exact={exact} faults={faults} offset={offset} "
+                        f"layouts={[tuple(s) for *_, s in shards]} ids={ids_gather.tolist()}"
+                    )
             worst = max(worst, time.monotonic() - t0)
     finally:
         faulthandler.cancel_dump_traceback_later()
@@ -216,8 +221,9 @@ def test_stress_random_cases(seed):
     print(f"faults injected: {sum(fault_counts.values())} {dict(fault_counts)}")
     print(f"hangs: 0 (slowest case {worst:.2f} s); wrong ids: {stats['wrong_ids']}; {elapsed:.1f} s")
     assert stats["cases"] == n_cases
-    assert stats["wrong_ids"] == 0, (f"{stats['failing_cases']} cases with wrong ids or errors "
-                                     f"({stats['errors']} raised) (seed {seed})")
+    assert stats["wrong_ids"] == 0, (
+        f"{stats['failing_cases']} cases with wrong ids or errors ({stats['errors']} raised) (seed {seed})"
+    )
     assert elapsed < 600
 
 
@@ -244,18 +250,30 @@ def _gloo_worker(rank, world, seed):
         cases = _gloo_cases(seed, tp)  # every rank builds the same cases
         if rank >= tp:
             continue
-        for i, (hidden, weight, bias, shards, offset, d2t, exact, faults) in enumerate(cases):
+        for i, (hidden, _weight, _bias, shards, _offset, d2t, _exact, _faults) in enumerate(cases):
             w, b, s = shards[rank]
             for reduce in ("all_gather", "all_reduce"):
-                out[(tp, i, reduce)] = timed(lambda: localargmax.lm_head_argmax(
-                    hidden, w, vocab_start=s.vocab_start, num_valid=s.num_valid, bias=b, d2t=d2t,
-                    group=groups[tp], reduce=reduce))
+                out[(tp, i, reduce)] = timed(
+                    lambda: localargmax.lm_head_argmax(
+                        hidden,
+                        w,
+                        vocab_start=s.vocab_start,
+                        num_valid=s.num_valid,
+                        bias=b,
+                        d2t=d2t,
+                        group=groups[tp],
+                        reduce=reduce,
+                    )
+                )
             if tp > 1 and i % 10 == 0:  # a rank with another batch size, caught by the debug check
                 os.environ["LOCALARGMAX_DEBUG"] = "1"
                 try:
                     h = hidden if rank != tp - 1 else torch.cat([hidden, hidden[:1]])
-                    out[(tp, i, "debug")] = timed(lambda: localargmax.lm_head_argmax(
-                        h, w, vocab_start=s.vocab_start, num_valid=s.num_valid, bias=b, group=groups[tp]))
+                    out[(tp, i, "debug")] = timed(
+                        lambda: localargmax.lm_head_argmax(
+                            h, w, vocab_start=s.vocab_start, num_valid=s.num_valid, bias=b, group=groups[tp]
+                        )
+                    )
                 finally:
                     del os.environ["LOCALARGMAX_DEBUG"]
     return out
@@ -271,7 +289,7 @@ def test_stress_real_gloo(seed):
     per_rank = [o.value for o in result.ranks]
     stats = Counter()
     for tp in range(1, 5):
-        for i, (hidden, weight, bias, shards, offset, d2t, exact, faults) in enumerate(_gloo_cases(seed, tp)):
+        for i, (hidden, weight, bias, _shards, offset, d2t, exact, faults) in enumerate(_gloo_cases(seed, tp)):
             stats["faults_injected"] += len(faults)
             for reduce in ("all_gather", "all_reduce"):
                 got = [per_rank[r][(tp, i, reduce)] for r in range(tp)]

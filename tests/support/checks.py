@@ -10,11 +10,8 @@ import torch
 def _tensors(x, out):
     if isinstance(x, torch.Tensor):
         out.append((x, x.detach().clone()))
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            _tensors(y, out)
-    elif isinstance(x, dict):
-        for y in x.values():
+    elif isinstance(x, (list, tuple, dict)):
+        for y in x.values() if isinstance(x, dict) else x:
             _tensors(y, out)
     return out
 
@@ -23,9 +20,8 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1).contiguous().view(torch.uint8) if t.numel() else t
 
 
-def raises_cleanly(fn, args=(), kwargs=None, exc=Exception, match=None):
+def raises_cleanly(exc, match, fn, *args, **kwargs):
     """``fn(*args, **kwargs)`` raises ``exc`` matching ``match`` and modifies no input tensor."""
-    kwargs = kwargs or {}
     saved = _tensors((args, kwargs), [])
     with pytest.raises(exc, match=match):
         fn(*args, **kwargs)

@@ -25,6 +25,12 @@ def run_cpp_test(name: str, tmp_path: pathlib.Path, seed: int, include_dir: path
     return subprocess.run([str(out), str(seed)], capture_output=True, text=True, timeout=120)
 
 
+def check_cpp_test(name: str, tmp_path: pathlib.Path, seed: int):
+    """tests/cpp/<name>.cpp passes against the real headers."""
+    proc = run_cpp_test(name, tmp_path, seed)
+    assert proc.returncode == 0 and "OK" in proc.stdout, f"seed {seed}:\n{proc.stdout}{proc.stderr}"
+
+
 def run_against_mutation(name: str, header: str, old: str, new: str, tmp_path: pathlib.Path):
     """Run tests/cpp/<name>.cpp against a copy of csrc/common/<header> with
     ``old`` replaced by ``new``; the test must fail."""

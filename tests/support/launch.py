@@ -16,8 +16,9 @@ import queue
 import socket
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Callable, Dict, List, NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
@@ -28,14 +29,14 @@ _PRELOAD = ["torch", "torch.distributed", "torch.distributed._functional_collect
 class RankOutcome(NamedTuple):
     status: str  # "ok" (returned), "error" (raised), "died" (exited without a report), "hung" (killed)
     value: object  # the worker's return value, or a traceback / message
-    exitcode: Optional[int]
+    exitcode: int | None
     pid: int
 
 
 class Launch(NamedTuple):
-    ranks: List[RankOutcome]
+    ranks: list[RankOutcome]
     wall_s: float  # from the first start() until every rank was done (or killed)
-    pids: List[int]
+    pids: list[int]
 
 
 class RankFailure(AssertionError):
@@ -92,7 +93,7 @@ def launch(
     *args,
     pg_timeout: float = 120.0,
     wall_timeout: float = 240.0,
-    env: Optional[Dict[str, str]] = None,
+    env: dict[str, str] | None = None,
     fail_fast: bool = False,
 ) -> Launch:
     """Run ``worker(rank, world_size, *args)`` (a module-level function) on
@@ -118,7 +119,7 @@ def launch(
     t0 = time.monotonic()
     for p in procs:
         p.start()
-    reports: Dict[int, tuple] = {}
+    reports: dict[int, tuple] = {}
     deadline = t0 + wall_timeout
     try:
         while time.monotonic() < deadline:
@@ -159,7 +160,7 @@ def launch(
     return Launch(out, time.monotonic() - t0, [p.pid for p in procs])
 
 
-def run_ranks(worker: Callable, world_size: int, *args, timeout: float = 240.0) -> List:
+def run_ranks(worker: Callable, world_size: int, *args, timeout: float = 240.0) -> list:
     """:func:`launch` with ``fail_fast``: the ranks' return values (plain
     picklable data) by rank, or :class:`RankFailure` naming every rank that
     raised (with its traceback), died or hung."""
@@ -206,10 +207,10 @@ def _live_stats():
     return out
 
 
-def live_descendants(pids) -> List[int]:
+def live_descendants(pids) -> list[int]:
     """Live (non-zombie) processes among ``pids`` and all their descendants."""
     stats = _live_stats()
-    children: Dict[int, List[int]] = {}
+    children: dict[int, list[int]] = {}
     for pid, st in stats.items():
         children.setdefault(st[1], []).append(pid)
     seen, stack = set(), list(pids)
@@ -221,7 +222,7 @@ def live_descendants(pids) -> List[int]:
     return sorted(pid for pid in seen if pid in stats)
 
 
-def session_members(sid: int) -> List[int]:
+def session_members(sid: int) -> list[int]:
     """Live processes whose session id (or process group id) is ``sid``."""
     return sorted(pid for pid, st in _live_stats().items() if sid in (st[3], st[2]))
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator, NamedTuple, Optional
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -33,7 +34,7 @@ ALL_PATHS = CPU_PATHS + CUDA_PATHS
 _ENV = {"cpu": "LOCALARGMAX_CPU_ISA", "cuda": "LOCALARGMAX_CUDA_PATH"}
 
 
-def unavailable(path: KernelPath) -> Optional[str]:
+def unavailable(path: KernelPath) -> str | None:
     """Why this machine cannot run ``path`` (None if it can)."""
     if path.device == "cuda":
         if not torch.cuda.is_available():

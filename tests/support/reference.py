@@ -9,7 +9,6 @@ specials (0 * inf, inf - inf) come out as IEEE says; it is independent of
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
 
 import torch
 
@@ -56,7 +55,7 @@ def error_bound(hidden, weight, bias=None) -> torch.Tensor:
     return gamma / (1 - gamma) * mag
 
 
-def reference_logits_and_error(hidden, weight, bias=None) -> Tuple[torch.Tensor, torch.Tensor]:
+def reference_logits_and_error(hidden, weight, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(:func:`ref_logits`, :func:`error_bound` with 0 at non-finite logits):
     compute it once and pass it as ``reference=`` to check several results."""
     logits = ref_logits(hidden, weight, bias)
@@ -88,12 +87,12 @@ def check_against_reference(
     ids: torch.Tensor,
     hidden: torch.Tensor,
     weight: torch.Tensor,
-    bias: Optional[torch.Tensor] = None,
-    d2t: Optional[torch.Tensor] = None,
+    bias: torch.Tensor | None = None,
+    d2t: torch.Tensor | None = None,
     *,
     min_clear_fraction: float = 0.9,
     context: str = "",
-    reference: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    reference: tuple[torch.Tensor, torch.Tensor] | None = None,
 ):
     """Compare ``ids`` with the float64 reference by :func:`judge`: clear rows
     must match exactly, near-tie rows lie within the error bound. At least

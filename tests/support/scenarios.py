@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import traceback
-from typing import Dict, List, NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
@@ -25,13 +25,13 @@ class Scenario(NamedTuple):
     name: str
     hidden: torch.Tensor
     weight: torch.Tensor  # full [V, H]
-    bias: Optional[torch.Tensor]
-    d2t: Optional[torch.Tensor]
+    bias: torch.Tensor | None
+    d2t: torch.Tensor | None
     pad_to: int
     pad: str
     exact: bool  # True: ids must equal the float64 reference exactly
     baselines: bool  # True: data clear enough for the weight-dtype baselines too
-    expected: Optional[List[int]]  # an answer fixed by construction (rules 1-3), if any
+    expected: list[int] | None  # an answer fixed by construction (rules 1-3), if any
 
 
 SCENARIO_NAMES = (
@@ -50,7 +50,7 @@ SCENARIO_NAMES = (
 )
 
 
-def make_scenarios(seed: int) -> List[Scenario]:
+def make_scenarios(seed: int) -> list[Scenario]:
     from localargmax import build_d2t
 
     gen = torch.Generator().manual_seed(seed)
@@ -105,7 +105,7 @@ def _call(fn):
         return f"error: {type(e).__name__}: {e}\n{traceback.format_exc()}"
 
 
-def worker(rank: int, world: int, path: str) -> Dict:
+def worker(rank: int, world: int, path: str) -> dict:
     """Every scenario, every tp this rank is part of, both reduce modes and
     both baselines; then unfused_local_argmax on a vocabulary too large for
     float32 indices. Returns {(tp, name, method): ids or error text}."""
@@ -122,7 +122,9 @@ def worker(rank: int, world: int, path: str) -> Dict:
             w, b, s = make_shards(sc.weight, sc.bias, tp, sc.pad_to, hidden=sc.hidden, pad=sc.pad)[rank]
             common = dict(vocab_start=s.vocab_start, num_valid=s.num_valid, bias=b, d2t=sc.d2t, group=groups[tp])
             for reduce in REDUCES:
-                results[(tp, sc.name, reduce)] = _call(lambda: localargmax.lm_head_argmax(sc.hidden, w, reduce=reduce, **common))
+                results[(tp, sc.name, reduce)] = _call(
+                    lambda: localargmax.lm_head_argmax(sc.hidden, w, reduce=reduce, **common)
+                )
             if sc.baselines:
                 results[(tp, sc.name, BASELINES[0])] = _call(lambda: full_gather_argmax(sc.hidden, w, **common))
                 results[(tp, sc.name, BASELINES[1])] = _call(lambda: unfused_local_argmax(sc.hidden, w, **common))
