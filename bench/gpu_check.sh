@@ -5,7 +5,6 @@
 # runs the GPU tests and the CUDA build checks, compute-sanitizer on a small step, and the
 # GPU kernel benchmark; writes JSON + logs to OUT_DIR (default bench/results/).
 # Budget: under 8 minutes (GPU_CHECK_BUDGET_S, default 480, bounds every step).
-# Not yet run on a GPU (no device was lent so far).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-bench/results}"
@@ -31,9 +30,9 @@ rm -rf build/cmake-py* localargmax/_C*.so
 timeout "$(cap 420)" "$PY" -m pip install --no-deps --no-build-isolation -e . > "$OUT/gpu_build.log" 2>&1 || { tail -50 "$OUT/gpu_build.log"; echo "BUILD FAILED"; exit 1; }
 "$PY" -c "import localargmax; assert localargmax.WITH_CUDA, 'built without CUDA'; print('WITH_CUDA', localargmax.WITH_CUDA)" || exit 1
 
-step "GPU tests (the gpu-marked files, and the CUDA build checks against this torch)"
-timeout "$(cap 270)" "$PY" -m pytest -q --maxfail=30 -p no:cacheprovider tests/test_gpu.py tests/test_gpu_paths.py tests/test_cuda_build.py \
-  --junitxml="$OUT/gpu_tests.xml" || status=1
+step "GPU tests (every gpu-marked test: the CUDA paths of each op), then the build checks against this torch"
+timeout "$(cap 240)" "$PY" -m pytest -q --maxfail=30 -p no:cacheprovider -m gpu tests --junitxml="$OUT/gpu_tests.xml" || status=1
+timeout "$(cap 60)" "$PY" -m pytest -q -p no:cacheprovider tests/test_build.py || status=1
 
 step "compute-sanitizer (memcheck, racecheck) on a small step"
 cat > /tmp/lam_sanitize.py <<'PYEOF'

@@ -57,8 +57,12 @@ def _path_fixture(request):
         yield path
 
 
-path = pytest.fixture(params=ALL_PATHS, ids=str)(_path_fixture)
-cuda_path = pytest.fixture(params=CUDA_PATHS, ids=str)(_path_fixture)
+def _params(paths):
+    return [pytest.param(p, id=str(p), marks=[pytest.mark.gpu] if p.device == "cuda" else []) for p in paths]
+
+
+path = pytest.fixture(params=_params(ALL_PATHS))(_path_fixture)
+cuda_path = pytest.fixture(params=_params(CUDA_PATHS))(_path_fixture)
 
 
 @pytest.fixture(scope="session")

@@ -218,39 +218,16 @@ def test_comm_bytes():
 
 
 def test_format_table_aligns_columns():
-    rows = [
-        dict(
-            method="fused",
-            shape="minilm",
-            tp=2,
-            batch=1,
-            median_us=1234.5,
-            p90_us=2000.0,
-            bytes_sent_per_rank=8,
-            bytes_recv_per_rank=8,
-            speedup_vs_full_gather=None,
-            agree=1.0,
-        )
-    ]
-    lines = format_table(rows, kernel_only=False).splitlines()
+    row = dict(method="fused", shape="minilm", tp=2, batch=1, median_us=1234.5, p90_us=2000.0)
+    row.update(bytes_sent_per_rank=8, bytes_recv_per_rank=8, speedup_vs_full_gather=None, agree=1.0)
+    lines = format_table([row], kernel_only=False).splitlines()
     assert len(lines) == 3 and len({len(line) for line in lines[:2]}) == 1
     assert "1234" in lines[2] and lines[2].rstrip().endswith("1.000")
-    assert lines[0].split() == [
-        "method",
-        "shape",
-        "tp",
-        "batch",
-        "median_us",
-        "p90_us",
-        "sent_B",
-        "recv_B",
-        "speedup",
-        "agree",
-    ]  # argmax: no k, no tp_inv
-    topk = [dict(rows[0], op="topk", k=8, bytes_sent_per_rank=64)]
+    header = "method shape tp batch median_us p90_us sent_B recv_B speedup agree".split()
+    assert lines[0].split() == header  # argmax: no k, no tp_inv
+    topk = [dict(row, op="topk", k=8, bytes_sent_per_rank=64)]
     assert format_table(topk, kernel_only=False).splitlines()[0].split()[3:5] == ["batch", "k"]
-    sample = [dict(rows[0], op="sample", agree=None, tp_invariance=1.0)]
-    lines = format_table(sample, kernel_only=False).splitlines()
+    lines = format_table([dict(row, op="sample", agree=None, tp_invariance=1.0)], kernel_only=False).splitlines()
     assert lines[0].split()[-1] == "tp_inv" and lines[2].split()[-2:] == ["-", "1.000"]
 
 

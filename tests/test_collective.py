@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import time
+import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -93,26 +94,14 @@ def test_rejects_non_int64_keys(keys):
     raises_cleanly(TypeError, "keys", localargmax.exchange_keys, keys, None)
 
 
-class _FakeNcclComm:
-    """Mimics cupy.cuda.nccl.NcclCommunicator's pointer API."""
-
-    def size(self):
-        return 1
-
-    def rank_id(self):
-        return 0
-
-    def allGather(self, *a):  # noqa: N802
-        raise AssertionError("not reached")
-
-    def allReduce(self, *a):  # noqa: N802
-        raise AssertionError("not reached")
+FAKE_NCCL_COMM = types.SimpleNamespace(size=lambda: 1, rank_id=lambda: 0, allGather=None, allReduce=None)
+"""Duck-types cupy.cuda.nccl.NcclCommunicator's pointer API (never reached without cupy)."""
 
 
 def test_cupy_communicator_without_cupy_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy -> ImportError
     with pytest.raises(ImportError, match=r"localargmax\[cupy\]"):
-        localargmax.lm_head_argmax(torch.randn(2, 8), torch.randn(100, 8), group=_FakeNcclComm())
+        localargmax.lm_head_argmax(torch.randn(2, 8), torch.randn(100, 8), group=FAKE_NCCL_COMM)
 
 
 def test_world_size_one_is_the_keys_themselves(gen):

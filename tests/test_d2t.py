@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import localargmax
 from localargmax import build_d2t, draft_to_target_ids, validate_d2t
 from tests.support.checks import raises_cleanly
 from tests.support.problems import make_shards, simulated_argmax
 from tests.support.reference import ref_argmax
-from tests.support.strategies import d2t_for, exact_problems
+from tests.support.strategies import d2t_for, exact_problems, given, settings, st
 
 
 def test_build_d2t_keeps_the_k_most_frequent_in_id_order(gen):

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import localargmax
 from localargmax import VocabShard, shard_vocab
 from tests.support.launch import run_ranks, timed
+from tests.support.strategies import given, settings, st
 
 
 def _check_layout(vocab, tp, pad_to):

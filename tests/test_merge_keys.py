@@ -9,12 +9,11 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import localargmax
 from tests.support.keys import allreduce_max, decoded_bits, pack_key, to_int64, unpack_key, unsigned_max, value_bits
 from tests.support.paths import on
+from tests.support.strategies import given, settings, st
 
 POOL = [0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, math.nan, 2.0**-149, -(2.0**-149), 3.5, -2.5]
 

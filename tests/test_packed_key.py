@@ -9,12 +9,11 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import localargmax
 from tests.support.cpp import check_cpp_test, needs_gxx, run_against_mutation
 from tests.support.keys import bits_f32, decoded_bits, f32_bits, pack_key, to_int64, to_uint64, value_bits
+from tests.support.strategies import given, settings, st
 
 INF, NAN = math.inf, math.nan
 

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import localargmax
 from tests.support.checks import raises_cleanly
 from tests.support.paths import CPU_PATHS, on, use_path
 from tests.support.problems import full_bias, integer_problem, make_shards, planted_problem, simulated_topk
 from tests.support.reference import ref_logits, ref_topk
-from tests.support.strategies import d2t_for, exact_problems, layouts
+from tests.support.strategies import d2t_for, exact_problems, given, layouts, settings, st
 
 H, ROWS, B = 8, 6, 3
 

@@ -11,8 +11,6 @@ import os
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import localargmax
 from tests.support.checks import raises_cleanly
@@ -29,7 +27,7 @@ from tests.support.problems import (
 )
 from tests.support.reference import ref_argmax, ref_logits, ref_topk
 from tests.support.scenarios import REDUCES, SCENARIO_NAMES, TPS, check_case
-from tests.support.strategies import d2t_for, exact_problems, layouts
+from tests.support.strategies import d2t_for, exact_problems, given, layouts, settings, st
 
 H, ROWS, B = 8, 6, 3
 

@@ -169,9 +169,9 @@ def test_stress_random_cases(seed):
     fault_counts = Counter()
     worst = 0.0
     t_start = time.monotonic()
-    faulthandler.dump_traceback_later(600, exit=True)  # a hang aborts with a traceback instead of hanging
     try:
         for i in range(n_cases):
+            faulthandler.dump_traceback_later(300, exit=True)  # a case that hangs aborts with a traceback
             tp = 1 + i % 4
             t0 = time.monotonic()
             hidden, weight, bias, shards, offset, d2t, exact, faults = _case(rng, tp)
@@ -224,7 +224,6 @@ def test_stress_random_cases(seed):
     assert stats["wrong_ids"] == 0, (
         f"{stats['failing_cases']} cases with wrong ids or errors ({stats['errors']} raised) (seed {seed})"
     )
-    assert elapsed < 600
 
 
 # -----------------------------------------------------------------------------
