@@ -63,7 +63,7 @@ def test_lm_head_module_world_size_1(gen, dtype, with_bias):
     hidden, weight = _problem(gen, 5, 333, 40, dtype)
     bias = torch.randn(333, generator=gen).to(dtype) * 0.01 if with_bias else None
     head = localargmax.VocabParallelLMHead.from_full(weight, 0, 1, bias=bias)
-    assert head.weight.shape == (384, 40) and head.num_valid == 333
+    assert head.weight.shape == (384, 40) and head.num_valid == 333 and head.vocab_start == 0
     assert torch.equal(head(hidden), reference_argmax(hidden, weight, bias))
     logits = head.local_logits(hidden)
     assert logits.shape == (5, 384) and torch.isneginf(logits[:, 333:]).all()
