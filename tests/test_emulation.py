@@ -23,8 +23,8 @@ import torch
 import localargmax  # noqa: F401  (registers torch.ops.localargmax)
 from localargmax.reference import reference_logits
 
-import emulation
-from emulation import CSRC, EmuError, Emulator
+from tests.support import emulation
+from tests.support.emulation import CSRC, EmuError, Emulator
 
 pytestmark = pytest.mark.skipif(not emulation.have_compiler(), reason="g++ / objcopy not found")
 

@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-import emulation
-import test_emulation as suite
-from emulation import CSRC, Emulator
+from tests import test_emulation as suite
+from tests.support import emulation
+from tests.support.emulation import CSRC, Emulator
 
 pytestmark = pytest.mark.skipif(not emulation.have_compiler(), reason="g++ / objcopy not found")
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import localargmax
-from fault_helpers import launch, live_descendants, timed
-from helpers import stack_frames
+from tests.support.launch import launch, live_descendants, timed
+from tests.support.problems import stack_frames
 from localargmax.reference import reference_argmax
 
 TINY_TEMPERATURES = (1e-30, 1e-37, 1e-38, 1e-40, 1e-45)

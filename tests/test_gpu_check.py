@@ -111,7 +111,10 @@ def test_dry_run_with_its_budget_spent_skips_steps_and_still_leaves_every_file(t
     assert wall < budget + 20, (wall, log[-3000:])
     assert {p.name for p in out.iterdir()} == FILES, log[-3000:]
     steps = _steps(out)
-    assert all("skipped" in steps[s][1] for s in STEPS[1:]), steps
+    # what little budget env leaves (its time varies with the machine's load) ends in a
+    # TIMEOUT of the next step at most; nothing after it runs
+    assert all("skipped" in steps[s][1] or "TIMEOUT" in steps[s][1] for s in STEPS[1:]), steps
+    assert sum("TIMEOUT" in steps[s][1] for s in STEPS[1:]) <= 1, steps
 
 
 if not SCRIPT.exists():  # pragma: no cover

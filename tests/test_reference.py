@@ -1,11 +1,13 @@
 """localargmax.reference (the float64 reference the benchmark's ``agree``
 column uses) against the suite's own fixed-order float64 reference."""
+
 from __future__ import annotations
 
 import torch
 
-from helpers import planted_problem, random_problem, ref_argmax, ref_logits
 from localargmax.reference import reference_argmax, reference_logits
+from tests.support.problems import planted_problem, random_problem
+from tests.support.reference import ref_argmax, ref_logits
 
 
 def test_reference_logits_close_to_fixed_order_float64(gen):

@@ -2,7 +2,7 @@
 ParallelLMHead / LogitsProcessor / LocalArgmaxMixin / proposer code, vLLM's
 original get_top_tokens / get_top_k_tokens side by side with the plugin's.
 
-Every case runs in one launch of 2 spawned ranks (tests/vllm_plugin_ranks.py;
+Every case runs in one launch of 2 spawned ranks (tests/support/vllm_ranks.py;
 each rank imports vLLM once, ~45 s in all on 2 cores); the tests below check
 its results. Skipped, with the reason, only when vLLM is not installed
 (CI installs it: .ci/run).
@@ -38,9 +38,9 @@ GAP = 1e-4  # top-2 gap of the float64 logits above which ids must be exact (flo
 @pytest.fixture(scope="module")
 def ranks():
     """Results of both ranks (they must agree) and the seed they used."""
-    from helpers import run_ranks
+    from tests.support.launch import run_ranks
 
-    import vllm_plugin_ranks
+    from tests.support import vllm_ranks as vllm_plugin_ranks
 
     env = os.environ.get("LOCALARGMAX_TEST_SEED")
     seed = int(env) if env else random.SystemRandom().randrange(2**31)

@@ -1,5 +1,5 @@
 // Unit test of csrc/common/packed_key.h (DESIGN.md, "The packed key").
-// Built and run by tests/test_packed_key_cpp.py:
+// Built and run by tests/test_packed_key.py (tests/support/cpp.py):
 //   g++ -std=c++17 -O2 -I csrc tests/cpp/test_packed_key.cpp -o test_packed_key
 //   ./test_packed_key [seed]
 // Prints every failure and exits non-zero if there was one.

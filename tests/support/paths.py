@@ -1,0 +1,123 @@
+"""The kernel paths an op can run on, and the one helper that selects one.
+
+CPU: the ``default`` build of the kernel (AVX2/FMA/F16C where the CPU has them)
+and the portable ``generic`` one. CUDA: ``simt`` (CUDA-core fused kernel),
+``mma`` (tensor-core fused kernel, bf16/fp16) and ``gemm`` (cuBLAS float32
+logits, then a logits-to-keys kernel). :func:`use_path` is the only place that
+knows how a path is chosen (the ops' ``path=`` keyword).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import NamedTuple
+from unittest import mock
+
+import pytest
+import torch
+
+import localargmax
+
+
+class KernelPath(NamedTuple):
+    device: str  # "cpu" or "cuda"
+    name: str  # CPU ISA ("default", "generic") or CUDA path ("simt", "mma", "gemm")
+
+    def __str__(self) -> str:
+        return self.device if self.name == "default" else f"{self.device}-{self.name}"
+
+
+CPU_PATHS = (KernelPath("cpu", "default"), KernelPath("cpu", "generic"))
+CUDA_PATHS = tuple(KernelPath("cuda", name) for name in ("simt", "mma", "gemm"))
+ALL_PATHS = CPU_PATHS + CUDA_PATHS
+
+
+def unavailable(path: KernelPath) -> str | None:
+    """Why this machine cannot run ``path`` (None if it can)."""
+    if path.device == "cuda":
+        if not torch.cuda.is_available():
+            return "no CUDA device"
+        if not localargmax.WITH_CUDA:
+            return "built without CUDA kernels"
+    return None
+
+
+_KEYWORD = {"default": "auto", "generic": "generic", "simt": "simt", "mma": "mma", "gemm": "gemm"}
+_OPS = ("shard_argmax", "shard_topk", "shard_sample")
+
+
+def path_keyword(path: KernelPath, op: str = "shard_argmax", hidden_size: int | None = None) -> str:
+    """The ops' ``path=`` value that runs ``op`` on ``path``: top-k has no
+    mma / gemm path (it runs on auto there), and a hidden size the mma kernel
+    does not take (not a multiple of 8) runs on auto too (the mma path's
+    refusal of such shapes is tested on its own)."""
+    kw = _KEYWORD[path.name]
+    if op == "shard_topk" and kw in ("mma", "gemm"):
+        return "auto"
+    if kw == "mma" and hidden_size is not None and hidden_size % 8:
+        return "auto"
+    return kw
+
+
+def _bound(op: str, fn, path: KernelPath):
+    @functools.wraps(fn)
+    def call(hidden, weight, *args, **kwargs):
+        size = hidden.shape[-1] if isinstance(hidden, torch.Tensor) and hidden.dim() else None
+        kwargs.setdefault("path", path_keyword(path, op, size))
+        return fn(hidden, weight, *args, **kwargs)
+
+    return call
+
+
+@contextlib.contextmanager
+def use_path(path: KernelPath) -> Iterator[KernelPath]:
+    """Run the ops called inside the block on ``path``: binds the ops'
+    ``path=`` keyword (:func:`path_keyword`) in ``localargmax`` and in the
+    modules that call them (the ``lm_head_*`` steps), for the block."""
+    import localargmax.ops as ops
+    import localargmax.step as step
+
+    with contextlib.ExitStack() as stack:
+        for op in _OPS:
+            bound = _bound(op, getattr(ops, op), path)
+            for module in (localargmax, ops, step):
+                stack.enter_context(mock.patch.object(module, op, bound))
+        yield path
+
+
+def poison_cuda_allocator() -> None:
+    """Fill the caching allocator's free blocks with 0xFF bytes, so that an op
+    that forgets to initialise its output returns garbage instead of zeros."""
+    junk = torch.full((64 << 20,), -1, dtype=torch.int64, device="cuda")
+    del junk
+
+
+def each_cuda_path() -> Iterator[KernelPath]:
+    """Every CUDA path in turn (allocator poisoned before each), for tests
+    that compute one float64 reference and check all paths against it."""
+    for path in CUDA_PATHS:
+        with use_path(path):
+            poison_cuda_allocator()
+            yield path
+
+
+def on(path: KernelPath, *tensors):
+    """``tensors`` moved to ``path``'s device (None stays None)."""
+    moved = tuple(None if t is None else t.to(path.device) for t in tensors)
+    return moved if len(moved) != 1 else moved[0]
+
+
+needs_cuda = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+    pytest.mark.skipif(not localargmax.WITH_CUDA, reason="built without CUDA kernels"),
+]
+"""Marks of a test that needs a CUDA device; apply with :func:`cuda_only`."""
+
+
+def cuda_only(fn):
+    for mark in needs_cuda:
+        fn = mark(fn)
+    return fn

@@ -1,0 +1,140 @@
+"""The build: the four ops registered (schemas, CPU and CUDA kernels, fake
+kernels), the CUDA build checked without a GPU (sm_90a machine code, no
+spills, HMMA in the tensor-core kernel), and the CPU kernel running on
+torch's OpenMP threads (a build without -fopenmp runs at::parallel_for on the
+calling thread, silently; these tests fail on such a build)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import localargmax
+from localargmax import _C
+
+SCHEMAS = {
+    "shard_argmax": "localargmax::shard_argmax(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, "
+    'int num_valid, str path="auto") -> Tensor',
+    "shard_topk": "localargmax::shard_topk(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, "
+    'int num_valid, int k, str path="auto") -> Tensor',
+    "shard_sample": "localargmax::shard_sample(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, "
+    'int num_valid, Tensor temperature, int seed, int offset, str path="auto") -> Tensor',
+    "merge_keys": "localargmax::merge_keys(Tensor keys, Tensor? d2t) -> (Tensor, Tensor)",
+}
+needs_cuda_build = pytest.mark.skipif(
+    not localargmax.WITH_CUDA, reason="built without CUDA (torch CPU-only, nvcc not found, or LOCALARGMAX_CUDA=0)"
+)
+
+
+@pytest.mark.parametrize("op", list(SCHEMAS))
+def test_op_schema_and_kernels(op):
+    """The schemas of csrc/ops.cpp (integer outputs, no aliasing, no mutation),
+    a CPU kernel, and a CUDA kernel exactly when the build says WITH_CUDA."""
+    assert str(getattr(torch.ops.localargmax, op).default._schema) == SCHEMAS[op]
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"localargmax::{op}", "CPU")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"localargmax::{op}", "CUDA") == localargmax.WITH_CUDA
+    assert isinstance(localargmax.WITH_CUDA, bool)
+
+
+def test_fake_kernels_give_shapes_and_dtypes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        hidden, weight = torch.empty(9, 16, dtype=torch.bfloat16), torch.empty(128, 16, dtype=torch.bfloat16)
+        keys = torch.ops.localargmax.shard_argmax.default(hidden, weight, None, 0, 100)
+        assert keys.shape == (9,) and keys.dtype == torch.int64
+        assert torch.ops.localargmax.shard_topk.default(hidden, weight, None, 0, 100, 5).shape == (9, 5)
+        assert torch.ops.localargmax.shard_sample.default(hidden, weight, None, 0, 100, torch.ones(9), 1, 0).shape == (
+            9,
+        )
+        ids, values = torch.ops.localargmax.merge_keys.default(torch.empty(4, 9, dtype=torch.int64), None)
+        assert ids.shape == values.shape == (9,) and ids.dtype == torch.int64 and values.dtype == torch.float32
+        with pytest.raises(ValueError, match="num_valid"):  # the fake kernel checks arguments too
+            torch.ops.localargmax.shard_argmax.default(hidden, weight, None, 0, 129)
+
+
+def _cuobjdump(*args):
+    """Run cuobjdump (CUDA toolkit, PATH, or the Triton wheel torch brings) on the library."""
+    candidates = [shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"]
+    try:
+        import triton
+
+        candidates.append(str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"))
+    except ImportError:
+        pass
+    tool = next((c for c in candidates if c and Path(c).exists()), None)
+    if tool is None:
+        pytest.fail("WITH_CUDA build but no cuobjdump found (CUDA toolkit bin/, PATH, or triton's bundled copy)")
+    return subprocess.run([tool, *args, _C.__file__], capture_output=True, text=True, check=True).stdout
+
+
+@needs_cuda_build
+def test_library_carries_sm90a_machine_code():
+    out = _cuobjdump("--list-elf")
+    assert "sm_90a" in set(re.findall(r"\.(sm_\w+)\.cubin", out)), f"no sm_90a cubin in {_C.__file__}: {out}"
+
+
+@needs_cuda_build
+def test_hot_kernels_use_no_local_memory():
+    out = _cuobjdump("--dump-resource-usage")
+    usage = re.findall(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", out)
+    families = ["shard_argmax_kernel", "shard_argmax_mma_kernel", "logits_to_keys_kernel", "merge_keys_kernel"]
+    missing = [f for f in families if not any(f in u[0] for u in usage)]
+    assert not missing, f"kernels missing from the resource usage dump: {missing}\n{out[:2000]}"
+    bad = [(n, s, lo) for n, _, s, lo in usage if any(f in n for f in families) and (int(s) or int(lo))]
+    assert not bad, f"kernels with stack frames / local memory (spills): {bad}"
+
+
+@needs_cuda_build
+def test_mma_kernel_runs_on_tensor_cores():
+    """The sm_90a code of the tensor-core kernel holds HMMA instructions (and
+    the CUDA-core kernel none): mma.sync compiled to tensor-core instructions."""
+    functions = re.split(r"\n\s*Function : ", _cuobjdump("--dump-sass", "--gpu-architecture", "sm_90a"))
+    mma = [f for f in functions if "shard_argmax_mma_kernel" in f.split("\n", 1)[0]]
+    simt = [f for f in functions if "shard_argmax_kernel" in f.split("\n", 1)[0]]
+    assert mma and all("HMMA" in f for f in mma), "a shard_argmax_mma_kernel instantiation has no HMMA instruction"
+    assert simt and not any("HMMA" in f for f in simt)
+
+
+@pytest.fixture
+def num_threads():
+    saved = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_parallel_for_uses_torch_threads(num_threads, threads):
+    num_threads(threads)
+    assert _C._parallel_workers(64) == threads  # OpenMP starts exactly `threads` workers whatever the core count
+    assert _C._parallel_workers(1) == 1
+
+
+def test_parallel_workers_rejects_bad_n():
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        _C._parallel_workers(0)
+
+
+def test_kernel_called_from_many_python_threads(num_threads, gen):
+    """Several Python threads calling the op at once (each opens its own OpenMP
+    region) give the same keys as one call."""
+    num_threads(2)
+    hidden, weight = torch.randn(3, 64, generator=gen), torch.randn(4096, 64, generator=gen)
+    expected = localargmax.shard_argmax(hidden, weight)
+    results = [None] * 4
+
+    def work(i):
+        results[i] = localargmax.shard_argmax(hidden, weight)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(torch.equal(r, expected) for r in results)

@@ -1,0 +1,253 @@
+"""lm_head.py: VocabParallelLMHead and LocalArgmaxMixin (our module and
+vLLM's duck-typed ParallelLMHead layout), the logit-scale fault family
+(positive scale and soft-cap keep the ids, a non-positive scale is refused),
+construction checks, torch.compile on gloo ranks, and the drafting loop of
+examples/greedy_drafting.py."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import localargmax
+from localargmax.reference import reference_argmax
+from tests.support.checks import raises_cleanly
+from tests.support.launch import run_ranks
+from tests.support.reference import ref_argmax, ref_logits
+
+ROOT = Path(__file__).resolve().parent.parent
+H, ROWS, B = 8, 6, 3
+
+
+def _problem(gen, batch, vocab, hsize, dtype=torch.float32):
+    """Random hidden / weight with clear float64 winners (4 x the hidden row)."""
+    weight = torch.randn(vocab, hsize, generator=gen).to(dtype)
+    hidden = torch.randn(batch, hsize, generator=gen).to(dtype)
+    weight[torch.randint(0, vocab, (batch,), generator=gen)] = (hidden.float() * 4).to(dtype)
+    return hidden, weight
+
+
+class Draft(localargmax.LocalArgmaxMixin, nn.Module):
+    def __init__(self, lm_head, d2t=None, **attrs):
+        super().__init__()
+        self.lm_head = lm_head
+        self.draft_id_to_target_id = d2t
+        for k, v in attrs.items():
+            setattr(self, k, v)
+
+    def forward(self, hidden):
+        return self.get_top_tokens(torch.tanh(hidden) * 3)
+
+
+def vllm_head(full_weight, rank, tp, pad_to=64):
+    """A stand-in for vLLM's ParallelLMHead: weight [rows, H] and shard_indices."""
+    start, rows, valid = localargmax.shard_vocab(full_weight.shape[0], rank, tp, pad_to)
+    weight = torch.zeros(rows, full_weight.shape[1], dtype=full_weight.dtype)
+    weight[:valid] = full_weight[start : start + valid]
+    idx = types.SimpleNamespace(
+        org_vocab_start_index=start, org_vocab_end_index=start + valid, num_org_vocab_padding=rows - valid
+    )
+    return types.SimpleNamespace(weight=weight, shard_indices=idx)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_lm_head_module_world_size_1(gen, dtype, with_bias):
+    hidden, weight = _problem(gen, 5, 333, 40, dtype)
+    bias = torch.randn(333, generator=gen).to(dtype) * 0.01 if with_bias else None
+    head = localargmax.VocabParallelLMHead.from_full(weight, 0, 1, bias=bias)
+    assert head.weight.shape == (384, 40) and head.num_valid == 333 and head.vocab_start == 0
+    assert torch.equal(head(hidden), reference_argmax(hidden, weight, bias))
+    logits = head.local_logits(hidden)
+    assert logits.shape == (5, 384) and torch.isneginf(logits[:, 333:]).all()
+
+
+def test_mixin_our_module_and_vllm_layout_agree(gen):
+    hidden, weight = _problem(gen, 6, 1000, 32)
+    d2t = localargmax.build_d2t(torch.rand(3000, generator=gen), 1000)
+    want = reference_argmax(torch.tanh(hidden) * 3, weight, d2t=d2t)
+    assert torch.equal(Draft(localargmax.VocabParallelLMHead.from_full(weight, 0, 1), d2t)(hidden), want)
+    assert torch.equal(Draft(vllm_head(weight, 0, 1), d2t)(hidden), want)
+
+
+def test_mixin_names_missing_attributes(gen):
+    hidden, weight = _problem(gen, 2, 100, 8)
+
+    class NoHead(localargmax.LocalArgmaxMixin, nn.Module):
+        pass
+
+    with pytest.raises(AttributeError, match="no attribute 'lm_head'"):
+        NoHead().get_top_tokens(hidden)
+    with pytest.raises(AttributeError, match="'shard_indices'"):
+        Draft(types.SimpleNamespace(weight=weight))(hidden)
+    partial = types.SimpleNamespace(weight=weight, shard_indices=types.SimpleNamespace(org_vocab_start_index=0))
+    with pytest.raises(AttributeError, match="org_vocab_end_index"):
+        Draft(partial)(hidden)
+
+
+def test_compile_fullgraph_world_size_1(gen):
+    hidden, weight = _problem(gen, 3, 700, 24)
+    model = Draft(localargmax.VocabParallelLMHead.from_full(weight, 0, 1))
+    eager = model(hidden)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(model, fullgraph=True)(hidden), eager)
+    assert torch.equal(eager, reference_argmax(torch.tanh(hidden) * 3, weight))
+
+
+def _compile_worker(rank, world_size, seed):
+    import torch.distributed as dist
+
+    gen = torch.Generator().manual_seed(seed)
+    hidden, weight = _problem(gen, 5, 1001, 24)
+    d2t = localargmax.build_d2t(torch.rand(2500, generator=gen), 1001)
+    model = Draft(localargmax.VocabParallelLMHead.from_full(weight, rank, world_size, group=dist.group.WORLD), d2t)
+    eager = model(hidden)
+    compiled = torch.compile(model, fullgraph=True)(hidden)
+    vllm = Draft(vllm_head(weight, rank, world_size), d2t, local_argmax_group=dist.group.WORLD)(hidden)
+    want = reference_argmax(torch.tanh(hidden) * 3, weight, d2t=d2t)
+    return eager.tolist(), compiled.tolist(), vllm.tolist(), want.tolist()
+
+
+def test_compile_fullgraph_with_gloo_group_of_2(seed):
+    for eager, compiled, vllm, want in run_ranks(_compile_worker, 2, seed):
+        assert eager == want and compiled == want and vllm == want
+
+
+def test_greedy_drafting_example_identical_to_unsharded():
+    """The README's example: Qwen3 draft, TP=2 gloo, 32 steps, with and without d2t."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "greedy_drafting.py"), "--steps", "32"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("identical to unsharded: yes") == 2 and proc.stdout.count("step 31:") == 2, proc.stdout[
+        -3000:
+    ]
+
+
+# ----------------------------------------------------------------------------- the logit scale
+
+
+def _scale_problem(gen):
+    hidden = torch.randn(6, 32, generator=gen)
+    weight = torch.randn(500, 32, generator=gen) / 32**0.5
+    weight[torch.randint(0, 500, (6,), generator=gen)] = hidden * 0.2  # clear, moderate winners
+    return hidden, weight, localargmax.VocabParallelLMHead.from_full(weight, 0, 1)
+
+
+@pytest.mark.parametrize(
+    "scale,cap",
+    [(s, None) for s in (1e-3, 0.5, 1.0, 3.0, 1e3)] + [(s, c) for s in (1e-3, 0.5, 1.0, 3.0) for c in (5.0, 30.0)],
+)
+def test_positive_scale_and_softcap_keep_ids(gen, scale, cap):
+    """A positive scale and a soft-cap are monotonic: the ids are the model's
+    own greedy ids. (A soft-cap saturates for scale * logit >> cap, where tanh
+    rounds to 1.0 and creates ties the exact math does not have; those
+    combinations are left out.)"""
+    hidden, weight, head = _scale_problem(gen)
+    logits = ref_logits(hidden, weight) * scale
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
+    want = ref_argmax(hidden, weight)
+    assert torch.equal(logits.argmax(dim=1), want)
+    processor = types.SimpleNamespace(scale=scale, soft_cap=cap)
+    for attrs in (
+        {"logits_processor": processor},
+        {"logit_scale": scale, "final_logit_softcapping": cap},
+        {"logit_scale": torch.tensor(scale)},
+    ):
+        assert torch.equal(Draft(head, **attrs).get_top_tokens(hidden), want), attrs
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.0, -1e-3, -1.0, -1e3, float("nan"), float("-inf")])
+@pytest.mark.parametrize("where", ["logit_scale", "logits_processor", "tensor", "parameter"])
+def test_non_positive_scale_refused(gen, scale, where):
+    """Refused (rule 6), also held as a CPU tensor or nn.Parameter, as models
+    often keep it: otherwise the mixin returns argmax where the model's own
+    greedy token is argmin."""
+    hidden, _, head = _scale_problem(gen)
+    attrs = {
+        "logit_scale": {"logit_scale": scale},
+        "logits_processor": {"logits_processor": types.SimpleNamespace(scale=scale)},
+        "tensor": {"logit_scale": torch.tensor(scale)},
+        "parameter": {"logit_scale": nn.Parameter(torch.tensor(scale), requires_grad=False)},
+    }[where]
+    with pytest.raises(ValueError, match="logit scale must be > 0"):
+        Draft(head, **attrs).get_top_tokens(hidden)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _t(*shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape)))
+
+
+BAD_FROM_FULL = {
+    "weight_list": (([[1.0] * H] * ROWS, 0, 1), {}, (ValueError, TypeError), "weight"),
+    "weight_1d": ((_t(ROWS), 0, 1), {}, (ValueError, TypeError), "weight"),
+    "weight_3d": ((_t(2, ROWS, H), 0, 1), {}, (ValueError, TypeError), "weight"),
+    "weight_empty": ((torch.zeros(0, H), 0, 1), {}, ValueError, "vocab_size|weight"),
+    "bias_wrong_length": ((_t(ROWS, H), 0, 1), {"bias": _t(ROWS + 1)}, ValueError, "bias"),
+    "bias_2d": ((_t(ROWS, H), 0, 1), {"bias": _t(ROWS, 1)}, ValueError, "bias"),
+    "bias_list": ((_t(ROWS, H), 0, 1), {"bias": [0.0] * ROWS}, (ValueError, TypeError), "bias"),
+    "rank_negative": ((_t(ROWS, H), -1, 2), {}, ValueError, "rank"),
+    "rank_too_big": ((_t(ROWS, H), 2, 2), {}, ValueError, "rank"),
+    "world_size_0": ((_t(ROWS, H), 0, 0), {}, ValueError, "world_size"),
+    "pad_to_0": ((_t(ROWS, H), 0, 1), {"pad_to": 0}, ValueError, "pad_to"),
+    "pad_to_float": ((_t(ROWS, H), 0, 1), {"pad_to": 64.0}, ValueError, "pad_to"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FROM_FULL))
+def test_from_full_rejects(case):
+    args, kwargs, exc, match = BAD_FROM_FULL[case]
+    raises_cleanly(exc, match, localargmax.VocabParallelLMHead.from_full, *args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"vocab_size": 0, "hidden_size": H}, "vocab_size"),
+        ({"vocab_size": 10.0, "hidden_size": H}, "vocab_size"),
+        ({"vocab_size": 10, "hidden_size": -1}, "hidden_size"),
+        ({"vocab_size": 10, "hidden_size": H, "world_size": 2, "rank": 5}, "rank"),
+    ],
+)
+def test_constructor_rejects(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        localargmax.VocabParallelLMHead(**kwargs)
+
+
+BAD_AT_CONSTRUCTION_OR_FORWARD = {
+    "int_weight": (
+        {},
+        torch.ones(ROWS, H, dtype=torch.int64),
+        torch.ones(B, H, dtype=torch.int64),
+        (TypeError, ValueError),
+        "dtype",
+    ),
+    "reduce_bogus": ({"reduce": "sum"}, _t(ROWS, H), _t(B, H), ValueError, "reduce"),
+    "group_str": ({"group": "world"}, _t(ROWS, H), _t(B, H), TypeError, "group"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_AT_CONSTRUCTION_OR_FORWARD))
+def test_refused_at_construction_or_first_forward(case):
+    kwargs, weight, hidden, exc, match = BAD_AT_CONSTRUCTION_OR_FORWARD[case]
+    try:
+        head = localargmax.VocabParallelLMHead.from_full(weight, 0, 1, **kwargs)
+    except exc as e:
+        assert re.search(match, str(e)), str(e)
+        return
+    with pytest.raises(exc, match=match):
+        head(hidden)

@@ -1,0 +1,252 @@
+"""step.py: lm_head_argmax (and the shared behaviour of lm_head_topk /
+lm_head_sample) as a whole step: real gloo ranks (tp = 1..4, both reduce
+modes, d2t, ties across ranks, NaN on a later rank, padding that would win,
+empty shards, batch == tp and batch 0), simulated ranks on exact data, world
+size 1, torch.compile, CUDA graphs and devices; empty batches, H = 0, no
+valid vocabulary and the index boundary at every entry point."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import localargmax
+from tests.support.checks import raises_cleanly
+from tests.support.keys import allreduce_max, unsigned_max
+from tests.support.launch import run_ranks
+from tests.support.paths import cuda_only
+from tests.support.problems import (
+    full_bias,
+    integer_problem,
+    make_shards,
+    planted_problem,
+    shard_keys,
+    simulated_argmax,
+)
+from tests.support.reference import ref_argmax, ref_logits, ref_topk
+from tests.support.scenarios import REDUCES, SCENARIO_NAMES, TPS, check_case
+from tests.support.strategies import d2t_for, exact_problems, given, layouts, settings, st
+
+H, ROWS, B = 8, 6, 3
+
+
+@pytest.mark.parametrize("reduce", REDUCES)
+@pytest.mark.parametrize("name", SCENARIO_NAMES)
+@pytest.mark.parametrize("tp", TPS)
+def test_lm_head_argmax_multirank(multirank_run, tp, name, reduce):
+    check_case(multirank_run, tp, name, reduce)
+
+
+def test_scenarios_are_hard_enough(multirank_run):
+    """The scenarios really contain what their names promise."""
+    _, scenarios, _ = multirank_run
+
+    def layout(name, tp):
+        sc = scenarios[name]
+        return [s for *_, s in make_shards(sc.weight, sc.bias, tp, sc.pad_to)]
+
+    for tp in (2, 3, 4):
+        holders = {
+            r
+            for r, s in enumerate(layout("ties_across_ranks", tp))
+            for c in (300, 520, 700, 998)
+            if s.vocab_start <= c < s.vocab_start + s.num_valid
+        }
+        assert len(holders) >= 2, f"tp={tp}: the tie is not across ranks"
+        shards = layout("nan_on_later_rank", tp)
+        assert shards[-1].vocab_start <= 990 or shards[-2].vocab_start <= 990
+        assert shards[0].vocab_start + shards[0].num_valid <= 990
+    for name in ("planted_f16_inf_bias_pad", "padding_would_win_bf16", "all_neg_inf"):
+        assert any(s.num_valid < s.rows for s in layout(name, 4)), name
+    assert [s.num_valid for s in layout("padding_would_win_bf16", 4)] == [32, 32, 6, 0]
+    assert scenarios["batch_equals_tp"].hidden.shape[0] == 4 and scenarios["batch_zero"].hidden.shape[0] == 0
+
+
+def _topk_sample_worker(rank, world_size, seed):
+    import torch.distributed as dist
+
+    hidden, weight, _ = integer_problem(torch.Generator().manual_seed(seed), 5, 333, 11)
+    w, _, s = make_shards(weight, None, world_size, 64, hidden=hidden)[rank]
+    kw = dict(vocab_start=s.vocab_start, num_valid=s.num_valid, group=dist.group.WORLD)
+    ids, _ = localargmax.lm_head_topk(hidden, w, 16, **kw)
+    t = torch.rand(5, generator=torch.Generator().manual_seed(seed)) + 0.5
+    sampled = localargmax.lm_head_sample(hidden, w, temperature=t, seed=seed, offset=3, **kw)
+    single = localargmax.lm_head_sample(hidden, weight, temperature=t, seed=seed, offset=3)
+    return ids.tolist(), sampled.tolist(), single.tolist()
+
+
+def test_topk_and_sample_on_gloo_ranks(seed):
+    hidden, weight, _ = integer_problem(torch.Generator().manual_seed(seed), 5, 333, 11)
+    want = ref_topk(ref_logits(hidden, weight), 16).tolist()
+    for ids, sampled, single in run_ranks(_topk_sample_worker, 3, seed):
+        assert ids == want and sampled == single
+
+
+@settings(max_examples=1200, deadline=None)
+@given(p=exact_problems(), layout=layouts(), use_d2t=st.booleans(), perm_seed=st.integers(0, 1000))
+def test_sharded_argmax_exact(p, layout, use_d2t, perm_seed):
+    """Exact data, random layouts and padding fills: merge_keys in any rank
+    order, all-reduce MAX (sign flip) == unsigned max == all-gather + merge,
+    and lm_head_argmax on every simulated rank, all equal to the reference."""
+    tp, pad_to, pad = layout
+    vocab = p.weight.shape[0]
+    shards = make_shards(p.weight, p.bias, tp, pad_to, hidden=p.hidden, pad=pad)
+    d2t = d2t_for(perm_seed, vocab) if use_d2t else None
+    want = ref_argmax(p.hidden, p.weight, full_bias(p.bias, shards, vocab), d2t)
+    keys = shard_keys(p.hidden, shards)
+    assert torch.equal(localargmax.merge_keys(keys, d2t)[0], want), p
+    perm = torch.randperm(tp, generator=torch.Generator().manual_seed(perm_seed))
+    assert torch.equal(localargmax.merge_keys(keys[perm], d2t)[0], want)
+    if p.hidden.shape[0]:
+        assert torch.equal(allreduce_max(keys), unsigned_max(keys))
+    for reduce in ("all_gather", "all_reduce"):
+        assert torch.equal(simulated_argmax(p.hidden, shards, d2t=d2t, reduce=reduce), want), (p, reduce)
+
+
+def test_world_size_one_without_group(gen):
+    hidden = torch.randn(9, 50, generator=gen)
+    weight = torch.randn(300, 50, generator=gen)
+    weight[250:] = float("nan")
+    for reduce in REDUCES:
+        assert torch.equal(
+            localargmax.lm_head_argmax(hidden, weight, num_valid=250, reduce=reduce), ref_argmax(hidden, weight[:250])
+        )
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile_fullgraph(gen, backend):
+    torch._dynamo.reset()
+    vocab = 300
+    hidden, weight = torch.randn(6, 40, generator=gen), torch.randn(320, 40, generator=gen)
+    weight[vocab:] = float("nan")  # padding
+    bias, d2t = torch.randn(320, generator=gen), torch.randint(0, 50, (vocab,), generator=gen)
+
+    def step(h, w, b, d):
+        return localargmax.lm_head_argmax(h, w, vocab_start=0, num_valid=vocab, bias=b, d2t=d)
+
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
+    assert torch.equal(compiled(hidden, weight, bias, d2t), step(hidden, weight, bias, d2t))
+    hidden2 = torch.randn(3, 40, generator=gen)  # a second batch size (recompile or dynamic shapes)
+    assert torch.equal(compiled(hidden2, weight, bias, d2t), step(hidden2, weight, bias, d2t))
+    plain = torch.compile(
+        lambda h, w: localargmax.lm_head_argmax(h, w, num_valid=vocab), fullgraph=True, backend=backend
+    )
+    assert torch.equal(plain(hidden, weight), localargmax.lm_head_argmax(hidden, weight, num_valid=vocab))
+
+
+# ----------------------------------------------------------------------------- CUDA
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cuda_step_with_d2t(gen, dtype):
+    hidden, weight, _, _ = planted_problem(gen, 5, 700, 32, dtype)
+    d2t = localargmax.build_d2t(torch.rand(2000, generator=gen), 700)
+    ids = localargmax.lm_head_argmax(hidden.cuda(), weight.cuda(), d2t=d2t.cuda())
+    assert ids.device.type == "cuda" and torch.equal(ids.cpu(), ref_argmax(hidden, weight, d2t=d2t))
+
+
+@cuda_only
+def test_cuda_graph_capture_and_replay_world_size_1_nccl(gen):
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl", rank=0, world_size=1)
+    for reduce in REDUCES:
+        hidden, weight, _, _ = planted_problem(gen, 8, 5000, 128, torch.bfloat16)
+        h, w = hidden.cuda(), weight.cuda()
+        localargmax.lm_head_argmax(h, w, group=dist.group.WORLD, reduce=reduce)  # warm up outside the graph
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = localargmax.lm_head_argmax(h, w, group=dist.group.WORLD, reduce=reduce)
+        new_hidden, new_weight, _, _ = planted_problem(gen, 8, 5000, 128, torch.bfloat16)
+        h.copy_(new_hidden.cuda())
+        w.copy_(new_weight.cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.cpu(), ref_argmax(new_hidden, new_weight))
+
+
+@cuda_only
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_device_guard_second_gpu(gen):
+    hidden, weight, _, _ = planted_problem(gen, 4, 999, 32, torch.bfloat16)
+    ids = localargmax.lm_head_argmax(hidden.to("cuda:1"), weight.to("cuda:1"))
+    assert ids.device == torch.device("cuda:1") and torch.equal(ids.cpu(), ref_argmax(hidden, weight))
+
+
+# ----------------------------------------------------------------------------- edge shapes at every entry point
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_empty_batch_everywhere(gen, dtype):
+    """B = 0 is legal at every entry point and returns empty results."""
+    h, w = torch.empty(0, 12, dtype=dtype), torch.randn(30, 12, generator=gen).to(dtype)
+    keys = localargmax.shard_argmax(h, w, vocab_start=3, bias=torch.zeros(30))
+    assert keys.shape == (0,) and keys.dtype == torch.int64
+    assert localargmax.shard_topk(h, w, 2).shape == (0, 2)
+    assert localargmax.shard_sample(h, w, torch.ones(0), 1).shape == (0,)
+    for reduce in REDUCES:
+        assert localargmax.lm_head_argmax(h, w, reduce=reduce).shape == (0,)
+    assert localargmax.lm_head_sample(h, w, temperature=1.0, seed=1).shape == (0,)
+    ids, values = localargmax.lm_head_topk(h, w, 2)
+    assert ids.shape == values.shape == (0, 2)
+    for shape in [(0,), (3, 0), (0, 0)]:
+        ids, values = localargmax.merge_keys(torch.empty(shape, dtype=torch.int64))
+        assert ids.shape == values.shape == (0,) and ids.dtype == torch.int64 and values.dtype == torch.float32
+    assert localargmax.decode_keys(torch.empty(0, dtype=torch.int64))[0].shape == (0,)
+
+
+def test_zero_hidden_size_is_bias_argmax(gen):
+    """H = 0: every logit is the empty sum 0 plus the bias: the bias argmax, ties to the first index."""
+    h, w = torch.empty(B, 0), torch.empty(ROWS, 0)
+    bias = torch.tensor([0.5, 2.0, -1.0, 2.0, 0.0, 1.0])
+    ids, values = localargmax.decode_keys(localargmax.shard_argmax(h, w, vocab_start=4))
+    assert ids.tolist() == [4] * B and values.tolist() == [0.0] * B
+    assert localargmax.lm_head_argmax(h, w, bias=bias).tolist() == [1] * B
+    assert localargmax.lm_head_argmax(h, w).tolist() == [0] * B
+    assert torch.equal(localargmax.lm_head_topk(h, w, 2, bias=bias)[0], torch.tensor([[1, 3]] * B))
+
+
+def test_no_valid_vocabulary_names_num_valid():
+    h = torch.randn(B, H)
+    for w, kwargs in ((torch.empty(0, H), {}), (torch.randn(ROWS, H), {"num_valid": 0})):
+        assert localargmax.shard_argmax(h, w, **kwargs).eq(0).all()  # key 0: "no valid entry"
+        raises_cleanly(ValueError, "num_valid", localargmax.lm_head_argmax, h, w, **kwargs)
+        raises_cleanly(
+            ValueError, "num_valid", localargmax.lm_head_sample, h, w, **dict(kwargs, temperature=1.0, seed=1)
+        )
+        raises_cleanly(ValueError, "exceeds the valid vocabulary", localargmax.lm_head_topk, h, w, 1, **kwargs)
+
+
+def test_largest_index_accepted_everywhere():
+    """The last legal index 2**32 - 2 works at every entry point."""
+    big = localargmax.MAX_GLOBAL_INDEX
+    h, w = torch.rand(B, H) + 0.1, torch.zeros(ROWS, H)
+    w[ROWS - 1] = 1.0
+    start = big - ROWS + 1
+    assert localargmax.lm_head_argmax(h, w, vocab_start=start).tolist() == [big] * B
+    assert localargmax.lm_head_topk(h, w, 1, vocab_start=start)[0].flatten().tolist() == [big] * B
+    assert localargmax.lm_head_sample(h, w, temperature=0.0, seed=1, vocab_start=start).tolist() == [big] * B
+
+
+BAD_D2T = {
+    "float": (torch.zeros(ROWS), TypeError),
+    "int32": (torch.zeros(ROWS, dtype=torch.int32), TypeError),
+    "2d": (torch.zeros(ROWS, 1, dtype=torch.int64), ValueError),
+    "too_short": (torch.zeros(2, dtype=torch.int64), ValueError),
+    "empty": (torch.empty(0, dtype=torch.int64), ValueError),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_D2T))
+def test_lm_head_argmax_rejects_bad_d2t(case):
+    d2t, exc = BAD_D2T[case]
+    hidden, weight = torch.randn(B, H), torch.randn(ROWS, H)
+    weight[ROWS - 1] = hidden.sum(0) * 100  # the winning id falls outside a short table
+    raises_cleanly(exc, "d2t", localargmax.lm_head_argmax, hidden, weight, d2t=d2t)
