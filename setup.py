@@ -15,6 +15,7 @@ The build prints what it compiles, an estimate of how long that takes, ninja's
 [n/N] progress and the time it took. pip shows a build's output only with
 ``pip install -v``; the full log is build/cmake-*/build.log either way.
 """
+
 import os
 import shutil
 import subprocess
@@ -94,7 +95,8 @@ class CMakeBuild(build_ext):
             f"-DTORCH_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out.parent}",
             f"-DLOCALARGMAX_WITH_CUDA={'ON' if with_cuda else 'OFF'}",
-            "-G", "Ninja",
+            "-G",
+            "Ninja",
             f"-DCMAKE_MAKE_PROGRAM={find_build_tool('ninja')}",
         ]
         env = dict(os.environ)
@@ -157,8 +159,9 @@ def compile_with_progress(command: list, env: dict, log: Path, sources: list) ->
 
 def pending_sources(cmake: str, build_dir: Path, env: dict) -> list:
     """The source files the next build will compile (a ninja dry run)."""
-    out = subprocess.run([cmake, "--build", str(build_dir), "--", "-n"], env=env, capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [cmake, "--build", str(build_dir), "--", "-n"], env=env, capture_output=True, text=True, check=True
+    ).stdout
     return [line.split(" object ", 1)[1].strip() for line in out.splitlines() if " object " in line]
 
 
@@ -170,11 +173,15 @@ def plan(sources: list, archs: list) -> str:
     what = f"{cpp} C++ file(s)"
     if archs:
         what += f" + {len(cu)} CUDA file(s) for {len(archs)} architecture(s) ({', '.join(archs)})"
-    lines = [f"localargmax: compiling {what}; about {_clock(seconds)} (min:s) on 2 idle cores, "
-             "more when they are busy, less with more cores."]
+    lines = [
+        f"localargmax: compiling {what}; about {_clock(seconds)} (min:s) on 2 idle cores, "
+        "more when they are busy, less with more cores."
+    ]
     if archs:
-        lines.append("localargmax: no GPU here? LOCALARGMAX_CUDA=0 skips the CUDA kernels; "
-                     "LOCALARGMAX_CUDA_ARCH=90a builds one architecture.")
+        lines.append(
+            "localargmax: no GPU here? LOCALARGMAX_CUDA=0 skips the CUDA kernels; "
+            "LOCALARGMAX_CUDA_ARCH=90a builds one architecture."
+        )
     return "\n".join(lines)
 
 

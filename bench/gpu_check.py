@@ -22,6 +22,7 @@ summary: one screen: the steps' status and the kernel benchmark, one line per
 fused kernel's fraction of the device-to-device copy bandwidth and its speedup
 over torch, the lowest agree of the line's rows and the timing method.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,7 +60,9 @@ def _check_values(torch, values, hidden, weight, ids, context):
     bound = (hidden.shape[1] + 2) * U32 / (1 - (hidden.shape[1] + 2) * U32) * (h * w).abs().sum(1)
     err = (values.double() - exact).abs()
     bad = (err > bound).nonzero().flatten()
-    assert bad.numel() == 0, f"{context}: value off the float64 logit by more than the float32 bound at rows {bad[:5].tolist()}"
+    assert bad.numel() == 0, (
+        f"{context}: value off the float64 logit by more than the float32 bound at rows {bad[:5].tolist()}"
+    )
 
 
 def smoke(args) -> int:
@@ -81,7 +84,9 @@ def smoke(args) -> int:
         ("h4104", 9, 3001, 4104, None),
     ]
     if tiny:
-        problems = [(n, b, min(r, 1003), min(h, 64) if h > 64 else h, nv and min(nv, 1001)) for n, b, r, h, nv in problems]
+        problems = [
+            (n, b, min(r, 1003), min(h, 64) if h > 64 else h, nv and min(nv, 1001)) for n, b, r, h, nv in problems
+        ]
     results = []
     failed = 0
     deadline = time.monotonic() + args.budget
@@ -94,7 +99,9 @@ def smoke(args) -> int:
     def case(op, path, name, batch, fn):
         nonlocal failed
         if time.monotonic() > deadline:
-            results.append(dict(op=op, path=path, shape=name, batch=batch, ok=None, error="skipped: smoke budget spent"))
+            results.append(
+                dict(op=op, path=path, shape=name, batch=batch, ok=None, error="skipped: smoke budget spent")
+            )
             save()
             return
         t0 = time.perf_counter()
@@ -112,8 +119,11 @@ def smoke(args) -> int:
         results.append(dict(op=op, path=path, shape=name, batch=batch, ok=ok, seconds=round(dt, 3), error=err))
         save()
         verdict = {True: "ok", False: "FAIL", None: "unavailable"}[ok]
-        print(f"smoke {op:13s} {path:8s} {name:12s} B={batch:<4d} {verdict} {dt * 1e3:7.1f} ms"
-              + (f"  {err.splitlines()[0][:160]}" if err else ""), flush=True)
+        print(
+            f"smoke {op:13s} {path:8s} {name:12s} B={batch:<4d} {verdict} {dt * 1e3:7.1f} ms"
+            + (f"  {err.splitlines()[0][:160]}" if err else ""),
+            flush=True,
+        )
 
     for name, batch, rows, hsize, num_valid in problems:
         hidden, weight, winners = _planted(torch, batch, rows, hsize, dtype, device, gen, num_valid)
@@ -121,7 +131,9 @@ def smoke(args) -> int:
         for path in _paths(device):
 
             def argmax(path=path):
-                ids, values = localargmax.decode_keys(localargmax.shard_argmax(hidden, weight, vocab_start=7, path=path, **kw))
+                ids, values = localargmax.decode_keys(
+                    localargmax.shard_argmax(hidden, weight, vocab_start=7, path=path, **kw)
+                )
                 assert torch.equal(ids - 7, winners), f"ids {(ids - 7)[:8].tolist()} != planted {winners[:8].tolist()}"
                 _check_values(torch, values, hidden, weight, winners, f"argmax {path}")
 
@@ -181,7 +193,9 @@ def sanitize(args) -> int:
     localargmax.shard_argmax(h.repeat(15, 1), w, num_valid=2999)  # B = 135: the auto path's gemm side
     localargmax.shard_topk(h, w, 8, num_valid=2999)
     localargmax.shard_topk(h, w, 64)
-    keys = torch.stack([localargmax.shard_argmax(h, w, num_valid=2999), localargmax.shard_argmax(h, w, vocab_start=2999)])
+    keys = torch.stack(
+        [localargmax.shard_argmax(h, w, num_valid=2999), localargmax.shard_argmax(h, w, vocab_start=2999)]
+    )
     localargmax.merge_keys(keys)
     if dev == "cuda":
         torch.cuda.synchronize()
@@ -191,8 +205,14 @@ def sanitize(args) -> int:
 
 # ------------------------------------------------------------------ summary
 
-_COLS = (("fused-kernel", "auto"), ("fused-simt", "simt"), ("fused-mma", "mma"), ("gemm-keys", "gemm"),
-         ("torch-matmul-max", "torch"), ("lm-head-step", "step"))
+_COLS = (
+    ("fused-kernel", "auto"),
+    ("fused-simt", "simt"),
+    ("fused-mma", "mma"),
+    ("gemm-keys", "gemm"),
+    ("torch-matmul-max", "torch"),
+    ("lm-head-step", "step"),
+)
 
 
 def _us(x):
@@ -210,8 +230,12 @@ def summary(args) -> int:
             suites = [root] if root.tag == "testsuite" else list(root)
             tot = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
             lines.append("pytest: " + ", ".join(f"{v} {k}" for k, v in tot.items()))
-            bad = [f"{c.get('classname')}::{c.get('name')}" for s in suites for c in s.iter("testcase")
-                   if c.find("failure") is not None or c.find("error") is not None]
+            bad = [
+                f"{c.get('classname')}::{c.get('name')}"
+                for s in suites
+                for c in s.iter("testcase")
+                if c.find("failure") is not None or c.find("error") is not None
+            ]
             lines += [f"  FAILED {b}" for b in bad[:12]] + ([f"  ... {len(bad) - 12} more"] if len(bad) > 12 else [])
         except ET.ParseError as exc:
             lines.append(f"pytest: junit XML unreadable ({exc})")
@@ -220,10 +244,18 @@ def summary(args) -> int:
     if smoke_file.exists():
         doc = json.loads(smoke_file.read_text())
         bad = [c for c in doc["cases"] if c["ok"] is False]
-        lines.append(f"smoke: {len(doc['cases'])} cases, {len(bad)} failed"
-                     + "".join(f"\n  FAILED {c['op']} {c['path']} {c['shape']} B={c['batch']}: {(c['error'] or '')[:100]}" for c in bad[:8]))
-    header = (f"{'shard':18s} {'B':>5s} {'copy':>6s} | " + " ".join(f"{label:>6s}" for _, label in _COLS)
-              + " | auto_path frac vs_torch agree timing")
+        lines.append(
+            f"smoke: {len(doc['cases'])} cases, {len(bad)} failed"
+            + "".join(
+                f"\n  FAILED {c['op']} {c['path']} {c['shape']} B={c['batch']}: {(c['error'] or '')[:100]}"
+                for c in bad[:8]
+            )
+        )
+    header = (
+        f"{'shard':18s} {'B':>5s} {'copy':>6s} | "
+        + " ".join(f"{label:>6s}" for _, label in _COLS)
+        + " | auto_path frac vs_torch agree timing"
+    )
     table = []
     for f in sorted(bench.glob("bench_*.json"), key=lambda f: f.stat().st_mtime):  # run order
         try:
@@ -239,14 +271,19 @@ def summary(args) -> int:
             timings = sorted({r.get("timing", "?") for r in by.values()})
             frac = auto.get("fraction_of_stream")
             vs = auto.get("speedup_vs_torch")
-            table.append(f"{f.stem[6:]:18s} {b:5d} {_us(copy and copy['median_us']):>6s} | "
-                         + " ".join(f"{_us(by.get(m, {}).get('median_us')):>6s}" for m, _ in _COLS)
-                         + f" | {str(auto.get('cuda_path') or '-'):9s} {'-' if frac is None else f'{frac:.2f}':>4s} "
-                         f"{'-' if vs is None else f'{vs:.2f}':>8s} {min(agrees) if agrees else float('nan'):.3f} "
-                         + ",".join(timings))
+            table.append(
+                f"{f.stem[6:]:18s} {b:5d} {_us(copy and copy['median_us']):>6s} | "
+                + " ".join(f"{_us(by.get(m, {}).get('median_us')):>6s}" for m, _ in _COLS)
+                + f" | {str(auto.get('cuda_path') or '-'):9s} {'-' if frac is None else f'{frac:.2f}':>4s} "
+                f"{'-' if vs is None else f'{vs:.2f}':>8s} {min(agrees) if agrees else float('nan'):.3f} "
+                + ",".join(timings)
+            )
     if table:
-        lines += ["kernel benchmark: median us per call (copy = device-to-device copy of the shard; frac = fused "
-                  "GB/s / copy GB/s)", header] + table
+        lines += [
+            "kernel benchmark: median us per call (copy = device-to-device copy of the shard; frac = fused "
+            "GB/s / copy GB/s)",
+            header,
+        ] + table
     else:
         lines.append("kernel benchmark: no results")
     text = "\n".join(lines) + "\n"

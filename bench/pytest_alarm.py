@@ -10,6 +10,7 @@ PYTHONPATH), for a run that must end inside a fixed budget:
   KeyboardInterrupt, so pytest stops cleanly and still writes the junit XML of
   the tests it ran.
 """
+
 from __future__ import annotations
 
 import signal
@@ -18,8 +19,13 @@ import pytest
 
 
 def pytest_addoption(parser):
-    parser.addoption("--alarm-timeout", type=float, default=0.0, metavar="SECONDS",
-                     help="fail a test that runs longer than this (SIGALRM; 0 = off)")
+    parser.addoption(
+        "--alarm-timeout",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="fail a test that runs longer than this (SIGALRM; 0 = off)",
+    )
 
 
 def pytest_configure(config):

@@ -18,6 +18,7 @@ install commands, bench/results/install_times.json) becomes a table of those.
     python bench/readme_tables.py           # check: exit 1 and a diff if README.md is stale
     python bench/readme_tables.py --write   # rewrite the tables in README.md
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,16 @@ RESULTS = ROOT / "bench" / "results"
 BLOCK = re.compile(r"(<!-- results: (?P<glob>\S+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
 # Columns whose value is a measurement that differs between runs of one command.
 # The other columns (method, shape, batch, bytes, ...) identify a row.
-MEASURED = {"median_us", "p90_us", "speedup_vs_full_gather", "agree", "tp_invariance", "gbps",
-            "fraction_of_stream", "speedup_vs_torch"}
+MEASURED = {
+    "median_us",
+    "p90_us",
+    "speedup_vs_full_gather",
+    "agree",
+    "tp_invariance",
+    "gbps",
+    "fraction_of_stream",
+    "speedup_vs_torch",
+}
 
 
 def load(pattern: str) -> list:
@@ -56,7 +65,9 @@ def load(pattern: str) -> list:
 
 
 def _measured(key) -> bool:
-    return isinstance(key, str) and (key in MEASURED or key.startswith(("speedup_vs_", "fraction_of_")) or key == "tflops")
+    return isinstance(key, str) and (
+        key in MEASURED or key.startswith(("speedup_vs_", "fraction_of_")) or key == "tflops"
+    )
 
 
 def _key(row: dict, columns) -> tuple:
@@ -85,8 +96,7 @@ def bench_table(docs: list) -> str:
         if sorted(by_key, key=str) != sorted(keys, key=str):
             raise SystemExit(f"readme_tables: {doc['path']} has other rows than {docs[0]['path']}")
         runs.append(by_key)
-    lines = ["| " + " | ".join(title for _, title in columns) + " |",
-             "|" + "|".join("---" for _ in columns) + "|"]
+    lines = ["| " + " | ".join(title for _, title in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     for k in keys:
         lines.append("| " + " | ".join(_cell([cell_value(run[k], key) for run in runs]) for key, _ in columns) + " |")
     lines.append("")
@@ -105,26 +115,37 @@ def _provenance(docs: list) -> str:
     if len(docs) == 1:
         what = f"From {files}, written by `{docs[0]['command']}`."
     else:
-        what = (f"From {len(docs)} runs ({files}), each written by {command} with FILE its file name; a cell "
-                f"shows the median over the runs, then (lowest–highest) where they differ.")
+        what = (
+            f"From {len(docs)} runs ({files}), each written by {command} with FILE its file name; a cell "
+            f"shows the median over the runs, then (lowest–highest) where they differ."
+        )
     loads = ", ".join(str(d["env"].get("loadavg", ["?"])[0]) for d in docs)
-    return (f"{what} Times are one machine's: {env['cpu']}, {env['cpu_count']} CPUs, torch {env['torch']}, "
-            f"{env['threads_per_rank']} thread(s) per rank; 1-minute load average at the end of the "
-            f"run{'s' if len(docs) > 1 else ''}: {loads}.")
+    return (
+        f"{what} Times are one machine's: {env['cpu']}, {env['cpu_count']} CPUs, torch {env['torch']}, "
+        f"{env['threads_per_rank']} thread(s) per rank; 1-minute load average at the end of the "
+        f"run{'s' if len(docs) > 1 else ''}: {loads}."
+    )
 
 
 def install_table(docs: list) -> str:
     """A table of measured install times (rows: what, command, seconds, build_seconds, loadavg)."""
-    lines = ["| install | total | of it, compiling localargmax | 1-minute load average during the build |", "|---|---|---|---|"]
+    lines = [
+        "| install | total | of it, compiling localargmax | 1-minute load average during the build |",
+        "|---|---|---|---|",
+    ]
     for doc in docs:
         for row in doc["rows"]:
-            lines.append(f"| {row['what']} | {_minutes(row['seconds'])} | {_minutes(row['build_seconds'])} | "
-                         f"{row['loadavg']} |")
+            lines.append(
+                f"| {row['what']} | {_minutes(row['seconds'])} | {_minutes(row['build_seconds'])} | {row['loadavg']} |"
+            )
     env = docs[0]["env"]
     files = ", ".join(f"`{d['path']}`" for d in docs)
-    lines += ["", f"From {files}: the install commands above, each timed in a new clone "
-              f"(`{docs[0]['command']}`). One machine's times: {env['cpu']}, {env['cpu_count']} CPUs, "
-              f"Python {env['python']}; {env['note']}."]
+    lines += [
+        "",
+        f"From {files}: the install commands above, each timed in a new clone "
+        f"(`{docs[0]['command']}`). One machine's times: {env['cpu']}, {env['cpu_count']} CPUs, "
+        f"Python {env['python']}; {env['note']}.",
+    ]
     return "\n".join(lines)
 
 
@@ -134,6 +155,7 @@ def _minutes(seconds: float) -> str:
 
 def render(readme: str) -> str:
     """``readme`` with every marked table rendered again from its JSON files."""
+
     def replace(match):
         docs = load(match["glob"])
         body = install_table(docs) if "seconds" in docs[0]["rows"][0] else bench_table(docs)
@@ -156,8 +178,10 @@ def main(argv=None) -> int:
     if rendered != current:
         diff = difflib.unified_diff(current.splitlines(), rendered.splitlines(), "README.md", "rendered", lineterm="")
         print("\n".join(diff))
-        print(f"{args.readme} disagrees with bench/results/*.json: run python bench/readme_tables.py --write",
-              file=sys.stderr)
+        print(
+            f"{args.readme} disagrees with bench/results/*.json: run python bench/readme_tables.py --write",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

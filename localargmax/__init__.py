@@ -19,6 +19,7 @@ Public API:
 
 The semantics and the key format are fixed in DESIGN.md.
 """
+
 from . import _C
 from .collective import exchange_keys
 from .d2t import build_d2t, draft_to_target_ids, validate_d2t

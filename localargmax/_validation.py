@@ -3,6 +3,7 @@ wrappers and the fake (meta) kernels. Each raises TypeError / ValueError
 naming the argument and what it must be; the C++ kernels check the same
 things again (csrc/checks.h) so that direct ``torch.ops.localargmax.*`` calls
 can never crash or read out of bounds."""
+
 from __future__ import annotations
 
 import torch
@@ -99,9 +100,6 @@ def check_d2t_arg(d2t, device) -> None:
         raise ValueError(f"d2t is on {d2t.device} but the keys are on {device}")
 
 
-
-
-
 def check_topk_arg(k) -> None:
     if isinstance(k, bool) or not isinstance(k, (int, torch.SymInt)) or not 1 <= k <= MAX_TOPK:
         raise ValueError(f"k must be an int in [1, {MAX_TOPK}], got {k!r}")
@@ -127,4 +125,3 @@ def check_path_arg(path, device: torch.device) -> None:
     allowed = PATHS.get(device.type, ("auto",))
     if not isinstance(path, str) or path not in allowed:
         raise ValueError(f"path must be one of {allowed} on {device.type}, got {path!r}")
-

@@ -6,9 +6,8 @@ All baselines assume the standard contiguous layout of
 :func:`localargmax.shard_vocab`: rank ``r`` of ``tp`` holds global rows
 ``[r * rows, (r + 1) * rows)``, padding at the end of the vocabulary.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import torch
 import torch.distributed as dist
@@ -18,7 +17,7 @@ FLOAT32_EXACT_INDEX_LIMIT = 2**24
 """float32 holds every integer below 2**24 exactly, and not all above it."""
 
 
-def _rank_and_size(group: Optional[dist.ProcessGroup]):
+def _rank_and_size(group: dist.ProcessGroup | None):
     if group is None:
         return 0, 1
     if not isinstance(group, dist.ProcessGroup):
@@ -41,7 +40,8 @@ def _local_logits(hidden, weight, num_valid, bias):
 def _check_standard_layout(vocab_start, rows, rank):
     if vocab_start != rank * rows:
         raise ValueError(
-            f"baselines assume the shard_vocab layout (vocab_start = rank * rows = {rank * rows}), got vocab_start={vocab_start}"
+            "baselines assume the shard_vocab layout "
+            f"(vocab_start = rank * rows = {rank * rows}), got vocab_start={vocab_start}"
         )
 
 
@@ -50,10 +50,10 @@ def full_gather_argmax(
     weight: torch.Tensor,
     *,
     vocab_start: int = 0,
-    num_valid: Optional[int] = None,
-    bias: Optional[torch.Tensor] = None,
-    d2t: Optional[torch.Tensor] = None,
-    group: Optional[dist.ProcessGroup] = None,
+    num_valid: int | None = None,
+    bias: torch.Tensor | None = None,
+    d2t: torch.Tensor | None = None,
+    group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """Today's path: local logits ``[B, rows]`` by torch matmul (in the weight
     dtype), all-gather of the logits to ``[B, tp * rows]`` on every rank,
@@ -78,10 +78,10 @@ def unfused_local_argmax(
     weight: torch.Tensor,
     *,
     vocab_start: int = 0,
-    num_valid: Optional[int] = None,
-    bias: Optional[torch.Tensor] = None,
-    d2t: Optional[torch.Tensor] = None,
-    group: Optional[dist.ProcessGroup] = None,
+    num_valid: int | None = None,
+    bias: torch.Tensor | None = None,
+    d2t: torch.Tensor | None = None,
+    group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """The unfused local-argmax path engines ship now: torch matmul, ``max``
     over the shard, all-gather of ``(value, global index)`` as float32 pairs
@@ -144,10 +144,10 @@ def full_gather_topk(
     k: int,
     *,
     vocab_start: int = 0,
-    num_valid: Optional[int] = None,
-    bias: Optional[torch.Tensor] = None,
-    d2t: Optional[torch.Tensor] = None,
-    group: Optional[dist.ProcessGroup] = None,
+    num_valid: int | None = None,
+    bias: torch.Tensor | None = None,
+    d2t: torch.Tensor | None = None,
+    group: dist.ProcessGroup | None = None,
 ):
     """Today's top-k path (tree drafting): local logits ``[B, rows]`` by torch
     matmul in the weight dtype, padding set to -inf, all-gather of the logits
@@ -189,12 +189,12 @@ def full_gather_sample(
     weight: torch.Tensor,
     *,
     temperature: float,
-    generator: Optional[torch.Generator] = None,
+    generator: torch.Generator | None = None,
     vocab_start: int = 0,
-    num_valid: Optional[int] = None,
-    bias: Optional[torch.Tensor] = None,
-    d2t: Optional[torch.Tensor] = None,
-    group: Optional[dist.ProcessGroup] = None,
+    num_valid: int | None = None,
+    bias: torch.Tensor | None = None,
+    d2t: torch.Tensor | None = None,
+    group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """Today's sampling path: all-gather the logits as in :func:`full_gather_argmax`
     (``[B, tp * rows]`` in the weight dtype, padding -inf, ``B * rows * itemsize``

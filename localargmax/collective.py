@@ -4,21 +4,24 @@ rank, through ``torch.distributed`` (NCCL on GPUs, gloo on CPU).
 This module is the single dispatch point for communicators: everything that
 exchanges keys goes through :func:`exchange_keys`.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import Any, Union
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from . import envs
 from .packed_key import SIGN_FLIP
 
 REDUCE_MODES = ("all_gather", "all_reduce")
 
 
-Group = Union[None, dist.ProcessGroup, Callable[[torch.Tensor], torch.Tensor], "cupy.cuda.nccl.NcclCommunicator"]
+Group = Union[None, dist.ProcessGroup, Callable[[torch.Tensor], torch.Tensor], Any]  # noqa: UP007 (a runtime alias)
+"""What ``group=`` takes: None (world size 1), a ProcessGroup, a callable
+all-gather, or a ``cupy.cuda.nccl.NcclCommunicator`` (typed Any: cupy is optional)."""
 
 
 def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_gather") -> torch.Tensor:
@@ -48,7 +51,9 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
         ``group`` type; ImportError for a cupy communicator without cupy.
     """
     if not isinstance(keys, torch.Tensor) or keys.dtype != torch.int64:
-        raise TypeError(f"keys must be an int64 torch.Tensor of packed keys, got {getattr(keys, 'dtype', type(keys).__name__)}")
+        raise TypeError(
+            f"keys must be an int64 torch.Tensor of packed keys, got {getattr(keys, 'dtype', type(keys).__name__)}"
+        )
     if reduce not in REDUCE_MODES:
         raise ValueError(f"reduce must be one of {REDUCE_MODES}, got {reduce!r}")
     if reduce == "all_reduce" and keys.dim() != 1:
@@ -60,7 +65,9 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
             return keys.unsqueeze(0)
         backend = str(dist.get_backend(group))
         if backend == "nccl" and keys.device.type != "cuda":
-            raise ValueError(f"group uses the NCCL backend but keys are on {keys.device}: use a gloo group for CPU tensors")
+            raise ValueError(
+                f"group uses the NCCL backend but keys are on {keys.device}: use a gloo group for CPU tensors"
+            )
         if reduce == "all_gather":
             gathered = funcol.all_gather_single(keys, 0, group)
             return funcol.wait_tensor(gathered).view(dist.get_world_size(group), *keys.shape)
@@ -72,7 +79,11 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
         if reduce != "all_gather":
             raise ValueError("a callable group is an all-gather: use reduce='all_gather'")
         gathered = group(keys)
-        if not isinstance(gathered, torch.Tensor) or gathered.dim() != keys.dim() + 1 or gathered.shape[1:] != keys.shape:
+        if (
+            not isinstance(gathered, torch.Tensor)
+            or gathered.dim() != keys.dim() + 1
+            or gathered.shape[1:] != keys.shape
+        ):
             shape = tuple(gathered.shape) if isinstance(gathered, torch.Tensor) else type(gathered).__name__
             want = ", ".join(["tp"] + [f"{n}" for n in keys.shape])
             raise ValueError(
@@ -160,7 +171,11 @@ def check_step_consistency(group: Group, fields: Sequence[int], names: Sequence[
     """
     if not isinstance(group, dist.ProcessGroup):
         return
-    device = torch.device("cuda", torch.cuda.current_device()) if str(dist.get_backend(group)) == "nccl" else torch.device("cpu")
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if str(dist.get_backend(group)) == "nccl"
+        else torch.device("cpu")
+    )
     mine = torch.tensor(list(fields), dtype=torch.int64, device=device)
     table = funcol.wait_tensor(funcol.all_gather_single(mine, 0, group)).view(-1, len(fields)).cpu()
     for column, name in enumerate(names):

@@ -4,6 +4,7 @@ A draft model with a smaller vocabulary predicts draft id ``k``; the target
 token is ``k + d2t[k]`` (EAGLE-3's offset table, also vLLM's
 ``draft_id_to_target_id``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,7 +31,11 @@ def build_d2t(token_counts: torch.Tensor, draft_vocab_size: int) -> torch.Tensor
     if token_counts.is_floating_point() and bool(token_counts.isnan().any() | (token_counts < 0).any()):
         raise ValueError("token_counts must be non-negative counts without NaN")
     target_vocab = token_counts.shape[0]
-    if isinstance(draft_vocab_size, bool) or not isinstance(draft_vocab_size, int) or not 1 <= draft_vocab_size <= target_vocab:
+    if (
+        isinstance(draft_vocab_size, bool)
+        or not isinstance(draft_vocab_size, int)
+        or not 1 <= draft_vocab_size <= target_vocab
+    ):
         raise ValueError(f"draft_vocab_size must be an int in [1, {target_vocab}], got {draft_vocab_size!r}")
     # Stable sort by descending count: equal counts keep ascending id order.
     order = torch.sort(token_counts.to(torch.float64), descending=True, stable=True).indices

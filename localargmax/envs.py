@@ -12,10 +12,12 @@ the test and benchmark ones by tests/ and ``localargmax.bench``. Call
 :func:`reload` after changing ``os.environ`` in a running process (tests do).
 This module imports nothing from torch or the package.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 
 class Knob(NamedTuple):
@@ -41,35 +43,51 @@ def _positive_int(value: str) -> int:
     return n
 
 
-KNOBS: Dict[str, Knob] = {
+KNOBS: dict[str, Knob] = {
     "LOCALARGMAX_DEBUG": Knob(
-        _flag, False, "run time",
+        _flag,
+        False,
+        "run time",
         "Before every key exchange, all-gather each rank's batch size, hidden size, shard rows, d2t length and k, "
-        "and raise ValueError on every rank, naming the ranks, if they differ (one extra small collective per step)."),
+        "and raise ValueError on every rank, naming the ranks, if they differ (one extra small collective per step).",
+    ),
     "LOCALARGMAX_VLLM_PLUGIN": Knob(
-        _flag, True, "run time",
+        _flag,
+        True,
+        "run time",
         "Let the vLLM general plugin (localargmax.integrations.vllm) replace LogitsProcessor.get_top_tokens / "
-        "get_top_k_tokens when vLLM loads it (0: keep vLLM's own methods)."),
+        "get_top_k_tokens when vLLM loads it (0: keep vLLM's own methods).",
+    ),
     "LOCALARGMAX_CUDA": Knob(
-        _flag, True, "build",
-        "Compile the CUDA kernels when torch is a CUDA build and nvcc is found (0: CPU kernels only, ~2 min builds)."),
+        _flag,
+        True,
+        "build",
+        "Compile the CUDA kernels when torch is a CUDA build and nvcc is found (0: CPU kernels only, ~2 min builds).",
+    ),
     "LOCALARGMAX_CUDA_ARCH": Knob(
-        str, "80;90a;100", "build", "CUDA architectures to compile for, CMake style (sm_80, sm_90a, sm_100)."),
+        str, "80;90a;100", "build", "CUDA architectures to compile for, CMake style (sm_80, sm_90a, sm_100)."
+    ),
     "LOCALARGMAX_BUILD_JOBS": Knob(
-        _positive_int, os.cpu_count() or 1, "build", "Parallel compile jobs (default: all cores)."),
+        _positive_int, os.cpu_count() or 1, "build", "Parallel compile jobs (default: all cores)."
+    ),
     "LOCALARGMAX_BENCH_SMOKE": Knob(
-        _flag, False, "benchmark", "Same as localargmax-bench --smoke: tiny shapes, for tests."),
+        _flag, False, "benchmark", "Same as localargmax-bench --smoke: tiny shapes, for tests."
+    ),
     "LOCALARGMAX_TEST_SEED": Knob(
-        int, 0, "tests", "Seed of the tests' random inputs; 0 draws a fresh one (printed on failure to replay)."),
+        int, 0, "tests", "Seed of the tests' random inputs; 0 draws a fresh one (printed on failure to replay)."
+    ),
     "LOCALARGMAX_STRESS_CASES": Knob(
-        _positive_int, 10000, "tests", "Random cases of the slow stress test (pytest -m slow)."),
+        _positive_int, 10000, "tests", "Random cases of the slow stress test (pytest -m slow)."
+    ),
     "LOCALARGMAX_FAULT_START": Knob(
-        str, "forkserver", "tests", "Start method of the multi-rank test launcher: forkserver (fast) or spawn."),
+        str, "forkserver", "tests", "Start method of the multi-rank test launcher: forkserver (fast) or spawn."
+    ),
     "LOCALARGMAX_FAULT_WALL_TIMEOUT": Knob(
-        float, 90.0, "tests", "Seconds after which a multi-rank test launch counts as hung and is killed."),
+        float, 90.0, "tests", "Seconds after which a multi-rank test launch counts as hung and is killed."
+    ),
 }
 
-_cache: Dict[str, Any] = {}
+_cache: dict[str, Any] = {}
 
 
 def read(name: str) -> Any:

@@ -1,4 +1,5 @@
 """The standard vocab-parallel layout of an lm_head across TP ranks."""
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -82,10 +83,16 @@ def check_layouts(shard: VocabShard, hidden_size: int, group) -> None:
         for rank, layout in enumerate(layouts):
             values.setdefault(layout[index], []).append(rank)
         if len(values) > 1:
-            problems.append(f"{field} differs across ranks: " + "; ".join(f"ranks {r} have {v}" for v, r in values.items()))
+            problems.append(
+                f"{field} differs across ranks: " + "; ".join(f"ranks {r} have {v}" for v, r in values.items())
+            )
     spans = sorted((start, start + valid, rank) for rank, (start, _, valid, _) in enumerate(layouts) if valid > 0)
-    for (s0, e0, r0), (s1, e1, r1) in zip(spans, spans[1:]):
+    for (_, e0, r0), (s1, e1, r1) in zip(spans, spans[1:]):
         if s1 < e0:
             problems.append(f"ranks {r0} and {r1} both hold vocabulary ids [{s1}, {min(e0, e1)})")
     if problems:
-        raise ValueError("inconsistent vocab-parallel layouts: " + " | ".join(problems) + f" (all layouts (vocab_start, rows, num_valid, hidden_size) by rank: {layouts})")
+        raise ValueError(
+            "inconsistent vocab-parallel layouts: "
+            + " | ".join(problems)
+            + f" (all layouts (vocab_start, rows, num_valid, hidden_size) by rank: {layouts})"
+        )

@@ -1,9 +1,8 @@
 """Drop-in pieces for draft models: a vocab-parallel lm_head module and the
 ``LocalArgmaxMixin.get_top_tokens`` interface engines use for local-argmax
 drafting (vLLM PR #39419's interface, see shared/seed/)."""
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import torch
 from torch import nn
@@ -49,7 +48,7 @@ class VocabParallelLMHead(nn.Module):
         pad_to: int = 64,
         bias: bool = False,
         reduce: str = "all_gather",
-        dtype: Optional[torch.dtype] = None,
+        dtype: torch.dtype | None = None,
         device=None,
     ):
         super().__init__()
@@ -60,12 +59,15 @@ class VocabParallelLMHead(nn.Module):
         self.shard: VocabShard = shard_vocab(vocab_size, rank, world_size, pad_to)
         self.group = group
         self.reduce = reduce
-        self.weight = nn.Parameter(torch.zeros(self.shard.rows, hidden_size, dtype=dtype, device=device), requires_grad=False)
+        self.weight = nn.Parameter(
+            torch.zeros(self.shard.rows, hidden_size, dtype=dtype, device=device), requires_grad=False
+        )
         # float32 whatever the weight dtype: the kernels add the bias in float32,
         # and a bf16/fp16 copy would round a float32 bias (ids could tie and flip).
         self.bias = (
             nn.Parameter(torch.zeros(self.shard.rows, dtype=torch.float32, device=device), requires_grad=False)
-            if bias else None
+            if bias
+            else None
         )
         if isinstance(group, torch.distributed.ProcessGroup):
             check_layouts(self.shard, hidden_size, group)
@@ -79,9 +81,9 @@ class VocabParallelLMHead(nn.Module):
         *,
         group: Group = None,
         pad_to: int = 64,
-        bias: Optional[torch.Tensor] = None,
+        bias: torch.Tensor | None = None,
         reduce: str = "all_gather",
-    ) -> "VocabParallelLMHead":
+    ) -> VocabParallelLMHead:
         """Slice (and zero-pad) rank ``rank``'s shard out of a full lm_head.
 
         Args:
@@ -94,19 +96,34 @@ class VocabParallelLMHead(nn.Module):
             ValueError / TypeError naming ``weight`` or ``bias``.
         """
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-            raise ValueError(f"weight must be a 2-D tensor [vocab_size, hidden_size], got {getattr(weight, 'shape', weight)}")
+            raise ValueError(
+                f"weight must be a 2-D tensor [vocab_size, hidden_size], got {getattr(weight, 'shape', weight)}"
+            )
         vocab_size, hidden_size = weight.shape
         if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dim() != 1 or bias.shape[0] != vocab_size):
-            raise ValueError(f"bias must be a 1-D tensor [vocab_size={vocab_size}], got {getattr(bias, 'shape', type(bias).__name__)}")
+            raise ValueError(
+                f"bias must be a 1-D tensor [vocab_size={vocab_size}], "
+                f"got {getattr(bias, 'shape', type(bias).__name__)}"
+            )
         if bias is not None and bias.dtype not in (torch.float32, weight.dtype):
             raise TypeError(f"bias dtype must be float32 or the weight dtype ({weight.dtype}), got {bias.dtype}")
-        head = cls(vocab_size, hidden_size, rank=rank, world_size=world_size, group=group, pad_to=pad_to,
-                   bias=bias is not None, reduce=reduce, dtype=weight.dtype, device=weight.device)
+        head = cls(
+            vocab_size,
+            hidden_size,
+            rank=rank,
+            world_size=world_size,
+            group=group,
+            pad_to=pad_to,
+            bias=bias is not None,
+            reduce=reduce,
+            dtype=weight.dtype,
+            device=weight.device,
+        )
         start, _, valid = head.shard
         with torch.no_grad():
-            head.weight[:valid].copy_(weight[start:start + valid])
+            head.weight[:valid].copy_(weight[start : start + valid])
             if bias is not None:
-                head.bias[:valid].copy_(bias[start:start + valid])
+                head.bias[:valid].copy_(bias[start : start + valid])
         return head
 
     @property
@@ -117,10 +134,18 @@ class VocabParallelLMHead(nn.Module):
     def num_valid(self) -> int:
         return self.shard.num_valid
 
-    def forward(self, hidden: torch.Tensor, d2t: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, d2t: torch.Tensor | None = None) -> torch.Tensor:
         """``[B, H]`` hidden states -> ``[B]`` int64 greedy ids (target ids with ``d2t``)."""
-        return lm_head_argmax(hidden, self.weight, vocab_start=self.shard.vocab_start, num_valid=self.shard.num_valid,
-                              bias=self.bias, d2t=d2t, group=self.group, reduce=self.reduce)
+        return lm_head_argmax(
+            hidden,
+            self.weight,
+            vocab_start=self.shard.vocab_start,
+            num_valid=self.shard.num_valid,
+            bias=self.bias,
+            d2t=d2t,
+            group=self.group,
+            reduce=self.reduce,
+        )
 
     def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[B, rows]`` this shard's logits, for non-greedy paths: weight dtype
@@ -130,12 +155,15 @@ class VocabParallelLMHead(nn.Module):
         if self.bias is not None:
             logits = logits + self.bias
         if self.shard.num_valid < self.shard.rows:
-            logits[:, self.shard.num_valid:] = float("-inf")
+            logits[:, self.shard.num_valid :] = float("-inf")
         return logits
 
     def extra_repr(self) -> str:
         s = self.shard
-        return f"vocab_size={self.vocab_size}, hidden_size={self.hidden_size}, vocab_start={s.vocab_start}, rows={s.rows}, num_valid={s.num_valid}"
+        return (
+            f"vocab_size={self.vocab_size}, hidden_size={self.hidden_size}, vocab_start={s.vocab_start}, "
+            f"rows={s.rows}, num_valid={s.num_valid}"
+        )
 
 
 def _lm_head_layout(lm_head):
@@ -217,5 +245,13 @@ class LocalArgmaxMixin:
             _check_logit_scale(scale)
         d2t = getattr(self, "draft_id_to_target_id", None)
         reduce = getattr(lm_head, "reduce", "all_gather")
-        return lm_head_argmax(hidden_states, weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias,
-                              d2t=d2t, group=group, reduce=reduce)
+        return lm_head_argmax(
+            hidden_states,
+            weight,
+            vocab_start=vocab_start,
+            num_valid=num_valid,
+            bias=bias,
+            d2t=d2t,
+            group=group,
+            reduce=reduce,
+        )

@@ -10,9 +10,8 @@ so that the unsigned maximum over any set of keys is ``torch.argmax``'s answer
 over the same entries (larger value, NaN above all, then smaller index). Key 0
 means "no valid entry".
 """
-from __future__ import annotations
 
-from typing import Optional, Tuple
+from __future__ import annotations
 
 import torch
 
@@ -30,13 +29,14 @@ from .packed_key import MAX_GLOBAL_INDEX
 
 __all__ = ["MAX_GLOBAL_INDEX", "MAX_TOPK", "decode_keys", "merge_keys", "shard_argmax", "shard_sample", "shard_topk"]
 
+
 def shard_argmax(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     *,
     vocab_start: int = 0,
-    num_valid: Optional[int] = None,
-    bias: Optional[torch.Tensor] = None,
+    num_valid: int | None = None,
+    bias: torch.Tensor | None = None,
     path: str = "auto",
 ) -> torch.Tensor:
     """Fused ``hidden @ weight.T (+ bias)`` and row-wise argmax over one vocab shard.
@@ -84,7 +84,7 @@ def shard_argmax(
     return torch.ops.localargmax.shard_argmax.default(hidden, weight, bias, vocab_start, num_valid, path)
 
 
-def merge_keys(keys: torch.Tensor, d2t: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+def merge_keys(keys: torch.Tensor, d2t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge the ranks' packed keys, decode, and map draft ids to target ids.
 
     Args:
@@ -114,8 +114,8 @@ def shard_topk(
     k: int,
     *,
     vocab_start: int = 0,
-    num_valid: Optional[int] = None,
-    bias: Optional[torch.Tensor] = None,
+    num_valid: int | None = None,
+    bias: torch.Tensor | None = None,
     path: str = "auto",
 ) -> torch.Tensor:
     """The shard's ``k`` best entries per row, as packed keys, fused like
@@ -151,8 +151,8 @@ def shard_sample(
     offset: int = 0,
     *,
     vocab_start: int = 0,
-    num_valid: Optional[int] = None,
-    bias: Optional[torch.Tensor] = None,
+    num_valid: int | None = None,
+    bias: torch.Tensor | None = None,
     path: str = "auto",
 ) -> torch.Tensor:
     """Gumbel-max sampling over one shard, fused like :func:`shard_argmax`.
@@ -188,11 +188,12 @@ def shard_sample(
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_sample_args(hidden, temperature, seed, offset)
     check_path_arg(path, weight.device)
-    return torch.ops.localargmax.shard_sample.default(hidden, weight, bias, vocab_start, num_valid, temperature,
-                                                      seed, offset, path)
+    return torch.ops.localargmax.shard_sample.default(
+        hidden, weight, bias, vocab_start, num_valid, temperature, seed, offset, path
+    )
 
 
-def decode_keys(keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def decode_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode packed keys of any shape into ``(global_index, value)``.
 
     Args:

@@ -9,6 +9,7 @@ keys are XORed with :data:`SIGN_FLIP` before a signed max / top-k / all-reduce
 and back after it (signed order of ``key ^ SIGN_FLIP`` == unsigned order of
 ``key``).
 """
+
 from __future__ import annotations
 
 import torch

@@ -9,17 +9,17 @@ near-maximum is shared by several entries is decided by correctly rounded sums
 (``math.fsum``), which do not depend on the order of the terms: identical
 rows tie exactly and the smallest index wins (rule 1).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 
 _CANDIDATE_RTOL = 1e-9  # far above float64 matmul error, far below float32 gaps
 
 
-def reference_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def reference_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``[B, V]`` float64 logits of the full ``[V, H]`` lm_head (on the CPU;
     rounded by the BLAS, see the module docstring)."""
     logits = hidden.detach().cpu().double() @ weight.detach().cpu().double().T
@@ -28,7 +28,7 @@ def reference_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[
     return logits
 
 
-def _exact_logit(h: torch.Tensor, w: torch.Tensor, bias: Optional[float]) -> float:
+def _exact_logit(h: torch.Tensor, w: torch.Tensor, bias: float | None) -> float:
     terms = (h * w).tolist()  # float32 x float32 products are exact in float64
     if bias is not None:
         terms.append(bias)
@@ -38,8 +38,8 @@ def _exact_logit(h: torch.Tensor, w: torch.Tensor, bias: Optional[float]) -> flo
 def reference_argmax(
     hidden: torch.Tensor,
     weight: torch.Tensor,
-    bias: Optional[torch.Tensor] = None,
-    d2t: Optional[torch.Tensor] = None,
+    bias: torch.Tensor | None = None,
+    d2t: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[B]`` int64 ids: argmax of the float64 logits of the full, unpadded
     lm_head ``weight [V, H]`` with torch.argmax's rules (NaN wins, ties to the

@@ -1,9 +1,9 @@
 """The whole local-argmax step of a vocab-parallel lm_head: fused local
 kernel, one collective, merge, d2t."""
+
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 
@@ -24,7 +24,13 @@ def _debug_check(group: Group, hidden, weight, d2t, k: int = 1) -> None:
     shape = lambda t, d: t.shape[d] if isinstance(t, torch.Tensor) and t.dim() == 2 else -1  # noqa: E731
     check_step_consistency(
         group,
-        [shape(hidden, 0), shape(hidden, 1), shape(weight, 0), d2t.shape[0] if isinstance(d2t, torch.Tensor) else -1, k],
+        [
+            shape(hidden, 0),
+            shape(hidden, 1),
+            shape(weight, 0),
+            d2t.shape[0] if isinstance(d2t, torch.Tensor) else -1,
+            k,
+        ],
         ["batch size", "hidden size", "shard rows", "d2t length", "k"],
     )
 
@@ -66,7 +72,11 @@ def _exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: 
     # On the host: the headers as Python ints (one read), few tensor ops.
     header = gathered[:, n:].tolist()
     if any(h[0] != n + 1 or h[1] != -(n + 1) for h in header):
-        sent = [h[0] - 1 for h in header] if reduce == "all_gather" else f"between {-header[0][1] - 1} and {header[0][0] - 1}"
+        sent = (
+            [h[0] - 1 for h in header]
+            if reduce == "all_gather"
+            else f"between {-header[0][1] - 1} and {header[0][0] - 1}"
+        )
         raise ValueError(
             f"the TP ranks disagree on the size of this step's key exchange: this rank sent {n} keys "
             f"(shape {tuple(keys.shape)}), the ranks sent {sent}; every rank must be called with the same batch size "
@@ -95,11 +105,13 @@ def _assert_ids(ids: torch.Tensor, ok) -> torch.Tensor:
     row with no valid entry or a draft id outside ``d2t``). It surfaces as a
     device-side assertion error at the next synchronisation."""
     if ok is not None:
-        torch._assert_async(ok & (ids >= 0).all(), "localargmax: invalid key exchange or token id (see lm_head_argmax's Raises)")
+        torch._assert_async(
+            ok & (ids >= 0).all(), "localargmax: invalid key exchange or token id (see lm_head_argmax's Raises)"
+        )
     return ids
 
 
-def _vocab_end(weight, vocab_start: int, num_valid: Optional[int]) -> int:
+def _vocab_end(weight, vocab_start: int, num_valid: int | None) -> int:
     """End of this shard's valid ids; 0 for an empty shard (it holds none)."""
     valid = weight.shape[0] if num_valid is None else num_valid
     return vocab_start + valid if valid else 0
@@ -110,9 +122,9 @@ def lm_head_argmax(
     weight: torch.Tensor,
     *,
     vocab_start: int = 0,
-    num_valid: Optional[int] = None,
-    bias: Optional[torch.Tensor] = None,
-    d2t: Optional[torch.Tensor] = None,
+    num_valid: int | None = None,
+    bias: torch.Tensor | None = None,
+    d2t: torch.Tensor | None = None,
     group: Group = None,
     reduce: str = "all_gather",
 ) -> torch.Tensor:
@@ -190,7 +202,9 @@ def _resolve_temperature(temperature, hidden: torch.Tensor) -> torch.Tensor:
                 raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {temperature.tolist()}")
         return temperature.to(torch.float32).contiguous()
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
-        raise ValueError(f"temperature must be a finite float >= 0 (0 = greedy) or a float32 tensor [B], got {temperature!r}")
+        raise ValueError(
+            f"temperature must be a finite float >= 0 (0 = greedy) or a float32 tensor [B], got {temperature!r}"
+        )
     return torch.full((hidden.shape[0],), float(temperature), dtype=torch.float32, device=hidden.device)
 
 
@@ -200,9 +214,9 @@ def lm_head_topk(
     k: int,
     *,
     vocab_start: int = 0,
-    num_valid: Optional[int] = None,
-    bias: Optional[torch.Tensor] = None,
-    d2t: Optional[torch.Tensor] = None,
+    num_valid: int | None = None,
+    bias: torch.Tensor | None = None,
+    d2t: torch.Tensor | None = None,
     group: Group = None,
 ):
     """Global top-k of a vocab-parallel lm_head (tree drafting), without
@@ -254,9 +268,9 @@ def lm_head_sample(
     seed: int,
     offset: int = 0,
     vocab_start: int = 0,
-    num_valid: Optional[int] = None,
-    bias: Optional[torch.Tensor] = None,
-    d2t: Optional[torch.Tensor] = None,
+    num_valid: int | None = None,
+    bias: torch.Tensor | None = None,
+    d2t: torch.Tensor | None = None,
     group: Group = None,
     reduce: str = "all_gather",
 ) -> torch.Tensor:

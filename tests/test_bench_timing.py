@@ -2,6 +2,7 @@
 torch.cuda's streams, events and graphs replaced by host fakes (the GPU run of
 bench/gpu_check.sh measures for real). Graph capture used when it works,
 back-to-back launches between events when capture fails, and the budget cut."""
+
 from __future__ import annotations
 
 import contextlib
@@ -55,8 +56,9 @@ def fake_cuda(monkeypatch):
 def test_graph_replay_times_per_call(fake_cuda):
     fake_cuda.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
     calls = []
-    times, out = timing.time_cuda(lambda b: calls.append(b) or len(calls), ["w0", "w1"], steps=100, warmup=3,
-                                  budget_s=0, calls_per_replay=20)
+    times, out = timing.time_cuda(
+        lambda b: calls.append(b) or len(calls), ["w0", "w1"], steps=100, warmup=3, budget_s=0, calls_per_replay=20
+    )
     assert times.timing == "cuda_graph" and times.fallback_reason is None
     assert len(times) == 5 and _Graph.replays == 6  # one untimed upload replay, then 100 / 20 samples
     assert calls == ["w0", "w1", "w0"] + ["w1", "w0"] * 10  # warmup, then the captured calls rotate on
@@ -72,8 +74,9 @@ def test_capture_failure_falls_back_to_events(fake_cuda):
 
     fake_cuda.setattr(torch.cuda, "graph", refusing)
     calls = []
-    times, out = timing.time_cuda(lambda b: calls.append(b) or len(calls), ["w"], steps=10, warmup=2, budget_s=0,
-                                  calls_per_replay=4)
+    times, out = timing.time_cuda(
+        lambda b: calls.append(b) or len(calls), ["w"], steps=10, warmup=2, budget_s=0, calls_per_replay=4
+    )
     assert times.timing == "events" and "RuntimeError" in times.fallback_reason
     assert len(times) == 3 and len(calls) == 2 + 4 + 3 * 4  # warmup, the failed capture, 3 samples of 4
     assert out == len(calls)
@@ -81,8 +84,9 @@ def test_capture_failure_falls_back_to_events(fake_cuda):
 
 def test_budget_cuts_samples_to_at_least_three(fake_cuda):
     fake_cuda.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
-    times, _ = timing.time_cuda(lambda b: time.sleep(0.01), ["w"], steps=1000, warmup=1, budget_s=0.05,
-                                calls_per_replay=10)
+    times, _ = timing.time_cuda(
+        lambda b: time.sleep(0.01), ["w"], steps=1000, warmup=1, budget_s=0.05, calls_per_replay=10
+    )
     assert len(times) == timing.MIN_SAMPLES
 
 

@@ -11,6 +11,7 @@ on random float problems the ids must equal the float64 reference's wherever
 the top-2 gap exceeds the float32 accumulation bound, and the values must be
 within that bound.
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -22,9 +23,8 @@ import torch
 
 import localargmax  # noqa: F401  (registers torch.ops.localargmax)
 from localargmax.reference import reference_logits
-
 from tests.support import emulation
-from tests.support.emulation import CSRC, EmuError, Emulator
+from tests.support.emulation import CSRC, Emulator
 
 pytestmark = pytest.mark.skipif(not emulation.have_compiler(), reason="g++ / objcopy not found")
 
@@ -61,9 +61,11 @@ def cpu_keys(h, w, b, vocab_start, num_valid, k=None, temperature=None, seed=0, 
 def assert_keys_equal(got, want, what):
     assert got.shape == want.shape, what
     bad = (got != want).nonzero().flatten().tolist()
-    assert not bad, f"{what}: emulated keys differ from the CPU kernel's at rows {bad[:10]}: " \
-                    f"{[hex(v & (2**64 - 1)) for v in got.flatten()[bad[:3]].tolist()]} vs " \
-                    f"{[hex(v & (2**64 - 1)) for v in want.flatten()[bad[:3]].tolist()]}"
+    assert not bad, (
+        f"{what}: emulated keys differ from the CPU kernel's at rows {bad[:10]}: "
+        f"{[hex(v & (2**64 - 1)) for v in got.flatten()[bad[:3]].tolist()]} vs "
+        f"{[hex(v & (2**64 - 1)) for v in want.flatten()[bad[:3]].tolist()]}"
+    )
 
 
 def decode(keys):
@@ -72,6 +74,7 @@ def decode(keys):
 
 
 # --- every instantiation, and the same kernel text in both builds ---
+
 
 def _instantiations():
     names = []
@@ -113,14 +116,20 @@ def test_host_and_cuda_builds_compile_the_same_kernel_text(emu):
         if f.name in switches:
             continue
         conditionals = [ln for ln in f.read_text().splitlines() if re.match(r"\s*#\s*(if|ifdef|ifndef|elif)", ln)]
-        assert not conditionals, f"{f.name} holds preprocessor switches {conditionals}: the host emulation and nvcc " \
-                                 "could compile different kernel text"
+        assert not conditionals, (
+            f"{f.name} holds preprocessor switches {conditionals}: the host emulation and nvcc "
+            "could compile different kernel text"
+        )
     # mma_sync.cuh: one switch per PTX wrapper: the asm under nvcc, the emulated collective on the host.
     body = (CSRC / "cuda" / "mma_sync.cuh").read_text()
     assert body.count("#if defined(__CUDA_ARCH__)") == body.count("emu::mma_m16n8k16(") == 2
     # The emulation translation unit reads every kernel header from csrc/cuda itself (no copy) ...
-    deps = subprocess.run(["g++", "-std=c++20", f"-I{CSRC}", "-MM", str(CSRC / "emu" / "emu_kernels.cpp")],
-                          capture_output=True, text=True, check=True).stdout
+    deps = subprocess.run(
+        ["g++", "-std=c++20", f"-I{CSRC}", "-MM", str(CSRC / "emu" / "emu_kernels.cpp")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     used = {pathlib.Path(p).resolve() for p in re.findall(r"\S+\.cuh", deps)}
     assert all(p.parent == (CSRC / "cuda").resolve() for p in used), used
     used = {p.name for p in used}
@@ -138,18 +147,42 @@ def test_host_and_cuda_builds_compile_the_same_kernel_text(emu):
     addr = {m[1]: int(m[0], 16) for m in re.findall(r"^([0-9a-f]+) \w (__(?:start|stop)_lam_emu_shared)$", syms, re.M)}
     lo, hi = addr["__start_lam_emu_shared"], addr["__stop_lam_emu_shared"]
     assert hi - lo == emu.stats()["shared_bytes"] > 0
-    inside = [ln for ln in syms.splitlines()
-              if re.match(r"[0-9a-f]+ ", ln) and lo <= int(ln.split()[0], 16) < hi and "lam_emu_shared" not in ln]
-    assert inside and all(re.search(r"_kernel<.*>\(.*\)::(block_best|candidates|lists|warp_best)$", ln)
-                          for ln in inside), inside
+    inside = [
+        ln
+        for ln in syms.splitlines()
+        if re.match(r"[0-9a-f]+ ", ln) and lo <= int(ln.split()[0], 16) < hi and "lam_emu_shared" not in ln
+    ]
+    assert inside and all(
+        re.search(r"_kernel<.*>\(.*\)::(block_best|candidates|lists|warp_best)$", ln) for ln in inside
+    ), inside
 
 
 # --- argmax on every path, exact problems: keys bit-equal to the CPU kernel's ---
 
-SIMT = [(1, 1, 8), (2, 65, 16), (3, 130, 24), (4, 300, 40), (5, 63, 7), (8, 129, 4104), (9, 64, 33), (17, 127, 1),
-        (130, 70, 16)]
-MMA = [(1, 1, 8), (8, 129, 16), (9, 65, 24), (16, 300, 40), (17, 127, 8), (32, 64, 4104), (33, 129, 40),
-       (64, 65, 16), (65, 130, 24), (128, 70, 8), (130, 3, 16)]
+SIMT = [
+    (1, 1, 8),
+    (2, 65, 16),
+    (3, 130, 24),
+    (4, 300, 40),
+    (5, 63, 7),
+    (8, 129, 4104),
+    (9, 64, 33),
+    (17, 127, 1),
+    (130, 70, 16),
+]
+MMA = [
+    (1, 1, 8),
+    (8, 129, 16),
+    (9, 65, 24),
+    (16, 300, 40),
+    (17, 127, 8),
+    (32, 64, 4104),
+    (33, 129, 40),
+    (64, 65, 16),
+    (65, 130, 24),
+    (128, 70, 8),
+    (130, 3, 16),
+]
 GEMM = [(1, 1, 8), (7, 300, 40), (130, 129, 4104)]
 
 
@@ -182,9 +215,11 @@ def test_gemm_keys(emu, gen, dtype, batch, rows, hidden_size):
 
 # --- top-k and sampling ---
 
+
 @pytest.mark.parametrize("dtype", ALL, ids=str)
-@pytest.mark.parametrize("batch,rows,hidden_size,k", [(1, 300, 40, 64), (3, 129, 4104, 5), (9, 65, 7, 1),
-                                                       (17, 200, 16, 64)])
+@pytest.mark.parametrize(
+    "batch,rows,hidden_size,k", [(1, 300, 40, 64), (3, 129, 4104, 5), (9, 65, 7, 1), (17, 200, 16, 64)]
+)
 def test_simt_topk_in_torch_topk_order(emu, gen, dtype, batch, rows, hidden_size, k):
     h, w, b = exact_problem(gen, batch, rows, hidden_size, dtype, "t")
     got = emu.shard(h, w, b, 3, rows, k=k)
@@ -199,8 +234,16 @@ def test_simt_topk_in_torch_topk_order(emu, gen, dtype, batch, rows, hidden_size
     assert (got[:, kept:] == 0).all()  # empty slots
 
 
-@pytest.mark.parametrize("path,dtype", [("simt", torch.float32), ("simt", torch.bfloat16), ("mma", torch.float16),
-                                        ("mma", torch.bfloat16), ("gemm", torch.bfloat16)])
+@pytest.mark.parametrize(
+    "path,dtype",
+    [
+        ("simt", torch.float32),
+        ("simt", torch.bfloat16),
+        ("mma", torch.float16),
+        ("mma", torch.bfloat16),
+        ("gemm", torch.bfloat16),
+    ],
+)
 @pytest.mark.parametrize("batch,rows,hidden_size", [(5, 300, 40), (33, 129, 16)])
 def test_sample_equals_cpu_draws(emu, gen, path, dtype, batch, rows, hidden_size):
     h, w, b = exact_problem(gen, batch, rows, hidden_size, dtype)
@@ -219,16 +262,17 @@ def test_invalid_temperature_rows_get_key_0(emu, gen, path, dtype):
     got = emu.shard(h, w, b, 0, 130, path=path, temperature=temperature, seed=9, offset=2)
     assert got[1:4].tolist() == [0, 0, 0]
     for row in (0, 4, 5):  # the valid rows: the CPU's draw for batch row `row` (Philox subsequence offset + row)
-        want = cpu_keys(h[row:row + 1], w, b, 0, 130, temperature=temperature[row:row + 1], seed=9, offset=2 + row)
+        want = cpu_keys(h[row : row + 1], w, b, 0, 130, temperature=temperature[row : row + 1], seed=9, offset=2 + row)
         assert got[row] == want[0], row
 
 
 # --- merge with d2t, empty shards ---
 
+
 def test_merge_keys_with_d2t_and_an_empty_shard(emu, gen):
     h, w, _ = exact_problem(gen, 300, 200, 16, torch.bfloat16)
     shards = [(0, 64), (64, 0), (64, 136)]  # (vocab_start, num_valid); the middle shard is empty
-    keys = torch.stack([emu.shard(h, w[s:s + n], None, s, n) for s, n in shards])
+    keys = torch.stack([emu.shard(h, w[s : s + n], None, s, n) for s, n in shards])
     assert (keys[1] == 0).all()
     d2t = torch.randint(0, 50, (200,), generator=gen)
     ids, values = emu.merge_keys(keys, d2t)
@@ -243,6 +287,7 @@ def test_merge_keys_with_d2t_and_an_empty_shard(emu, gen):
 
 # --- the grid-y loop, padding rows, ties across blocks, special values ---
 
+
 @pytest.mark.parametrize("path", ["simt", "mma", "gemm"])
 @pytest.mark.parametrize("max_grid_y", [1, 2])
 def test_grid_y_loop(emu, gen, path, max_grid_y):
@@ -254,8 +299,16 @@ def test_grid_y_loop(emu, gen, path, max_grid_y):
     assert_keys_equal(got, cpu_keys(h, w, b, 0, 150, temperature=t, seed=3, offset=5), "sample")
 
 
-@pytest.mark.parametrize("path,dtype", [("simt", torch.float32), ("simt", torch.bfloat16), ("mma", torch.bfloat16),
-                                        ("mma", torch.float16), ("gemm", torch.float16)])
+@pytest.mark.parametrize(
+    "path,dtype",
+    [
+        ("simt", torch.float32),
+        ("simt", torch.bfloat16),
+        ("mma", torch.bfloat16),
+        ("mma", torch.float16),
+        ("gemm", torch.float16),
+    ],
+)
 def test_padding_rows_never_win(emu, gen, path, dtype):
     h, w, b = exact_problem(gen, 9, 256, 16, dtype, "f" if dtype != torch.float32 else "t", lo=0, hi=2)
     w[70:] = 8.0  # padding rows past num_valid = 70, far larger than every real row
@@ -265,8 +318,16 @@ def test_padding_rows_never_win(emu, gen, path, dtype):
     assert (decode(got) < 70).all()
 
 
-@pytest.mark.parametrize("path,dtype", [("simt", torch.float32), ("simt", torch.bfloat16), ("mma", torch.bfloat16),
-                                        ("mma", torch.float16), ("gemm", torch.float16)])
+@pytest.mark.parametrize(
+    "path,dtype",
+    [
+        ("simt", torch.float32),
+        ("simt", torch.bfloat16),
+        ("mma", torch.bfloat16),
+        ("mma", torch.float16),
+        ("gemm", torch.float16),
+    ],
+)
 @pytest.mark.parametrize("scramble", [False, True])
 def test_ties_across_blocks_go_to_the_smallest_index(emu, gen, path, dtype, scramble):
     """Random float data; the winning row is copied to rows in other warps, m-tiles
@@ -284,11 +345,12 @@ def test_ties_across_blocks_go_to_the_smallest_index(emu, gen, path, dtype, scra
     assert torch.equal(decode(got), decode(cpu_keys(h, w, None, 0, rows)))
 
 
-@pytest.mark.parametrize("path,dtype", [("simt", torch.float32), ("simt", torch.float16), ("mma", torch.bfloat16),
-                                        ("gemm", torch.bfloat16)])
+@pytest.mark.parametrize(
+    "path,dtype", [("simt", torch.float32), ("simt", torch.float16), ("mma", torch.bfloat16), ("gemm", torch.bfloat16)]
+)
 def test_nan_negative_zero_and_infinite_rows(emu, gen, path, dtype):
     h, w, _ = exact_problem(gen, 6, 150, 16, dtype)
-    h[0] = 0.0          # every logit +-0.0: all tie, index 0 wins
+    h[0] = 0.0  # every logit +-0.0: all tie, index 0 wins
     h[1] = -0.0
     h[2, 3] = float("nan")  # every logit NaN: index 0
     got = emu.shard(h, w, None, 0, 150, path=path)

@@ -3,6 +3,7 @@ the kernel source (a missing barrier, off-by-one tails, a wrong shuffle mask,
 32-bit offsets, ...) are built with the emulation and run through a slice of
 tests/test_emulation.py; each must be caught (a checked failure or a wrong
 answer), and the same slice must pass on the real source."""
+
 from __future__ import annotations
 
 import re
@@ -22,38 +23,97 @@ B16 = torch.bfloat16  # the mutants are built for bfloat16 only
 
 # (id, how it must be caught (regex of the failure), file under csrc/cuda, text, broken text)
 MUTANTS = [
-    ("simt_missing_barrier", "never written in this block|shared race", "shard_argmax_kernel.cuh",
-     "block_best[warp][j] = best[j];\n      }\n      __syncthreads();\n",
-     "block_best[warp][j] = best[j];\n      }\n"),
-    ("simt_topk_missing_barrier", "shared race", "shard_argmax_kernel.cuh",
-     "candidates[i / NB][i % NB] = kNoEntryKey;\n      __syncthreads();\n",
-     "candidates[i / NB][i % NB] = kNoEntryKey;\n"),
-    ("mma_missing_trailing_barrier", "shared race", "shard_argmax_mma_kernel.cuh",
-     "fold_block_best(block_best, b0, batch, out.keys);\n    __syncthreads();\n",
-     "fold_block_best(block_best, b0, batch, out.keys);\n"),
-    ("simt_row_tail_off_by_one", "out-of-bounds global load", "shard_argmax_kernel.cuh",
-     "min(row_begin + kRowsPerBlock, static_cast<int>(num_valid))",
-     "min(row_begin + kRowsPerBlock, static_cast<int>(num_valid) + 1)"),
-    ("mma_row_tail_off_by_one", "out-of-bounds global load", "shard_argmax_mma_kernel.cuh",
-     "wok[mt][h] = row < num_valid;", "wok[mt][h] = row <= num_valid;"),
-    ("mma_k_tail_off_by_one", "out-of-bounds global load", "shard_argmax_mma_kernel.cuh",
-     "const bool kok = k + 8 * t < hidden_size;", "const bool kok = k + 8 * t <= hidden_size;"),
-    ("keys_column_tail_off_by_one", "out-of-bounds global load", "logits_to_keys_kernel.cuh",
-     "if (col < num_valid) {", "if (col <= num_valid) {"),
-    ("merge_batch_tail_off_by_one", "out-of-bounds global load", "merge_keys_kernel.cuh",
-     "if (b >= batch) return;", "if (b > batch) return;"),
-    ("mma_wrong_shuffle_mask", "mask 0x0000ffff excludes it", "shard_argmax_mma_kernel.cuh",
-     "__shfl_xor_sync(0xFFFFFFFFu, best[nt][j], offset)", "__shfl_xor_sync(0x0000FFFFu, best[nt][j], offset)"),
-    ("simt_short_butterfly", "differ from the CPU kernel", "shard_argmax_kernel.cuh",
-     "for (int offset = 16; offset > 0; offset /= 2) s = __fadd_rn",
-     "for (int offset = 16; offset > 1; offset /= 2) s = __fadd_rn"),
-    ("simt_32bit_row_offset", "out-of-bounds global load", "shard_argmax_kernel.cuh",
-     "weight + static_cast<int64_t>(row) * ldw;", "weight + row * static_cast<int>(ldw);"),
-    ("mma_32bit_row_offset", "out-of-bounds global load", "shard_argmax_mma_kernel.cuh",
-     "weight + static_cast<int64_t>(wok[mt][h] ? row : 0) * ldw",
-     "weight + (wok[mt][h] ? row : 0) * static_cast<int>(ldw)"),
-    ("sample_wrong_temperature_row", "differ from the CPU kernel", "shard_argmax_kernel.cuh",
-     "const float t = out.temperature[b];", "const float t = out.temperature[0];"),
+    (
+        "simt_missing_barrier",
+        "never written in this block|shared race",
+        "shard_argmax_kernel.cuh",
+        "block_best[warp][j] = best[j];\n      }\n      __syncthreads();\n",
+        "block_best[warp][j] = best[j];\n      }\n",
+    ),
+    (
+        "simt_topk_missing_barrier",
+        "shared race",
+        "shard_argmax_kernel.cuh",
+        "candidates[i / NB][i % NB] = kNoEntryKey;\n      __syncthreads();\n",
+        "candidates[i / NB][i % NB] = kNoEntryKey;\n",
+    ),
+    (
+        "mma_missing_trailing_barrier",
+        "shared race",
+        "shard_argmax_mma_kernel.cuh",
+        "fold_block_best(block_best, b0, batch, out.keys);\n    __syncthreads();\n",
+        "fold_block_best(block_best, b0, batch, out.keys);\n",
+    ),
+    (
+        "simt_row_tail_off_by_one",
+        "out-of-bounds global load",
+        "shard_argmax_kernel.cuh",
+        "min(row_begin + kRowsPerBlock, static_cast<int>(num_valid))",
+        "min(row_begin + kRowsPerBlock, static_cast<int>(num_valid) + 1)",
+    ),
+    (
+        "mma_row_tail_off_by_one",
+        "out-of-bounds global load",
+        "shard_argmax_mma_kernel.cuh",
+        "wok[mt][h] = row < num_valid;",
+        "wok[mt][h] = row <= num_valid;",
+    ),
+    (
+        "mma_k_tail_off_by_one",
+        "out-of-bounds global load",
+        "shard_argmax_mma_kernel.cuh",
+        "const bool kok = k + 8 * t < hidden_size;",
+        "const bool kok = k + 8 * t <= hidden_size;",
+    ),
+    (
+        "keys_column_tail_off_by_one",
+        "out-of-bounds global load",
+        "logits_to_keys_kernel.cuh",
+        "if (col < num_valid) {",
+        "if (col <= num_valid) {",
+    ),
+    (
+        "merge_batch_tail_off_by_one",
+        "out-of-bounds global load",
+        "merge_keys_kernel.cuh",
+        "if (b >= batch) return;",
+        "if (b > batch) return;",
+    ),
+    (
+        "mma_wrong_shuffle_mask",
+        "mask 0x0000ffff excludes it",
+        "shard_argmax_mma_kernel.cuh",
+        "__shfl_xor_sync(0xFFFFFFFFu, best[nt][j], offset)",
+        "__shfl_xor_sync(0x0000FFFFu, best[nt][j], offset)",
+    ),
+    (
+        "simt_short_butterfly",
+        "differ from the CPU kernel",
+        "shard_argmax_kernel.cuh",
+        "for (int offset = 16; offset > 0; offset /= 2) s = __fadd_rn",
+        "for (int offset = 16; offset > 1; offset /= 2) s = __fadd_rn",
+    ),
+    (
+        "simt_32bit_row_offset",
+        "out-of-bounds global load",
+        "shard_argmax_kernel.cuh",
+        "weight + static_cast<int64_t>(row) * ldw;",
+        "weight + row * static_cast<int>(ldw);",
+    ),
+    (
+        "mma_32bit_row_offset",
+        "out-of-bounds global load",
+        "shard_argmax_mma_kernel.cuh",
+        "weight + static_cast<int64_t>(wok[mt][h] ? row : 0) * ldw",
+        "weight + (wok[mt][h] ? row : 0) * static_cast<int>(ldw)",
+    ),
+    (
+        "sample_wrong_temperature_row",
+        "differ from the CPU kernel",
+        "shard_argmax_kernel.cuh",
+        "const float t = out.temperature[b];",
+        "const float t = out.temperature[0];",
+    ),
 ]
 
 # A slice of tests/test_emulation.py: (test function, its parameters), bf16.

@@ -2,6 +2,7 @@
 and the whole kind around it: sampling temperature edges, d2t tables that do
 not cover the vocabulary, a float32 bias through the module, logit scales
 written behind the check's back, and ranks that disagree on the batch."""
+
 from __future__ import annotations
 
 import math
@@ -10,9 +11,9 @@ import pytest
 import torch
 
 import localargmax
+from localargmax.reference import reference_argmax
 from tests.support.launch import launch, live_descendants, timed
 from tests.support.problems import stack_frames
-from localargmax.reference import reference_argmax
 
 TINY_TEMPERATURES = (1e-30, 1e-37, 1e-38, 1e-40, 1e-45)
 
@@ -25,8 +26,14 @@ def test_tiny_temperature_gives_the_greedy_id(temperature):
     """The issue's inputs: logits [10, 20] and [-20, -10] (and their mirrors)
     at a temperature so small that logit / T overflows float32."""
     hidden = torch.tensor([[1.0]])
-    for logits, want in (([10.0, 20.0], 1), ([-20.0, -10.0], 1), ([20.0, 10.0], 0), ([-10.0, -20.0], 0),
-                         ([-5.0, 3.0], 1), ([3.0, -5.0], 0)):
+    for logits, want in (
+        ([10.0, 20.0], 1),
+        ([-20.0, -10.0], 1),
+        ([20.0, 10.0], 0),
+        ([-10.0, -20.0], 0),
+        ([-5.0, 3.0], 1),
+        ([3.0, -5.0], 0),
+    ):
         weight = torch.tensor(logits).view(2, 1)
         for seed in range(4):
             ids = localargmax.lm_head_sample(hidden, weight, temperature=temperature, seed=seed)
@@ -41,28 +48,34 @@ def test_tiny_temperature_random_logits_every_layout(gen, temperature):
     tensor temperature, on one rank and on simulated tp = 3 with an uneven
     last shard (the same score formula on every rank)."""
     batch, vocab, hsize = 24, 301, 16
-    hidden = torch.cat([torch.randn(batch, hsize, generator=gen), torch.tensor([50.0, -50.0, 0.0]).repeat(8)[:, None]], 1)
+    hidden = torch.cat(
+        [torch.randn(batch, hsize, generator=gen), torch.tensor([50.0, -50.0, 0.0]).repeat(8)[:, None]], 1
+    )
     weight = torch.cat([torch.randn(vocab, hsize, generator=gen), torch.ones(vocab, 1)], 1)
     top2 = (hidden.double() @ weight.double().T).topk(2, dim=1).values
     keep = (top2[:, 0] - top2[:, 1]) > 0.05  # far above T * |g| <= 1e-3 * 23
     greedy = reference_argmax(hidden, weight)
     ids = localargmax.lm_head_sample(hidden, weight, temperature=temperature, seed=3)
-    assert torch.equal(ids, localargmax.lm_head_sample(hidden, weight, temperature=torch.full((batch,), temperature),
-                                                       seed=3))
+    assert torch.equal(
+        ids, localargmax.lm_head_sample(hidden, weight, temperature=torch.full((batch,), temperature), seed=3)
+    )
     assert keep.sum() > 15 and torch.equal(ids[keep], greedy[keep])
     rows = 128
     shards = []
     for r in range(3):
         w = torch.zeros(rows, hsize + 1)
         valid = max(0, min(rows, vocab - r * rows))
-        w[:valid] = weight[r * rows:r * rows + valid]
+        w[:valid] = weight[r * rows : r * rows + valid]
         shards.append((w, r * rows, valid))
     t = torch.full((batch,), temperature)
-    frames = stack_frames([localargmax.shard_sample(hidden, w, t, 3, 0, vocab_start=s, num_valid=n) for w, s, n in shards],
-                          [(s, n) for _, s, n in shards])
+    frames = stack_frames(
+        [localargmax.shard_sample(hidden, w, t, 3, 0, vocab_start=s, num_valid=n) for w, s, n in shards],
+        [(s, n) for _, s, n in shards],
+    )
     for w, s, n in shards:
-        got = localargmax.lm_head_sample(hidden, w, temperature=temperature, seed=3, vocab_start=s, num_valid=n,
-                                         group=lambda x: frames)
+        got = localargmax.lm_head_sample(
+            hidden, w, temperature=temperature, seed=3, vocab_start=s, num_valid=n, group=lambda x: frames
+        )
         assert torch.equal(got, ids)
 
 
@@ -77,7 +90,9 @@ def test_banned_token_never_sampled(temperature):
     bias[banned] = -math.inf
     hidden = torch.ones(64, 1)
     for seed in range(8):
-        ids = localargmax.lm_head_sample(hidden, weight, bias=bias, temperature=temperature, seed=seed, offset=64 * seed)
+        ids = localargmax.lm_head_sample(
+            hidden, weight, bias=bias, temperature=temperature, seed=seed, offset=64 * seed
+        )
         assert not torch.isin(ids, banned).any(), (temperature, seed, ids.tolist())
         assert ((ids >= 0) & (ids < vocab)).all()
 
@@ -153,12 +168,13 @@ def test_short_d2t_refused_across_simulated_ranks(gen):
     rows, hsize = 16, 4
     hidden, weight = _planted(gen, 2 * rows, hsize, 2)
     d2t = torch.zeros(2 * rows - 1, dtype=torch.int64)
-    keys = [localargmax.shard_argmax(hidden, weight[r * rows:(r + 1) * rows], vocab_start=r * rows) for r in range(2)]
+    keys = [localargmax.shard_argmax(hidden, weight[r * rows : (r + 1) * rows], vocab_start=r * rows) for r in range(2)]
     frames = stack_frames(keys, [(0, rows), (rows, rows)])
     for r in range(2):
         with pytest.raises(ValueError, match="d2t has 31 entries"):
-            localargmax.lm_head_argmax(hidden, weight[r * rows:(r + 1) * rows], vocab_start=r * rows, d2t=d2t,
-                                       group=lambda x: frames)
+            localargmax.lm_head_argmax(
+                hidden, weight[r * rows : (r + 1) * rows], vocab_start=r * rows, d2t=d2t, group=lambda x: frames
+            )
 
 
 def test_corrupt_exchange_never_returns_an_out_of_vocabulary_id(gen):
@@ -201,9 +217,15 @@ def test_module_keeps_a_float32_bias_exact():
     for tp in (1, 2, 3):
         heads = [localargmax.VocabParallelLMHead.from_full(weight, r, tp, bias=bias, pad_to=1) for r in range(tp)]
         assert all(h.bias.dtype == torch.float32 for h in heads)
-        frames = stack_frames([localargmax.shard_argmax(hidden, h.weight, vocab_start=h.vocab_start,
-                                                        num_valid=h.num_valid, bias=h.bias) for h in heads],
-                              [(h.vocab_start, h.num_valid) for h in heads])
+        frames = stack_frames(
+            [
+                localargmax.shard_argmax(
+                    hidden, h.weight, vocab_start=h.vocab_start, num_valid=h.num_valid, bias=h.bias
+                )
+                for h in heads
+            ],
+            [(h.vocab_start, h.num_valid) for h in heads],
+        )
         for h in heads:
             h.group = lambda x: frames
             assert h(hidden).tolist() == [1], f"tp={tp}"
@@ -299,8 +321,13 @@ def _worker_batch_mismatch(rank, world, op, reduce, debug):
     return timed(lambda: localargmax.lm_head_sample(hidden, weight, temperature=1.0, seed=0, reduce=reduce, **kw))
 
 
-CASES = [("argmax", "all_gather"), ("argmax", "all_reduce"), ("topk", "all_gather"), ("sample", "all_gather"),
-         ("sample", "all_reduce")]
+CASES = [
+    ("argmax", "all_gather"),
+    ("argmax", "all_reduce"),
+    ("topk", "all_gather"),
+    ("sample", "all_gather"),
+    ("sample", "all_reduce"),
+]
 
 
 @pytest.mark.parametrize("op,reduce", CASES)
@@ -374,8 +401,8 @@ def test_envs_registry_reads_once_and_parses(monkeypatch):
     monkeypatch.setenv("LOCALARGMAX_DEBUG", "maybe")
     envs.reload()
     with pytest.raises(ValueError, match="LOCALARGMAX_DEBUG='maybe'"):
-        envs.LOCALARGMAX_DEBUG
+        _ = envs.LOCALARGMAX_DEBUG
     monkeypatch.delenv("LOCALARGMAX_DEBUG")
     envs.reload()
     with pytest.raises(AttributeError):
-        envs.LOCALARGMAX_NOT_A_KNOB
+        _ = envs.LOCALARGMAX_NOT_A_KNOB

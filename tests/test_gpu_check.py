@@ -5,6 +5,7 @@ the other steps' files, and a spent budget skips steps instead of overrunning.
 The dry run reuses the extension this test suite imported (it builds only when
 none is built): the first test takes ~60 s on this project's 2 busy cores (five
 Python processes importing torch), ~25 s idle; the second ~8 s."""
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ SCRIPT = ROOT / "bench" / "gpu_check.sh"
 FILES = {"gpu_check.log", "env.txt", "build.txt", "bench.tar.gz", "tests.xml", "sanitizer.txt", "summary.txt"}
 STEPS = ("env", "build", "smoke", "bench", "tests", "memcheck")
 
-HUNG_TESTS = '''
+HUNG_TESTS = """
 import time
 
 
@@ -41,15 +42,16 @@ def test_hung_past_the_step_cap():
             time.sleep(30)
         except TimeoutError:
             pass
-'''
+"""
 
 
 def _dry_run(out: Path, **env) -> tuple:
     full = dict(os.environ, PYTHON=sys.executable, **{k: str(v) for k, v in env.items()})
     full.pop("GPU_CHECK_DRY_BUILD", None)
     start = time.monotonic()
-    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(out)], env=full, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--dry-run", str(out)], env=full, capture_output=True, text=True, timeout=300
+    )
     return proc, time.monotonic() - start
 
 
@@ -69,8 +71,14 @@ def test_dry_run_walks_every_step_and_a_timed_out_step_leaves_the_others_files(t
     hung.write_text(HUNG_TESTS)
     out = tmp_path / "out"
     budget = 200
-    proc, wall = _dry_run(out, GPU_CHECK_BUDGET_S=budget, GPU_CHECK_BENCH="qwen3_tp8", GPU_CHECK_TESTS=str(hung),
-                          GPU_CHECK_TEST_TIMEOUT=2, GPU_CHECK_CAP_TESTS=9)
+    proc, wall = _dry_run(
+        out,
+        GPU_CHECK_BUDGET_S=budget,
+        GPU_CHECK_BENCH="qwen3_tp8",
+        GPU_CHECK_TESTS=str(hung),
+        GPU_CHECK_TEST_TIMEOUT=2,
+        GPU_CHECK_CAP_TESTS=9,
+    )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 1, log[-3000:]  # the tests step failed (timed out)
     assert wall < budget, wall

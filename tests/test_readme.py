@@ -2,6 +2,7 @@
 pasted (bar the bash blocks marked as not run, each with its reason), and the
 measured tables are exactly what bench/readme_tables.py renders from the
 committed bench/results/*.json."""
+
 import importlib.util
 import os
 import pathlib
@@ -24,7 +25,7 @@ def code_blocks(text: str):
     blocks = []
     for m in BLOCK.finditer(text):
         marker = m["marker"] or ""
-        reason = marker[len(NOT_RUN):-len(" -->\n")] if marker.startswith(NOT_RUN) else None
+        reason = marker[len(NOT_RUN) : -len(" -->\n")] if marker.startswith(NOT_RUN) else None
         blocks.append((m["lang"], m["code"], text.count("\n", 0, m.start("lang")) + 1, reason))
     return blocks
 

@@ -11,7 +11,14 @@ import torch
 import localargmax
 from tests.support.checks import raises_cleanly
 from tests.support.paths import CPU_PATHS, on, path_keyword, use_path
-from tests.support.problems import full_bias, integer_problem, make_shards, planted_problem, simulated_topk, stack_frames
+from tests.support.problems import (
+    full_bias,
+    integer_problem,
+    make_shards,
+    planted_problem,
+    simulated_topk,
+    stack_frames,
+)
 from tests.support.reference import ref_logits, ref_topk
 from tests.support.strategies import d2t_for, exact_problems, given, layouts, settings, st
 

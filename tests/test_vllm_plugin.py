@@ -7,6 +7,7 @@ each rank imports vLLM once, ~45 s in all on 2 cores); the tests below check
 its results. Skipped, with the reason, only when vLLM is not installed
 (CI installs it: .ci/run).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -17,10 +18,20 @@ import pytest
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
-    reason="vLLM is not installed (README 'Use it in vLLM': pip install --no-deps vllm==0.33.0, then the vllm-test extra)",
+    reason="vLLM is not installed (README 'Use it in vLLM': pip install --no-deps vllm==0.33.0, "
+    "then the vllm-test extra)",
 )
 
-ARGMAX_CASES = ("f32", "f32_bias", "f32_scale_softcap", "bf16", "bf16_head_fp32", "f16_bias", "tiny_vocab", "batch_zero")
+ARGMAX_CASES = (
+    "f32",
+    "f32_bias",
+    "f32_scale_softcap",
+    "bf16",
+    "bf16_head_fp32",
+    "f16_bias",
+    "tiny_vocab",
+    "batch_zero",
+)
 TOPK_CASES = ("f32_k1", "f32_k8", "f32_k8_bias", "f32_k5_scale_softcap", "bf16_k4")
 FALLBACKS = {
     "logits_as_input": "logits_as_input",
@@ -38,9 +49,8 @@ GAP = 1e-4  # top-2 gap of the float64 logits above which ids must be exact (flo
 @pytest.fixture(scope="module")
 def ranks():
     """Results of both ranks (they must agree) and the seed they used."""
-    from tests.support.launch import run_ranks
-
     from tests.support import vllm_ranks as vllm_plugin_ranks
+    from tests.support.launch import run_ranks
 
     env = os.environ.get("LOCALARGMAX_TEST_SEED")
     seed = int(env) if env else random.SystemRandom().randrange(2**31)
@@ -99,7 +109,10 @@ def test_bf16_topk_vllm_differs_from_float64_where_ours_do_not(res):
     r = res["topk"]["bf16_k4"]
     assert r["ours_ids"] == r["ref_ids"]
     # recorded, not required (depends on the draw): how often vLLM's order differs
-    print("bf16 top-4 rows where vLLM's ids differ from float64:", sum(t != ref for t, ref in zip(r["vllm_ids"], r["ref_ids"])))
+    print(
+        "bf16 top-4 rows where vLLM's ids differ from float64:",
+        sum(t != ref for t, ref in zip(r["vllm_ids"], r["ref_ids"])),
+    )
 
 
 def test_ids_past_2_24_are_exact_where_vllms_float32_index_is_not(res):

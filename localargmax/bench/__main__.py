@@ -1,4 +1,5 @@
 """``python -m localargmax.bench``: the benchmark CLI (see ``--help``)."""
+
 import sys
 
 from .cli import main

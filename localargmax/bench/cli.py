@@ -1,13 +1,13 @@
 """``localargmax-bench`` / ``python -m localargmax.bench``: compare the fused
 local-argmax step with what engines do today, on real and engine-sized
 lm_heads. Run with ``--help`` for what is measured and examples."""
+
 from __future__ import annotations
 
 import argparse
 import os
 import shlex
 import sys
-from typing import List, Optional
 
 from .. import envs
 
@@ -169,52 +169,98 @@ class UsageError(ValueError):
     """A bad combination of command-line options."""
 
 
-def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The argument parser (its --help is the user documentation)."""
+    from .report import DEFINITIONS
     from .runner import DTYPES, OP_METHODS, OPS
 
-    from .report import DEFINITIONS
-
     description = DESCRIPTION.format(**DEFINITIONS)
-    p = argparse.ArgumentParser(prog=prog, description=description, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=prog, description=description, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", choices=MODELS, default="minilm", help="lm_head and inputs (default: minilm)")
     p.add_argument("--vocab", type=int, help="vocabulary size, with --model synthetic")
     p.add_argument("--hidden", type=int, help="hidden size, with --model synthetic")
-    p.add_argument("--draft-vocab", type=int, help="minilm: size K of the d2t draft-vocab shape (default 8192; 0 skips it)")
-    p.add_argument("--tp", help="ranks (default 2; under torchrun: WORLD_SIZE); --kernel-only: comma-separated tp sizes "
-                   "whose rank-0 shard is timed (default 1)")
+    p.add_argument(
+        "--draft-vocab", type=int, help="minilm: size K of the d2t draft-vocab shape (default 8192; 0 skips it)"
+    )
+    p.add_argument(
+        "--tp",
+        help="ranks (default 2; under torchrun: WORLD_SIZE); --kernel-only: comma-separated tp sizes "
+        "whose rank-0 shard is timed (default 1)",
+    )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo) or cuda (NCCL); default cpu")
-    p.add_argument("--dtype", choices=tuple(DTYPES), help="weight/hidden dtype (default: float32 for minilm, bfloat16 for synthetic)")
+    p.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        help="weight/hidden dtype (default: float32 for minilm, bfloat16 for synthetic)",
+    )
     p.add_argument("--batch", help="comma-separated batch sizes (default 1,8,64; --kernel-only 1,2,4,...,256)")
-    p.add_argument("--op", choices=OPS, help="what a step computes: argmax (greedy, default), topk (--k ids per row) or "
-                   "sample (softmax(logits / --temperature))")
+    p.add_argument(
+        "--op",
+        choices=OPS,
+        help="what a step computes: argmax (greedy, default), topk (--k ids per row) or "
+        "sample (softmax(logits / --temperature))",
+    )
     p.add_argument("--k", type=int, help="--op topk: ids per row, 1..64 (default 8)")
     p.add_argument("--temperature", type=float, help="--op sample: temperature T >= 0 (default 1.0; 0 = greedy)")
     methods_help = "; ".join(f"{op}: {','.join(m)}" for op, m in OP_METHODS.items())
-    p.add_argument("--methods", help=f"comma-separated subset of the --op's methods (default: all of them; {methods_help})")
-    p.add_argument("--steps", type=int, help="timed steps per row (default: 100 minilm, 10 big shapes on CPU; 200 on CUDA)")
-    p.add_argument("--warmup", type=int, help="untimed steps before them (default: 10 minilm, 2 big shapes on CPU; 20 on CUDA)")
+    p.add_argument(
+        "--methods", help=f"comma-separated subset of the --op's methods (default: all of them; {methods_help})"
+    )
+    p.add_argument(
+        "--steps", type=int, help="timed steps per row (default: 100 minilm, 10 big shapes on CPU; 200 on CUDA)"
+    )
+    p.add_argument(
+        "--warmup", type=int, help="untimed steps before them (default: 10 minilm, 2 big shapes on CPU; 20 on CUDA)"
+    )
     p.add_argument("--threads", type=int, help="torch threads per rank (default max(1, cpu_count // tp))")
-    p.add_argument("--seed", type=int, default=0,
-                   help="seed of sampled positions, synthetic weights and --op sample's noise (default 0)")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
-                   help="every collective this run starts fails after this long instead of hanging, e.g. when a "
-                        "rank dies (default 60)")
-    p.add_argument("--json", metavar="PATH", help="write {env, rows, command} as JSON to PATH ('-' = stdout, table to stderr)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of sampled positions, synthetic weights and --op sample's noise (default 0)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="every collective this run starts fails after this long instead of hanging, e.g. when a "
+        "rank dies (default 60)",
+    )
+    p.add_argument(
+        "--json", metavar="PATH", help="write {env, rows, command} as JSON to PATH ('-' = stdout, table to stderr)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--kernel-only", action="store_true", help="time the local step alone on one process, beside the "
-                   "op's baselines and the roofline yardsticks (see above)")
+    p.add_argument(
+        "--kernel-only",
+        action="store_true",
+        help="time the local step alone on one process, beside the "
+        "op's baselines and the roofline yardsticks (see above)",
+    )
     p.add_argument("--rows", type=int, help="--kernel-only: time a shard of this many rows instead of the --tp shards")
     p.add_argument("--no-plot", action="store_true", help="--kernel-only: no PNG beside the --json file")
-    p.add_argument("--no-compile", action="store_true", help="--kernel-only --op sample: time the baselines eagerly "
-                   "(no torch.compile)")
-    p.add_argument("--max-seconds", type=float, default=10.0, help="--kernel-only: cut timed calls to fit this many seconds per row (default 10; 0 = no cut)")
-    p.add_argument("--smoke", action="store_true", help=f"tiny fast run for tests (also {SMOKE_ENV}=1): B=1,4, 3 steps, plus a tiny synthetic shape")
+    p.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="--kernel-only --op sample: time the baselines eagerly (no torch.compile)",
+    )
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=10.0,
+        help="--kernel-only: cut timed calls to fit this many seconds per row (default 10; 0 = no cut)",
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"tiny fast run for tests (also {SMOKE_ENV}=1): B=1,4, 3 steps, plus a tiny synthetic shape",
+    )
     return p
 
 
-def _int_list(text: str, what: str) -> List[int]:
+def _int_list(text: str, what: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -224,7 +270,7 @@ def _int_list(text: str, what: str) -> List[int]:
     return values
 
 
-def make_config(args, command: List[str]):
+def make_config(args, command: list[str]):
     """Check the options and return ``(RunConfig, shape_builder, smoke)``; the
     builder is called later (it may load the model). Raises UsageError."""
     import torch
@@ -262,7 +308,9 @@ def make_config(args, command: List[str]):
         raise UsageError(f"unknown method(s) {unknown or args.methods!r}; choose from {', '.join(op_methods)}")
     unavailable = [m for m in methods if m not in op_methods]
     if unavailable:
-        raise UsageError(f"method(s) {', '.join(unavailable)} not available with --op {op}; choose from {', '.join(op_methods)}")
+        raise UsageError(
+            f"method(s) {', '.join(unavailable)} not available with --op {op}; choose from {', '.join(op_methods)}"
+        )
     if args.device == "cuda":
         from .. import WITH_CUDA
 
@@ -302,10 +350,24 @@ def make_config(args, command: List[str]):
 
         batches = [1, 4] if smoke else list(DEFAULT_KERNEL_BATCHES) if args.kernel_only else [1, 8, 64]
     dtype = args.dtype or ("bfloat16" if synthetic else "float32")
-    cfg = RunConfig(tp=tp, device=args.device, dtype=dtype, batches=batches, methods=methods, steps=steps,
-                    warmup=warmup, threads=threads, json_path=args.json, command=command,
-                    progress=not args.no_progress, op=op, k=k, temperature=temperature, seed=args.seed,
-                    timeout=args.timeout)
+    cfg = RunConfig(
+        tp=tp,
+        device=args.device,
+        dtype=dtype,
+        batches=batches,
+        methods=methods,
+        steps=steps,
+        warmup=warmup,
+        threads=threads,
+        json_path=args.json,
+        command=command,
+        progress=not args.no_progress,
+        op=op,
+        k=k,
+        temperature=temperature,
+        seed=args.seed,
+        timeout=args.timeout,
+    )
     draft_vocab = 8192 if args.draft_vocab is None else args.draft_vocab
     if draft_vocab < 0:
         raise UsageError("--draft-vocab must be >= 0")
@@ -318,7 +380,9 @@ def make_config(args, command: List[str]):
 
         tiny = data.synthetic_shape("synthetic", *SMOKE_SHAPE, seed=args.seed)
         if smoke:  # minilm (both shapes) + the tiny synthetic shape; kernel-only / synthetic: tiny only
-            real = [] if (args.kernel_only or synthetic) else data.minilm_shapes(draft_vocab, max(batches), seed=args.seed)
+            real = (
+                [] if (args.kernel_only or synthetic) else data.minilm_shapes(draft_vocab, max(batches), seed=args.seed)
+            )
             return real + [tiny]
         if args.model == "minilm":
             return data.minilm_shapes(0 if args.kernel_only else draft_vocab, max(batches), seed=args.seed)
@@ -327,7 +391,7 @@ def make_config(args, command: List[str]):
     return cfg, build_shapes, smoke
 
 
-def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Run the benchmark; returns the process exit code (0 ok, 1 a rank
     failed, 2 usage error, 130 interrupted)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -354,8 +418,9 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
             from .kernel import run_kernel_only
             from .report import finish
 
-            rows = run_kernel_only(cfg, shapes[0], shards, 0.0 if smoke else args.max_seconds,
-                                   compile_baselines=not args.no_compile)
+            rows = run_kernel_only(
+                cfg, shapes[0], shards, 0.0 if smoke else args.max_seconds, compile_baselines=not args.no_compile
+            )
             finish(rows, cfg, kernel_only=True)
             if not args.no_plot:
                 write_plot(rows, cfg)
@@ -368,7 +433,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
         return 130
 
 
-def kernel_shards(args, shape) -> List[tuple]:
+def kernel_shards(args, shape) -> list[tuple]:
     """``[(tp, rows)]`` of ``--kernel-only``: ``--rows`` as one shard (tp None),
     else for each ``--tp`` (default 1) the valid rows of rank 0's shard in the
     standard layout (``shard_vocab(lm_rows, 0, tp, pad_to=64).num_valid``)."""
@@ -384,11 +449,11 @@ def kernel_shards(args, shape) -> List[tuple]:
     return [(tp, shard_vocab(shape.lm_rows, 0, tp, pad_to=64).num_valid) for tp in tps]
 
 
-def write_plot(rows: List[dict], cfg) -> None:
+def write_plot(rows: list[dict], cfg) -> None:
     """The PNG of the kernel-only rows beside the JSON file (``x.json`` ->
     ``x.png``); a message instead when matplotlib is missing."""
-    from .rival import plot_kernel_rows, plot_path
     from .report import device_label
+    from .rival import plot_kernel_rows, plot_path
 
     path = plot_path(cfg.json_path)
     if path is None or not rows:

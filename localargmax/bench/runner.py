@@ -10,6 +10,7 @@ rank 0 cannot finish before the slowest rank has contributed its share.
 ids (``topk``, tree drafting) or a sample of ``softmax(logits / T)``
 (``sample``); see :data:`OP_METHODS` for the methods of each.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -17,17 +18,22 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from .. import lm_head_argmax, lm_head_sample, lm_head_topk
+from ..baselines import (
+    FLOAT32_EXACT_INDEX_LIMIT,
+    full_gather_argmax,
+    full_gather_sample,
+    full_gather_topk,
+    unfused_local_argmax,
+)
 from ..collective import HEADER_LEN
-from ..baselines import (FLOAT32_EXACT_INDEX_LIMIT, full_gather_argmax, full_gather_sample, full_gather_topk,
-                         unfused_local_argmax)
 from . import report
 from .data import Shape, full_weight, reference_ids, reference_topk, weight_shard
 
@@ -54,13 +60,13 @@ class RunConfig:
     tp: int
     device: str
     dtype: str
-    batches: List[int]
-    methods: List[str]
+    batches: list[int]
+    methods: list[str]
     steps: int
     warmup: int
     threads: int
-    json_path: Optional[str] = None
-    command: List[str] = field(default_factory=list)
+    json_path: str | None = None
+    command: list[str] = field(default_factory=list)
     progress: bool = True
     op: str = "argmax"
     k: int = 8
@@ -98,8 +104,19 @@ def comm_bytes(method: str, batch: int, rows: int, itemsize: int, tp: int, k: in
     return payload, (tp - 1) * payload
 
 
-def make_step(method: str, hidden, weight, layout, d2t, group, op: str = "argmax", k: int = 8,
-              temperature: float = 1.0, seed: int = 0, generator=None):
+def make_step(
+    method: str,
+    hidden,
+    weight,
+    layout,
+    d2t,
+    group,
+    op: str = "argmax",
+    k: int = 8,
+    temperature: float = 1.0,
+    seed: int = 0,
+    generator=None,
+):
     """A no-argument callable running one step of ``method`` for ``op`` on this
     rank, returning ids (``[B]``; ``[B, k]`` for topk). ``sample``: the fused
     step uses ``seed`` and :data:`SAMPLE_OFFSET`, full-gather draws from
@@ -114,7 +131,9 @@ def make_step(method: str, hidden, weight, layout, d2t, group, op: str = "argmax
     if op == "sample":
         if method == "full-gather":
             return lambda: full_gather_sample(hidden, weight, temperature=temperature, generator=generator, **kwargs)
-        return lambda: lm_head_sample(hidden, weight, temperature=temperature, seed=seed, offset=SAMPLE_OFFSET, **kwargs)
+        return lambda: lm_head_sample(
+            hidden, weight, temperature=temperature, seed=seed, offset=SAMPLE_OFFSET, **kwargs
+        )
     if method == "full-gather":
         return lambda: full_gather_argmax(hidden, weight, **kwargs)
     if method == "unfused-local":
@@ -126,7 +145,7 @@ def make_step(method: str, hidden, weight, layout, d2t, group, op: str = "argmax
     raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
 
 
-def run_rank(local_rank: int, cfg: RunConfig, shapes: Sequence[Shape], port: Optional[int]) -> None:
+def run_rank(local_rank: int, cfg: RunConfig, shapes: Sequence[Shape], port: int | None) -> None:
     """Entry point of one rank: join the process group (``tcp://127.0.0.1:port``
     when spawned, ``env://`` under torchrun when ``port`` is None), benchmark
     every shape, and on rank 0 print the table and write the JSON."""
@@ -137,8 +156,13 @@ def run_rank(local_rank: int, cfg: RunConfig, shapes: Sequence[Shape], port: Opt
     if port is None:
         dist.init_process_group("nccl" if cuda else "gloo", init_method="env://", timeout=timeout)
     else:
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                                rank=local_rank, world_size=cfg.tp, timeout=timeout)
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=local_rank,
+            world_size=cfg.tp,
+            timeout=timeout,
+        )
     try:
         rank = dist.get_rank()
         if port is None:  # torchrun: every rank built its inputs; make them bit-identical
@@ -176,7 +200,7 @@ def _sync_and_barrier(cuda: bool, local_rank: int):
     return barrier, sync
 
 
-def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[Shape]) -> List[dict]:
+def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[Shape]) -> list[dict]:
     """Time every (shape, batch, method) of ``cfg.op`` on this rank; rank 0
     returns the rows (other ranks return ``[]``).
 
@@ -218,13 +242,17 @@ def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[
                     bar.set_description(f"{shape.name} B={batch} {method}")
                 if method == "unfused-local" and tp * layout.rows > FLOAT32_EXACT_INDEX_LIMIT:
                     if rank == 0:
-                        print(f"skipping unfused-local for {shape.name}: padded vocab {tp * layout.rows} >= 2**24", file=sys.stderr)
+                        print(
+                            f"skipping unfused-local for {shape.name}: padded vocab {tp * layout.rows} >= 2**24",
+                            file=sys.stderr,
+                        )
                     if bar is not None:
                         bar.update(cfg.warmup + cfg.steps)
                     continue
                 generator = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.op == "sample" else None
-                step = make_step(method, hidden, weight, layout, d2t, group, cfg.op, cfg.k, cfg.temperature,
-                                 cfg.seed, generator)
+                step = make_step(
+                    method, hidden, weight, layout, d2t, group, cfg.op, cfg.k, cfg.temperature, cfg.seed, generator
+                )
                 times = []
                 for i in range(cfg.warmup + cfg.steps):
                     barrier()
@@ -243,22 +271,41 @@ def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[
                     continue
                 ids_by_rank = torch.stack([g.cpu() for g in gathered])  # [tp, B] or [tp, B, k]
                 k = cfg.k if cfg.op == "topk" else 1
-                sent, recv = comm_bytes(method, batch, layout.rows, weight.element_size(), tp, k if method == "fused" else 1)
+                sent, recv = comm_bytes(
+                    method, batch, layout.rows, weight.element_size(), tp, k if method == "fused" else 1
+                )
                 times_us = np.array(times) * 1e6
                 row = dict(
-                    method=method, op=cfg.op, model=shape.model, shape=shape.name, tp=tp, batch=batch,
-                    vocab=shape.vocab, hidden=shape.hidden, draft_vocab=shape.draft_vocab, rows=layout.rows,
-                    dtype=cfg.dtype, device=cfg.device, steps=cfg.steps,
-                    median_us=float(np.median(times_us)), p90_us=float(np.percentile(times_us, 90)),
-                    bytes_sent_per_rank=sent, bytes_recv_per_rank=recv,
-                    speedup_vs_full_gather=None, agree=_fraction_equal(ids_by_rank, reference, batch),
+                    method=method,
+                    op=cfg.op,
+                    model=shape.model,
+                    shape=shape.name,
+                    tp=tp,
+                    batch=batch,
+                    vocab=shape.vocab,
+                    hidden=shape.hidden,
+                    draft_vocab=shape.draft_vocab,
+                    rows=layout.rows,
+                    dtype=cfg.dtype,
+                    device=cfg.device,
+                    steps=cfg.steps,
+                    median_us=float(np.median(times_us)),
+                    p90_us=float(np.percentile(times_us, 90)),
+                    bytes_sent_per_rank=sent,
+                    bytes_recv_per_rank=recv,
+                    speedup_vs_full_gather=None,
+                    agree=_fraction_equal(ids_by_rank, reference, batch),
                 )
                 if cfg.op == "topk":
                     row["k"] = cfg.k
                 if cfg.op == "sample":
-                    row.update(temperature=cfg.temperature, seed=cfg.seed, offset=SAMPLE_OFFSET,
-                               ranks_agree=_fraction_equal(ids_by_rank, ids_by_rank[0], batch),
-                               tp_invariance=_fraction_equal(ids_by_rank, single, batch) if method == "fused" else None)
+                    row.update(
+                        temperature=cfg.temperature,
+                        seed=cfg.seed,
+                        offset=SAMPLE_OFFSET,
+                        ranks_agree=_fraction_equal(ids_by_rank, ids_by_rank[0], batch),
+                        tp_invariance=_fraction_equal(ids_by_rank, single, batch) if method == "fused" else None,
+                    )
                 rows.append(row)
         del weight
     if bar is not None:
@@ -267,7 +314,7 @@ def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[
     return rows
 
 
-def _fraction_equal(ids_by_rank: torch.Tensor, expected: Optional[torch.Tensor], batch: int) -> Optional[float]:
+def _fraction_equal(ids_by_rank: torch.Tensor, expected: torch.Tensor | None, batch: int) -> float | None:
     """Fraction of the ``batch`` rows whose ids (all ``k`` of them, in order)
     equal ``expected`` on every rank; None when there is no ``expected``."""
     if expected is None:
@@ -276,7 +323,9 @@ def _fraction_equal(ids_by_rank: torch.Tensor, expected: Optional[torch.Tensor],
     return same.reshape(same.shape[0], batch, -1).all(dim=2).all(dim=0).double().mean().item()
 
 
-def sample_reference(shape: Shape, hidden_all: torch.Tensor, dtype: torch.dtype, device, cfg: RunConfig) -> Optional[torch.Tensor]:
+def sample_reference(
+    shape: Shape, hidden_all: torch.Tensor, dtype: torch.dtype, device, cfg: RunConfig
+) -> torch.Tensor | None:
     """The tp-invariance reference of ``--op sample`` (rank 0): ``[N]`` ids of
     ``lm_head_sample(hidden, full_weight, temperature, seed, offset, d2t,
     group=None)`` on the whole unpadded lm_head in the run dtype, one process.
@@ -291,13 +340,22 @@ def sample_reference(shape: Shape, hidden_all: torch.Tensor, dtype: torch.dtype,
 
         free = _mem_available()
     if nbytes > 0.4 * free:
-        print(f"skipping tp_invariance for {shape.name}: the full lm_head ({nbytes / 2**30:.1f} GiB) does not fit "
-              f"in 40% of the free memory ({free / 2**30:.1f} GiB)", file=sys.stderr)
+        print(
+            f"skipping tp_invariance for {shape.name}: the full lm_head ({nbytes / 2**30:.1f} GiB) does not fit "
+            f"in 40% of the free memory ({free / 2**30:.1f} GiB)",
+            file=sys.stderr,
+        )
         return None
     weight = full_weight(shape, dtype, device)
     d2t = shape.d2t.to(device) if shape.d2t is not None else None
-    ids = lm_head_sample(hidden_all.to(dtype).to(device), weight, temperature=cfg.temperature, seed=cfg.seed,
-                         offset=SAMPLE_OFFSET, d2t=d2t)
+    ids = lm_head_sample(
+        hidden_all.to(dtype).to(device),
+        weight,
+        temperature=cfg.temperature,
+        seed=cfg.seed,
+        offset=SAMPLE_OFFSET,
+        d2t=d2t,
+    )
     return ids.cpu()
 
 

@@ -15,11 +15,12 @@ produced it: ``"cuda_graph"`` or ``"events"`` (``"host"`` is the CPU timer of
 ``localargmax.bench.kernel.time_calls``); the benchmark writes it into every
 JSON row.
 """
+
 from __future__ import annotations
 
 import math
 import time
-from typing import Callable, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -34,14 +35,20 @@ class Times(list):
     ``timing`` is ``"cuda_graph"``, ``"events"`` or ``"host"``;
     ``fallback_reason`` says why graph capture was not used (else None)."""
 
-    def __init__(self, values=(), timing: str = "host", fallback_reason: Optional[str] = None):
+    def __init__(self, values=(), timing: str = "host", fallback_reason: str | None = None):
         super().__init__(values)
         self.timing = timing
         self.fallback_reason = fallback_reason
 
 
-def time_cuda(fn: Callable, buffers: Sequence[torch.Tensor], steps: int, warmup: int, budget_s: float,
-              calls_per_replay: int = CALLS_PER_REPLAY) -> Tuple[Times, object]:
+def time_cuda(
+    fn: Callable,
+    buffers: Sequence[torch.Tensor],
+    steps: int,
+    warmup: int,
+    budget_s: float,
+    calls_per_replay: int = CALLS_PER_REPLAY,
+) -> tuple[Times, object]:
     """Time ``fn(buffer)`` on the current CUDA device, rotating over ``buffers``.
 
     ``warmup`` untimed calls run first on a side stream (cuBLAS handles,
@@ -89,7 +96,7 @@ def time_cuda(fn: Callable, buffers: Sequence[torch.Tensor], steps: int, warmup:
             torch.cuda.synchronize()
         except Exception:  # noqa: BLE001
             pass
-    holder: List[object] = [out]
+    holder: list[object] = [out]
 
     def launch():
         holder[0] = batch_of_calls()
@@ -98,7 +105,7 @@ def time_cuda(fn: Callable, buffers: Sequence[torch.Tensor], steps: int, warmup:
     return times, holder[0]
 
 
-def _event_samples(launch: Callable[[], None], samples: int, calls: int) -> List[float]:
+def _event_samples(launch: Callable[[], None], samples: int, calls: int) -> list[float]:
     """``samples`` times of ``launch()`` between two events, in seconds per call."""
     out = []
     for _ in range(samples):

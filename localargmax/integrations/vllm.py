@@ -23,19 +23,19 @@ Check it is active: ``localargmax.integrations.vllm.is_active()``, or the
 counters of :func:`stats` (fused calls, and fallbacks by reason). Set
 ``LOCALARGMAX_VLLM_PLUGIN=0`` to keep vLLM's own methods.
 """
+
 from __future__ import annotations
 
 import collections
 import logging
 import math
-from typing import Optional
 
 import torch
 
 logger = logging.getLogger("localargmax.integrations.vllm")
 
 _ORIGINAL = {}  # method name -> vLLM's original function
-_STATS: "collections.Counter[str]" = collections.Counter()
+_STATS: collections.Counter[str] = collections.Counter()
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -83,8 +83,9 @@ def stats() -> dict:
     return dict(_STATS)
 
 
-def unsupported_reason(lp, lm_head, hidden_states, embedding_bias=None, k: Optional[int] = None,
-                       return_log_probs: bool = False) -> Optional[str]:
+def unsupported_reason(
+    lp, lm_head, hidden_states, embedding_bias=None, k: int | None = None, return_log_probs: bool = False
+) -> str | None:
     """Why the fused op cannot serve this call (vLLM's method will), or None.
 
     Every input here is the same on every TP rank: the processor's and the
@@ -154,7 +155,7 @@ def _layout(lm_head):
     return start, end - start, coordinator.device_group
 
 
-def get_top_tokens(self, lm_head, hidden_states: torch.Tensor, embedding_bias: Optional[torch.Tensor] = None):
+def get_top_tokens(self, lm_head, hidden_states: torch.Tensor, embedding_bias: torch.Tensor | None = None):
     """``LogitsProcessor.get_top_tokens`` on :func:`localargmax.lm_head_argmax`:
     ``[B]`` int64 global (draft) ids, ``torch.argmax`` of the full unpadded
     float32 logits (ties to the smallest id, exact past 2**24)."""
@@ -166,15 +167,23 @@ def get_top_tokens(self, lm_head, hidden_states: torch.Tensor, embedding_bias: O
 
     _STATS["fused"] += 1
     start, num_valid, group = _layout(lm_head)
-    return lm_head_argmax(hidden_states, lm_head.weight, vocab_start=start, num_valid=num_valid,
-                          bias=embedding_bias, group=group)
+    return lm_head_argmax(
+        hidden_states, lm_head.weight, vocab_start=start, num_valid=num_valid, bias=embedding_bias, group=group
+    )
 
 
 get_top_tokens._localargmax = True
 
 
-def get_top_k_tokens(self, lm_head, hidden_states: torch.Tensor, k: int, embedding_bias: Optional[torch.Tensor] = None,
-                     *, return_log_probs: bool = False):
+def get_top_k_tokens(
+    self,
+    lm_head,
+    hidden_states: torch.Tensor,
+    k: int,
+    embedding_bias: torch.Tensor | None = None,
+    *,
+    return_log_probs: bool = False,
+):
     """``LogitsProcessor.get_top_k_tokens`` on :func:`localargmax.lm_head_topk`:
     ``(ids [B, k] int64, values [B, k] float32)``. The values are the exact
     float32 logits, then, as vLLM's method does, multiplied by ``scale`` and
@@ -182,14 +191,16 @@ def get_top_k_tokens(self, lm_head, hidden_states: torch.Tensor, k: int, embeddi
     reason = unsupported_reason(self, lm_head, hidden_states, embedding_bias, k, return_log_probs)
     if reason is not None:
         _STATS["fallback: " + reason] += 1
-        return _ORIGINAL["get_top_k_tokens"](self, lm_head, hidden_states, k, embedding_bias,
-                                             return_log_probs=return_log_probs)
+        return _ORIGINAL["get_top_k_tokens"](
+            self, lm_head, hidden_states, k, embedding_bias, return_log_probs=return_log_probs
+        )
     from ..step import lm_head_topk
 
     _STATS["fused"] += 1
     start, num_valid, group = _layout(lm_head)
-    ids, values = lm_head_topk(hidden_states, lm_head.weight, k, vocab_start=start, num_valid=num_valid,
-                               bias=embedding_bias, group=group)
+    ids, values = lm_head_topk(
+        hidden_states, lm_head.weight, k, vocab_start=start, num_valid=num_valid, bias=embedding_bias, group=group
+    )
     if self.scale != 1.0:
         values = values * self.scale
     if self.soft_cap is not None:

@@ -7,6 +7,7 @@ Every tensor a kernel reads or writes is copied into a checked arena region of
 exactly its extent (its alignment kept), so an access outside it fails the
 launch; see csrc/emu/simt_emu.h for what else is checked.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -15,7 +16,7 @@ import os
 import pathlib
 import shutil
 import subprocess
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -24,8 +25,17 @@ CSRC = ROOT / "csrc"
 BUILD = ROOT / "build" / "emu"
 MAX_GRID_Y = 65535
 _KERNEL_FLAGS = ["-O1", "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0"]
-_COMMON_FLAGS = ["-std=c++20", "-fPIC", "-ffp-contract=off", "-fno-strict-aliasing", "-Wall", "-Wextra",
-                 "-Wno-unknown-pragmas", "-Wno-unused-parameter", "-Werror"]
+_COMMON_FLAGS = [
+    "-std=c++20",
+    "-fPIC",
+    "-ffp-contract=off",
+    "-fno-strict-aliasing",
+    "-Wall",
+    "-Wextra",
+    "-Wno-unknown-pragmas",
+    "-Wno-unused-parameter",
+    "-Werror",
+]
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 SIGN = -(2**63)
 
@@ -81,12 +91,21 @@ def build(csrc: pathlib.Path = CSRC, tag: str = "main", bf16_only: bool = False)
     tmp = out_dir / f"tmp-{os.getpid()}"
     tmp.mkdir(parents=True, exist_ok=True)
     kernels = tmp / "kernels.o"
-    _run(["g++", *flags, f"-I{csrc}", "-c", str(csrc / "emu" / "emu_kernels.cpp"), "-o",
-          str(kernels)])
+    _run(["g++", *flags, f"-I{csrc}", "-c", str(csrc / "emu" / "emu_kernels.cpp"), "-o", str(kernels)])
     # The kernel translation unit's .bss holds nothing but the __shared__ statics.
     _run(["objcopy", "--rename-section", ".bss=lam_emu_shared", str(kernels)])
-    _run(["g++", "-shared", "-Wl,-Bsymbolic", "-Wl,--no-undefined", str(kernels), str(runtime), "-o",
-          str(tmp / "libemu.so")])
+    _run(
+        [
+            "g++",
+            "-shared",
+            "-Wl,-Bsymbolic",
+            "-Wl,--no-undefined",
+            str(kernels),
+            str(runtime),
+            "-o",
+            str(tmp / "libemu.so"),
+        ]
+    )
     os.replace(tmp / "libemu.so", lib)
     shutil.rmtree(tmp, ignore_errors=True)
     return lib
@@ -124,8 +143,28 @@ class Emulator:
         L.lam_emu_last_error.restype = ctypes.c_char_p
         L.lam_emu_launched.restype = ctypes.c_char_p
         L.lam_emu_stats.argtypes = [ctypes.POINTER(u64)]
-        L.lam_emu_shard.argtypes = [i32, i32, i32, p, i64, p, i64, p, p, i64, i64, i64, i64, p, p, i32, p, u64, u64,
-                                    i64]
+        L.lam_emu_shard.argtypes = [
+            i32,
+            i32,
+            i32,
+            p,
+            i64,
+            p,
+            i64,
+            p,
+            p,
+            i64,
+            i64,
+            i64,
+            i64,
+            p,
+            p,
+            i32,
+            p,
+            u64,
+            u64,
+            i64,
+        ]
         L.lam_emu_logits_to_keys.argtypes = [i32, p, i64, i64, i64, p, p, i64, i64, i64, p, p, u64, u64, i64]
         L.lam_emu_merge_keys.argtypes = [p, i64, i64, i32, p, i64, p, p]
         self.launched: list[str] = []
@@ -134,7 +173,7 @@ class Emulator:
     def _reset(self, scramble: bool, seed: int) -> None:
         self.lib.lam_emu_reset(int(scramble), seed)
 
-    def _place(self, name: str, t: Optional[torch.Tensor], writable: bool = False) -> Optional[int]:
+    def _place(self, name: str, t: torch.Tensor | None, writable: bool = False) -> int | None:
         """Copies t's storage span (first to last element) into a checked
         region at the same address modulo 4096; returns the data pointer."""
         if t is None:
@@ -174,9 +213,24 @@ class Emulator:
             raise EmuError(self.lib.lam_emu_last_error().decode())
 
     # -- the shard ops --
-    def shard(self, hidden, weight, bias=None, vocab_start=0, num_valid=None, *, path="simt", k=None,
-              temperature=None, seed=0, offset=0, max_grid_y=MAX_GRID_Y, scramble=False, order_seed=1,
-              gemm_chunk=None) -> torch.Tensor:
+    def shard(
+        self,
+        hidden,
+        weight,
+        bias=None,
+        vocab_start=0,
+        num_valid=None,
+        *,
+        path="simt",
+        k=None,
+        temperature=None,
+        seed=0,
+        offset=0,
+        max_grid_y=MAX_GRID_Y,
+        scramble=False,
+        order_seed=1,
+        gemm_chunk=None,
+    ) -> torch.Tensor:
         """shard_argmax (k None, temperature None), shard_topk (k) or
         shard_sample (temperature) through the emulated kernel of `path`
         ("simt", "mma" or "gemm"). weight: a tensor, or a PlacedWeight (a
@@ -207,11 +261,27 @@ class Emulator:
             chunk = gemm_chunk or max(1, (256 << 20) // 4 // weight.size(0))
             for b0 in range(0, batch, chunk):
                 rows = min(chunk, batch - b0)
-                logits = hidden[b0:b0 + rows].float() @ w32.T  # stands in for cuBLAS
+                logits = hidden[b0 : b0 + rows].float() @ w32.T  # stands in for cuBLAS
                 lp = self._place("logits", logits)
-                self._check(self.lib.lam_emu_logits_to_keys(
-                    dtype, lp, logits.stride(0) if rows > 1 else logits.size(1), rows, b0, bt, bf, batch, num_valid,
-                    vocab_start, keys, tp, seed, offset, max_grid_y))
+                self._check(
+                    self.lib.lam_emu_logits_to_keys(
+                        dtype,
+                        lp,
+                        logits.stride(0) if rows > 1 else logits.size(1),
+                        rows,
+                        b0,
+                        bt,
+                        bf,
+                        batch,
+                        num_valid,
+                        vocab_start,
+                        keys,
+                        tp,
+                        seed,
+                        offset,
+                        max_grid_y,
+                    )
+                )
             return self._read(keys, (batch,), torch.int64)
         hp = self._place("hidden", hidden)
         wp = weight_ptr if weight_ptr is not None else self._place("weight", weight)
@@ -222,9 +292,30 @@ class Emulator:
         else:
             keys = self._alloc("keys", batch * 8)  # zeroed on the stream
             block_topk = None
-        self._check(self.lib.lam_emu_shard(
-            dtype, {"simt": 0, "mma": 1}[path], int(topk), hp, _row_stride(hidden), wp, _row_stride(weight), bt, bf,
-            batch, hidden.size(1), num_valid, vocab_start, keys, block_topk, k or 1, tp, seed, offset, max_grid_y))
+        self._check(
+            self.lib.lam_emu_shard(
+                dtype,
+                {"simt": 0, "mma": 1}[path],
+                int(topk),
+                hp,
+                _row_stride(hidden),
+                wp,
+                _row_stride(weight),
+                bt,
+                bf,
+                batch,
+                hidden.size(1),
+                num_valid,
+                vocab_start,
+                keys,
+                block_topk,
+                k or 1,
+                tp,
+                seed,
+                offset,
+                max_grid_y,
+            )
+        )
         if not topk:
             return self._read(keys, (batch,), torch.int64)
         # shard_topk_cuda's host step: torch.topk over the blocks' lists
@@ -232,7 +323,7 @@ class Emulator:
         flipped = lists.permute(1, 0, 2).reshape(batch, blocks_x * k) ^ SIGN
         return flipped.topk(k, 1, True, True).values ^ SIGN
 
-    def merge_keys(self, keys: torch.Tensor, d2t: Optional[torch.Tensor] = None):
+    def merge_keys(self, keys: torch.Tensor, d2t: torch.Tensor | None = None):
         keys = (keys.unsqueeze(0) if keys.dim() == 1 else keys).contiguous()
         tp, batch = keys.shape
         if batch == 0:
@@ -242,12 +333,16 @@ class Emulator:
         dp = self._place("d2t", d2t.contiguous()) if d2t is not None else None
         ids = self._alloc("ids", batch * 8, fill=0xA5)
         values = self._alloc("values", batch * 4, fill=0xA5)
-        self._check(self.lib.lam_emu_merge_keys(kp, tp, batch, int(d2t is not None), dp,
-                                                d2t.size(0) if d2t is not None else 0, ids, values))
+        self._check(
+            self.lib.lam_emu_merge_keys(
+                kp, tp, batch, int(d2t is not None), dp, d2t.size(0) if d2t is not None else 0, ids, values
+            )
+        )
         return self._read(ids, (batch,), torch.int64), self._read(values, (batch,), torch.float32)
 
-    def alloc_weight_view(self, rows: int, ldw: int, hidden_size: int, dtype: torch.dtype,
-                          fill: torch.Tensor) -> "PlacedWeight":
+    def alloc_weight_view(
+        self, rows: int, ldw: int, hidden_size: int, dtype: torch.dtype, fill: torch.Tensor
+    ) -> PlacedWeight:
         """A [rows, ldw] weight placed in the arena without copying its
         (possibly many GB of untouched) storage: only rows[:, :hidden_size]
         are written from `fill` [rows, hidden_size]."""

@@ -7,6 +7,7 @@ Each case builds vLLM's ``ParallelLMHead`` (loaded with its own
 vLLM's original ``get_top_tokens`` / ``get_top_k_tokens`` and the methods the
 plugin installed (reached through ``LogitsProcessor``, i.e. vLLM's call path).
 """
+
 from __future__ import annotations
 
 import os
@@ -35,7 +36,7 @@ def _head(full: torch.Tensor, *, bias: bool = False, org_vocab=None):
 
     vocab, hidden = full.shape
     head = ParallelLMHead(vocab, hidden, bias=bias, params_dtype=full.dtype, org_num_embeddings=org_vocab)
-    head.weight.weight_loader(head.weight, full[:head.org_vocab_size])  # LoRA-added rows stay as created
+    head.weight.weight_loader(head.weight, full[: head.org_vocab_size])  # LoRA-added rows stay as created
     head.quant_method.process_weights_after_loading(head)  # vLLM's CPU gemm dispatch (sets cpu_linear)
     if not hasattr(head, "cpu_linear"):
         head.cpu_linear = torch.nn.functional.linear
@@ -63,7 +64,7 @@ def _shard_bias(head, bias_full):
     idx = head.shard_indices
     out = torch.zeros(head.weight.shape[0], dtype=bias_full.dtype)
     n = idx.org_vocab_end_index - idx.org_vocab_start_index
-    out[:n] = bias_full[idx.org_vocab_start_index:idx.org_vocab_end_index]
+    out[:n] = bias_full[idx.org_vocab_start_index : idx.org_vocab_end_index]
     return out
 
 
@@ -88,8 +89,11 @@ def _argmax_case(plugin, gen, vocab, hsize, batch, dtype, *, bias=False, scale=1
     ref = _ref_logits(hidden, full, bias_full, scale, soft_cap)
     top2 = ref.topk(2, dim=1).values
     return {
-        "vllm": theirs.tolist(), "ours": ours.tolist(), "ref": ref.argmax(dim=1).tolist(),
-        "dtype": str(ours.dtype), "fused": plugin.stats().get("fused", 0) - before,
+        "vllm": theirs.tolist(),
+        "ours": ours.tolist(),
+        "ref": ref.argmax(dim=1).tolist(),
+        "dtype": str(ours.dtype),
+        "fused": plugin.stats().get("fused", 0) - before,
         "gap": (top2[:, 0] - top2[:, 1]).tolist(),
     }
 
@@ -109,9 +113,14 @@ def _topk_case(plugin, gen, vocab, hsize, batch, k, dtype, *, bias=False, scale=
     if soft_cap is not None:
         rval = torch.tanh(rval / soft_cap) * soft_cap
     return {
-        "vllm_ids": tid.tolist(), "ours_ids": oid.tolist(), "ref_ids": rid.tolist(),
-        "vllm_values": tval.tolist(), "ours_values": oval.tolist(), "ref_values": rval.tolist(),
-        "dtypes": [str(oid.dtype), str(oval.dtype)], "fused": plugin.stats().get("fused", 0) - before,
+        "vllm_ids": tid.tolist(),
+        "ours_ids": oid.tolist(),
+        "ref_ids": rid.tolist(),
+        "vllm_values": tval.tolist(),
+        "ours_values": oval.tolist(),
+        "ref_values": rval.tolist(),
+        "dtypes": [str(oid.dtype), str(oval.dtype)],
+        "fused": plugin.stats().get("fused", 0) - before,
     }
 
 
@@ -132,8 +141,14 @@ def _past_2_24_case(plugin):
     lp = _processor(vocab)
     theirs, ours = _both(plugin, lp, head, hidden, "get_top_tokens")
     (tid, _), (oid, _) = _both(plugin, lp, head, hidden, "get_top_k_tokens", 2)
-    return {"vllm": theirs.tolist(), "ours": ours.tolist(), "ref": [winner] * 3,
-            "vllm_topk": tid.tolist(), "ours_topk": oid.tolist(), "ref_topk": [[winner, winner - 1]] * 3}
+    return {
+        "vllm": theirs.tolist(),
+        "ours": ours.tolist(),
+        "ref": [winner] * 3,
+        "vllm_topk": tid.tolist(),
+        "ours_topk": oid.tolist(),
+        "ref_topk": [[winner, winner - 1]] * 3,
+    }
 
 
 def _bf16_near_tie_case(plugin):
@@ -150,9 +165,16 @@ def _bf16_near_tie_case(plugin):
     theirs, ours = _both(plugin, lp, head, hidden, "get_top_tokens")
     (tid, tval), (oid, oval) = _both(plugin, lp, head, hidden, "get_top_k_tokens", 2)
     ref = _ref_logits(hidden, full)
-    return {"vllm": theirs.tolist(), "ours": ours.tolist(), "ref": ref.argmax(dim=1).tolist(),
-            "vllm_topk": tid.tolist(), "ours_topk": oid.tolist(), "ref_topk": ref.topk(2, dim=1).indices.tolist(),
-            "ours_topk_values": oval.tolist(), "ref_topk_values": ref.topk(2, dim=1).values.tolist()}
+    return {
+        "vllm": theirs.tolist(),
+        "ours": ours.tolist(),
+        "ref": ref.argmax(dim=1).tolist(),
+        "vllm_topk": tid.tolist(),
+        "ours_topk": oid.tolist(),
+        "ref_topk": ref.topk(2, dim=1).indices.tolist(),
+        "ours_topk_values": oval.tolist(),
+        "ref_topk_values": ref.topk(2, dim=1).values.tolist(),
+    }
 
 
 class _FakeQuantMethod:
@@ -181,7 +203,12 @@ def _fallback_cases(plugin, gen):
             ours = f"{type(e).__name__}: {e}"
         after = plugin.stats()
         delta = {key: after[key] - before.get(key, 0) for key in after if after[key] != before.get(key, 0)}
-        as_data = lambda r: [t.tolist() for t in r] if isinstance(r, tuple) else (r.tolist() if isinstance(r, torch.Tensor) else r)  # noqa: E731
+
+        def as_data(r):
+            return (
+                [t.tolist() for t in r] if isinstance(r, tuple) else (r.tolist() if isinstance(r, torch.Tensor) else r)
+            )
+
         out[name] = {"vllm": as_data(theirs), "ours": as_data(ours), "stats": delta}
 
     head = _head(full)
@@ -228,8 +255,16 @@ def _bytes_case(plugin, gen):
                 for method, args in (("get_top_tokens", ()), ("get_top_k_tokens", (8,))):
                     sent.update(vllm=0, ours=0)
                     _both(plugin, lp, head, hidden, method, *args)
-                    rows.append({"dtype": str(dtype).split(".")[1], "batch": batch, "method": method,
-                                 "k": args[0] if args else 1, "vllm": sent["vllm"], "ours": sent["ours"]})
+                    rows.append(
+                        {
+                            "dtype": str(dtype).split(".")[1],
+                            "batch": batch,
+                            "method": method,
+                            "k": args[0] if args else 1,
+                            "vllm": sent["vllm"],
+                            "ours": sent["ours"],
+                        }
+                    )
     finally:
         GroupCoordinator.all_gather, step.exchange_keys = orig_gather, orig_exchange
     return rows
@@ -330,12 +365,30 @@ def _eagle3_case(plugin, gen, cfg):
     import localargmax
 
     target_vocab, draft_vocab, hsize = 5000, 600, 64
-    hf = LlamaConfig(vocab_size=target_vocab, hidden_size=hsize, intermediate_size=128, num_hidden_layers=1,
-                     num_attention_heads=4, num_key_value_heads=4, draft_vocab_size=draft_vocab)
+    hf = LlamaConfig(
+        vocab_size=target_vocab,
+        hidden_size=hsize,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        draft_vocab_size=draft_vocab,
+    )
     saved = cfg.model_config, cfg.speculative_config
-    object.__setattr__(cfg, "model_config", _Stub(get_total_num_hidden_layers=lambda: 2, get_vocab_size=lambda: target_vocab,
-                                                   hf_config=hf, dtype=torch.float32, is_moe=False))
-    object.__setattr__(cfg, "speculative_config", _Stub(draft_model_config=_Stub(hf_config=hf), parallel_drafting=False))
+    object.__setattr__(
+        cfg,
+        "model_config",
+        _Stub(
+            get_total_num_hidden_layers=lambda: 2,
+            get_vocab_size=lambda: target_vocab,
+            hf_config=hf,
+            dtype=torch.float32,
+            is_moe=False,
+        ),
+    )
+    object.__setattr__(
+        cfg, "speculative_config", _Stub(draft_model_config=_Stub(hf_config=hf), parallel_drafting=False)
+    )
     try:
         model = Eagle3LlamaForCausalLM(vllm_config=cfg)
     finally:
@@ -363,9 +416,15 @@ def _eagle3_case(plugin, gen, cfg):
     fused = plugin.stats().get("fused", 0) - before
     theirs = plugin._ORIGINAL["get_top_tokens"](model.logits_processor, model.lm_head, hidden)
     ref = (hidden.double() @ full.double().T).argmax(dim=1)
-    return {"class": type(model).__name__, "kept_own_head": model.lm_head.weight.shape[0] < target_vocab,
-            "d2t_loaded": torch.equal(model.draft_id_to_target_id.data, d2t), "fused_calls": fused,
-            "ours": ours.tolist(), "vllm": (theirs + d2t[theirs]).tolist(), "ref": (ref + d2t[ref]).tolist()}
+    return {
+        "class": type(model).__name__,
+        "kept_own_head": model.lm_head.weight.shape[0] < target_vocab,
+        "d2t_loaded": torch.equal(model.draft_id_to_target_id.data, d2t),
+        "fused_calls": fused,
+        "ours": ours.tolist(),
+        "vllm": (theirs + d2t[theirs]).tolist(),
+        "ref": (ref + d2t[ref]).tolist(),
+    }
 
 
 def _agreement_sweep(plugin, gen, batch=256, vocab=4000, hsize=64):
@@ -379,9 +438,12 @@ def _agreement_sweep(plugin, gen, batch=256, vocab=4000, hsize=64):
         logits = _ref_logits(hidden, full)
         ref, top2 = logits.argmax(dim=1), logits.topk(2, dim=1).values
         clear = (top2[:, 0] - top2[:, 1]) > 1e-4  # rows away from float32-accumulation near-ties
-        out[str(dtype).split(".")[1]] = {"rows": batch, "vllm_right": int((theirs == ref).sum()),
-                                         "ours_right": int((ours == ref).sum()),
-                                         "ours_wrong_clear": int(((ours != ref) & clear).sum())}
+        out[str(dtype).split(".")[1]] = {
+            "rows": batch,
+            "vllm_right": int((theirs == ref).sum()),
+            "ours_right": int((ours == ref).sum()),
+            "ours_wrong_clear": int(((ours != ref) & clear).sum()),
+        }
     return out
 
 
@@ -407,7 +469,9 @@ def _switch_case(plugin):
 
     out = {}
     plugin.uninstall()
-    out["uninstalled_restores_vllm"] = not plugin.is_active() and LogitsProcessor.get_top_tokens.__module__.startswith("vllm.")
+    out["uninstalled_restores_vllm"] = not plugin.is_active() and LogitsProcessor.get_top_tokens.__module__.startswith(
+        "vllm."
+    )
     os.environ["LOCALARGMAX_VLLM_PLUGIN"] = "0"
     envs.reload()
     plugin.register()
