@@ -6,6 +6,7 @@ examples/greedy_drafting.py."""
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import localargmax
 from localargmax.reference import reference_argmax
 from tests.support.checks import raises_cleanly
 from tests.support.launch import run_ranks
+from tests.support.problems import stack_frames
 from tests.support.reference import ref_argmax, ref_logits
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -251,3 +253,96 @@ def test_refused_at_construction_or_first_forward(case):
         return
     with pytest.raises(exc, match=match):
         head(hidden)
+
+
+# ------------------------------------------ bias dtype and logit scale: the module and the mixin give the op's answer
+
+
+def test_module_keeps_a_float32_bias_exact():
+    """The issue's input: an fp32 bias on a bf16 head through the module gives
+    the op's answer (the bias is held in float32, never rounded to bf16)."""
+    weight = torch.ones(3, 2, dtype=torch.bfloat16)
+    hidden = torch.ones(1, 2, dtype=torch.bfloat16)
+    bias = torch.tensor([1.0, 1.0 + 2**-11, 1.0])
+    assert localargmax.lm_head_argmax(hidden, weight, bias=bias).tolist() == [1]
+    for tp in (1, 2, 3):
+        heads = [localargmax.VocabParallelLMHead.from_full(weight, r, tp, bias=bias, pad_to=1) for r in range(tp)]
+        assert all(h.bias.dtype == torch.float32 for h in heads)
+        frames = stack_frames(
+            [
+                localargmax.shard_argmax(
+                    hidden, h.weight, vocab_start=h.vocab_start, num_valid=h.num_valid, bias=h.bias
+                )
+                for h in heads
+            ],
+            [(h.vocab_start, h.num_valid) for h in heads],
+        )
+        for h in heads:
+            h.group = lambda x: frames
+            assert h(hidden).tolist() == [1], f"tp={tp}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_module_bias_every_dtype_matches_the_op(gen, dtype):
+    """Random bias near-ties that the weight dtype cannot hold: module == op ==
+    float64 reference; a bias in the weight dtype is kept exactly too; a
+    float64 bias is refused like the op refuses it."""
+    vocab, hsize = 50, 8
+    weight = torch.randn(vocab, hsize, generator=gen).to(dtype)
+    hidden = torch.randn(6, hsize, generator=gen).to(dtype)
+    logits = hidden.double() @ weight.double().T
+    bias = (-logits.max(dim=0).values).float()  # flatten the logits so the bias decides
+    bias += torch.rand(vocab, generator=gen) * 2**-12
+    for b in (bias, bias.to(dtype)):
+        head = localargmax.VocabParallelLMHead.from_full(weight, 0, 1, bias=b)
+        want = localargmax.lm_head_argmax(hidden, weight, bias=b)
+        assert torch.equal(head(hidden), want)
+        assert torch.equal(want, reference_argmax(hidden.float(), weight.float(), b.float()))
+    with pytest.raises(TypeError, match="bias dtype must be float32 or the weight dtype"):
+        localargmax.VocabParallelLMHead.from_full(weight, 0, 1, bias=bias.double())
+
+
+class _Draft(torch.nn.Module, localargmax.LocalArgmaxMixin):
+    def __init__(self, scale):
+        super().__init__()
+        self.lm_head = localargmax.VocabParallelLMHead.from_full(torch.eye(3), 0, 1)
+        self.logit_scale = scale
+
+
+@pytest.mark.parametrize("write", ["data_copy", "data_assign", "copy", "fill", "param_replace", "python_float"])
+@pytest.mark.parametrize("bad", [-1.0, 0.0, math.nan])
+def test_logit_scale_checked_however_written(write, bad):
+    """A scale written after a first, good call (as weight reloads do) is
+    checked again: every way of writing it."""
+    hidden = torch.tensor([[1.0, 0.5, 0.0]])
+    good = 1.0 if write == "python_float" else torch.nn.Parameter(torch.tensor(1.0), requires_grad=False)
+    model = _Draft(good)
+    assert model.get_top_tokens(hidden).tolist() == [0]
+    with torch.no_grad():
+        if write == "data_copy":
+            model.logit_scale.data.copy_(torch.tensor(bad))
+        elif write == "data_assign":
+            model.logit_scale.data = torch.tensor(bad)
+        elif write == "copy":
+            model.logit_scale.copy_(torch.tensor(bad))
+        elif write == "fill":
+            model.logit_scale.fill_(bad)
+        elif write == "param_replace":
+            model.logit_scale = torch.nn.Parameter(torch.tensor(bad), requires_grad=False)
+        else:
+            model.logit_scale = bad
+    with pytest.raises(ValueError, match="logit scale must be > 0"):
+        model.get_top_tokens(hidden)
+
+
+def test_logit_scale_checked_under_compile():
+    """Under torch.compile the CPU scale is checked by a device-side assert
+    (raises RuntimeError) instead of being skipped."""
+    torch._dynamo.reset()
+    model = _Draft(torch.nn.Parameter(torch.tensor(1.0), requires_grad=False))
+    hidden = torch.tensor([[1.0, 0.5, 0.0]])
+    step = torch.compile(model.get_top_tokens, fullgraph=True)
+    assert step(hidden).tolist() == [0]
+    model.logit_scale.data.fill_(-1.0)
+    with pytest.raises(RuntimeError, match="logit scale must be > 0"):
+        step(hidden)

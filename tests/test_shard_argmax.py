@@ -937,3 +937,33 @@ def test_accepted_layouts_give_the_same_answer(gen):
     assert not hidden_t.is_contiguous() and weight_rs.stride() == (H + 3, 1) and not bias_s.is_contiguous()
     assert torch.equal(localargmax.shard_argmax(hidden_t, weight_rs, bias=bias_s), want)
     assert torch.equal(torch.ops.localargmax.shard_argmax.default(hidden_t, weight_rs, bias_s, 0, 40), want)
+
+
+# ----------------------------------------------------------------------------- the path keyword on CPU
+
+
+@pytest.mark.parametrize("op", ["argmax", "topk", "sample"])
+def test_cpu_path_keyword(gen, op):
+    """CPU paths: generic and avx2 (where the CPU has it) give bit-identical
+    keys; an unknown path, or a CUDA path on CPU, is a ValueError naming
+    ``path`` (checked by the wrapper and by the kernel itself)."""
+    hidden = torch.randn(5, 37, generator=gen).to(torch.bfloat16)
+    weight = torch.randn(200, 37, generator=gen).to(torch.bfloat16)
+    call = {
+        "argmax": lambda p: localargmax.shard_argmax(hidden, weight, path=p),
+        "topk": lambda p: localargmax.shard_topk(hidden, weight, 3, path=p),
+        "sample": lambda p: localargmax.shard_sample(hidden, weight, torch.full((5,), 0.7), 9, path=p),
+    }[op]
+    auto, generic = call("auto"), call("generic")
+    assert torch.equal(auto, generic)
+    try:
+        avx2 = call("avx2")
+    except ValueError as e:  # a CPU without AVX2: the refusal must say why
+        assert "needs a CPU with AVX2" in str(e)
+    else:
+        assert torch.equal(avx2, generic)
+    for bad in ("mma", "simt", "AVX2", "", None, 3):
+        with pytest.raises(ValueError, match="path must be one of"):
+            call(bad)
+    with pytest.raises(ValueError, match="path must be 'auto', 'generic' or 'avx2' on CPU"):
+        torch.ops.localargmax.shard_argmax.default(hidden, weight, None, 0, 200, "gemm")

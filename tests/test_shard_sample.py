@@ -13,9 +13,10 @@ import pytest
 import torch
 
 import localargmax
+from localargmax.reference import reference_argmax
 from tests.support.checks import raises_cleanly
 from tests.support.paths import CPU_PATHS, on, path_keyword, use_path
-from tests.support.problems import make_shards, random_problem, simulated_sample
+from tests.support.problems import make_shards, random_problem, simulated_sample, stack_frames
 
 M0, M1, W0, W1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
 MASK = 0xFFFFFFFF
@@ -248,3 +249,112 @@ def test_shard_sample_op_rejects(case):
         torch.ops.localargmax.shard_sample.default(
             torch.randn(B, H), torch.randn(ROWS, H), None, start, ROWS, temp, 1, 0
         )
+
+
+# ------------------------------------------ temperature edges (tiny, infinite, negative, NaN; eager and compiled)
+
+TINY_TEMPERATURES = (1e-30, 1e-37, 1e-38, 1e-40, 1e-45)
+
+
+@pytest.mark.parametrize("temperature", TINY_TEMPERATURES)
+def test_tiny_temperature_gives_the_greedy_id(temperature):
+    """The issue's inputs: logits [10, 20] and [-20, -10] (and their mirrors)
+    at a temperature so small that logit / T overflows float32."""
+    hidden = torch.tensor([[1.0]])
+    for logits, want in (
+        ([10.0, 20.0], 1),
+        ([-20.0, -10.0], 1),
+        ([20.0, 10.0], 0),
+        ([-10.0, -20.0], 0),
+        ([-5.0, 3.0], 1),
+        ([3.0, -5.0], 0),
+    ):
+        weight = torch.tensor(logits).view(2, 1)
+        for seed in range(4):
+            ids = localargmax.lm_head_sample(hidden, weight, temperature=temperature, seed=seed)
+            assert ids.tolist() == [want], (logits, temperature, seed)
+
+
+@pytest.mark.parametrize("temperature", TINY_TEMPERATURES + (1e-3,))
+def test_tiny_temperature_random_logits_every_layout(gen, temperature):
+    """Random rows whose logits are all positive, all negative or mixed (a
+    per-row shift of +50 / -50 / 0 through an extra hidden column), with a
+    clear top-1: every tiny T samples the float64 greedy id, as a float or a
+    tensor temperature, on one rank and on simulated tp = 3 with an uneven
+    last shard (the same score formula on every rank)."""
+    batch, vocab, hsize = 24, 301, 16
+    hidden = torch.cat(
+        [torch.randn(batch, hsize, generator=gen), torch.tensor([50.0, -50.0, 0.0]).repeat(8)[:, None]], 1
+    )
+    weight = torch.cat([torch.randn(vocab, hsize, generator=gen), torch.ones(vocab, 1)], 1)
+    top2 = (hidden.double() @ weight.double().T).topk(2, dim=1).values
+    keep = (top2[:, 0] - top2[:, 1]) > 0.05  # far above T * |g| <= 1e-3 * 23
+    greedy = reference_argmax(hidden, weight)
+    ids = localargmax.lm_head_sample(hidden, weight, temperature=temperature, seed=3)
+    assert torch.equal(
+        ids, localargmax.lm_head_sample(hidden, weight, temperature=torch.full((batch,), temperature), seed=3)
+    )
+    assert keep.sum() > 15 and torch.equal(ids[keep], greedy[keep])
+    rows = 128
+    shards = []
+    for r in range(3):
+        w = torch.zeros(rows, hsize + 1)
+        valid = max(0, min(rows, vocab - r * rows))
+        w[:valid] = weight[r * rows : r * rows + valid]
+        shards.append((w, r * rows, valid))
+    t = torch.full((batch,), temperature)
+    frames = stack_frames(
+        [localargmax.shard_sample(hidden, w, t, 3, 0, vocab_start=s, num_valid=n) for w, s, n in shards],
+        [(s, n) for _, s, n in shards],
+    )
+    for w, s, n in shards:
+        got = localargmax.lm_head_sample(
+            hidden, w, temperature=temperature, seed=3, vocab_start=s, num_valid=n, group=lambda x: frames
+        )
+        assert torch.equal(got, ids)
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 1e-3, 0.999, 1.0, 1e3, 1e30, 3e38])
+def test_banned_token_never_sampled(temperature):
+    """-inf logits (banned tokens) are never drawn at any accepted temperature,
+    including huge finite ones where T * g or s / T could overflow."""
+    vocab = 16
+    weight = torch.ones(vocab, 1)
+    bias = torch.zeros(vocab)
+    banned = torch.tensor([0, 3, 7, 15])
+    bias[banned] = -math.inf
+    hidden = torch.ones(64, 1)
+    for seed in range(8):
+        ids = localargmax.lm_head_sample(
+            hidden, weight, bias=bias, temperature=temperature, seed=seed, offset=64 * seed
+        )
+        assert not torch.isin(ids, banned).any(), (temperature, seed, ids.tolist())
+        assert ((ids >= 0) & (ids < vocab)).all()
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, -1.0, -1e-45])
+def test_non_finite_or_negative_temperature_refused(bad):
+    """T = +inf would turn a banned -inf logit into NaN (and NaN wins): refused,
+    as a Python number, a float32 tensor (read by the CPU kernel), a 0-d
+    tensor, a float64 tensor, and through shard_sample directly."""
+    hidden, weight = torch.tensor([[1.0]]), torch.tensor([[1.0], [2.0]])
+    bias = torch.tensor([-math.inf, 0.0])
+    for t in (bad, torch.tensor([bad]), torch.tensor(bad), torch.tensor([bad], dtype=torch.float64)):
+        with pytest.raises(ValueError, match="temperature must be"):
+            localargmax.lm_head_sample(hidden, weight, bias=bias, temperature=t, seed=0)
+    with pytest.raises(ValueError, match="temperature must be finite and >= 0"):
+        localargmax.shard_sample(hidden, weight, torch.tensor([bad], dtype=torch.float32), 0, bias=bias)
+    with pytest.raises(ValueError, match="temperature must be finite and >= 0"):
+        torch.ops.localargmax.shard_sample.default(hidden, weight, bias, 0, 2, torch.tensor([bad]), 0, 0)
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf])
+def test_compiled_sample_refuses_like_eager(bad):
+    """torch.compile(fullgraph=True) must not give a bad temperature another
+    meaning: the CPU kernel reads the values, so compiled raises too."""
+    torch._dynamo.reset()
+    hidden, weight = torch.tensor([[1.0]]), torch.tensor([[10.0], [20.0]])
+    step = torch.compile(lambda h, w, t: localargmax.lm_head_sample(h, w, temperature=t, seed=0), fullgraph=True)
+    assert step(hidden, weight, torch.tensor([1e-38])).tolist() == [1]  # and the tiny-T answer compiled
+    with pytest.raises((ValueError, RuntimeError), match="temperature must be finite and >= 0"):
+        step(hidden, weight, torch.tensor([bad]))

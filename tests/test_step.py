@@ -13,9 +13,10 @@ import pytest
 import torch
 
 import localargmax
+from localargmax.reference import reference_argmax
 from tests.support.checks import raises_cleanly
 from tests.support.keys import allreduce_max, unsigned_max
-from tests.support.launch import run_ranks
+from tests.support.launch import launch, live_descendants, run_ranks, timed
 from tests.support.paths import cuda_only
 from tests.support.problems import (
     full_bias,
@@ -24,6 +25,7 @@ from tests.support.problems import (
     planted_problem,
     shard_keys,
     simulated_argmax,
+    stack_frames,
 )
 from tests.support.reference import ref_argmax, ref_logits, ref_topk
 from tests.support.scenarios import REDUCES, SCENARIO_NAMES, TPS, check_case
@@ -250,3 +252,139 @@ def test_lm_head_argmax_rejects_bad_d2t(case):
     hidden, weight = torch.randn(B, H), torch.randn(ROWS, H)
     weight[ROWS - 1] = hidden.sum(0) * 100  # the winning id falls outside a short table
     raises_cleanly(exc, "d2t", localargmax.lm_head_argmax, hidden, weight, d2t=d2t)
+
+
+# ------------------------------------------ d2t coverage and a corrupt exchange (checked from the step header)
+
+
+@pytest.mark.parametrize("short", [1, 3])
+@pytest.mark.parametrize("op", ["argmax", "topk", "sample"])
+def test_short_d2t_refused_on_every_call(gen, op, short):
+    """A d2t shorter than the draft vocabulary is refused whichever id wins
+    (it used to fail only when the winner was among the uncovered rows)."""
+    vocab, hsize = 40, 8
+    d2t = torch.zeros(vocab - short, dtype=torch.int64)
+    for winner in (0, vocab // 2, vocab - 1):
+        hidden, weight = _planted(gen, vocab, hsize, winner)
+        call = {
+            "argmax": lambda: localargmax.lm_head_argmax(hidden, weight, d2t=d2t),
+            "topk": lambda: localargmax.lm_head_topk(hidden, weight, 2, d2t=d2t),
+            "sample": lambda: localargmax.lm_head_sample(hidden, weight, temperature=0.5, seed=1, d2t=d2t),
+        }[op]
+        with pytest.raises(ValueError, match=rf"d2t has {vocab - short} entries .* spans ids \[0, {vocab}\)"):
+            call()
+    # a table that covers the vocabulary still works, and maps
+    hidden, weight = _planted(gen, vocab, hsize, 5)
+    full = torch.arange(vocab, dtype=torch.int64) * 2
+    assert localargmax.lm_head_argmax(hidden, weight, d2t=full).tolist() == [5 + 10]
+
+
+def _planted(gen, vocab, hsize, winner):
+    """hidden [1, H] and weight [V, H] whose float64 argmax is ``winner``
+    (rows of norm <= 1, the winner's logit twice any other's bound)."""
+    hidden = torch.randn(1, hsize, generator=gen)
+    weight = torch.randn(vocab, hsize, generator=gen)
+    weight = weight / weight.norm(dim=1, keepdim=True)
+    weight[winner] = 2 * hidden[0] / hidden.norm()
+    assert reference_argmax(hidden, weight).tolist() == [winner]
+    return hidden, weight
+
+
+def test_short_d2t_refused_across_simulated_ranks(gen):
+    """tp = 2: the table covers rank 0's ids but not all of rank 1's. Both
+    ranks refuse (the verdict comes from the exchanged headers, so neither is
+    left waiting), even when the winner sits on rank 0."""
+    rows, hsize = 16, 4
+    hidden, weight = _planted(gen, 2 * rows, hsize, 2)
+    d2t = torch.zeros(2 * rows - 1, dtype=torch.int64)
+    keys = [localargmax.shard_argmax(hidden, weight[r * rows : (r + 1) * rows], vocab_start=r * rows) for r in range(2)]
+    frames = stack_frames(keys, [(0, rows), (rows, rows)])
+    for r in range(2):
+        with pytest.raises(ValueError, match="d2t has 31 entries"):
+            localargmax.lm_head_argmax(
+                hidden, weight[r * rows : (r + 1) * rows], vocab_start=r * rows, d2t=d2t, group=lambda x: frames
+            )
+
+
+def test_corrupt_exchange_never_returns_an_out_of_vocabulary_id(gen):
+    """Received keys that decode outside [0, vocab_total) or headers that do
+    not match this rank's size: ValueError, never an id."""
+    rows, hsize = 8, 4
+    weight = torch.randn(rows, hsize, generator=gen)
+    hidden = torch.randn(3, hsize, generator=gen)
+    mine = localargmax.shard_argmax(hidden, weight)
+    other = localargmax.shard_argmax(hidden, weight, vocab_start=rows)
+    garbage = other.clone()
+    garbage[1] = (garbage[1] & ~0xFFFFFFFF) | 0  # low half 0: decodes to id 4294967295
+    frames = stack_frames([mine, garbage], [(0, rows), (rows, rows)])
+    with pytest.raises(ValueError, match="decodes to vocabulary id 4294967295, outside the valid vocabulary"):
+        localargmax.lm_head_argmax(hidden, weight, group=lambda x: frames)
+    # rank 1 sent 2 keys and the transport padded its buffer with a stray key: misaligned headers
+    from localargmax.collective import frame_keys
+
+    misaligned = torch.stack([frame_keys(mine, rows), torch.cat([frame_keys(other[:2], 2 * rows), other[2:]])])
+    with pytest.raises(ValueError, match="disagree on the size of this step's key exchange"):
+        localargmax.lm_head_argmax(hidden, weight, group=lambda x: misaligned)
+    for sizes in ([3, 2], [3, 4]):
+        fake = stack_frames([mine, mine], [(0, rows), (rows, rows)])
+        fake[1, 3] = sizes[1] + 1  # rank 1's header claims another batch size
+        fake[1, 4] = -(sizes[1] + 1)
+        with pytest.raises(ValueError, match=rf"this rank sent 3 keys .* the ranks sent \[3, {sizes[1]}\]"):
+            localargmax.lm_head_argmax(hidden, weight, group=lambda x: fake)
+
+
+# ----------------------------------------------------------------------------- ranks that disagree on the batch
+
+
+def _worker_batch_mismatch(rank, world, op, reduce, debug):
+    """Rank 0 calls with batch 3, rank 1 with batch 2 (the issue's input)."""
+    import os
+
+    import torch.distributed as dist
+
+    if debug:
+        os.environ["LOCALARGMAX_DEBUG"] = "1"
+        localargmax.envs.reload()
+    torch.manual_seed(100 + rank)
+    hidden = torch.randn(3 if rank == 0 else 2, 4)
+    weight = torch.randn(8, 4)
+    kw = dict(vocab_start=8 * rank, group=dist.group.WORLD)
+    dist.barrier()
+    if op == "argmax":
+        return timed(lambda: localargmax.lm_head_argmax(hidden, weight, reduce=reduce, **kw))
+    if op == "topk":
+        return timed(lambda: localargmax.lm_head_topk(hidden, weight, 2, **kw)[0])
+    return timed(lambda: localargmax.lm_head_sample(hidden, weight, temperature=1.0, seed=0, reduce=reduce, **kw))
+
+
+CASES = [
+    ("argmax", "all_gather"),
+    ("argmax", "all_reduce"),
+    ("topk", "all_gather"),
+    ("sample", "all_gather"),
+    ("sample", "all_reduce"),
+]
+
+
+@pytest.mark.parametrize("op,reduce", CASES)
+def test_batch_mismatch_with_debug_raises_on_every_rank(op, reduce):
+    result = launch(_worker_batch_mismatch, 2, op, reduce, True, pg_timeout=30.0, wall_timeout=120.0)
+    for r, o in enumerate(result.ranks):
+        assert o.status == "ok", f"rank {r}: {o.status} {o.value}"
+        assert not o.value["ok"] and o.value["type"] == "ValueError", o.value
+        assert "ranks disagree on batch size" in o.value["error"] and "ranks [0]: 3" in o.value["error"]
+    assert not live_descendants(result.pids)
+
+
+@pytest.mark.parametrize("op,reduce", CASES)
+def test_batch_mismatch_without_debug_never_returns_ids(op, reduce):
+    """Without LOCALARGMAX_DEBUG: a rank may die inside gloo (SIGABRT) or raise
+    (the collective's error, or the step's "disagree on the size" check), but
+    no rank returns ids (the issue saw [3, 4294967295, 0] from sampling)."""
+    result = launch(_worker_batch_mismatch, 2, op, reduce, False, pg_timeout=5.0, wall_timeout=120.0)
+    for r, o in enumerate(result.ranks):
+        print(f"{op}/{reduce} rank {r}: {o.status} exit={o.exitcode} {str(o.value)[:200]}")
+        assert o.status != "hung", o.value
+        if o.status == "ok":
+            assert not o.value["ok"], f"rank {r} returned ids {o.value.get('value')} for a mismatched batch"
+    assert not live_descendants(result.pids)
