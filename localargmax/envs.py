@@ -79,11 +79,8 @@ KNOBS: dict[str, Knob] = {
     "LOCALARGMAX_STRESS_CASES": Knob(
         _positive_int, 10000, "tests", "Random cases of the slow stress test (pytest -m slow)."
     ),
-    "LOCALARGMAX_FAULT_START": Knob(
+    "LOCALARGMAX_TEST_START": Knob(
         str, "forkserver", "tests", "Start method of the multi-rank test launcher: forkserver (fast) or spawn."
-    ),
-    "LOCALARGMAX_FAULT_WALL_TIMEOUT": Knob(
-        float, 90.0, "tests", "Seconds after which a multi-rank test launch counts as hung and is killed."
     ),
 }
 

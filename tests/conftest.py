@@ -19,7 +19,7 @@ from tests.support.paths import ALL_PATHS, CUDA_PATHS, poison_cuda_allocator, un
 
 
 def draw_seed() -> int:
-    env = os.environ.get("LOCALARGMAX_TEST_SEED")
+    env = os.environ.get("LOCALARGMAX_TEST_SEED")  # read per test (not cached): see localargmax.envs
     return int(env) if env else random.SystemRandom().randrange(2**31)
 
 

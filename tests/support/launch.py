@@ -22,7 +22,9 @@ from typing import NamedTuple
 
 import torch
 
-START_METHOD = os.environ.get("LOCALARGMAX_TEST_START", "forkserver")
+from localargmax import envs
+
+START_METHOD = envs.LOCALARGMAX_TEST_START
 _PRELOAD = ["torch", "torch.distributed", "torch.distributed._functional_collectives", "localargmax", __name__]
 
 
