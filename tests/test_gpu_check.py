@@ -119,9 +119,11 @@ def test_dry_run_with_its_budget_spent_skips_steps_and_still_leaves_every_file(t
     assert wall < budget + 20, (wall, log[-3000:])
     assert {p.name for p in out.iterdir()} == FILES, log[-3000:]
     steps = _steps(out)
-    # what little budget env leaves (its time varies with the machine's load) ends in a
-    # TIMEOUT of the next step at most; nothing after it runs
-    assert all("skipped" in steps[s][1] or "TIMEOUT" in steps[s][1] for s in STEPS[1:]), steps
+    # what little budget env leaves (its time varies with the machine's load) may still let the
+    # dry run's build (a reuse of the built extension) finish, or end in its TIMEOUT; nothing
+    # after it runs
+    assert steps[STEPS[1]][1] == "ok" or any(w in steps[STEPS[1]][1] for w in ("skipped", "TIMEOUT")), steps
+    assert all("skipped" in steps[s][1] or "TIMEOUT" in steps[s][1] for s in STEPS[2:]), steps
     assert sum("TIMEOUT" in steps[s][1] for s in STEPS[1:]) <= 1, steps
 
 
