@@ -67,7 +67,11 @@ def shard_argmax(
             of 8, 16-byte aligned data); ``"gemm"``, cuBLAS float32 logits of
             a batch chunk then a keys kernel (bf16 / fp16; auto's choice from
             batch 128); ``"simt"``, the CUDA-core fused kernel (every dtype).
-            The CUDA paths differ only in the float32 summation order of the
+            On CUDA, ``"auto"`` takes the path of the dispatch table shipped
+            with the package (``localargmax.dispatch``; by arch, dtype, ``H``,
+            ``weight.shape[0]`` and batch; PREDICTED choices until a GPU run
+            of ``localargmax-bench --tune`` measures them), else C++'s own
+            choice. The CUDA paths differ only in the float32 summation order of the
             dot products. A forced path that cannot take the inputs raises
             ValueError; it never falls back silently.
 
@@ -81,6 +85,7 @@ def shard_argmax(
         num_valid = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else 0
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_path_arg(path, weight.device)
+    path = _auto_path(path, hidden, weight)
     return torch.ops.localargmax.shard_argmax.default(hidden, weight, bias, vocab_start, num_valid, path)
 
 
@@ -188,9 +193,19 @@ def shard_sample(
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_sample_args(hidden, temperature, seed, offset)
     check_path_arg(path, weight.device)
+    path = _auto_path(path, hidden, weight)
     return torch.ops.localargmax.shard_sample.default(
         hidden, weight, bias, vocab_start, num_valid, temperature, seed, offset, path
     )
+
+
+def _auto_path(path: str, hidden: torch.Tensor, weight: torch.Tensor) -> str:
+    """``path``, with CUDA's ``"auto"`` resolved by the dispatch table."""
+    if path != "auto" or weight.device.type != "cuda":
+        return path
+    from .dispatch import cuda_path
+
+    return cuda_path(hidden, weight)
 
 
 def decode_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,6 +8,7 @@ import argparse
 import os
 import shlex
 import sys
+from pathlib import Path
 
 from .. import envs
 
@@ -160,6 +161,34 @@ examples:
   localargmax-bench --kernel-only --op sample --model qwen3 --batch 1,64,256 --tp 8
   localargmax-bench --kernel-only --op sample --device cuda --model llama3-70b --tp 1,2,4,8 --json out.json
   localargmax-bench --smoke --json out.json           # tiny, for tests (or LOCALARGMAX_BENCH_SMOKE=1)
+  localargmax-bench --predict                         # PREDICTED H200 table (model, no GPU needed)
+  localargmax-bench --predict --model qwen3 --tp 1,2 --batch 1,64 --latency-ns 800
+  localargmax-bench --predict --json bench/results/predicted_h200.json --write-table localargmax/dispatch_table.json
+  localargmax-bench --tune                            # GPU: time the paths, write the MEASURED dispatch table
+"""
+
+PREDICT_HELP = """--predict: the bandwidth model (localargmax/bench/predict.py), no GPU needed;
+every figure is PREDICTED. Per shape (default: the engine shapes of issue
+#15: qwen3 tp 1/4/8, llama3 tp 8, deepseek-v3 tp 8, rank 0's shard; or
+--model with --tp) and batch (default 1,2,4,...,256, or --batch), one row per
+variant: today's simt / mma / gemm (the instantiation each launcher runs at
+that batch) and the fastest and the cheapest proposed pipelined mma variants
+meeting the bar (>= 0.88 of copy at batch <= 64). Per call: CTAs per SM from
+registers (read from the built .so with cuobjdump, or the ptxas lines of
+build/cmake-*/build.log; else the review's figures, and the output says so;
+--registers FILE reads a saved dump), threads and shared memory; rounds of
+CTAs (wave quantisation); per round the longest of the latency-bound CTA time
+(Little's law: bytes in flight per CTA per memory latency), the bytes at the
+read-stream and L2 bandwidths, instruction issue and tensor-core FLOPs; plus
+the fixed launch and zero-fill costs. The device's constants and their
+sources are in the JSON (--json). --write-table PATH also writes the
+dispatch table from the model (source "predicted"), the file the package
+ships as localargmax/dispatch_table.json.
+--tune (GPU and a CUDA build; exit 2 otherwise): times simt / mma / gemm on
+the engine shapes with CUDA-graph replay and writes the table with the
+measured choices (source "measured"; cells without an engine shape keep the
+model's), to --write-table PATH or the package's table; --json PATH gets the
+timings.
 """
 
 MODELS = ("minilm", "synthetic", "qwen3", "llama3", "llama3-70b", "deepseek-v3")
@@ -176,7 +205,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     from .report import DEFINITIONS
     from .runner import DTYPES, OP_METHODS, OPS
 
-    description = DESCRIPTION.format(**DEFINITIONS)
+    description = DESCRIPTION.format(**DEFINITIONS) + "\n" + PREDICT_HELP
     p = argparse.ArgumentParser(
         prog=prog, description=description, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -254,6 +283,20 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         default=10.0,
         help="--kernel-only: cut timed calls to fit this many seconds per row (default 10; 0 = no cut)",
     )
+    p.add_argument(
+        "--predict", action="store_true", help="print the bandwidth model's PREDICTED table (see --predict above)"
+    )
+    p.add_argument("--tune", action="store_true", help="GPU: time the CUDA paths and write the measured table")
+    p.add_argument(
+        "--write-table",
+        nargs="?",
+        const=str(Path(__file__).resolve().parents[1] / "dispatch_table.json"),
+        metavar="PATH",
+        help="--predict / --tune: write the dispatch table (default PATH: localargmax/dispatch_table.json)",
+    )
+    p.add_argument("--gpu", default="H200", choices=("H200",), help="--predict: the device spec (default H200)")
+    p.add_argument("--latency-ns", type=float, help="--predict: memory latency in ns (default: the spec's, 700)")
+    p.add_argument("--registers", metavar="FILE", help="--predict: registers from this cuobjdump dump or build log")
     p.add_argument(
         "--smoke",
         action="store_true",
@@ -400,6 +443,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     prog = prog or "localargmax-bench"
     parser = build_parser(prog)
     args = parser.parse_args(argv)
+    if args.predict or args.tune or args.write_table:
+        return _model_or_tune(args, shlex.join(shlex.split(prog) + argv), prog)
     try:
         cfg, build_shapes, smoke = make_config(args, shlex.split(prog) + argv)
         shapes = build_shapes()
@@ -433,6 +478,30 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+
+
+def _model_or_tune(args, command: str, prog: str) -> int:
+    """``--predict`` / ``--tune`` (they take only the model options)."""
+    if args.predict == args.tune:
+        print(f"{prog}: error: give one of --predict or --tune (--write-table goes with them)", file=sys.stderr)
+        return 2
+    if args.kernel_only or args.device != "cpu" or args.op or args.methods:
+        print(
+            f"{prog}: error: --predict / --tune take --model, --tp, --batch, --json and the model options",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        if args.tune:
+            from .tune import run_tune
+
+            return run_tune(args.write_table, args.json, command)
+        from .predict_cli import run_predict
+
+        return run_predict(args, command)
+    except (ValueError, KeyError, OSError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def kernel_shards(args, shape) -> list[tuple]:

@@ -1,0 +1,626 @@
+"""A bandwidth model of the CUDA paths: PREDICTED times, no GPU needed
+(``localargmax-bench --predict``).
+
+For one (device, kernel variant, shard ``[rows, H]``, batch) it predicts the
+time of one ``shard_argmax`` call and its fraction of the device's copy
+bandwidth, from the kernel's tile shape, the bytes each CTA keeps in flight,
+its registers (read from the built ``.so`` where possible) and the device's
+SM count, bandwidth and memory latency:
+
+* occupancy: CTAs per SM from registers (allocated per warp in units of
+  256), threads and shared memory; ``slots = SMs x CTAs per SM``;
+* waves: the grid's CTAs run in rounds of at most ``slots`` (wave
+  quantisation: a last, part-empty round costs a whole CTA time when the CTAs
+  are latency-bound);
+* one round takes the longest of: a CTA's latency-bound time (Little's law
+  per CTA: it moves its bytes ``in_flight`` at a time, one memory latency per
+  step, plus a pipeline fill step, serial work and an epilogue), the round's
+  weight bytes at the read-stream bandwidth, its weight + hidden bytes at the
+  L2 bandwidth, its instructions at 4 warp-instructions per clock per SM
+  (CUDA-core kernel), its tensor-core FLOPs (padded batch rows included);
+* plus the fixed costs of a call: launch ramp and first latency, the
+  separate zero-fill of the keys (variants with PDL or a fused init cut them).
+
+Little's law in one line: a chip reaching bandwidth ``BW`` at latency ``L``
+must keep ``BW x L`` bytes in flight (H200: 4.15 TB/s x 0.7 us = 2.9 MB, 22 KB
+per SM); a kernel with less in flight is latency-bound at
+``in_flight / L``. The gemm path (cuBLAS float32 logits + keys kernel) is
+modelled as cuBLAS at a fixed efficiency plus the logits round trip.
+
+Every figure is a prediction: the constants are in :data:`DEVICES` with their
+sources (shared/reviews/cuda_h200_review.md §2, shared/reviews/anchors.md);
+tests/test_bench_predict.py checks the arithmetic and the agreement with the
+review's table. A GPU run (``localargmax-bench --tune``) replaces the choices.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import math
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+MODEL_VERSION = "1"
+"""Bumped when the model's structure changes (the table records it and the
+sha256 of this file)."""
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """What the model knows of a GPU. Bandwidths in bytes/s, times in s."""
+
+    name: str
+    arch: str  # the dispatch table's key: "sm_90"
+    sms: int
+    clock_hz: float
+    hbm_peak_Bps: float  # datasheet
+    copy_Bps: float  # device-to-device copy, read + write bytes counted: the yardstick of fraction_of_copy
+    stream_Bps: float  # the most a read-only kernel sustains: every variant's bandwidth cap
+    l2_Bps: float  # L2 -> SM read bandwidth (weight + the hidden rows every CTA re-reads)
+    latency_s: float  # DRAM load latency under load (central)
+    latency_range_s: tuple[float, float]
+    mma_sync_flops: float  # dense bf16 mma.sync m16n8k16, whole chip
+    gemm_flops: float  # dense bf16 cuBLAS (wgmma), whole chip
+    gemm_mem_efficiency: float  # cuBLAS skinny GEMM: fraction of stream_Bps when memory-bound
+    gemm_compute_efficiency: float  # cuBLAS: fraction of gemm_flops when compute-bound
+    launch_s: float  # launch ramp + first latency of a kernel not overlapped with its predecessor (no PDL)
+    zero_fill_s: float  # the separate zero-fill of the keys (at::zeros) before the kernel
+    gemm_second_launch_s: float  # gemm path: the keys kernel's launch and ramp
+    cta_epilogue_s: float  # per CTA: reduction over warps, atomics, drain
+    regs_per_sm: int = 65536
+    max_threads_per_sm: int = 2048
+    max_ctas_per_sm: int = 32
+    smem_per_sm: int = 228 * KiB
+    smem_reserved_per_cta: int = 1 * KiB
+    l2_bytes: int = 50 * MiB
+    sources: dict = field(default_factory=dict, compare=False)
+
+    def little_bytes(self, latency_s: float | None = None) -> float:
+        """Bytes the whole chip must keep in flight to reach ``stream_Bps``."""
+        return self.stream_Bps * (self.latency_s if latency_s is None else latency_s)
+
+
+H200 = DeviceSpec(
+    name="H200",
+    arch="sm_90",
+    sms=132,
+    clock_hz=1.98e9,
+    hbm_peak_Bps=4.8e12,
+    copy_Bps=4.3e12,
+    stream_Bps=4.15e12,
+    l2_Bps=5.5e12,
+    latency_s=0.7e-6,
+    latency_range_s=(0.6e-6, 0.8e-6),
+    mma_sync_flops=470e12,
+    gemm_flops=790e12,
+    gemm_mem_efficiency=0.85,
+    gemm_compute_efficiency=0.65,
+    launch_s=2e-6,
+    zero_fill_s=2e-6,
+    gemm_second_launch_s=5e-6,
+    cta_epilogue_s=1e-6,
+    sources={
+        "sms, regs_per_sm, max_threads_per_sm, max_ctas_per_sm, smem_per_sm": "Hopper GH100 limits (CUDA C "
+        "Programming Guide, compute capability 9.0); review §2",
+        "hbm_peak_Bps": "H200 datasheet 4.8 TB/s (anchors.md, Bandwidth ceilings)",
+        "copy_Bps": "review §2: ~4.3 TB/s device-to-device copy (the review's figure; the bench's d2d-copy row "
+        "measures it in every GPU run)",
+        "stream_Bps": "review §2.3 refined model: 4.15 TB/s sustained by a read-only kernel (anchors.md quotes "
+        "3.78 TB/s for RRZE-HPC's read-only microbenchmark: with it every fraction drops ~9%)",
+        "latency_s": "review §2.2-2.3: 0.6-0.8 us DRAM latency under load, 0.7 central",
+        "l2_Bps": "ASSUMED ~5.5 TB/s (public H100 L2 microbenchmarks; not in anchors.md): binds only where every "
+        "CTA re-reads many hidden rows (batch 64 with 128-row tiles)",
+        "mma_sync_flops": "ASSUMED 0.6 x the 790 TFLOP/s wgmma rate (anchors.md: 'mma.sync reaches well under that')",
+        "gemm_flops": "anchors.md: ~790 dense bf16 TFLOP/s on H200 with wgmma",
+        "gemm_mem_efficiency, gemm_compute_efficiency": "DESIGN.md 'Large batches': cuBLAS assumed at 0.85 of the "
+        "stream when memory-bound, 0.60-0.75 of the GEMM rate when compute-bound",
+        "launch_s, zero_fill_s, cta_epilogue_s": "review §2.3/§2.5(5): +4 us fixed per call (zero-fill ~1.5-2 us, "
+        "launch ramp + first DRAM latency ~2-3 us), +1 us per CTA",
+        "gemm_second_launch_s": "DESIGN.md 'Large batches': the keys kernel's second launch, ~5 us",
+    },
+)
+
+DEVICES = {"H200": H200}
+
+# --- kernel variants ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One kernel instantiation: a CUDA path plus its template parameters.
+
+    ``params`` are (name, value) pairs. Today's kernels (``built=True``):
+    ``simt`` ``nb`` (batch rows per pass), ``mma`` ``nt``/``kv`` (8-row
+    n-tiles per pass, 32-element k chunks per step), ``gemm`` (none).
+    Proposed ones (``built=False``, not in the .so): ``mma`` with ``stages``
+    (shared-memory pipeline depth), ``tile_rows``, ``split_k``, ``tile_n``
+    (batch rows per pass), ``pdl`` and ``fused_init`` (0/1: programmatic
+    dependent launch, keys initialised without a separate zero-fill)."""
+
+    path: str
+    params: tuple = ()
+    built: bool = True
+
+    def get(self, name: str, default=None):
+        return dict(self.params).get(name, default)
+
+    @property
+    def name(self) -> str:
+        inner = ",".join(f"{k}={v}" for k, v in self.params)
+        return f"{self.path}({inner})" if inner else self.path
+
+    def as_dict(self) -> dict:
+        """``{"path": ..., **params}``: the dispatch table's form."""
+        return {"path": self.path, **dict(self.params)}
+
+
+def variant(path: str, built: bool = True, **params) -> Variant:
+    return Variant(path, tuple(params.items()), built)
+
+
+def todays_variant(path: str, batch: int) -> Variant:
+    """The instantiation today's launcher runs for ``path`` at ``batch``
+    (csrc/cuda/shard_argmax_launch.cuh: launch_simt's NB, launch_mma's NT/KV)."""
+    if path == "simt":
+        return variant("simt", nb=1 if batch <= 1 else 2 if batch <= 2 else 4 if batch <= 4 else 8)
+    if path == "mma":
+        if batch <= 8:
+            return variant("mma", nt=1, kv=2)
+        if batch <= 16:
+            return variant("mma", nt=2, kv=2)
+        return variant("mma", nt=4, kv=1) if batch <= 32 else variant("mma", nt=8, kv=1)
+    if path == "gemm":
+        return variant("gemm")
+    raise ValueError(f"unknown CUDA path {path!r}")
+
+
+CPP_GEMM_MIN_BATCH = 128
+"""csrc/cuda's kDefaultGemmMinBatch: C++ "auto" takes gemm from this batch
+(tests/test_dispatch.py checks the two agree)."""
+
+
+def cpp_auto_path(batch: int, gemm_min_batch: int = CPP_GEMM_MIN_BATCH) -> str:
+    """C++ ``path="auto"``'s choice for bf16 / fp16 argmax on sm_80+ with
+    aligned inputs (pick_path in csrc/cuda)."""
+    return "gemm" if batch >= gemm_min_batch else "mma"
+
+
+# Registers per thread of today's kernels on sm_90a (bf16), from the review's
+# ptxas / cuobjdump table (§2.1, commit 51a22ae): the fallback when no CUDA
+# build can be read. simt NB=2 / NB=4 were not listed: NB=8's figure is used.
+DEFAULT_REGISTERS = {
+    "mma(nt=1,kv=2)": 150,
+    "mma(nt=2,kv=2)": 148,
+    "mma(nt=4,kv=1)": 110,
+    "mma(nt=8,kv=1)": 212,
+    "simt(nb=1)": 54,
+    "simt(nb=2)": 61,
+    "simt(nb=4)": 61,
+    "simt(nb=8)": 61,
+}
+
+
+@dataclass
+class Registers:
+    """Registers per thread by variant name, and where they came from."""
+
+    by_variant: dict
+    source: str
+
+    def of(self, v: Variant) -> tuple[int, str]:
+        if v.name in self.by_variant:
+            return self.by_variant[v.name], self.source
+        if not v.built:
+            return _estimated_registers(v), "estimated (proposed variant: 40 + fp32 accumulators per thread)"
+        return DEFAULT_REGISTERS.get(v.name, 64), "default (review §2.1)"
+
+
+_MMA_NAME = re.compile(r"shard_argmax_mma_kernelI(?:13__nv_bfloat16|6__half)Li(\d+)ELi(\d+)E")
+_SIMT_NAME = re.compile(r"shard_argmax_kernelI13__nv_bfloat16Li(\d+)ELi8ELb0E")
+
+
+def parse_registers(text: str, arch: str = "sm_90") -> dict:
+    """``{variant name: registers}`` of the bf16 argmax kernels of ``arch``
+    (sm_90 also matches sm_90a) from ``cuobjdump --dump-resource-usage``
+    output (``arch = sm_90a`` ... ``Function <mangled>: REG:150 ...``) or the
+    ptxas lines of a build log (``Compiling entry function '<mangled>' for
+    'sm_90a'`` then ``Used 150 registers``). The mma kernel's fp16 and bf16
+    builds are listed separately; bf16 wins where both appear."""
+    out: dict = {}
+    current_arch = None
+    pending = None  # ptxas: the function whose "Used N registers" line comes next
+    for line in text.splitlines():
+        m = re.search(r"arch = (sm_\w+)", line)
+        if m:
+            current_arch = m.group(1)
+            continue
+        m = re.search(r"Compiling entry function '(\S+)' for '(sm_\w+)'", line)
+        if m:
+            pending = (m.group(1), m.group(2))
+            continue
+        m = re.search(r"Function (\S+?):.*\bREG:(\d+)", line)
+        if m:
+            _record(out, m.group(1), current_arch, arch, int(m.group(2)))
+            continue
+        m = re.search(r"Used (\d+) registers", line)
+        if m and pending is not None:
+            _record(out, pending[0], pending[1], arch, int(m.group(1)))
+            pending = None
+    return out
+
+
+def _record(out: dict, mangled: str, found_arch: str | None, arch: str, regs: int) -> None:
+    if found_arch is None or not found_arch.startswith(arch):
+        return
+    m = _MMA_NAME.search(mangled)
+    if m:
+        name = f"mma(nt={m.group(1)},kv={m.group(2)})"
+        if "bfloat16" in mangled or name not in out:
+            out[name] = regs
+        return
+    m = _SIMT_NAME.search(mangled)
+    if m:
+        out[f"simt(nb={m.group(1)})"] = regs
+
+
+def read_registers(root: str | os.PathLike | None = None, arch: str = "sm_90", path: str | None = None) -> Registers:
+    """Registers of the built kernels: ``path`` (a cuobjdump dump or build
+    log) if given; else ``cuobjdump --dump-resource-usage`` of
+    ``localargmax/_C*.so`` (cuobjdump from PATH, /usr/local/cuda/bin or the
+    triton wheel), else the ptxas lines of ``build/cmake-*/build.log``; else
+    :data:`DEFAULT_REGISTERS` (the source says which)."""
+    if path is not None:
+        found = parse_registers(Path(path).read_text(errors="replace"), arch)
+        return Registers({**DEFAULT_REGISTERS, **found}, f"{path} ({len(found)} kernels)")
+    root = Path(root) if root is not None else Path(__file__).resolve().parents[2]
+    tool = _cuobjdump()
+    for so in sorted(glob.glob(str(root / "localargmax" / "_C*.so"))):
+        if tool is None:
+            break
+        try:
+            text = subprocess.run(
+                [tool, "--dump-resource-usage", so], capture_output=True, text=True, timeout=60
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        found = parse_registers(text, arch)
+        if found:
+            return Registers({**DEFAULT_REGISTERS, **found}, f"cuobjdump {Path(so).name} ({len(found)} kernels)")
+    for log in sorted(glob.glob(str(root / "build" / "cmake-*" / "build.log"))):
+        found = parse_registers(Path(log).read_text(errors="replace"), arch)
+        if found:
+            return Registers({**DEFAULT_REGISTERS, **found}, f"ptxas lines of {log} ({len(found)} kernels)")
+    return Registers(
+        dict(DEFAULT_REGISTERS), "defaults: no CUDA build to read (review §2.1 figures, sm_90a, commit 51a22ae)"
+    )
+
+
+def _cuobjdump() -> str | None:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    candidates = ["/usr/local/cuda/bin/cuobjdump"]
+    try:
+        import triton
+
+        candidates.append(str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"))
+    except ImportError:
+        pass
+    return next((c for c in candidates if os.access(c, os.X_OK)), None)
+
+
+def _estimated_registers(v: Variant) -> int:
+    threads = 32 * v.get("warps", 4)
+    return min(255, 40 + math.ceil(v.get("tile_rows", 128) * v.get("tile_n", 8) / threads))
+
+
+# --- the model ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Geometry:
+    """What the model needs of one launch (per CTA unless said otherwise)."""
+
+    ctas: int
+    threads: int
+    smem: int
+    cta_bytes: float  # weight bytes from HBM
+    cta_l2_bytes: float  # hidden bytes re-read from L2
+    cta_in_flight: float  # weight bytes kept in flight
+    cta_serial_s: float  # serial work outside the memory stream
+    cta_instructions: float  # warp-instructions (issue-bound CUDA-core kernel), else 0
+    cta_flops: float  # tensor-core FLOPs, padded batch rows included
+    passes: int  # times the weight is streamed
+    fixed_s: float
+
+
+@dataclass
+class Prediction:
+    """One predicted call. ``fraction_of_copy`` = weight bytes / time / copy bandwidth."""
+
+    variant: Variant
+    rows: int
+    hidden: int
+    batch: int
+    time_s: float
+    fraction_of_copy: float
+    bound: str  # "bandwidth" | "latency" | "l2" | "issue" | "compute" | "gemm-memory" | "gemm-compute"
+    ctas: int = 0
+    ctas_per_sm: int = 0
+    rounds: int = 0
+    regs: int | None = None
+    regs_source: str = ""
+    in_flight_per_sm: float = 0.0
+    little_per_sm: float = 0.0
+
+    @property
+    def us(self) -> float:
+        return self.time_s * 1e6
+
+
+def ctas_per_sm(spec: DeviceSpec, threads: int, regs: int, smem: int) -> int:
+    """Resident CTAs per SM: registers (per-warp allocation in units of 256),
+    threads, shared memory (plus the per-CTA reservation), the CTA limit."""
+    warps = -(-threads // 32)
+    regs_per_warp = -(-regs * 32 // 256) * 256
+    by_regs = (spec.regs_per_sm // regs_per_warp) // warps
+    by_threads = spec.max_threads_per_sm // threads
+    by_smem = spec.smem_per_sm // (smem + spec.smem_reserved_per_cta)
+    return max(0, min(by_regs, by_threads, by_smem, spec.max_ctas_per_sm))
+
+
+def geometry(spec: DeviceSpec, v: Variant, rows: int, hidden: int, batch: int, elem: int = 2) -> Geometry:
+    """The launch of the Little's-law variants (simt, mma today and proposed)."""
+    fixed = spec.launch_s * (0.25 if v.get("pdl") else 1.0) + (0.0 if v.get("fused_init") else spec.zero_fill_s)
+    if v.path == "simt":  # 8 warps x 64 rows; a warp walks its 8 rows, 4 x 16 B per lane in flight
+        nb = v.get("nb")
+        tiles, passes = -(-rows // 64), -(-batch // nb)
+        cta_bytes = rows * hidden * elem / tiles
+        vec_steps = cta_bytes / 512  # warp-steps of one 16-byte vector per lane
+        # per warp-step: unpack the weight vector (8), then per batch row: hidden load + unpack (9),
+        # mul + add per element (16): ~200 per 512 B at NB = 8 (review §2.4)
+        instructions = vec_steps * (8 + min(nb, batch) * 25)
+        return Geometry(
+            ctas=tiles * passes,
+            threads=256,
+            smem=8 * nb * 8 + 64,
+            cta_bytes=cta_bytes,
+            cta_l2_bytes=min(nb, batch) * hidden * elem,
+            cta_in_flight=8 * 4 * 32 * 16,
+            cta_serial_s=8 * 0.15e-6,  # per row: the 32-lane butterfly and the key, 8 rows per warp in turn
+            cta_instructions=instructions,
+            cta_flops=0.0,
+            passes=passes,
+            fixed_s=fixed,
+        )
+    if v.path != "mma":
+        raise ValueError(f"geometry: {v.path} is not a Little's-law variant")
+    if v.built:  # today: 4 warps x 32 rows, register double buffer, KV x 2 KB per warp in flight
+        nt, kv = v.get("nt"), v.get("kv")
+        tile_rows, tile_n, warps, split_k, stages = 128, 8 * nt, 4, 1, 1
+        in_flight = warps * kv * 32 * 32 * elem
+        smem = 4 * tile_n * 8
+    else:
+        tile_rows, tile_n = v.get("tile_rows", 128), v.get("tile_n", 64)
+        warps, split_k, stages = v.get("warps", 4), v.get("split_k", 1), v.get("stages", 3)
+        k_tile = v.get("k_tile", 64)
+        in_flight = (stages - 1) * tile_rows * k_tile * elem
+        smem = stages * (tile_rows + tile_n) * k_tile * elem + warps * tile_n * 8
+    tiles, passes = -(-rows // tile_rows), -(-batch // tile_n)
+    cta_bytes = rows * hidden * elem / (tiles * split_k)
+    return Geometry(
+        ctas=tiles * passes * split_k,
+        threads=32 * warps,
+        smem=smem,
+        cta_bytes=cta_bytes,
+        cta_l2_bytes=min(tile_n, batch) * hidden * elem / split_k,
+        cta_in_flight=in_flight,
+        cta_serial_s=(2 * spec.latency_s if split_k > 1 else 0.0),  # cluster / DSMEM reduction of the partials
+        cta_instructions=0.0,
+        cta_flops=2.0 * tile_rows * tile_n * hidden / split_k,
+        passes=passes,
+        fixed_s=fixed,
+    )
+
+
+def predict(
+    spec: DeviceSpec,
+    v: Variant,
+    rows: int,
+    hidden: int,
+    batch: int,
+    elem: int = 2,
+    latency_s: float | None = None,
+    registers: Registers | None = None,
+) -> Prediction:
+    """The predicted time of one call of variant ``v`` on a ``[rows, hidden]``
+    shard at ``batch`` (see the module docstring)."""
+    if rows < 1 or hidden < 1 or batch < 1:
+        raise ValueError(f"predict: rows, hidden and batch must be >= 1, got {rows}, {hidden}, {batch}")
+    lat = spec.latency_s if latency_s is None else latency_s
+    useful = rows * hidden * elem
+    if v.path == "gemm":
+        return _predict_gemm(spec, v, rows, hidden, batch, elem, useful)
+    g = geometry(spec, v, rows, hidden, batch, elem)
+    regs, regs_source = (registers or Registers({}, "")).of(v)
+    per_sm = ctas_per_sm(spec, g.threads, regs, g.smem)
+    if per_sm < 1:
+        raise ValueError(f"{v.name}: no CTA fits on an SM ({regs} registers, {g.smem} bytes of shared memory)")
+    slots = spec.sms * per_sm
+    steps = math.ceil(g.cta_bytes / g.cta_in_flight) + 1  # + the pipeline fill (first loads)
+    cta_latency = steps * lat + g.cta_serial_s + spec.cta_epilogue_s
+
+    def round_time(n: int) -> tuple[float, str]:
+        active = min(n, spec.sms)
+        terms = {
+            "latency": cta_latency,
+            "bandwidth": n * g.cta_bytes / spec.stream_Bps,
+            "l2": n * (g.cta_bytes + g.cta_l2_bytes) / spec.l2_Bps,
+            "issue": (n / active) * g.cta_instructions / (4 * spec.clock_hz),
+            "compute": n * g.cta_flops / (spec.mma_sync_flops * active / spec.sms),
+        }
+        bound = max(terms, key=terms.get)
+        return terms[bound], bound
+
+    full, rest = divmod(g.ctas, slots)
+    t_full, bound = round_time(slots) if full else (0.0, "")
+    t_rest, bound_rest = round_time(rest) if rest else (0.0, "")
+    total = full * t_full + t_rest + g.fixed_s
+    if full * t_full < t_rest:
+        bound = bound_rest
+    resident = min(g.ctas, slots) / spec.sms
+    return Prediction(
+        variant=v,
+        rows=rows,
+        hidden=hidden,
+        batch=batch,
+        time_s=total,
+        fraction_of_copy=useful / total / spec.copy_Bps,
+        bound=bound,
+        ctas=g.ctas,
+        ctas_per_sm=per_sm,
+        rounds=full + (1 if rest else 0),
+        regs=regs,
+        regs_source=regs_source,
+        in_flight_per_sm=resident * g.cta_in_flight,
+        little_per_sm=spec.little_bytes(lat) / spec.sms,
+    )
+
+
+def _predict_gemm(spec, v, rows, hidden, batch, elem, useful) -> Prediction:
+    """cuBLAS float32 logits per batch chunk (<= 256 MiB of logits; the GEMM
+    covers the padded rows, here ``rows`` rounded up to 64), then the keys
+    kernel re-reads them: max(memory, compute) per GEMM + the logits' write and
+    read + the second launch per chunk + the call's fixed costs."""
+    padded = -(-rows // 64) * 64
+    chunk = max(1, (256 * MiB) // 4 // padded)
+    gemms = -(-batch // chunk)
+    t_mem = padded * hidden * elem / (spec.gemm_mem_efficiency * spec.stream_Bps)
+    t = 0.0
+    bound = "gemm-memory"
+    for i in range(gemms):
+        n = min(chunk, batch - i * chunk)
+        t_cmp = 2.0 * n * padded * hidden / (spec.gemm_compute_efficiency * spec.gemm_flops)
+        if t_cmp > t_mem:
+            bound = "gemm-compute"
+        t += max(t_mem, t_cmp) + 8.0 * n * padded / spec.stream_Bps + spec.gemm_second_launch_s
+    t += spec.launch_s + spec.zero_fill_s
+    return Prediction(v, rows, hidden, batch, t, useful / t / spec.copy_Bps, bound, rounds=gemms)
+
+
+# --- engine shapes, candidates and the proposed variants ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineShape:
+    """One rank's shard of a preset lm_head (rank 0 of the standard layout)."""
+
+    model: str
+    tp: int
+    vocab: int
+    hidden: int
+    rows: int  # valid rows of rank 0 (what the kernel reads)
+    padded_rows: int  # the shard's rows (equal on every rank: the dispatch table's key)
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} tp{self.tp}"
+
+
+PRESET_SHAPES = {  # = localargmax.bench.data.PRESETS (kept torch-free here; a test checks they agree)
+    "qwen3": (151936, 4096),
+    "llama3": (128256, 4096),
+    "llama3-70b": (128256, 8192),
+    "deepseek-v3": (129280, 7168),
+}
+ENGINE_SHAPES = (("qwen3", 1), ("qwen3", 4), ("qwen3", 8), ("llama3", 8), ("deepseek-v3", 8))
+"""The issue's table (#15): Qwen3 tp 1/4/8, Llama-3 tp 8, DeepSeek-V3 tp 8."""
+ENGINE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BAR_FRACTION = 0.88
+BAR_MAX_BATCH = 64
+
+
+def engine_shape(model: str, tp: int) -> EngineShape:
+    from ..layout import shard_vocab
+
+    vocab, hidden = PRESET_SHAPES[model]
+    shard = shard_vocab(vocab, 0, tp, pad_to=64)
+    return EngineShape(model, tp, vocab, hidden, shard.num_valid, shard.rows)
+
+
+def engine_shapes(pairs: Iterable[tuple[str, int]] = ENGINE_SHAPES) -> list[EngineShape]:
+    return [engine_shape(m, tp) for m, tp in pairs]
+
+
+def built_candidates(batch: int) -> list[Variant]:
+    """What a dispatch can choose today at ``batch``: each path's instantiation."""
+    return [todays_variant(p, batch) for p in ("simt", "mma", "gemm")]
+
+
+def proposed_variants(batch: int) -> list[Variant]:
+    """The proposed pipelined mma kernel's search space at ``batch``: stages
+    2/3/4, 64/128/256-row tiles, split-K 1/2/4, with and without PDL + fused
+    init; ``tile_n`` = the batch rounded up to 8..128 (one pass up to 128)."""
+    tile_n = min(128, max(8, 1 << max(0, batch - 1).bit_length()))
+    out = []
+    for fixed in (0, 1):
+        for stages in (2, 3, 4):
+            for tile_rows in (64, 128, 256):
+                for split_k in (1, 2, 4):
+                    warps = 8 if tile_rows == 256 else 4
+                    out.append(
+                        variant(
+                            "mma",
+                            built=False,
+                            stages=stages,
+                            tile_rows=tile_rows,
+                            split_k=split_k,
+                            tile_n=tile_n,
+                            warps=warps,
+                            pdl=fixed,
+                            fused_init=fixed,
+                        )
+                    )
+    return out
+
+
+def best(spec, variants, rows, hidden, batch, registers=None, latency_s=None) -> Prediction:
+    preds = [_try(spec, v, rows, hidden, batch, registers, latency_s) for v in variants]
+    return min((p for p in preds if p is not None), key=lambda p: p.time_s)
+
+
+def smallest_meeting_bar(spec, rows, hidden, batch, registers=None, latency_s=None, bar=BAR_FRACTION):
+    """The cheapest proposed variant (fewest stages, then no PDL, smallest
+    split-K, then fastest) predicted at >= ``bar`` of copy; None if none is."""
+    ok = [
+        p
+        for v in proposed_variants(batch)
+        if (p := _try(spec, v, rows, hidden, batch, registers, latency_s)) is not None and p.fraction_of_copy >= bar
+    ]
+    key = lambda p: (p.variant.get("pdl"), p.variant.get("stages"), p.variant.get("split_k"), p.time_s)  # noqa: E731
+    return min(ok, key=key) if ok else None
+
+
+def _try(spec, v, rows, hidden, batch, registers, latency_s):
+    try:
+        return predict(spec, v, rows, hidden, batch, registers=registers, latency_s=latency_s)
+    except ValueError:
+        return None
+
+
+def model_sha256() -> str:
+    """sha256 (first 16 hex digits) of this file: the table records it."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
+def with_latency(spec: DeviceSpec, latency_s: float) -> DeviceSpec:
+    return replace(spec, latency_s=latency_s)

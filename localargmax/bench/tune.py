@@ -1,0 +1,333 @@
+"""The dispatch table (localargmax/dispatch_table.json) and how it is made.
+
+* ``localargmax-bench --predict --write-table``: every cell's path from the
+  bandwidth model (:mod:`localargmax.bench.predict`), ``"source":
+  "predicted"``;
+* ``localargmax-bench --tune`` (GPU): each path timed on the engine shapes
+  with CUDA-graph replay (:mod:`localargmax.bench.timing`); cells holding an
+  engine shape take the fastest measured path (``"source": "measured"``), the
+  others keep the model's choice (their entries say ``"predicted"``).
+
+A table covers, per arch and dtype, every (hidden size, shard rows, batch)
+in ``[0, 2**31)`` with buckets (the ``edges``): rows in units of one 128-row
+tile per SM, batch at the launchers' own boundaries (simt NB, mma NT). A
+cell's samples are the engine shapes that fall in it, else a point in the
+middle, at the bucket's lowest and highest batch; its path is the one with
+the smallest worst-case slowdown over the samples; C++ ``auto``'s path is
+kept unless another is faster by more than :data:`HYSTERESIS` (the model's
+resolution). The table is keyed by the shard's *rows* (``weight.shape[0]``,
+padding included, equal on every rank), never ``num_valid``: every rank must
+take the same path (DESIGN.md, CUDA rules).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from . import predict as pm
+
+TABLE_PATH = Path(__file__).resolve().parents[1] / "dispatch_table.json"
+SCHEMA = "localargmax.dispatch_table/1"
+TABLE_DTYPES = ("bfloat16", "float16")
+LIMIT = 2**31
+HYSTERESIS = 1.03
+PATHS = ("simt", "mma", "gemm")
+
+Timer = Callable[[str, int, int, int], "float | None"]
+"""``timer(path, rows, hidden, batch)`` -> seconds per call, or None (not timed)."""
+
+
+def bucket_edges(spec: pm.DeviceSpec) -> dict:
+    """Bucket edges (``[lo, hi)`` between neighbours) for ``spec``'s arch."""
+    per_sm = 128 * spec.sms  # rows of one 128-row mma tile per SM
+    return {
+        "hidden": [0, 3072, 6144, LIMIT],
+        "rows": [0, per_sm // 2, per_sm, 2 * per_sm, 4 * per_sm, 8 * per_sm, LIMIT],
+        "batch": [0, 2, 3, 5, 9, 17, 33, 65, 129, 257, 1025, LIMIT],
+    }
+
+
+def _ranges(edges: list[int]) -> list[tuple[int, int]]:
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def model_samples(rng_h, rng_r, shapes: list[pm.EngineShape]) -> list[tuple[int, int]]:
+    """(rows, hidden) samples of a cell: the engine shapes in it, else its middle."""
+    inside = [(s.padded_rows, s.hidden) for s in shapes if _in(s.padded_rows, rng_r) and _in(s.hidden, rng_h)]
+    if inside:
+        return sorted(set(inside))
+    return [(_middle(*rng_r, floor=1024), _middle(*rng_h, floor=1024, top=8192))]
+
+
+def _middle(lo: int, hi: int, floor: int, top: int = 262144) -> int:
+    lo, hi = max(lo, floor), min(hi, top)
+    return max(lo, int(math.sqrt(lo * hi)) // 64 * 64)
+
+
+def batch_samples(rng_b) -> list[int]:
+    lo, hi = rng_b
+    return sorted({max(lo, 1), min(hi - 1, 4096)})
+
+
+def _in(x: int, rng) -> bool:
+    return rng[0] <= x < rng[1]
+
+
+def choose_cell(samples, batches, timer: Timer, incumbent: str):
+    """(path, worst-case slowdown, {path: seconds at the first sample}) for one cell."""
+    worst = {p: 1.0 for p in PATHS}
+    first = {}
+    for rows, hidden in samples:
+        for b in batches:
+            times = {p: timer(p, rows, hidden, b) for p in PATHS}
+            times = {p: t for p, t in times.items() if t is not None}
+            if not first:
+                first = dict(times, batch=b, rows=rows, hidden=hidden)
+            fastest = min(times.values())
+            for p in PATHS:
+                worst[p] = max(worst[p], times[p] / fastest) if p in times else math.inf
+    best = min(PATHS, key=lambda p: worst[p])
+    if worst[incumbent] <= worst[best] * HYSTERESIS:
+        best = incumbent
+    return best, worst[best], first
+
+
+def build_table(
+    spec: pm.DeviceSpec,
+    timer: Timer,
+    source: str,
+    shapes: list[pm.EngineShape],
+    measured_cell: Callable | None = None,
+    meta: dict | None = None,
+) -> dict:
+    """The table document. ``timer`` decides every cell; with
+    ``measured_cell(rng_h, rng_r, rng_b) -> ([(rows, hidden)], [batch]) or
+    None`` a cell with timed samples is decided on them and marked measured
+    (``--tune``)."""
+    edges = bucket_edges(spec)
+    entries = []
+    for rng_h in _ranges(edges["hidden"]):
+        for rng_r in _ranges(edges["rows"]):
+            for rng_b in _ranges(edges["batch"]):
+                batches = batch_samples(rng_b)
+                incumbent = pm.cpp_auto_path(batches[0])
+                found = measured_cell(rng_h, rng_r, rng_b) if measured_cell else None
+                cell_source = "measured" if found else "predicted"
+                samples, batches = found if found else (model_samples(rng_h, rng_r, shapes), batches)
+                path, worst, at = choose_cell(samples, batches, timer, incumbent)
+                b = at["batch"]
+                entries.append(
+                    {
+                        "hidden": list(rng_h),
+                        "rows": list(rng_r),
+                        "batch": list(rng_b),
+                        "path": path,
+                        "variant": dict(pm.todays_variant(path, b).params),
+                        "source": cell_source,
+                        "at": {"rows": at["rows"], "hidden": at["hidden"], "batch": b},
+                        "us": {p: round(at[p] * 1e6, 1) for p in PATHS if p in at},
+                        "worst_slowdown": round(worst, 3),
+                    }
+                )
+    return {
+        "schema": SCHEMA,
+        "source": source,
+        "label": "PREDICTED (bandwidth model, no GPU)" if source == "predicted" else "MEASURED",
+        **(meta or {}),
+        "tables": [{"arch": spec.arch, "dtypes": list(TABLE_DTYPES), "edges": edges, "entries": entries}],
+    }
+
+
+def model_timer(spec: pm.DeviceSpec, registers: pm.Registers) -> Timer:
+    def timer(path, rows, hidden, batch):
+        return pm.predict(spec, pm.todays_variant(path, batch), rows, hidden, batch, registers=registers).time_s
+
+    return timer
+
+
+def registers_of_table(doc: dict) -> pm.Registers:
+    """The registers a table was made with (so that regenerating it is exact)."""
+    return pm.Registers(dict(doc["registers"]), doc["registers_source"])
+
+
+def predicted_table(spec: pm.DeviceSpec, registers: pm.Registers, commit: str | None = None) -> dict:
+    """The model's table (``--predict --write-table``)."""
+    meta = _meta(spec, registers, commit, "localargmax-bench --predict --write-table")
+    return build_table(spec, model_timer(spec, registers), "predicted", pm.engine_shapes(), meta=meta)
+
+
+def _meta(spec, registers, commit, generated_by) -> dict:
+    return {
+        "generated_by": generated_by,
+        "model": {"module": "localargmax.bench.predict", "version": pm.MODEL_VERSION, "sha256": pm.model_sha256()},
+        "device": spec.name,
+        "commit": commit if commit is not None else git_commit(),
+        "registers_source": registers.source,
+        "registers": dict(sorted(registers.by_variant.items())),
+        "note": "keys: arch, dtype, hidden size, shard rows (weight.shape[0], padding included: equal on every "
+        "rank), batch; each range is [lo, hi). Today's C++ takes only the path: the variant is the one its "
+        "launcher instantiates at that batch.",
+    }
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def dumps(doc: dict) -> str:
+    """The table as text: header fields indented, one entry per line."""
+    head = {k: v for k, v in doc.items() if k != "tables"}
+    lines = json.dumps(head, indent=2).splitlines()[:-1]
+    lines[-1] += ","
+    lines.append('  "tables": [')
+    for i, t in enumerate(doc["tables"]):
+        lines.append("    {")
+        for k in ("arch", "dtypes", "edges"):
+            lines.append(f"      {json.dumps(k)}: {json.dumps(t[k])},")
+        lines.append('      "entries": [')
+        lines += [
+            f"        {json.dumps(e)}" + ("," if j < len(t["entries"]) - 1 else "") for j, e in enumerate(t["entries"])
+        ]
+        lines.append("      ]")
+        lines.append("    }" + ("," if i < len(doc["tables"]) - 1 else ""))
+    lines += ["  ]", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_table(doc: dict, path: str | Path = TABLE_PATH) -> None:
+    from ..dispatch import validate
+
+    validate(doc)
+    Path(path).write_text(dumps(doc))
+
+
+# --- --tune ---------------------------------------------------------------------------------------------------
+
+TUNE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
+SIMT_MAX_BATCH = 8  # simt is issue-bound past it (ms per call at tp 1): not timed
+
+
+def tune(
+    spec: pm.DeviceSpec,
+    timer: Timer,
+    registers: pm.Registers,
+    shapes: list[pm.EngineShape] | None = None,
+    batches=TUNE_BATCHES,
+    device_name: str = "",
+    commit: str | None = None,
+    progress=None,
+) -> dict:
+    """Time every path on ``shapes`` x ``batches`` with ``timer`` (the GPU's,
+    or a fake one in tests) and build the measured table: cells with an
+    engine shape and a timed batch are decided by the timings, the rest by
+    the model."""
+    shapes = pm.engine_shapes() if shapes is None else shapes
+    measured: dict = {}
+    for s in shapes:
+        for b in batches:
+            for p in PATHS:
+                if p == "simt" and b > SIMT_MAX_BATCH:
+                    continue
+                if progress:
+                    progress(f"tune {s.label} rows={s.padded_rows} H={s.hidden} B={b} {p} ...")
+                measured[(p, s.padded_rows, s.hidden, b)] = timer(p, s.padded_rows, s.hidden, b)
+    model = model_timer(spec, registers)
+
+    def merged(path, rows, hidden, batch):
+        key = (path, rows, hidden, batch)
+        if any(k[1:] == key[1:] for k in measured):
+            return measured.get(key)
+        return model(path, rows, hidden, batch)
+
+    def measured_cell(rng_h, rng_r, rng_b):
+        timed = [b for b in batches if _in(b, rng_b)]
+        inside = [(s.padded_rows, s.hidden) for s in shapes if _in(s.padded_rows, rng_r) and _in(s.hidden, rng_h)]
+        return (sorted(set(inside)), timed) if inside and timed else None
+
+    meta = _meta(spec, registers, commit, "localargmax-bench --tune")
+    meta["measured_on"] = device_name
+    doc = build_table(spec, merged, "measured", shapes, measured_cell=measured_cell, meta=meta)
+    doc["measurements"] = [
+        {"path": p, "rows": r, "hidden": h, "batch": b, "us": None if t is None else round(t * 1e6, 2)}
+        for (p, r, h, b), t in sorted(measured.items())
+    ]
+    return doc
+
+
+def cuda_timer(steps: int = 60, warmup: int = 5, budget_s: float = 2.0) -> Timer:
+    """Seconds per ``shard_argmax(hidden, weight, path=path)`` call on the
+    current GPU (bf16, N(0, 1/H) weights, two rotating copies), by CUDA-graph
+    replay (:func:`localargmax.bench.timing.time_cuda`); the median sample."""
+    import torch
+
+    from .. import shard_argmax
+    from .timing import time_cuda
+
+    cache: dict = {}
+
+    def timer(path, rows, hidden, batch):
+        if (rows, hidden) not in cache:
+            cache.clear()
+            torch.cuda.empty_cache()
+            w = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16) / math.sqrt(hidden)
+            cache[(rows, hidden)] = [w, w.clone()]
+        h = torch.randn(batch, hidden, device="cuda", dtype=torch.bfloat16)
+        times, _ = time_cuda(lambda w: shard_argmax(h, w, path=path), cache[(rows, hidden)], steps, warmup, budget_s)
+        return statistics.median(times)
+
+    return timer
+
+
+def run_tune(table_path: str | None, json_path: str | None, command: str) -> int:
+    """``--tune``: exit 2 without a usable GPU, else time, write the table (and the timings as JSON)."""
+    import torch
+
+    from .. import WITH_CUDA
+
+    if not torch.cuda.is_available() or not WITH_CUDA:
+        why = "no CUDA device" if not torch.cuda.is_available() else "this build of localargmax has no CUDA kernels"
+        print(
+            f"localargmax-bench --tune: needs a GPU and a CUDA build ({why}). On this machine use "
+            "--predict (--write-table) for the model's table.",
+            file=sys.stderr,
+        )
+        return 2
+    major, minor = torch.cuda.get_device_capability()
+    spec = pm.DEVICES["H200"]
+    if f"sm_{major}{minor}" != spec.arch:
+        print(f"--tune: device is sm_{major}{minor}; the table's buckets use the {spec.name} spec", file=sys.stderr)
+        spec = dataclasses.replace(
+            spec, arch=f"sm_{major}{minor}", sms=torch.cuda.get_device_properties(0).multi_processor_count
+        )
+    registers = pm.read_registers()
+    doc = tune(
+        spec,
+        cuda_timer(),
+        registers,
+        device_name=torch.cuda.get_device_name(),
+        progress=lambda m: print(m, file=sys.stderr),
+    )
+    doc["command"] = command
+    write_table(doc, table_path or TABLE_PATH)
+    print(f"wrote the measured dispatch table to {table_path or TABLE_PATH}", file=sys.stderr)
+    if json_path:
+        text = json.dumps(doc["measurements"], indent=1)
+        sys.stdout.write(text + "\n") if json_path == "-" else Path(json_path).write_text(text + "\n")
+    return 0

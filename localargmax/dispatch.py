@@ -1,0 +1,169 @@
+"""Which CUDA path ``path="auto"`` takes: the dispatch table shipped with the
+package (``localargmax/dispatch_table.json``).
+
+The table maps (arch, dtype, hidden size, shard rows, batch) to a path
+(``"simt"``, ``"mma"``, ``"gemm"``) and the variant its launcher runs there.
+Its ``source`` says where the choices come from: ``"predicted"`` (the
+bandwidth model, ``localargmax-bench --predict --write-table``) until a GPU
+run of ``localargmax-bench --tune`` writes ``"measured"`` ones. DESIGN.md
+("The dispatch table") has the schema and the rules.
+
+``shard_argmax`` / ``shard_sample`` on CUDA with ``path="auto"`` resolve the
+path here (:func:`cuda_path`) and pass it to the C++ op; where the table has
+no entry (another arch, float32, top-k) the C++ op's own ``auto`` decides.
+The table is keyed by the shard's *rows* (``weight.shape[0]``, padding
+included), which every rank of a vocab-parallel layout shares, so every rank
+takes the same path (DESIGN.md, CUDA rules).
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import json
+from pathlib import Path
+from typing import NamedTuple
+
+TABLE_PATH = Path(__file__).resolve().parent / "dispatch_table.json"
+SCHEMA = "localargmax.dispatch_table/1"
+PATHS = ("simt", "mma", "gemm")
+LIMIT = 2**31
+CPP_GEMM_MIN_BATCH = 128
+"""C++ ``auto`` takes gemm from this batch (kDefaultGemmMinBatch in
+csrc/cuda; tests/test_dispatch.py checks they agree). Below it, C++ ``auto``
+takes mma where the mma kernel takes the inputs, else simt."""
+
+
+class Choice(NamedTuple):
+    """One cell of the table: the path, its variant parameters (what the
+    launcher instantiates there), and ``"predicted"`` or ``"measured"``."""
+
+    path: str
+    variant: dict
+    source: str
+
+
+class DispatchTable:
+    """A validated table; :meth:`choose` looks a cell up."""
+
+    def __init__(self, doc: dict):
+        validate(doc)
+        self.doc = doc
+        self.source = doc["source"]
+        self._cells = {}
+        for t in doc["tables"]:
+            edges = t["edges"]
+            cells = {}
+            for e in t["entries"]:
+                idx = tuple(edges[k].index(e[k][0]) for k in ("hidden", "rows", "batch"))
+                cells[idx] = Choice(e["path"], dict(e["variant"]), e["source"])
+            for dtype in t["dtypes"]:
+                self._cells[(t["arch"], dtype)] = (edges, cells)
+
+    def choose(self, arch: str, dtype: str, hidden_size: int, rows: int, batch: int) -> Choice | None:
+        """The cell of (arch, dtype, hidden_size, rows, batch); None when the
+        table has no entry for the arch and dtype. ``rows`` is the shard's
+        row count (``weight.shape[0]``), not ``num_valid``."""
+        found = self._cells.get((arch, dtype))
+        if found is None:
+            return None
+        edges, cells = found
+        for name, value in (("hidden_size", hidden_size), ("rows", rows), ("batch", batch)):
+            if not 0 <= value < LIMIT:
+                raise ValueError(f"choose: {name} must be in [0, 2**31), got {value}")
+        idx = tuple(
+            bisect.bisect_right(edges[k], v) - 1 for k, v in (("hidden", hidden_size), ("rows", rows), ("batch", batch))
+        )
+        return cells[idx]
+
+
+def validate(doc: dict) -> None:
+    """Raise ValueError unless ``doc`` is a well-formed table: the schema,
+    a source, and per arch a grid of buckets whose entries cover every
+    (hidden, rows, batch) in ``[0, 2**31)`` exactly once with a known path."""
+    if doc.get("schema") != SCHEMA:
+        raise ValueError(f"dispatch table: schema must be {SCHEMA!r}, got {doc.get('schema')!r}")
+    if doc.get("source") not in ("predicted", "measured"):
+        raise ValueError(f"dispatch table: source must be 'predicted' or 'measured', got {doc.get('source')!r}")
+    seen = set()
+    for t in doc.get("tables") or []:
+        for dtype in t["dtypes"]:
+            if (t["arch"], dtype) in seen:
+                raise ValueError(f"dispatch table: {t['arch']} {dtype} appears twice")
+            seen.add((t["arch"], dtype))
+        edges = t["edges"]
+        for k in ("hidden", "rows", "batch"):
+            e = edges[k]
+            if e[0] != 0 or e[-1] != LIMIT or any(a >= b for a, b in zip(e, e[1:])):
+                raise ValueError(f"dispatch table {t['arch']}: {k} edges must rise from 0 to 2**31, got {e}")
+        want = {(h, r, b) for h in edges["hidden"][:-1] for r in edges["rows"][:-1] for b in edges["batch"][:-1]}
+        got = []
+        for e in t["entries"]:
+            for k in ("hidden", "rows", "batch"):
+                lo, hi = e[k]
+                i = edges[k].index(lo) if lo in edges[k] else -1
+                if i < 0 or i + 1 >= len(edges[k]) or edges[k][i + 1] != hi:
+                    raise ValueError(f"dispatch table {t['arch']}: entry {k} {e[k]} is not one bucket of {edges[k]}")
+            if e["path"] not in PATHS or e["source"] not in ("predicted", "measured"):
+                raise ValueError(f"dispatch table {t['arch']}: bad path or source in {e}")
+            got.append((e["hidden"][0], e["rows"][0], e["batch"][0]))
+        if len(got) != len(set(got)) or set(got) != want:
+            missing, extra = len(want - set(got)), len(got) - len(set(got))
+            raise ValueError(f"dispatch table {t['arch']}: {missing} cells missing, {extra} duplicated")
+    if not seen:
+        raise ValueError("dispatch table: no tables")
+
+
+@functools.cache
+def load(path: str | None = None) -> DispatchTable:
+    """The table at ``path`` (default: the shipped one), validated, cached."""
+    with open(path or TABLE_PATH) as f:
+        return DispatchTable(json.load(f))
+
+
+@functools.cache
+def _arch_of(index: int) -> str:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm_{major}{minor}"
+
+
+try:  # under torch.compile the arch is a constant of the device, not traced
+    import torch
+
+    _arch = torch.compiler.assume_constant_result(_arch_of)
+except (ImportError, AttributeError):  # pragma: no cover
+    _arch = _arch_of
+
+_DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16"}
+
+
+def cuda_path(hidden, weight) -> str:
+    """The ``path`` to pass to the C++ op for ``path="auto"`` (argmax and
+    sample, CUDA): the table's choice where it has one and the op can take
+    it without a fallback, else ``"auto"`` (C++ decides).
+
+    A table ``"mma"`` below :data:`CPP_GEMM_MIN_BATCH` passes ``"auto"``
+    (C++ takes mma there, or simt for inputs the mma kernel cannot take);
+    from it, ``"mma"`` is passed only when ``H`` and the row strides are
+    multiples of 8 and the data is 16-byte aligned (read only outside
+    torch.compile tracing, else ``"auto"``)."""
+    import torch
+
+    dtype = _DTYPE_NAMES.get(str(weight.dtype))
+    batch, hidden_size, rows = hidden.shape[0], weight.shape[1], weight.shape[0]
+    if dtype is None or not all(isinstance(x, int) for x in (batch, hidden_size, rows)):
+        return "auto"
+    index = weight.device.index if weight.device.index is not None else torch.cuda.current_device()
+    choice = load().choose(_arch(index), dtype, hidden_size, rows, batch)
+    if choice is None:
+        return "auto"
+    if choice.path != "mma":
+        return choice.path
+    if batch < CPP_GEMM_MIN_BATCH:
+        return "auto"
+    strides_ok = hidden_size % 8 == 0 and weight.stride(0) % 8 == 0
+    if strides_ok and not torch.compiler.is_compiling() and weight.data_ptr() % 16 == 0:
+        return "mma"
+    return "auto"
