@@ -122,7 +122,7 @@ def load(path: str | None = None) -> DispatchTable:
 
 
 @functools.cache
-def _arch_of(index: int) -> str:
+def _arch_of(index: int | None) -> str:
     import torch
 
     major, minor = torch.cuda.get_device_capability(index)
@@ -155,8 +155,7 @@ def cuda_path(hidden, weight) -> str:
     batch, hidden_size, rows = hidden.shape[0], weight.shape[1], weight.shape[0]
     if dtype is None or not all(isinstance(x, int) for x in (batch, hidden_size, rows)):
         return "auto"
-    index = weight.device.index if weight.device.index is not None else torch.cuda.current_device()
-    choice = load().choose(_arch(index), dtype, hidden_size, rows, batch)
+    choice = load().choose(_arch(weight.device.index), dtype, hidden_size, rows, batch)
     if choice is None:
         return "auto"
     if choice.path != "mma":

@@ -46,6 +46,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..dispatch import CPP_GEMM_MIN_BATCH
+
 MODEL_VERSION = "1"
 """Bumped when the model's structure changes (the table records it and the
 sha256 of this file)."""
@@ -181,11 +183,6 @@ def todays_variant(path: str, batch: int) -> Variant:
     if path == "gemm":
         return variant("gemm")
     raise ValueError(f"unknown CUDA path {path!r}")
-
-
-CPP_GEMM_MIN_BATCH = 128
-"""csrc/cuda's kDefaultGemmMinBatch: C++ "auto" takes gemm from this batch
-(tests/test_dispatch.py checks the two agree)."""
 
 
 def cpp_auto_path(batch: int, gemm_min_batch: int = CPP_GEMM_MIN_BATCH) -> str:

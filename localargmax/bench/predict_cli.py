@@ -158,6 +158,7 @@ def predicted_doc(spec, shapes, batches, registers, command: str) -> dict:
         "device": {k: v for k, v in dataclasses.asdict(spec).items() if k != "sources"},
         "sources": spec.sources,
         "registers_source": registers.source,
+        "registers": dict(sorted(registers.by_variant.items())),
         "bar": {"fraction_of_copy": pm.BAR_FRACTION, "max_batch": pm.BAR_MAX_BATCH},
         "rows": rows,
         "summary": summary,

@@ -263,7 +263,8 @@ def tune(
 
     meta = _meta(spec, registers, commit, "localargmax-bench --tune")
     meta["measured_on"] = device_name
-    doc = build_table(spec, merged, "measured", shapes, measured_cell=measured_cell, meta=meta)
+    # cells without a timed shape are decided as in the predicted table (same samples)
+    doc = build_table(spec, merged, "measured", pm.engine_shapes(), measured_cell=measured_cell, meta=meta)
     doc["measurements"] = [
         {"path": p, "rows": r, "hidden": h, "batch": b, "us": None if t is None else round(t * 1e6, 2)}
         for (p, r, h, b), t in sorted(measured.items())

@@ -1,0 +1,321 @@
+"""The bandwidth model (localargmax.bench.predict) and ``--predict``: hand-computed
+cases, monotonicity, the review's table, the register reader, the CLI and the
+committed PREDICTED results."""
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from localargmax.bench import predict as pm
+from localargmax.bench import predict_cli
+from localargmax.bench.data import PRESETS
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "predicted_h200.json"
+
+# A toy device where only the term under test binds: no fixed costs, no epilogue,
+# huge L2 and tensor-core rates, 1 us latency.
+TOY = dataclasses.replace(
+    pm.H200,
+    sms=4,
+    stream_Bps=1e15,
+    l2_Bps=1e18,
+    latency_s=1e-6,
+    mma_sync_flops=1e18,
+    launch_s=0.0,
+    zero_fill_s=0.0,
+    cta_epilogue_s=0.0,
+)
+MMA_NT1 = pm.variant("mma", nt=1, kv=2)  # 150 registers (review §2.1): 3 CTAs of 128 threads per SM
+
+
+def test_ctas_per_sm_by_hand():
+    # 150 regs -> 152 per thread -> 4864 per warp (a multiple of 256): 65536 // 4864 = 13 warps -> 3 CTAs of 4 warps
+    assert pm.ctas_per_sm(pm.H200, 128, 150, 0) == 3
+    assert pm.ctas_per_sm(pm.H200, 128, 212, 0) == 2  # 6912 per warp -> 9 warps -> 2 CTAs
+    assert pm.ctas_per_sm(pm.H200, 128, 110, 0) == 4  # 3584 -> 18 warps -> 4
+    assert pm.ctas_per_sm(pm.H200, 256, 54, 0) == 4  # 1792 -> 36 warps -> 4 CTAs of 8 warps
+    assert pm.ctas_per_sm(pm.H200, 128, 32, 100 * 1024) == 2  # shared memory: 228 KiB // (100 + 1) KiB
+    assert pm.ctas_per_sm(pm.H200, 64, 16, 0) == 32  # the CTA limit
+
+
+def test_littles_law_latency_bound_by_hand():
+    # 30 tiles of 128 rows, H = 4096 bf16: 1 MiB per CTA, 4 warps x 2 x 2 KiB = 16 KiB in flight
+    # -> 64 steps + 1 fill = 65 latencies per CTA; 12 slots -> rounds of 12, 12, 6 -> 3 x 65 us.
+    p = pm.predict(TOY, MMA_NT1, 128 * 30, 4096, 1)
+    assert (p.ctas, p.ctas_per_sm, p.rounds) == (30, 3, 3)
+    assert p.bound == "latency"
+    assert p.time_s == pytest.approx(3 * 65e-6)
+    assert p.in_flight_per_sm == pytest.approx(3 * 16 * 1024)
+    assert p.fraction_of_copy == pytest.approx(128 * 30 * 4096 * 2 / (3 * 65e-6) / TOY.copy_Bps)
+
+
+def test_littles_law_bandwidth_bound_by_hand():
+    # at 1e11 B/s a full round (12 MiB) takes 125.8 us > 65 us; the last round (6 MiB, 62.9 us) is latency-bound
+    spec = dataclasses.replace(TOY, stream_Bps=1e11)
+    p = pm.predict(spec, MMA_NT1, 128 * 30, 4096, 1)
+    assert p.bound == "bandwidth"
+    assert p.time_s == pytest.approx(2 * 12 * 2**20 / 1e11 + 65e-6)
+
+
+def test_wave_quantisation_costs_a_whole_cta_time():
+    # 12 slots: 12 CTAs take one latency-bound round, 13 take two
+    one = pm.predict(TOY, MMA_NT1, 128 * 12, 4096, 1)
+    two = pm.predict(TOY, MMA_NT1, 128 * 13, 4096, 1)
+    assert (one.rounds, two.rounds) == (1, 2)
+    assert two.time_s == pytest.approx(2 * one.time_s)
+
+
+def test_fixed_costs_and_batch_passes_add_up():
+    spec = dataclasses.replace(TOY, launch_s=2e-6, zero_fill_s=3e-6)
+    base = pm.predict(TOY, MMA_NT1, 128 * 12, 4096, 8)
+    assert pm.predict(spec, MMA_NT1, 128 * 12, 4096, 8).time_s == pytest.approx(base.time_s + 5e-6)
+    # batch 9 with NT = 1 (8 rows per pass): two passes over the weight, 24 CTAs, two rounds
+    assert pm.predict(TOY, MMA_NT1, 128 * 12, 4096, 9).time_s == pytest.approx(2 * base.time_s)
+    # PDL hides 3/4 of the launch; a fused init drops the zero-fill
+    fast = pm.variant("mma", built=False, stages=3, tile_rows=128, split_k=1, tile_n=8, pdl=1, fused_init=1)
+    slow = dataclasses.replace(fast, params=tuple((k, 0 if k in ("pdl", "fused_init") else v) for k, v in fast.params))
+    gap = pm.predict(spec, slow, 4096, 4096, 1).time_s - pm.predict(spec, fast, 4096, 4096, 1).time_s
+    assert gap == pytest.approx(0.75 * 2e-6 + 3e-6)
+
+
+def test_issue_bound_simt_by_hand():
+    # simt NB = 8: per 512 B warp-step 8 + 8 x 25 = 208 warp-instructions; 4 per clock per SM
+    spec = dataclasses.replace(TOY, sms=132, clock_hz=2e9, latency_s=0.1e-6)
+    rows, hidden = 64 * 132, 4096
+    p = pm.predict(spec, pm.variant("simt", nb=8), rows, hidden, 8)
+    assert p.bound == "issue"
+    assert p.time_s == pytest.approx((hidden * 2 * 64 / 512) * 208 / (4 * 2e9))
+
+
+def test_gemm_path_by_hand():
+    spec = dataclasses.replace(pm.H200, launch_s=0.0, zero_fill_s=0.0)
+    rows, hidden, b = 16000, 4096, 4  # padded to 16000 (a multiple of 64)
+    mem = rows * hidden * 2 / (spec.gemm_mem_efficiency * spec.stream_Bps)
+    logits = 8 * b * rows / spec.stream_Bps
+    p = pm.predict(spec, pm.variant("gemm"), rows, hidden, b)
+    assert p.time_s == pytest.approx(mem + logits + spec.gemm_second_launch_s)
+    assert p.bound == "gemm-memory"
+    # 256 MiB of float32 logits per GEMM: a chunk of 4194 rows at 16000 columns; 5000 rows -> 2 GEMMs
+    assert pm.predict(spec, pm.variant("gemm"), rows, hidden, 5000).rounds == 2
+
+
+@pytest.mark.parametrize("path", ["simt", "mma", "gemm"])
+def test_monotonic_in_the_right_directions(path):
+    shapes = [(18992, 4096), (151936, 4096), (16160, 7168)]
+    for rows, hidden in shapes:
+        for b in (1, 4, 16, 64, 256):
+            v = pm.todays_variant(path, b)
+            t = pm.predict(pm.H200, v, rows, hidden, b).time_s
+            # more latency, fewer bandwidth, more rows or hidden: never faster
+            assert pm.predict(pm.with_latency(pm.H200, 0.9e-6), v, rows, hidden, b).time_s >= t
+            slower = dataclasses.replace(pm.H200, stream_Bps=3e12, copy_Bps=pm.H200.copy_Bps)
+            assert pm.predict(slower, v, rows, hidden, b).time_s >= t
+            assert pm.predict(pm.H200, v, rows + 4096, hidden, b).time_s >= t
+            assert pm.predict(pm.H200, v, rows, hidden + 1024, b).time_s >= t
+            # fraction of copy never above the read-stream cap
+            assert pm.predict(pm.H200, v, rows, hidden, b).fraction_of_copy <= pm.H200.stream_Bps / pm.H200.copy_Bps
+
+
+def test_more_registers_or_less_in_flight_never_faster():
+    rows, hidden = 18992, 4096
+    low = pm.Registers({"mma(nt=1,kv=2)": 96}, "test")
+    high = pm.Registers({"mma(nt=1,kv=2)": 200}, "test")
+    t_low = pm.predict(pm.H200, MMA_NT1, rows, hidden, 1, registers=low)
+    t_high = pm.predict(pm.H200, MMA_NT1, rows, hidden, 1, registers=high)
+    assert t_low.ctas_per_sm > t_high.ctas_per_sm and t_low.time_s <= t_high.time_s
+    kv1 = pm.predict(pm.H200, pm.variant("mma", nt=1, kv=1), rows, hidden, 1, registers=low)
+    assert kv1.time_s > t_low.time_s  # half the bytes in flight, same occupancy: latency-bound, slower
+    stages = [pm.variant("mma", built=False, stages=s, tile_rows=128, split_k=1, tile_n=8) for s in (2, 3, 4)]
+    times = [pm.predict(pm.H200, v, 16032, 4096, 1).time_s for v in stages]
+    assert times == sorted(times, reverse=True)
+
+
+# The review's predicted table (shared/reviews/cuda_h200_review.md §2.4): fraction of copy for
+# today's default path, L = 0.8 us (low end) to 0.6 us (high end).
+REVIEW_TABLE = {
+    ("qwen3", 1, 1): (0.88, 0.95),
+    ("qwen3", 4, 1): (0.88, 0.92),
+    ("qwen3", 8, 1): (0.63, 0.82),
+    ("llama3", 8, 1): (0.54, 0.69),
+    ("deepseek-v3", 8, 1): (0.56, 0.74),
+    ("qwen3", 1, 64): (0.55, 0.73),
+    ("qwen3", 4, 64): (0.34, 0.45),
+    ("qwen3", 8, 64): (0.33, 0.44),
+    ("llama3", 8, 64): (0.28, 0.37),
+    ("deepseek-v3", 8, 64): (0.29, 0.38),
+}
+REVIEW_SIMT_B1 = {("qwen3", 8): 0.87, ("llama3", 8): 0.86, ("deepseek-v3", 8): 0.90}
+REVIEW_TOLERANCE = 0.03  # DESIGN.md "The bandwidth model": the review's figures are given to 2 digits
+
+
+@pytest.mark.parametrize("key", list(REVIEW_TABLE), ids=lambda k: f"{k[0]}-tp{k[1]}-B{k[2]}")
+def test_agrees_with_the_review_table(key):
+    model, tp, b = key
+    lo, hi = REVIEW_TABLE[key]
+    s = pm.engine_shape(model, tp)
+    v = pm.todays_variant(pm.cpp_auto_path(b), b)
+    at = {lat: pm.predict(pm.H200, v, s.rows, s.hidden, b, latency_s=lat).fraction_of_copy for lat in (0.6e-6, 0.8e-6)}
+    assert lo - REVIEW_TOLERANCE <= at[0.8e-6] <= at[0.6e-6] <= hi + REVIEW_TOLERANCE, at
+    if pm.predict(pm.H200, v, s.rows, s.hidden, b, latency_s=0.8e-6).bound == "latency":
+        assert at[0.8e-6] == pytest.approx(lo, abs=REVIEW_TOLERANCE)
+        assert at[0.6e-6] == pytest.approx(hi, abs=REVIEW_TOLERANCE)
+
+
+@pytest.mark.parametrize("key", list(REVIEW_SIMT_B1), ids=lambda k: f"{k[0]}-tp{k[1]}")
+def test_simt_at_batch_1_agrees_with_the_review(key):
+    s = pm.engine_shape(*key)
+    p = pm.predict(pm.H200, pm.variant("simt", nb=1), s.rows, s.hidden, 1)
+    assert p.fraction_of_copy == pytest.approx(REVIEW_SIMT_B1[key], abs=REVIEW_TOLERANCE)
+
+
+def test_engine_shapes_are_the_presets_rank_0_shards():
+    assert pm.PRESET_SHAPES == PRESETS
+    s = pm.engine_shape("qwen3", 8)
+    assert (s.rows, s.padded_rows, s.hidden) == (18992, 18992, 4096)
+    assert pm.engine_shape("deepseek-v3", 8).padded_rows == 16160
+
+
+def test_todays_variants_follow_the_launcher_boundaries():
+    # csrc/cuda/shard_argmax_launch.cuh: launch_simt NB 1/2/4/8, launch_mma (NT, KV)
+    assert [pm.todays_variant("simt", b).get("nb") for b in (1, 2, 3, 4, 5, 9)] == [1, 2, 4, 4, 8, 8]
+    nts = [(pm.todays_variant("mma", b).get("nt"), pm.todays_variant("mma", b).get("kv")) for b in (8, 9, 16, 17, 33)]
+    assert nts == [(1, 2), (2, 2), (2, 2), (4, 1), (8, 1)]
+    src = (ROOT / "csrc" / "cuda" / "shard_argmax_launch.cuh").read_text()
+    for nt, kv in {(1, 2), (2, 2), (4, 1), (8, 1)}:
+        assert f"launch_mma_nt<T, {nt}, {kv}>" in src
+
+
+def test_proposed_variant_meeting_the_bar_exists_and_is_reported():
+    # the model's guidance: at every engine shape and batch <= 64 some proposed variant reaches the bar
+    for s in pm.engine_shapes():
+        for b in (1, 16, 64):
+            p = pm.smallest_meeting_bar(pm.H200, s.rows, s.hidden, b)
+            assert p is not None and p.fraction_of_copy >= pm.BAR_FRACTION, (s, b)
+            assert not p.variant.built
+
+
+# --- registers from the build ----------------------------------------------------------------------------
+
+MMA1 = "_ZN11localargmax4cuda12_GLOBAL__N_123shard_argmax_mma_kernelI13__nv_bfloat16Li1ELi2EEEvPKT_lS6_lS6_PKfliilNS0_11ShardReduceE"  # noqa: E501
+MMA8_HALF = "_ZN11localargmax4cuda12_GLOBAL__N_123shard_argmax_mma_kernelI6__halfLi8ELi1EEEvPKT_lS6_lS6_PKfliilNS0_11ShardReduceE"  # noqa: E501
+SIMT1 = "_ZN11localargmax4cuda12_GLOBAL__N_119shard_argmax_kernelI13__nv_bfloat16Li1ELi8ELb0EEEvNS0_18ShardArgmaxProblemIT_EE"  # noqa: E501
+SIMT1_TOPK = SIMT1.replace("Lb0E", "Lb1E")
+
+CUOBJDUMP = f"""
+Fatbin elf code:
+================
+arch = sm_80
+code version = [1,8]
+
+Resource usage:
+ Function {MMA1}:REG:96 STACK:0 SHARED:256 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
+
+Fatbin elf code:
+================
+arch = sm_90a
+code version = [1,8]
+
+Resource usage:
+ Function {MMA1}:REG:168 STACK:0 SHARED:256 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
+ Function {MMA8_HALF}:REG:200 STACK:0 SHARED:1024 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
+ Function {SIMT1}:REG:40 STACK:0 SHARED:64 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
+ Function {SIMT1_TOPK}:REG:90 STACK:0 SHARED:640 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
+"""
+
+PTXAS_LOG = f"""
+ptxas info    : Compiling entry function '{MMA1}' for 'sm_100'
+ptxas info    : Used 99 registers, used 1 barriers, 256 bytes smem, 464 bytes cmem[0]
+ptxas info    : Compiling entry function '{MMA1}' for 'sm_90a'
+ptxas info    : Function properties for {MMA1}
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 152 registers, used 1 barriers, 256 bytes smem, 464 bytes cmem[0]
+"""
+
+
+def test_parse_registers_from_cuobjdump_keeps_the_arch_and_argmax_kernels():
+    regs = pm.parse_registers(CUOBJDUMP, "sm_90")
+    assert regs == {"mma(nt=1,kv=2)": 168, "mma(nt=8,kv=1)": 200, "simt(nb=1)": 40}
+    assert pm.parse_registers(CUOBJDUMP, "sm_80") == {"mma(nt=1,kv=2)": 96}
+
+
+def test_parse_registers_from_ptxas_lines():
+    assert pm.parse_registers(PTXAS_LOG, "sm_90") == {"mma(nt=1,kv=2)": 152}
+
+
+def test_read_registers_falls_back_to_defaults_and_says_so(tmp_path):
+    regs = pm.read_registers(root=tmp_path)
+    assert regs.by_variant == pm.DEFAULT_REGISTERS and regs.source.startswith("defaults")
+    log = tmp_path / "build" / "cmake-py312" / "build.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(PTXAS_LOG)
+    regs = pm.read_registers(root=tmp_path)
+    assert regs.by_variant["mma(nt=1,kv=2)"] == 152 and "build.log" in regs.source
+    dump = tmp_path / "dump.txt"
+    dump.write_text(CUOBJDUMP)
+    assert pm.read_registers(path=str(dump)).by_variant["simt(nb=1)"] == 40
+
+
+def test_built_registers_change_the_prediction():
+    s = pm.engine_shape("qwen3", 8)
+    fewer = pm.Registers({**pm.DEFAULT_REGISTERS, "mma(nt=1,kv=2)": 120}, "test")  # 4 CTAs per SM instead of 3
+    a = pm.predict(pm.H200, MMA_NT1, s.rows, s.hidden, 1)
+    b = pm.predict(pm.H200, MMA_NT1, s.rows, s.hidden, 1, registers=fewer)
+    assert (a.ctas_per_sm, b.ctas_per_sm) == (3, 4) and b.regs_source == "test"
+
+
+# --- --predict ---------------------------------------------------------------------------------------------
+
+
+def run_cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "localargmax.bench", *args], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+
+
+def test_predict_cli_prints_and_writes_predicted_rows(tmp_path):
+    out = tmp_path / "p.json"
+    proc = run_cli("--predict", "--model", "qwen3", "--tp", "8", "--batch", "1,64", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "PREDICTED" in proc.stdout.splitlines()[0]
+    assert "bar (>= 0.88 of copy at batch <= 64)" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "predicted" and "PREDICTED" in doc["label"]
+    assert {r["label"] for r in doc["rows"]} == {"PREDICTED"}
+    assert {(r["shape"], r["tp"], r["batch"]) for r in doc["rows"]} == {("qwen3", 8, 1), ("qwen3", 8, 64)}
+    paths = {r["variant"] for r in doc["rows"] if r["batch"] == 1 and r["built"]}
+    assert paths == {"simt(nb=1)", "mma(nt=1,kv=2)", "gemm"}
+    for r in doc["rows"]:
+        assert r["fraction_of_copy_range"][0] <= r["fraction_of_copy"] <= r["fraction_of_copy_range"][1]
+    assert doc["registers_source"] and doc["sources"]["latency_s"]
+
+
+def test_predict_help_teaches_and_bad_combinations_exit_2():
+    proc = run_cli("--help")
+    assert proc.returncode == 0 and "--predict" in proc.stdout and "Little's law" in proc.stdout
+    assert run_cli("--predict", "--tune").returncode == 2
+    assert run_cli("--predict", "--kernel-only").returncode == 2
+
+
+def test_committed_predicted_results_are_the_models():
+    # bench/results/predicted_h200.json is what --predict gives now (regenerate it with its command)
+    doc = json.loads(RESULTS.read_text())
+    registers = pm.Registers(doc["registers"], doc["registers_source"])
+    fresh, _ = predict_cli.predicted_doc(
+        pm.H200, pm.engine_shapes(), list(pm.ENGINE_BATCHES), registers, doc["command"]
+    )
+    assert doc["model"]["sha256"] == pm.model_sha256(), f"re-run: {doc['command']}"
+    assert fresh["rows"] == doc["rows"] and fresh["summary"] == doc["summary"], f"re-run: {doc['command']}"
+
+
+def test_committed_results_show_the_bar_status():
+    doc = json.loads(RESULTS.read_text())
+    rows = [s for s in doc["summary"] if s["batch"] <= pm.BAR_MAX_BATCH]
+    assert {(s["shape"], s["tp"]) for s in rows} == {(m, tp) for m, tp in pm.ENGINE_SHAPES}
+    assert all(math.isfinite(s["table"]["us"]) for s in rows)
+    assert all(s["proposed_min"]["of_copy"] >= pm.BAR_FRACTION for s in rows)

@@ -1,0 +1,88 @@
+"""``localargmax-bench --tune`` (localargmax.bench.tune): the measured table's flow with
+a fake timer (no GPU), and the CPU refusal."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from localargmax import dispatch
+from localargmax.bench import predict as pm
+from localargmax.bench import tune
+
+ROOT = Path(__file__).resolve().parents[1]
+REGS = pm.Registers(dict(pm.DEFAULT_REGISTERS), "test defaults")
+
+
+class FakeGPU:
+    """Times that make the winner depend on the batch and the shard: simt up to
+    batch 2, gemm from batch 40 on shards of >= 30000 rows (48 on smaller
+    ones), mma in between; every call recorded."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, path, rows, hidden, batch):
+        self.calls.append((path, rows, hidden, batch))
+        gemm_from = 40 if rows >= 30000 else 48
+        if path == "simt":
+            return 1e-6 * (1 if batch <= 2 else 50)
+        if path == "gemm":
+            return 1e-6 * (2 if batch >= gemm_from else 20)
+        return 1e-6 * 10
+
+
+def test_tune_picks_the_fastest_measured_path_per_engine_cell():
+    gpu = FakeGPU()
+    doc = tune.tune(pm.H200, gpu, REGS, device_name="fake H200", commit="abc")
+    dispatch.validate(doc)
+    assert doc["source"] == "measured" and doc["measured_on"] == "fake H200" and doc["commit"] == "abc"
+    table = dispatch.DispatchTable(doc)
+    for s in pm.engine_shapes():
+        gemm_from = 40 if s.padded_rows >= 30000 else 48
+        for b in tune.TUNE_BATCHES:
+            c = table.choose("sm_90", "bfloat16", s.hidden, s.padded_rows, b)
+            want = "simt" if b <= 2 else "gemm" if b >= gemm_from else "mma"
+            assert (c.path, c.source) == (want, "measured"), (s.label, b, c)
+
+
+def test_tune_times_each_path_once_and_skips_slow_simt():
+    gpu = FakeGPU()
+    doc = tune.tune(pm.H200, gpu, REGS, shapes=pm.engine_shapes([("qwen3", 8)]), batches=(1, 64))
+    assert sorted(gpu.calls) == sorted(
+        [(p, 18992, 4096, b) for b in (1, 64) for p in tune.PATHS if p != "simt" or b <= tune.SIMT_MAX_BATCH]
+    )
+    assert {(m["path"], m["batch"]) for m in doc["measurements"]} == {(p, b) for p, _, _, b in gpu.calls}
+
+
+def test_cells_without_a_measurement_keep_the_models_choice():
+    doc = tune.tune(pm.H200, FakeGPU(), REGS, shapes=pm.engine_shapes([("qwen3", 8)]), batches=(1,))
+    predicted = dispatch.DispatchTable(tune.predicted_table(pm.H200, REGS, commit=""))
+    measured = dispatch.DispatchTable(doc)
+    entries = doc["tables"][0]["entries"]
+    assert sum(e["source"] == "measured" for e in entries) == 1  # qwen3 tp8's cell at batch bucket [0, 2)
+    for e in entries:
+        if e["source"] == "predicted":
+            key = ("sm_90", "bfloat16", e["hidden"][0], e["rows"][0], e["batch"][0])
+            assert measured.choose(*key) == predicted.choose(*key)
+
+
+def test_tune_writes_a_loadable_table(tmp_path):
+    doc = tune.tune(pm.H200, FakeGPU(), REGS, shapes=pm.engine_shapes([("llama3", 8)]), batches=(1, 64))
+    path = tmp_path / "table.json"
+    tune.write_table(doc, path)
+    loaded = dispatch.DispatchTable(json.loads(path.read_text()))
+    s = pm.engine_shape("llama3", 8)
+    assert loaded.choose("sm_90", "float16", s.hidden, s.padded_rows, 64).path == "gemm"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
+def test_tune_without_a_gpu_exits_2():
+    proc = subprocess.run(
+        [sys.executable, "-m", "localargmax.bench", "--tune"], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert proc.returncode == 2
+    assert "needs a GPU" in proc.stderr and "--predict" in proc.stderr
