@@ -149,6 +149,38 @@ def install_table(docs: list) -> str:
     return "\n".join(lines)
 
 
+def predicted_table(docs: list) -> str:
+    """The bandwidth model's table (``localargmax-bench --predict --json``):
+    per shape and batch, C++ auto today, the dispatch table's choice and the
+    proposed variants, every figure PREDICTED."""
+    doc = docs[0]
+    lines = [
+        "| shape | tp | rows | H | batch | auto today | µs | of_copy | table | µs | of_copy | best proposed | µs "
+        "| of_copy | cheapest proposed >= bar | of_copy |",
+        "|" + "---|" * 16,
+    ]
+    for s in doc["summary"]:
+        cheap = s["proposed_min"] or {"short": "-", "of_copy": None}
+        cells = [s["shape"], s["tp"], s["rows"], s["hidden"], s["batch"]]
+        for key in ("auto", "table", "proposed_best"):
+            cells += [s[key]["short"], format_cell(s[key]["us"]), format_cell(s[key]["of_copy"])]
+        cells += [cheap["short"], format_cell(cheap["of_copy"])]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    lines += [
+        "",
+        f"- {doc['legend']}",
+        "- auto today = C++ path='auto' (mma below batch 128, then gemm); table = the shipped dispatch table's "
+        "choice (what path='auto' runs now); proposed = the pipelined mma kernel of issue #15, not built: "
+        "mma S(stages) R(tile rows) K(split-K), +pdl = programmatic dependent launch and the keys' zero-fill "
+        "fused away",
+        "",
+        f"{doc['label']}: from `{doc['path']}`, written by `{doc['command']}` (model "
+        f"{doc['model']['module']} version {doc['model']['version']}, sha256 {doc['model']['sha256']}). "
+        "No GPU ran: a GPU run of `localargmax-bench --tune` and `--kernel-only --device cuda` replaces these.",
+    ]
+    return "\n".join(lines)
+
+
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min ({seconds:.0f} s)"
 
@@ -158,7 +190,10 @@ def render(readme: str) -> str:
 
     def replace(match):
         docs = load(match["glob"])
-        body = install_table(docs) if "seconds" in docs[0]["rows"][0] else bench_table(docs)
+        if docs[0].get("kind") == "predicted":
+            body = predicted_table(docs)
+        else:
+            body = install_table(docs) if "seconds" in docs[0]["rows"][0] else bench_table(docs)
         return f"{match.group(1)}{body}\n{match.group(4)}"
 
     return BLOCK.sub(replace, readme)

@@ -98,7 +98,20 @@ def predicted_rows(spec, shapes, batches, registers, table) -> tuple[list[dict],
 
 
 def _brief(row: dict) -> dict:
-    return {"variant": row["variant"], "us": row["predicted_us"], "of_copy": row["fraction_of_copy"]}
+    return {
+        "variant": row["variant"],
+        "short": short_name(row["variant"]),
+        "us": row["predicted_us"],
+        "of_copy": row["fraction_of_copy"],
+    }
+
+
+def short_name(name: str) -> str:
+    """``mma(stages=3,tile_rows=128,split_k=2,...,pdl=1,...)`` -> ``mma S3 R128 K2 +pdl``; today's names as they are."""
+    if "stages=" not in name:
+        return name
+    p = dict(kv.split("=") for kv in name[name.index("(") + 1 : -1].split(","))
+    return f"mma S{p['stages']} R{p['tile_rows']} K{p['split_k']}" + (" +pdl" if p.get("pdl") == "1" else "")
 
 
 def _meets(summary_row: dict) -> bool:
