@@ -18,9 +18,9 @@ takes the same path (DESIGN.md, CUDA rules).
 
 from __future__ import annotations
 
-import bisect
 import functools
 import json
+import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -71,10 +71,16 @@ class DispatchTable:
         for name, value in (("hidden_size", hidden_size), ("rows", rows), ("batch", batch)):
             if not 0 <= value < LIMIT:
                 raise ValueError(f"choose: {name} must be in [0, 2**31), got {value}")
-        idx = tuple(
-            bisect.bisect_right(edges[k], v) - 1 for k, v in (("hidden", hidden_size), ("rows", rows), ("batch", batch))
-        )
-        return cells[idx]
+        h, r, b = _bucket(edges["hidden"], hidden_size), _bucket(edges["rows"], rows), _bucket(edges["batch"], batch)
+        return cells[(h, r, b)]
+
+
+def _bucket(edges: list, value: int) -> int:
+    """Index i with edges[i] <= value < edges[i + 1] (a plain loop: torch.compile traces it)."""
+    i = 0
+    while edges[i + 1] <= value:
+        i += 1
+    return i
 
 
 def validate(doc: dict) -> None:
@@ -114,11 +120,18 @@ def validate(doc: dict) -> None:
         raise ValueError("dispatch table: no tables")
 
 
-@functools.cache
-def load(path: str | None = None) -> DispatchTable:
-    """The table at ``path`` (default: the shipped one), validated, cached."""
-    with open(path or TABLE_PATH) as f:
+def load(path: str | os.PathLike) -> DispatchTable:
+    """The table at ``path``, validated."""
+    with open(path) as f:
         return DispatchTable(json.load(f))
+
+
+_SHIPPED = load(TABLE_PATH)  # read once, at import: lookups under torch.compile read no file
+
+
+def table() -> DispatchTable:
+    """The table ``path="auto"`` follows (the shipped one)."""
+    return _SHIPPED
 
 
 @functools.cache
@@ -155,7 +168,7 @@ def cuda_path(hidden, weight) -> str:
     batch, hidden_size, rows = hidden.shape[0], weight.shape[1], weight.shape[0]
     if dtype is None or not all(isinstance(x, int) for x in (batch, hidden_size, rows)):
         return "auto"
-    choice = load().choose(_arch(weight.device.index), dtype, hidden_size, rows, batch)
+    choice = table().choose(_arch(weight.device.index), dtype, hidden_size, rows, batch)
     if choice is None:
         return "auto"
     if choice.path != "mma":

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from . import _C  # noqa: F401  (loads the library: registers torch.ops.localargmax)
+from . import (
+    _C,  # noqa: F401  (loads the library: registers torch.ops.localargmax)
+    dispatch,
+)
 from ._validation import (
     MAX_TOPK,
     _check_tensor,
@@ -203,9 +206,7 @@ def _auto_path(path: str, hidden: torch.Tensor, weight: torch.Tensor) -> str:
     """``path``, with CUDA's ``"auto"`` resolved by the dispatch table."""
     if path != "auto" or weight.device.type != "cuda":
         return path
-    from .dispatch import cuda_path
-
-    return cuda_path(hidden, weight)
+    return dispatch.cuda_path(hidden, weight)
 
 
 def decode_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -189,7 +189,7 @@ def tensors(batch, hidden, rows, dtype=torch.bfloat16):
     ],
 )
 def test_cuda_path_resolves_auto_from_the_table(monkeypatch, table_path, batch, hidden, dtype, expected):
-    monkeypatch.setattr(dispatch, "load", lambda path=None: fake_table(table_path))
+    monkeypatch.setattr(dispatch, "table", lambda: fake_table(table_path))
     monkeypatch.setattr(dispatch, "_arch", lambda index: "sm_90")
     h, w = tensors(batch, hidden, 18992, dtype)
     assert dispatch.cuda_path(h, w) == expected
@@ -199,13 +199,33 @@ def test_cuda_path_resolves_auto_from_the_table(monkeypatch, table_path, batch, 
 
 def test_shipped_table_through_cuda_path(monkeypatch):
     monkeypatch.setattr(dispatch, "_arch", lambda index: "sm_90")
-    table = dispatch.load()
+    table = dispatch.table()
     for s in pm.engine_shapes():
         for b in (1, 4, 16, 64, 256):
             h, w = tensors(b, s.hidden, s.padded_rows)
             chosen = table.choose("sm_90", "bfloat16", s.hidden, s.padded_rows, b).path
             want = "auto" if chosen == "mma" and b < dispatch.CPP_GEMM_MIN_BATCH else chosen
             assert dispatch.cuda_path(h, w) == want
+
+
+def test_cuda_path_traces_under_torch_compile(monkeypatch):
+    # the lookup runs inside compiled code (fullgraph: no graph break) and picks what eager picks,
+    # also with a dynamic batch (dynamo guards on the bucket)
+    monkeypatch.setattr(dispatch, "_arch", torch.compiler.assume_constant_result(lambda index: "sm_90"))
+    s = pm.engine_shape("qwen3", 8)
+    code = {"simt": 1.0, "gemm": 2.0, "mma": 3.0, "auto": 4.0}
+
+    def f(h, w):
+        return h + code[dispatch.cuda_path(h, w)]
+
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        compiled = torch.compile(f, backend="eager", fullgraph=True, dynamic=dynamic)
+        for b in (64, 4, 1):
+            h, w = tensors(b, s.hidden, s.padded_rows)
+            h.zero_()
+            assert compiled(h, w)[0, 0].item() == code[dispatch.cuda_path(h, w)], (dynamic, b)
+    torch._dynamo.reset()
 
 
 def test_ops_resolve_only_cuda_auto(monkeypatch):
