@@ -68,14 +68,15 @@ def shard_argmax(
             (``csrc/cuda/shard_argmax_cuda.cu`` picks): ``"mma"``, the tensor-core
             fused kernel (bf16 / fp16, sm_80+, ``H`` and row strides multiples
             of 8, 16-byte aligned data); ``"gemm"``, cuBLAS float32 logits of
-            a batch chunk then a keys kernel (bf16 / fp16; auto's choice from
-            batch 128); ``"simt"``, the CUDA-core fused kernel (every dtype).
-            On CUDA, ``"auto"`` takes the path of the dispatch table shipped
-            with the package (``localargmax.dispatch``; by arch, dtype, ``H``,
+            a batch chunk then a keys kernel (bf16 / fp16); ``"simt"``, the
+            CUDA-core fused kernel (every dtype). On CUDA, ``"auto"`` takes
+            the path of the dispatch table shipped with the package
+            (``localargmax.dispatch``: by arch, dtype, ``H``,
             ``weight.shape[0]`` and batch; PREDICTED choices until a GPU run
-            of ``localargmax-bench --tune`` measures them), else C++'s own
-            choice. The CUDA paths differ only in the float32 summation order of the
-            dot products. A forced path that cannot take the inputs raises
+            of ``localargmax-bench --tune`` measures them); without a table
+            entry, C++'s own choice (gemm from batch 128, else mma where it
+            takes the inputs, else simt). The CUDA paths differ only in the
+            float32 summation order of the dot products. A forced path that cannot take the inputs raises
             ValueError; it never falls back silently.
 
     Raises:
