@@ -85,12 +85,12 @@ def test_fixed_costs_and_batch_passes_add_up():
 
 
 def test_issue_bound_simt_by_hand():
-    # simt NB = 8: per 512 B warp-step 8 + 8 x 25 = 208 warp-instructions; 4 per clock per SM
+    # simt NB = 8: per 512 B warp-step 8 + 8 x 17 = 144 warp-instructions (FMA); 4 per clock per SM
     spec = dataclasses.replace(TOY, sms=132, clock_hz=2e9, latency_s=0.1e-6)
     rows, hidden = 64 * 132, 4096
     p = pm.predict(spec, pm.variant("simt", nb=8), rows, hidden, 8)
     assert p.bound == "issue"
-    assert p.time_s == pytest.approx((hidden * 2 * 64 / 512) * 208 / (4 * 2e9))
+    assert p.time_s == pytest.approx((hidden * 2 * 64 / 512) * 144 / (4 * 2e9))
 
 
 def test_gemm_path_by_hand():
@@ -101,8 +101,9 @@ def test_gemm_path_by_hand():
     p = pm.predict(spec, pm.variant("gemm"), rows, hidden, b)
     assert p.time_s == pytest.approx(mem + logits + spec.gemm_second_launch_s)
     assert p.bound == "gemm-memory"
-    # 256 MiB of float32 logits per GEMM: a chunk of 4194 rows at 16000 columns; 5000 rows -> 2 GEMMs
-    assert pm.predict(spec, pm.variant("gemm"), rows, hidden, 5000).rounds == 2
+    # 1 GiB of float32 logits per GEMM: a chunk of 16777 rows at 16000 columns; 20000 rows -> 2 GEMMs
+    assert pm.predict(spec, pm.variant("gemm"), rows, hidden, 16777).rounds == 1
+    assert pm.predict(spec, pm.variant("gemm"), rows, hidden, 20000).rounds == 2
 
 
 @pytest.mark.parametrize("path", ["simt", "mma", "gemm"])

@@ -383,9 +383,9 @@ def geometry(spec: DeviceSpec, v: Variant, rows: int, hidden: int, batch: int, e
         tiles, passes = -(-rows // 64), -(-batch // nb)
         cta_bytes = rows * hidden * elem / tiles
         vec_steps = cta_bytes / 512  # warp-steps of one 16-byte vector per lane
-        # per warp-step: unpack the weight vector (8), then per batch row: hidden load + unpack (9),
-        # mul + add per element (16): ~200 per 512 B at NB = 8 (review §2.4)
-        instructions = vec_steps * (8 + min(nb, batch) * 25)
+        # per warp-step: unpack the weight vector (8), then per batch row: hidden load + unpack (9) and
+        # one __fmaf_rn per element (8): 144 per 512 B at NB = 8 (the review's ~200 counted mul + add)
+        instructions = vec_steps * (8 + min(nb, batch) * 17)
         return Geometry(
             ctas=tiles * passes,
             threads=256,
@@ -494,12 +494,12 @@ def predict(
 
 
 def _predict_gemm(spec, v, rows, hidden, batch, elem, useful) -> Prediction:
-    """cuBLAS float32 logits per batch chunk (<= 256 MiB of logits; the GEMM
+    """cuBLAS float32 logits per batch chunk (<= 1 GiB of logits; the GEMM
     covers the padded rows, here ``rows`` rounded up to 64), then the keys
     kernel re-reads them: max(memory, compute) per GEMM + the logits' write and
     read + the second launch per chunk + the call's fixed costs."""
     padded = -(-rows // 64) * 64
-    chunk = max(1, (256 * MiB) // 4 // padded)
+    chunk = max(1, (1024 * MiB) // 4 // padded)  # csrc/cuda/shard_argmax_gemm.cu
     gemms = -(-batch // chunk)
     t_mem = padded * hidden * elem / (spec.gemm_mem_efficiency * spec.stream_Bps)
     t = 0.0
