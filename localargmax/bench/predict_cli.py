@@ -52,11 +52,11 @@ def prediction_row(spec, shape: pm.EngineShape, batch: int, v: pm.Variant, role:
         "fraction_of_copy": round(p.fraction_of_copy, 4),
         "fraction_of_copy_range": [round(hi.fraction_of_copy, 4), round(lo.fraction_of_copy, 4)],
         "bound": p.bound,
-        "ctas": p.ctas,
-        "ctas_per_sm": p.ctas_per_sm,
+        "ctas": p.ctas if v.path != "gemm" else None,
+        "ctas_per_sm": p.ctas_per_sm if v.path != "gemm" else None,
         "rounds": p.rounds,
         "regs": p.regs,
-        "in_flight_per_sm_kib": round(p.in_flight_per_sm / 1024, 1),
+        "in_flight_per_sm_kib": round(p.in_flight_per_sm / 1024, 1) if v.path != "gemm" else None,
         "little_per_sm_kib": round(p.little_per_sm / 1024, 1),
     }
 
@@ -152,7 +152,7 @@ COLUMNS = (
 def format_rows(rows: list[dict]) -> str:
     cells = [[title for _, title in COLUMNS]]
     for r in rows:
-        cells.append([",".join(r[k]) if k == "role" else str(r[k]) for k, _ in COLUMNS])
+        cells.append([",".join(r[k]) if k == "role" else "-" if r[k] is None else str(r[k]) for k, _ in COLUMNS])
     widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
     return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(len(c))).rstrip() for c in cells)
 
