@@ -24,6 +24,8 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
+import torch
+
 TABLE_PATH = Path(__file__).resolve().parent / "dispatch_table.json"
 SCHEMA = "localargmax.dispatch_table/1"
 PATHS = ("simt", "mma", "gemm")
@@ -136,18 +138,11 @@ def table() -> DispatchTable:
 
 @functools.cache
 def _arch_of(index: int | None) -> str:
-    import torch
-
     major, minor = torch.cuda.get_device_capability(index)
     return f"sm_{major}{minor}"
 
 
-try:  # under torch.compile the arch is a constant of the device, not traced
-    import torch
-
-    _arch = torch.compiler.assume_constant_result(_arch_of)
-except (ImportError, AttributeError):  # pragma: no cover
-    _arch = _arch_of
+_arch = torch.compiler.assume_constant_result(_arch_of)  # a constant of the device under torch.compile
 
 _DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16"}
 
@@ -162,8 +157,6 @@ def cuda_path(hidden, weight) -> str:
     from it, ``"mma"`` is passed only when ``H`` and the row strides are
     multiples of 8 and the data is 16-byte aligned (read only outside
     torch.compile tracing, else ``"auto"``)."""
-    import torch
-
     dtype = _DTYPE_NAMES.get(str(weight.dtype))
     batch, hidden_size, rows = hidden.shape[0], weight.shape[1], weight.shape[0]
     if dtype is None or not all(isinstance(x, int) for x in (batch, hidden_size, rows)):

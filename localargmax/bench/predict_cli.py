@@ -178,6 +178,16 @@ def predicted_doc(spec, shapes, batches, registers, command: str) -> dict:
     }, table_doc
 
 
+def dumps(doc: dict) -> str:
+    """The JSON document as text: header fields indented, one row per line."""
+    head = json.dumps({k: v for k, v in doc.items() if k not in ("rows", "summary")}, indent=1)[:-2]
+    parts = [head + ","]
+    for key in ("rows", "summary"):
+        body = ",\n".join("  " + json.dumps(r) for r in doc[key])
+        parts.append(f' "{key}": [\n{body}\n ]' + ("," if key == "rows" else ""))
+    return "\n".join(parts) + "\n}\n"
+
+
 def run_predict(args, command: str) -> int:
     """``--predict``: print the table (and write ``--json`` / ``--write-table``)."""
     spec = pm.DEVICES[args.gpu]
@@ -207,7 +217,7 @@ def run_predict(args, command: str) -> int:
         file=out,
     )
     if args.json:
-        text = json.dumps(doc, indent=1) + "\n"
+        text = dumps(doc)
         sys.stdout.write(text) if args.json == "-" else Path(args.json).write_text(text)
     if args.write_table:
         table_doc["commit"] = tune.git_commit()
