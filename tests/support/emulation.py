@@ -242,10 +242,12 @@ class Emulator:
     ) -> torch.Tensor:
         """shard_argmax (k None, temperature None), shard_topk (k) or
         shard_sample (temperature) through the emulated kernel of `path`
-        ("simt", "mma" or "gemm"). weight: a tensor, or a PlacedWeight (a
+        ("simt", "mma", "mma/<variant id>" or "gemm"). weight: a tensor, or a PlacedWeight (a
         view too large to copy, already in the arena). mma: `variant` (an id of
         MmaVariant, shard_argmax_launch.cuh) forces a variant, else launch_mma
         chooses for a device of `sm_count` SMs."""
+        if path.startswith("mma/"):  # "mma/<id>": that variant
+            path, variant = "mma", int(path[4:])
         weight_ptr = weight.ptr if isinstance(weight, PlacedWeight) else None
         num_valid = weight.size(0) if num_valid is None else num_valid
         batch = hidden.size(0)
