@@ -395,8 +395,8 @@ __global__ void __launch_bounds__(WM * SK * 32, 512 / (WM * SK * 32))
       }
     }
     __syncthreads();
+    // (block_best is written again only after the next batch chunk's barriers)
     fold_block_best(block_best, b0, batch, out.keys);
-    __syncthreads();
   }
 }
 
