@@ -84,7 +84,13 @@ def test_library_carries_sm90a_machine_code():
 def test_hot_kernels_use_no_local_memory():
     out = _cuobjdump("--dump-resource-usage")
     usage = re.findall(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", out)
-    families = ["shard_argmax_kernel", "shard_argmax_mma_kernel", "logits_to_keys_kernel", "merge_keys_kernel"]
+    families = [
+        "shard_argmax_kernel",
+        "shard_argmax_mma_kernel",
+        "shard_argmax_mma_pipe_kernel",
+        "logits_to_keys_kernel",
+        "merge_keys_kernel",
+    ]
     missing = [f for f in families if not any(f in u[0] for u in usage)]
     assert not missing, f"kernels missing from the resource usage dump: {missing}\n{out[:2000]}"
     bad = [(n, s, lo) for n, _, s, lo in usage if any(f in n for f in families) and (int(s) or int(lo))]
@@ -96,10 +102,50 @@ def test_mma_kernel_runs_on_tensor_cores():
     """The sm_90a code of the tensor-core kernel holds HMMA instructions (and
     the CUDA-core kernel none): mma.sync compiled to tensor-core instructions."""
     functions = re.split(r"\n\s*Function : ", _cuobjdump("--dump-sass", "--gpu-architecture", "sm_90a"))
-    mma = [f for f in functions if "shard_argmax_mma_kernel" in f.split("\n", 1)[0]]
+    mma = [f for f in functions if re.search(r"shard_argmax_mma_(pipe_)?kernel", f.split("\n", 1)[0])]
     simt = [f for f in functions if "shard_argmax_kernel" in f.split("\n", 1)[0]]
     assert mma and all("HMMA" in f for f in mma), "a shard_argmax_mma_kernel instantiation has no HMMA instruction"
     assert simt and not any("HMMA" in f for f in simt)
+
+
+def _sass_functions(arch: str) -> dict[str, str]:
+    """Mangled kernel name -> its SASS, for one architecture of the library."""
+    chunks = re.split(r"\n\s*Function : ", _cuobjdump("--dump-sass", "--gpu-architecture", arch))[1:]
+    return {c.split("\n", 1)[0].strip(): c for c in chunks}
+
+
+@needs_cuda_build
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_pipelined_mma_kernel_streams_by_cp_async(arch):
+    """The pipelined tensor-core kernel's machine code holds what it was
+    written for, on each architecture the build carries: LDGSTS (cp.async),
+    LDGDEPBAR / DEPBAR (commit / wait groups), HMMA; and on sm_90a the
+    programmatic-dependent-launch wait (griddepcontrol.wait: ACQBULK)."""
+    if arch not in set(re.findall(r"\.(sm_\w+)\.cubin", _cuobjdump("--list-elf"))):
+        pytest.skip(f"this build carries no {arch} code (LOCALARGMAX_CUDA_ARCH)")
+    pipe = {n: f for n, f in _sass_functions(arch).items() if "shard_argmax_mma_pipe_kernel" in n}
+    assert len(pipe) == 16, f"{len(pipe)} pipelined instantiations in the {arch} code (8 variants x 2 dtypes)"
+    for name, sass in pipe.items():
+        missing = [op for op in ("LDGSTS", "LDGDEPBAR", "DEPBAR", "HMMA") if op not in sass]
+        if arch == "sm_90a" and "ACQBULK" not in sass:
+            missing.append("ACQBULK")
+        assert not missing, f"{name} ({arch}) lacks {missing}"
+    reg = {n: f for n, f in _sass_functions(arch).items() if "shard_argmax_mma_kernel" in n}
+    assert reg and not any("LDGSTS" in f for f in reg.values())  # the register-double-buffered kernel
+
+
+@needs_cuda_build
+def test_pipelined_mma_kernel_registers_allow_its_blocks_per_sm():
+    """__launch_bounds__(threads, 512 / threads): at most 128 registers, so
+    512 threads' worth of blocks fit per SM; prints each variant's registers
+    and shared memory (sm_90a)."""
+    out = _cuobjdump("--dump-resource-usage", "--gpu-architecture", "sm_90a")
+    usage = re.findall(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
+    pipe = [(n, int(r), int(sh)) for n, r, _, sh, _ in usage if "shard_argmax_mma_pipe_kernel" in n]
+    assert pipe, out[:2000]
+    for n, r, sh in pipe:
+        print(f"{n}: REG {r} SHARED {sh}")
+    assert all(r <= 128 and sh <= 48 * 1024 for _, r, sh in pipe), pipe
 
 
 @pytest.fixture

@@ -123,7 +123,8 @@ MUTANTS = [
         "      __syncthreads();\n      const int next = step + ST - 1;\n      if (next < num_steps) {\n"
         "        load_weight(next % ST, next);\n        load_hidden(next % ST, next);\n      }\n",
         "      const int next = step + ST - 1;\n      if (next < num_steps) {\n"
-        "        load_weight(next % ST, next);\n        load_hidden(next % ST, next);\n      }\n      __syncthreads();\n",
+        "        load_weight(next % ST, next);\n        load_hidden(next % ST, next);\n      }\n"
+        "      __syncthreads();\n",
     ),
     (
         "pipe_no_barrier_after_the_wait",

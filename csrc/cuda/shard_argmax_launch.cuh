@@ -96,10 +96,16 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
 template <int ID>
 struct MmaVariant;
 
+// The family names launch_mma gives the launch functor (the CUDA launcher
+// starts the pipelined family with programmatic dependent launch).
+constexpr const char* kMmaRegFamily = "shard_argmax_mma_kernel";
+constexpr const char* kMmaPipeFamily = "shard_argmax_mma_pipe_kernel";
+
 #define LAM_MMA_REG(ID, NT, KV)                                          \
   template <>                                                            \
   struct MmaVariant<ID> {                                                \
     static constexpr int kNT = NT, kRows = kMmaRowsPerBlock, kThreads = kMmaWarps * 32; \
+    static constexpr const char* kFamily = kMmaRegFamily;                \
     template <typename T>                                                \
     static constexpr auto kernel() {                                     \
       return shard_argmax_mma_kernel<T, NT, KV>;                         \
@@ -109,6 +115,7 @@ struct MmaVariant;
   template <>                                                                           \
   struct MmaVariant<ID> {                                                               \
     static constexpr int kNT = NT, kRows = WM * MT * 16, kThreads = WM * SK * 32;      \
+    static constexpr const char* kFamily = kMmaPipeFamily;                              \
     template <typename T>                                                               \
     static constexpr auto kernel() {                                                    \
       return shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST>;                   \
@@ -157,7 +164,7 @@ void launch_mma_id(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_
   using V = MmaVariant<ID>;
   const dim3 grid =
       grid_of((p.num_valid + V::kRows - 1) / V::kRows, (p.batch + V::kNT * 8 - 1) / (V::kNT * 8), max_grid_y);
-  launch("shard_argmax_mma_kernel", V::template kernel<T>(), grid, dim3(V::kThreads), p.hidden, p.ldh, p.weight,
+  launch(V::kFamily, V::template kernel<T>(), grid, dim3(V::kThreads), p.hidden, p.ldh, p.weight,
          p.ldw, p.bias_t, p.bias_f, p.batch, static_cast<int>(p.hidden_size), static_cast<int>(p.num_valid),
          p.vocab_start, p.out);
 }

@@ -1,18 +1,26 @@
-// The tensor-core fused shard-argmax kernel (bf16 / fp16, sm_80+): one pass
+// The tensor-core fused shard-argmax kernels (bf16 / fp16, sm_80+): one pass
 // over the weight shard with mma.sync m16n8k16 (float32 accumulators), the
 // argmax (or Gumbel-max sample) taken in the epilogue; logits never written.
+// Two kernels; shard_argmax_launch.cuh lists their variants (MmaVariant) and
+// picks one, DESIGN.md ("The tensor-core kernel") says why:
 //
-// Layout: a block of kMmaWarps warps owns kMmaRowsPerBlock vocabulary rows; a
-// warp owns kMmaTilesM m-tiles of 16 rows and multiplies them with NT n-tiles
-// of 8 batch rows (NT * 8 batch rows per pass; more batch rows are walked by
-// blockIdx.y, grid-stride). The k loop goes over chunks of 32 elements, KV
-// chunks per step; per chunk each lane loads 16 bytes per weight row it holds
-// and per hidden row, the next step's loads issued before the current step's
-// mma (register double buffering). Which k goes into which register: common/mma_fragment.h.
-// Epilogue: bias, temperature and Gumbel noise as in the CUDA-core kernel,
-// pack_key, max over the warp's rows by xor-shuffles, over the block's warps
-// in shared memory, then one 64-bit atomicMax per batch row and block into
-// keys zeroed on the same stream.
+// shard_argmax_mma_pipe_kernel (what auto runs): weight and hidden tiles
+// stream into ST shared-memory stages by cp.async, ST - 1 steps ahead of the
+// tensor cores, optionally split along K between two groups of warps inside
+// the tile; the mma operands come from shared memory. See its comment below.
+//
+// shard_argmax_mma_kernel (forced variants only): a block of kMmaWarps warps
+// owns kMmaRowsPerBlock vocabulary rows; a warp owns kMmaTilesM m-tiles of 16
+// rows and multiplies them with NT n-tiles of 8 batch rows. The k loop goes
+// over chunks of 32 elements, KV chunks per step; per chunk each lane loads 16
+// bytes per weight row it holds and per hidden row, the next step's loads
+// issued before the current step's mma (register double buffering).
+//
+// Which k goes into which register: common/mma_fragment.h. Epilogue (both,
+// warp_best_keys): bias, temperature and Gumbel noise as in the CUDA-core
+// kernel, pack_key, max over the warp's rows by xor-shuffles, over the block's
+// warps in shared memory, then one 64-bit atomicMax per batch row and block
+// into keys zeroed on the same stream.
 //
 // Requirements (checked by the launcher, which otherwise runs the CUDA-core
 // kernel): hidden_size % 8 == 0, row strides % 8 == 0, 16-byte aligned data.
