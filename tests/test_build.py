@@ -135,17 +135,24 @@ def test_pipelined_mma_kernel_streams_by_cp_async(arch):
 
 
 @needs_cuda_build
-def test_pipelined_mma_kernel_registers_allow_its_blocks_per_sm():
-    """__launch_bounds__(threads, 512 / threads): at most 128 registers, so
-    512 threads' worth of blocks fit per SM; prints each variant's registers
-    and shared memory (sm_90a)."""
+def test_pipelined_mma_kernel_fits_its_blocks_per_sm():
+    """Each pipelined variant's MINB blocks (__launch_bounds__) fit on an SM by
+    registers (65536 per SM) and by shared memory (228 KiB, 1 KiB reserved per
+    block), under the 48 KiB static limit; 4+ blocks of 128 threads mean at most
+    128 registers. Prints each variant's registers and shared memory (sm_90a)."""
     out = _cuobjdump("--dump-resource-usage", "--gpu-architecture", "sm_90a")
     usage = re.findall(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
-    pipe = [(n, int(r), int(sh)) for n, r, _, sh, _ in usage if "shard_argmax_mma_pipe_kernel" in n]
-    assert pipe, out[:2000]
-    for n, r, sh in pipe:
-        print(f"{n}: REG {r} SHARED {sh}")
-    assert all(r <= 128 and sh <= 48 * 1024 for _, r, sh in pipe), pipe
+    # mangled template arguments: ...ILi<NT>ELi<MT>ELi<WM>ELi<SK>ELi<KC>ELi<ST>ELi<MINB>EEv...
+    pipe = []
+    for name, reg, _, shared, _ in usage:
+        if "shard_argmax_mma_pipe_kernel" in name:
+            nt, mt, wm, sk, kc, st, minb = map(int, re.findall(r"Li(\d+)E", name)[-7:])
+            pipe.append((name, int(reg), int(shared), wm * sk * 32, minb))
+    assert len(pipe) == 16, out[:2000]
+    for name, reg, shared, threads, minb in pipe:
+        print(f"{name}: REG {reg} SHARED {shared} threads {threads} min blocks/SM {minb}")
+        assert shared <= 48 * 1024 and minb * (shared + 1024) <= 228 * 1024, name
+        assert minb * threads * ((reg + 7) // 8 * 8) <= 65536, name
 
 
 @pytest.fixture

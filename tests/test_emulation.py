@@ -76,16 +76,16 @@ def decode(keys):
 # --- every instantiation, and the same kernel text in both builds ---
 
 
-# MmaVariant 4..11 of shard_argmax_launch.cuh: (NT, MT, WM, SK, KC, ST).
+# MmaVariant 4..11 of shard_argmax_launch.cuh: (NT, MT, WM, SK, KC, ST, MINB).
 PIPE_VARIANTS = [
-    (1, 2, 2, 1, 2, 4),
-    (2, 2, 2, 1, 2, 4),
-    (4, 2, 2, 1, 2, 3),
-    (1, 2, 2, 2, 2, 4),
-    (2, 2, 2, 2, 2, 4),
-    (4, 2, 2, 2, 2, 3),
-    (8, 2, 4, 1, 1, 3),
-    (16, 1, 4, 1, 1, 3),
+    (1, 2, 2, 1, 2, 4, 6),
+    (2, 2, 2, 1, 2, 4, 6),
+    (4, 2, 2, 1, 2, 3, 6),
+    (1, 2, 2, 2, 2, 4, 4),
+    (2, 2, 2, 2, 2, 4, 4),
+    (4, 2, 2, 2, 2, 3, 4),
+    (8, 2, 4, 1, 1, 3, 3),
+    (16, 1, 4, 1, 1, 3, 4),
 ]
 MMA_VARIANTS = [f"mma/{v}" for v in range(emulation.NUM_MMA_VARIANTS)]
 # Variants that sum in the same order (same NT class and KC): bit-identical keys.

@@ -84,8 +84,8 @@ MUTANTS = [
         "mma_wrong_shuffle_mask",
         "mask 0x0000ffff excludes it",
         "shard_argmax_mma_kernel.cuh",
-        "__shfl_xor_sync(0xFFFFFFFFu, best[nt][j], offset)",
-        "__shfl_xor_sync(0x0000FFFFu, best[nt][j], offset)",
+        "__shfl_xor_sync(0xFFFFFFFFu, best[j], offset)",
+        "__shfl_xor_sync(0x0000FFFFu, best[j], offset)",
     ),
     (
         "simt_short_butterfly",
@@ -182,6 +182,16 @@ MUTANTS = [
         "shard_argmax_mma_kernel.cuh",
         "for (int step = 0; step < num_steps; ++step) {",
         "for (int step = 0; step + 1 < num_steps; ++step) {",
+    ),
+    (
+        "pipe_hidden_read_before_the_dependency_wait",
+        "tensor 'hidden' before griddepcontrol.wait",
+        "shard_argmax_mma_kernel.cuh",
+        "    grid_dependency_wait();\n#pragma unroll\n    for (int st = 0; st < ST - 1; ++st) {\n"
+        "      if (st < num_steps) load_hidden(st, st);\n      cp_async_commit();\n    }\n",
+        "#pragma unroll\n    for (int st = 0; st < ST - 1; ++st) {\n"
+        "      if (st < num_steps) load_hidden(st, st);\n      cp_async_commit();\n    }\n"
+        "    grid_dependency_wait();\n",
     ),
     (
         "sample_wrong_temperature_row",

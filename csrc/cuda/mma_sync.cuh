@@ -8,7 +8,9 @@
 //     emulated as per-thread copy groups whose bytes are "in flight" (any
 //     access is an error) until the thread's wait covers them;
 //   griddepcontrol.wait / launch_dependents (programmatic dependent launch,
-//     sm_90+; no-ops without the launch attribute, below sm_90 and here).
+//     sm_90+; no-ops without the launch attribute and below sm_90); emulated:
+//     in a programmatic launch a thread that touches a global tensor other
+//     than the weight before its wait is an error.
 #pragma once
 
 #include "device_runtime.cuh"
@@ -101,7 +103,7 @@ template <int N>
 inline void cp_async_wait(int line = __builtin_LINE()) {
   emu::cp_async_wait(line, N);
 }
-inline void grid_dependency_wait() {}
+inline void grid_dependency_wait(int line = __builtin_LINE()) { emu::grid_dependency_wait(line); }
 inline void allow_dependent_launch() {}
 #endif
 

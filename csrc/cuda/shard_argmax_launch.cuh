@@ -67,28 +67,30 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
 //
 // Every instantiation the mma path can launch, by id (the names a dispatch
 // table uses). "reg": shard_argmax_mma_kernel<T, NT, KV> (register double
-// buffering, one k step of loads in flight per warp; forced only). "pipe":
-// shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST> (cp.async stages;
-// rows = WM * MT * 16 per block, WM * SK warps, SK-way split-K inside the
-// tile, KC 32-element chunks per stage and partial sums per logit, ST stages).
-// Static shared memory: ST * KC * (rows + 8 NT) * 64 bytes of stages + 8 * WM
-// * 8 NT of block_best (every variant stays under the 48 KiB static limit,
-// so the launch needs no dynamic shared memory attribute). Registers and
-// spills as built: tests/test_build.py, DESIGN.md.
+// buffering, one k step of loads in flight per warp; forced only). "pipe" /
+// "split": shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST, MINB>
+// (cp.async stages; rows = WM * MT * 16 per block, WM * SK warps, SK-way
+// split-K inside the tile, KC 32-element chunks per stage and partial sums per
+// logit, ST stages, __launch_bounds__ minimum of MINB blocks per SM). Static
+// shared memory: ST * KC * (rows + 8 NT) * 64 bytes of stages + 8 NT * WM * 8
+// of block_best, under the 48 KiB static limit (no dynamic shared memory
+// attribute needed). Registers (ptxas, sm_90a / sm_80, bf16 and fp16 alike;
+// no spills: tests/test_build.py) and the weight bytes in flight per block
+// ((ST - 1) * KC * rows * 64):
 //
-// id  kind   NT  batch   rows  warps  SK  KC  ST  smem (bytes)   summation order class
-//  0  reg     1  1-8      128    4    -   -   -       256        reg
-//  1  reg     2  9-16     128    4    -   -   -       512        reg
-//  2  reg     4  17-32    128    4    -   -   -      1024        reg
-//  3  reg     8  33-64    128    4    -   -   -      2048        reg
-//  4  pipe    1  1-8       64    2    1   2   4     36864 + 128  KC=2
-//  5  pipe    2  9-16      64    2    1   2   4     40960 + 256  KC=2
-//  6  pipe    4  17-32     64    2    1   2   3     36864 + 512  KC=2
-//  7  split   1  1-8       64    4    2   2   4     36864 + 128  KC=2 (= 4)
-//  8  split   2  9-16      64    4    2   2   4     40960 + 256  KC=2 (= 5)
-//  9  split   4  17-32     64    4    2   2   3     36864 + 512  KC=2 (= 6)
-// 10  pipe    8  33-64    128    4    1   1   3     36864 + 2048 KC=1
-// 11  pipe   16  65-128    64    4    1   1   3     36864 + 4096 KC=1 (MT = 1)
+// id  kind   NT  batch   rows thr  SK KC ST MINB  smem B  regs 90a/80  in flight  order class
+//  0  reg     1  1-8      128 128   -  -  -   -     256   150 / 164     4 KiB    reg
+//  1  reg     2  9-16     128 128   -  -  -   -     512   148 / 140     4 KiB    reg
+//  2  reg     4  17-32    128 128   -  -  -   -    1024   110 / 124     2 KiB    reg
+//  3  reg     8  33-64    128 128   -  -  -   -    2048   212 / 210     2 KiB    reg
+//  4  pipe    1  1-8       64  64   1  2  4   6   36992   109 / 102    24 KiB    KC=2
+//  5  pipe    2  9-16      64  64   1  2  4   6   41216   126 / 122    24 KiB    KC=2
+//  6  pipe    4  17-32     64  64   1  2  3   6   37376   162 / 154    16 KiB    KC=2
+//  7  split   1  1-8       64 128   2  2  4   4   36992    88 / 86     24 KiB    KC=2 (= 4)
+//  8  split   2  9-16      64 128   2  2  4   4   41216    82 / 78     24 KiB    KC=2 (= 5)
+//  9  split   4  17-32     64 128   2  2  3   4   37376    90 / 86     16 KiB    KC=2 (= 6)
+// 10  pipe    8  33-64    128 128   1  1  3   3   38912   148 / 140    16 KiB    KC=1
+// 11  pipe   16  65-128    64 128   1  1  3   4   40960   126 / 124     8 KiB    KC=1 (MT = 1)
 //
 // Batches past a variant's 8 NT rows run in passes (grid y), each streaming
 // the weight again; auto takes 11 past 64 (the op's gemm path takes over from
@@ -111,28 +113,28 @@ constexpr const char* kMmaPipeFamily = "shard_argmax_mma_pipe_kernel";
       return shard_argmax_mma_kernel<T, NT, KV>;                         \
     }                                                                    \
   };
-#define LAM_MMA_PIPE(ID, NT, MT, WM, SK, KC, ST)                                        \
+#define LAM_MMA_PIPE(ID, NT, MT, WM, SK, KC, ST, MINB)                                      \
   template <>                                                                           \
   struct MmaVariant<ID> {                                                               \
     static constexpr int kNT = NT, kRows = WM * MT * 16, kThreads = WM * SK * 32;      \
     static constexpr const char* kFamily = kMmaPipeFamily;                              \
     template <typename T>                                                               \
     static constexpr auto kernel() {                                                    \
-      return shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST>;                   \
+      return shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST, MINB>;             \
     }                                                                                   \
   };
 LAM_MMA_REG(0, 1, 2)
 LAM_MMA_REG(1, 2, 2)
 LAM_MMA_REG(2, 4, 1)
 LAM_MMA_REG(3, 8, 1)
-LAM_MMA_PIPE(4, 1, 2, 2, 1, 2, 4)
-LAM_MMA_PIPE(5, 2, 2, 2, 1, 2, 4)
-LAM_MMA_PIPE(6, 4, 2, 2, 1, 2, 3)
-LAM_MMA_PIPE(7, 1, 2, 2, 2, 2, 4)
-LAM_MMA_PIPE(8, 2, 2, 2, 2, 2, 4)
-LAM_MMA_PIPE(9, 4, 2, 2, 2, 2, 3)
-LAM_MMA_PIPE(10, 8, 2, 4, 1, 1, 3)
-LAM_MMA_PIPE(11, 16, 1, 4, 1, 1, 3)
+LAM_MMA_PIPE(4, 1, 2, 2, 1, 2, 4, 6)
+LAM_MMA_PIPE(5, 2, 2, 2, 1, 2, 4, 6)
+LAM_MMA_PIPE(6, 4, 2, 2, 1, 2, 3, 6)
+LAM_MMA_PIPE(7, 1, 2, 2, 2, 2, 4, 4)
+LAM_MMA_PIPE(8, 2, 2, 2, 2, 2, 4, 4)
+LAM_MMA_PIPE(9, 4, 2, 2, 2, 2, 3, 4)
+LAM_MMA_PIPE(10, 8, 2, 4, 1, 1, 3, 3)
+LAM_MMA_PIPE(11, 16, 1, 4, 1, 1, 3, 4)
 #undef LAM_MMA_REG
 #undef LAM_MMA_PIPE
 constexpr int kNumMmaVariants = 12;

@@ -61,48 +61,54 @@ __device__ __forceinline__ uint4 load_hidden16(const void* p, bool valid) {
 }
 
 // Epilogue of a warp's MT x NT tiles of float32 logits: bias, temperature and
-// Gumbel noise (key_of), then best[nt][j] = the best key over the warp's rows
-// for batch row b0 + 8 nt + 2t + j, the same in every lane with that
-// thread-in-group t (xor-shuffles over the 8 lanes of each t). Rows past
-// num_valid and batch rows past batch never count.
-template <typename T, int MT, int NT>
+// Gumbel noise (key_of), then for each n-tile nt in turn emit(nt, j, key)
+// with the best key over the warp's rows for batch row b0 + 8 nt + 2t + j, the
+// same in every lane with that thread-in-group t (xor-shuffles over the 8
+// lanes of each t); one n-tile's keys live at a time. Rows past num_valid and
+// batch rows past batch never count.
+template <typename T, int MT, int NT, typename Emit>
 __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], int row_base, int64_t b0, int64_t batch,
                                                int num_valid, const T* __restrict__ bias_t,
                                                const float* __restrict__ bias_f, int64_t vocab_start,
-                                               const ShardReduce& out, unsigned long long (&best)[NT][2]) {
+                                               const ShardReduce& out, Emit&& emit) {
   const int lane = threadIdx.x % 32;
+  const bool has_bias = bias_f != nullptr || bias_t != nullptr;
+  float bias[MT][4];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) best[nt][0] = best[nt][1] = kNoEntryKey;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int row = row_base + 16 * mt + mma_c_row(lane, r);
-      if (row >= num_valid) continue;
-      float bias = 0.0f;
-      const bool has_bias = bias_f != nullptr || bias_t != nullptr;
-      if (bias_f != nullptr) bias = bias_f[row];
-      if (bias_t != nullptr) bias = to_float(bias_t[row]);
-      const uint64_t global_index = static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(row);
+      bias[mt][r] = 0.0f;
+      if (row < num_valid && bias_f != nullptr) bias[mt][r] = bias_f[row];
+      if (row < num_valid && bias_t != nullptr) bias[mt][r] = to_float(bias_t[row]);
+    }
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
+  for (int nt = 0; nt < NT; ++nt) {
+    unsigned long long best[2] = {kNoEntryKey, kNoEntryKey};
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = row_base + 16 * mt + mma_c_row(lane, r);
         const int64_t b = b0 + 8 * nt + mma_c_col(lane, r);
-        if (b >= batch) continue;
+        if (row >= num_valid || b >= batch) continue;
         float s = acc[mt][nt][r];
-        if (has_bias) s = __fadd_rn(s, bias);
+        if (has_bias) s = __fadd_rn(s, bias[mt][r]);
+        const uint64_t global_index = static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(row);
         const unsigned long long key = key_of(s, b, global_index, out);
-        if (key > best[nt][r % 2]) best[nt][r % 2] = key;
+        if (key > best[r % 2]) best[r % 2] = key;
       }
     }
-  }
-  // Max over the 8 lanes of each thread-in-group t (lanes t, t+4, ..., t+28).
+    // Max over the 8 lanes of each thread-in-group t (lanes t, t+4, ..., t+28).
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
+    for (int j = 0; j < 2; ++j) {
 #pragma unroll
       for (int offset = 4; offset < 32; offset *= 2)
-        best[nt][j] = max_key(best[nt][j], __shfl_xor_sync(0xFFFFFFFFu, best[nt][j], offset));
+        best[j] = max_key(best[j], __shfl_xor_sync(0xFFFFFFFFu, best[j], offset));
+      emit(nt, j, best[j]);
+    }
+  }
 }
 
 // NT: n-tiles of 8 batch rows per pass. KV: 32-element k chunks per loop
@@ -216,14 +222,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       }
     }
 
-    unsigned long long best[NT][2];
-    warp_best_keys<T, kMmaTilesM, NT>(acc, row_base, b0, batch, num_valid, bias_t, bias_f, vocab_start, out, best);
-    if (g == 0) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) block_best[warp][8 * nt + 2 * t + j] = best[nt][j];
-    }
+    warp_best_keys<T, kMmaTilesM, NT>(acc, row_base, b0, batch, num_valid, bias_t, bias_f, vocab_start, out,
+                                      [&](int nt, int j, unsigned long long key) {
+                                        if (g == 0) block_best[warp][8 * nt + 2 * t + j] = key;
+                                      });
     __syncthreads();
     fold_block_best(block_best, b0, batch, out.keys);
     __syncthreads();
@@ -257,8 +259,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 // griddepcontrol.wait (programmatic dependent launch: with the launch
 // attribute the weight streams while the previous kernel finishes) and the
 // hidden rows after it, one group per step.
-template <typename T, int NT, int MT, int WM, int SK, int KC, int ST>
-__global__ void __launch_bounds__(WM * SK * 32, 512 / (WM * SK * 32))
+template <typename T, int NT, int MT, int WM, int SK, int KC, int ST, int MINB>
+__global__ void __launch_bounds__(WM * SK * 32, MINB)
     shard_argmax_mma_pipe_kernel(const T* __restrict__ hidden, int64_t ldh, const T* __restrict__ weight, int64_t ldw,
                                  const T* __restrict__ bias_t, const float* __restrict__ bias_f, int64_t batch,
                                  int hidden_size, int num_valid, int64_t vocab_start, ShardReduce out) {
@@ -287,6 +289,7 @@ __global__ void __launch_bounds__(WM * SK * 32, 512 / (WM * SK * 32))
     const int64_t b0 = chunk * NT * 8;
     // cp.async of step `step` into stage `st`: the weight rows / the hidden rows.
     const auto load_weight = [&](int st, int step) {
+#pragma unroll 1
       for (int i = threadIdx.x; i < KC * kRows * 4; i += kThreads) {
         const int c = i / (kRows * 4), r = i / 4 % kRows, q = i % 4;
         const int k = (step * KC + c) * kMmaChunkK + 8 * q;
@@ -296,6 +299,7 @@ __global__ void __launch_bounds__(WM * SK * 32, 512 / (WM * SK * 32))
       }
     };
     const auto load_hidden = [&](int st, int step) {
+#pragma unroll 1
       for (int i = threadIdx.x; i < KC * NT * 8 * 4; i += kThreads) {
         const int c = i / (NT * 8 * 4), r = i / 4 % (NT * 8), q = i % 4;
         const int k = (step * KC + c) * kMmaChunkK + 8 * q;
@@ -393,14 +397,10 @@ __global__ void __launch_bounds__(WM * SK * 32, 512 / (WM * SK * 32))
               sum[mt][nt][r] =
                   __fadd_rn(sum[mt][nt][r], c % SK == 0 ? acc[c / SK][mt][nt][r] : part_at(c, mt, nt, r));
           }
-      unsigned long long best[NT][2];
-      warp_best_keys<T, MT, NT>(sum, row_base, b0, batch, num_valid, bias_t, bias_f, vocab_start, out, best);
-      if (g == 0) {
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int j = 0; j < 2; ++j) block_best[wm][8 * nt + 2 * t + j] = best[nt][j];
-      }
+      warp_best_keys<T, MT, NT>(sum, row_base, b0, batch, num_valid, bias_t, bias_f, vocab_start, out,
+                                [&](int nt, int j, unsigned long long key) {
+                                  if (g == 0) block_best[wm][8 * nt + 2 * t + j] = key;
+                                });
     }
     __syncthreads();
     // (block_best is written again only after the next batch chunk's barriers)

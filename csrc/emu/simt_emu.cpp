@@ -85,6 +85,7 @@ struct Fiber {
   int line;  // where it waits
   std::vector<PendingCopy> pending;
   int commits;  // cp.async.commit_group calls so far in this block
+  bool dependency_waited;  // griddepcontrol.wait done
 };
 
 struct WarpSync {
@@ -129,6 +130,7 @@ struct State_ {
   uint32_t epoch = 0;
   std::vector<WarpSync> warps;
   bool in_kernel = false;
+  bool programmatic = false;  // the launch's kernel may start before the previous one ends
   bool failed = false;
   std::string error;
   std::vector<Shadow> shadow;
@@ -257,6 +259,7 @@ bool run_block() {
     f.line = -1;
     f.pending.clear();
     f.commits = 0;
+    f.dependency_waited = false;
     start_fiber(f, S.stacks + static_cast<size_t>(t) * kStackBytes, kStackBytes);
   }
   std::vector<int> order(n);
@@ -454,6 +457,9 @@ void cp_async(int line, void* smem_dst, const uint4& data) {
   f.pending.push_back(PendingCopy{off, data, f.commits, line});
 }
 
+void grid_dependency_wait(int) { S.fibers[g_thread->tid].dependency_waited = true; }
+void set_programmatic_launch(bool on) { S.programmatic = on; }
+
 void cp_async_commit(int) { ++S.fibers[g_thread->tid].commits; }
 
 // cp.async.wait_group `pending`: every copy of this thread's committed groups
@@ -517,6 +523,10 @@ static void check_global(uintptr_t a, size_t n, bool write) {
   for (const Tensor& t : S.tensors) {
     const uintptr_t lo = reinterpret_cast<uintptr_t>(t.base);
     if (a >= lo && a + n <= lo + t.bytes) {
+      if (S.programmatic && !S.fibers[g_thread->tid].dependency_waited && t.name != "weight")
+        abort_block(format("%s: %s of %zu bytes of tensor '%s' before griddepcontrol.wait in a programmatic dependent "
+                           "launch (the previous kernel may still be writing it)", where().c_str(),
+                           write ? "store" : "load", n, t.name.c_str()));
       if (write && !t.writable)
         abort_block(format("%s: store of %zu bytes into read-only tensor '%s' at byte offset %zu", where().c_str(), n,
                            t.name.c_str(), static_cast<size_t>(a - lo)));

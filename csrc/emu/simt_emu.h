@@ -110,6 +110,10 @@ void mma_m16n8k16(MmaInput input, float (&c)[4], unsigned int a0, unsigned int a
 void cp_async(int line, void* smem_dst, const uint4& data);
 void cp_async_commit(int line);
 void cp_async_wait(int line, int pending);
+// griddepcontrol.wait: in a launch marked programmatic (set_programmatic_launch),
+// a thread may touch no global tensor but the one named "weight" before it.
+void grid_dependency_wait(int line);
+void set_programmatic_launch(bool on);
 
 template <typename V>
 inline uint64_t to_bits(V v) {
