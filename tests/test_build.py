@@ -120,15 +120,15 @@ def test_pipelined_mma_kernel_streams_by_cp_async(arch):
     """The pipelined tensor-core kernel's machine code holds what it was
     written for, on each architecture the build carries: LDGSTS (cp.async),
     LDGDEPBAR / DEPBAR (commit / wait groups), HMMA; and on sm_90a the
-    programmatic-dependent-launch wait (griddepcontrol.wait: ACQBULK)."""
+    programmatic-dependent-launch wait (griddepcontrol.wait: ACQBULK, seen
+    next to PREEXIT for launch_dependents in nvcc 13.0's sm_90a code)."""
     if arch not in set(re.findall(r"\.(sm_\w+)\.cubin", _cuobjdump("--list-elf"))):
         pytest.skip(f"this build carries no {arch} code (LOCALARGMAX_CUDA_ARCH)")
     pipe = {n: f for n, f in _sass_functions(arch).items() if "shard_argmax_mma_pipe_kernel" in n}
-    assert len(pipe) == 16, f"{len(pipe)} pipelined instantiations in the {arch} code (8 variants x 2 dtypes)"
+    assert len(pipe) == 18, f"{len(pipe)} pipelined instantiations in the {arch} code (9 variants x 2 dtypes)"
     for name, sass in pipe.items():
-        missing = [op for op in ("LDGSTS", "LDGDEPBAR", "DEPBAR", "HMMA") if op not in sass]
-        if arch == "sm_90a" and "ACQBULK" not in sass:
-            missing.append("ACQBULK")
+        wanted = ["LDGSTS", "LDGDEPBAR", "DEPBAR", "HMMA"] + (["ACQBULK"] if arch == "sm_90a" else [])
+        missing = [op for op in wanted if not re.search(rf"\b{op}\b", sass)]
         assert not missing, f"{name} ({arch}) lacks {missing}"
     reg = {n: f for n, f in _sass_functions(arch).items() if "shard_argmax_mma_kernel" in n}
     assert reg and not any("LDGSTS" in f for f in reg.values())  # the register-double-buffered kernel
@@ -148,7 +148,7 @@ def test_pipelined_mma_kernel_fits_its_blocks_per_sm():
         if "shard_argmax_mma_pipe_kernel" in name:
             nt, mt, wm, sk, kc, st, minb = map(int, re.findall(r"Li(\d+)E", name)[-7:])
             pipe.append((name, int(reg), int(shared), wm * sk * 32, minb))
-    assert len(pipe) == 16, out[:2000]
+    assert len(pipe) == 18, out[:2000]
     for name, reg, shared, threads, minb in pipe:
         print(f"{name}: REG {reg} SHARED {shared} threads {threads} min blocks/SM {minb}")
         assert shared <= 48 * 1024 and minb * (shared + 1024) <= 228 * 1024, name

@@ -76,7 +76,7 @@ def decode(keys):
 # --- every instantiation, and the same kernel text in both builds ---
 
 
-# MmaVariant 4..11 of shard_argmax_launch.cuh: (NT, MT, WM, SK, KC, ST, MINB).
+# MmaVariant 4..12 of shard_argmax_launch.cuh: (NT, MT, WM, SK, KC, ST, MINB).
 PIPE_VARIANTS = [
     (1, 2, 2, 1, 2, 4, 6),
     (2, 2, 2, 1, 2, 4, 6),
@@ -86,10 +86,11 @@ PIPE_VARIANTS = [
     (4, 2, 2, 2, 2, 3, 4),
     (8, 2, 4, 1, 1, 3, 3),
     (16, 1, 4, 1, 1, 3, 4),
+    (8, 2, 2, 1, 1, 4, 6),
 ]
 MMA_VARIANTS = [f"mma/{v}" for v in range(emulation.NUM_MMA_VARIANTS)]
 # Variants that sum in the same order (same NT class and KC): bit-identical keys.
-SAME_ORDER = [(4, 7), (5, 8), (6, 9)]
+SAME_ORDER = [(4, 7), (5, 8), (6, 9), (10, 12)]
 
 
 def _instantiations():
@@ -127,7 +128,7 @@ def test_every_instantiation_the_launchers_pick_runs(emu, gen):
         for batch in (1, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129):
             h, w, _ = exact_problem(gen, batch, 300, 8, dtype)
             want = cpu_keys(h, w, None, 0, 300)
-            for sm_count in (1, 132):  # 5 tiles of 64 rows: >= 4 per SM on 1 SM, split-K on 132
+            for sm_count in (1, 132):  # 5 tiles of 64 rows: >= 4 per SM on 1 SM; a small grid (split K, 64-row NT = 8) on 132
                 auto.add(emu.mma_variant(8, 300, batch, sm_count))
                 assert_keys_equal(emu.shard(h, w, path="mma", sm_count=sm_count), want, f"mma {dtype} B={batch}")
         for v in range(emulation.NUM_MMA_VARIANTS):
@@ -282,7 +283,7 @@ def test_identical_rows_give_identical_bits_in_every_place_and_variant(emu, gen,
     positions, give bit-identical keys (value bits) wherever they sit; the
     variants of one summation order (split-K or not, a choice by grid size)
     and shards cut at another row (another num_valid / vocab_start) agree bit for bit."""
-    batch = {4: 8, 5: 16, 6: 32}[pair[0]]
+    batch = {4: 8, 5: 16, 6: 32, 10: 64}[pair[0]]
     rows, hidden_size = 300, 264
     h = torch.randn(batch, hidden_size, generator=gen).to(dtype)
     w = (torch.randn(rows, hidden_size, generator=gen)).to(dtype)

@@ -91,6 +91,7 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
 //  9  split   4  17-32     64 128   2  2  3   4   37376    90 / 86     16 KiB    KC=2 (= 6)
 // 10  pipe    8  33-64    128 128   1  1  3   3   38912   148 / 140    16 KiB    KC=1
 // 11  pipe   16  65-128    64 128   1  1  3   4   40960   126 / 124     8 KiB    KC=1 (MT = 1)
+// 12  pipe    8  33-64     64  64   1  1  4   6   33792   146 / 138    12 KiB    KC=1 (= 10)
 //
 // Batches past a variant's 8 NT rows run in passes (grid y), each streaming
 // the weight again; auto takes 11 past 64 (the op's gemm path takes over from
@@ -135,9 +136,10 @@ LAM_MMA_PIPE(8, 2, 2, 2, 2, 2, 4, 4)
 LAM_MMA_PIPE(9, 4, 2, 2, 2, 2, 3, 4)
 LAM_MMA_PIPE(10, 8, 2, 4, 1, 1, 3, 3)
 LAM_MMA_PIPE(11, 16, 1, 4, 1, 1, 3, 4)
+LAM_MMA_PIPE(12, 8, 2, 2, 1, 1, 4, 6)
 #undef LAM_MMA_REG
 #undef LAM_MMA_PIPE
-constexpr int kNumMmaVariants = 12;
+constexpr int kNumMmaVariants = 13;
 
 // SM count the launchers assume when they do not pass the device's (H200).
 constexpr int kDefaultSmCount = 132;
@@ -152,13 +154,14 @@ constexpr int kDefaultSmCount = 132;
 template <typename T>
 int choose_mma_variant(int64_t hidden_size, int64_t num_valid, int64_t batch, int sm_count) {
   (void)hidden_size;  // (a dispatch table may use it; the pipeline takes any H % 8 == 0)
+  // Fewer than 4 blocks of 64 rows per SM (e.g. tp = 8): NT <= 4 split K
+  // (4 warps per 64-row tile instead of 2, the same sums); NT = 8 takes
+  // 64-row tiles (twice the blocks, the same sums as 128-row ones).
+  const bool small_grid = (num_valid + 63) / 64 < 4 * static_cast<int64_t>(sm_count);
   if (batch > 64) return 11;
-  if (batch > 32) return 10;
+  if (batch > 32) return small_grid ? 12 : 10;
   const int nt = batch <= 8 ? 0 : batch <= 16 ? 1 : 2;
-  // Split K (4 warps per 64-row tile instead of 2) when the grid gives fewer
-  // than 4 blocks per SM, i.e. fewer than 8 warps per SM without it.
-  const bool split = (num_valid + 63) / 64 < 4 * static_cast<int64_t>(sm_count);
-  return (split ? 7 : 4) + nt;
+  return (small_grid ? 7 : 4) + nt;
 }
 
 template <int ID, typename T, typename Launch>

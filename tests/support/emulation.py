@@ -25,7 +25,7 @@ CSRC = ROOT / "csrc"
 BUILD = ROOT / "build" / "emu"
 MAX_GRID_Y = 65535
 DEFAULT_SM_COUNT = 132  # kDefaultSmCount of shard_argmax_launch.cuh (H200)
-NUM_MMA_VARIANTS = 12  # kNumMmaVariants
+NUM_MMA_VARIANTS = 13  # kNumMmaVariants
 _KERNEL_FLAGS = ["-O1", "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0"]
 _COMMON_FLAGS = [
     "-std=c++20",
