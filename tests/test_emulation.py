@@ -79,7 +79,7 @@ def decode(keys):
 # MmaVariant 4..12 of shard_argmax_launch.cuh: (NT, MT, WM, SK, KC, ST, MINB).
 PIPE_VARIANTS = [
     (1, 2, 2, 1, 2, 4, 6),
-    (2, 2, 2, 1, 2, 4, 6),
+    (2, 2, 2, 1, 2, 4, 5),
     (4, 2, 2, 1, 2, 3, 6),
     (1, 2, 2, 2, 2, 4, 4),
     (2, 2, 2, 2, 2, 4, 4),

@@ -84,7 +84,7 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
 //  2  reg     4  17-32    128 128   -  -  -   -    1024   110 / 124     2 KiB    reg
 //  3  reg     8  33-64    128 128   -  -  -   -    2048   212 / 210     2 KiB    reg
 //  4  pipe    1  1-8       64  64   1  2  4   6   36992   109 / 102    24 KiB    KC=2
-//  5  pipe    2  9-16      64  64   1  2  4   6   41216   126 / 122    24 KiB    KC=2
+//  5  pipe    2  9-16      64  64   1  2  4   5   41216   ??? / ???    24 KiB    KC=2
 //  6  pipe    4  17-32     64  64   1  2  3   6   37376   162 / 154    16 KiB    KC=2
 //  7  split   1  1-8       64 128   2  2  4   4   36992    88 / 86     24 KiB    KC=2 (= 4)
 //  8  split   2  9-16      64 128   2  2  4   4   41216    82 / 78     24 KiB    KC=2 (= 5)
@@ -129,7 +129,7 @@ LAM_MMA_REG(1, 2, 2)
 LAM_MMA_REG(2, 4, 1)
 LAM_MMA_REG(3, 8, 1)
 LAM_MMA_PIPE(4, 1, 2, 2, 1, 2, 4, 6)
-LAM_MMA_PIPE(5, 2, 2, 2, 1, 2, 4, 6)
+LAM_MMA_PIPE(5, 2, 2, 2, 1, 2, 4, 5)
 LAM_MMA_PIPE(6, 4, 2, 2, 1, 2, 3, 6)
 LAM_MMA_PIPE(7, 1, 2, 2, 2, 2, 4, 4)
 LAM_MMA_PIPE(8, 2, 2, 2, 2, 2, 4, 4)
