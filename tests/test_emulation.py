@@ -128,7 +128,8 @@ def test_every_instantiation_the_launchers_pick_runs(emu, gen):
         for batch in (1, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129):
             h, w, _ = exact_problem(gen, batch, 300, 8, dtype)
             want = cpu_keys(h, w, None, 0, 300)
-            for sm_count in (1, 132):  # 5 tiles of 64 rows: >= 4 per SM on 1 SM; a small grid (split K, 64-row NT = 8) on 132
+            # 5 tiles of 64 rows: >= 4 per SM on 1 SM; on 132 a small grid (split K, 64-row tiles at NT = 8)
+            for sm_count in (1, 132):
                 auto.add(emu.mma_variant(8, 300, batch, sm_count))
                 assert_keys_equal(emu.shard(h, w, path="mma", sm_count=sm_count), want, f"mma {dtype} B={batch}")
         for v in range(emulation.NUM_MMA_VARIANTS):

@@ -79,18 +79,18 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
 // ((ST - 1) * KC * rows * 64):
 //
 // id  kind   NT  batch   rows thr  SK KC ST MINB  smem B  regs 90a/80  in flight  order class
-//  0  reg     1  1-8      128 128   -  -  -   -     256   150 / 164     4 KiB    reg
-//  1  reg     2  9-16     128 128   -  -  -   -     512   148 / 140     4 KiB    reg
-//  2  reg     4  17-32    128 128   -  -  -   -    1024   110 / 124     2 KiB    reg
-//  3  reg     8  33-64    128 128   -  -  -   -    2048   212 / 210     2 KiB    reg
+//  0  reg     1  1-8      128 128   -  -  -   -     256   150 / 162    4 KiB    reg
+//  1  reg     2  9-16     128 128   -  -  -   -     512   150 / 142    4 KiB    reg
+//  2  reg     4  17-32    128 128   -  -  -   -    1024   128 / 126    2 KiB    reg
+//  3  reg     8  33-64    128 128   -  -  -   -    2048   214 / 208    2 KiB    reg
 //  4  pipe    1  1-8       64  64   1  2  4   6   36992   109 / 102    24 KiB    KC=2
-//  5  pipe    2  9-16      64  64   1  2  4   5   41216   ??? / ???    24 KiB    KC=2
+//  5  pipe    2  9-16      64  64   1  2  4   5   41216   126 / 122    24 KiB    KC=2
 //  6  pipe    4  17-32     64  64   1  2  3   6   37376   162 / 154    16 KiB    KC=2
-//  7  split   1  1-8       64 128   2  2  4   4   36992    88 / 86     24 KiB    KC=2 (= 4)
-//  8  split   2  9-16      64 128   2  2  4   4   41216    82 / 78     24 KiB    KC=2 (= 5)
-//  9  split   4  17-32     64 128   2  2  3   4   37376    90 / 86     16 KiB    KC=2 (= 6)
+//  7  split   1  1-8       64 128   2  2  4   4   36992     88 / 86    24 KiB    KC=2 (= 4)
+//  8  split   2  9-16      64 128   2  2  4   4   41216     82 / 78    24 KiB    KC=2 (= 5)
+//  9  split   4  17-32     64 128   2  2  3   4   37376     90 / 86    16 KiB    KC=2 (= 6)
 // 10  pipe    8  33-64    128 128   1  1  3   3   38912   148 / 140    16 KiB    KC=1
-// 11  pipe   16  65-128    64 128   1  1  3   4   40960   126 / 124     8 KiB    KC=1 (MT = 1)
+// 11  pipe   16  65-128    64 128   1  1  3   4   40960   126 / 124    8 KiB    KC=1 (MT = 1)
 // 12  pipe    8  33-64     64  64   1  1  4   6   33792   146 / 138    12 KiB    KC=1 (= 10)
 //
 // Batches past a variant's 8 NT rows run in passes (grid y), each streaming
