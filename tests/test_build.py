@@ -84,7 +84,13 @@ def test_library_carries_sm90a_machine_code():
 def test_hot_kernels_use_no_local_memory():
     out = _cuobjdump("--dump-resource-usage")
     usage = re.findall(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", out)
-    families = ["shard_argmax_kernel", "shard_argmax_mma_kernel", "logits_to_keys_kernel", "merge_keys_kernel"]
+    families = [
+        "shard_argmax_kernel",
+        "shard_argmax_mma_kernel",
+        "shard_argmax_mma_pipe_kernel",
+        "logits_to_keys_kernel",
+        "merge_keys_kernel",
+    ]
     missing = [f for f in families if not any(f in u[0] for u in usage)]
     assert not missing, f"kernels missing from the resource usage dump: {missing}\n{out[:2000]}"
     bad = [(n, s, lo) for n, _, s, lo in usage if any(f in n for f in families) and (int(s) or int(lo))]
@@ -96,10 +102,58 @@ def test_mma_kernel_runs_on_tensor_cores():
     """The sm_90a code of the tensor-core kernel holds HMMA instructions (and
     the CUDA-core kernel none): mma.sync compiled to tensor-core instructions."""
     functions = re.split(r"\n\s*Function : ", _cuobjdump("--dump-sass", "--gpu-architecture", "sm_90a"))
-    mma = [f for f in functions if "shard_argmax_mma_kernel" in f.split("\n", 1)[0]]
+    mma = [f for f in functions if re.search(r"shard_argmax_mma_(pipe_)?kernel", f.split("\n", 1)[0])]
     simt = [f for f in functions if "shard_argmax_kernel" in f.split("\n", 1)[0]]
     assert mma and all("HMMA" in f for f in mma), "a shard_argmax_mma_kernel instantiation has no HMMA instruction"
     assert simt and not any("HMMA" in f for f in simt)
+
+
+def _sass_functions(arch: str) -> dict[str, str]:
+    """Mangled kernel name -> its SASS, for one architecture of the library."""
+    chunks = re.split(r"\n\s*Function : ", _cuobjdump("--dump-sass", "--gpu-architecture", arch))[1:]
+    return {c.split("\n", 1)[0].strip(): c for c in chunks}
+
+
+@needs_cuda_build
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_pipelined_mma_kernel_streams_by_cp_async(arch):
+    """The pipelined tensor-core kernel's machine code holds what it was
+    written for, on each architecture the build carries: LDGSTS (cp.async),
+    LDGDEPBAR / DEPBAR (commit / wait groups), HMMA; and on sm_90a the
+    programmatic-dependent-launch wait (griddepcontrol.wait: ACQBULK, seen
+    next to PREEXIT for launch_dependents in nvcc 13.0's sm_90a code)."""
+    if arch not in set(re.findall(r"\.(sm_\w+)\.cubin", _cuobjdump("--list-elf"))):
+        pytest.skip(f"this build carries no {arch} code (LOCALARGMAX_CUDA_ARCH)")
+    pipe = {n: f for n, f in _sass_functions(arch).items() if "shard_argmax_mma_pipe_kernel" in n}
+    assert len(pipe) == 18, f"{len(pipe)} pipelined instantiations in the {arch} code (9 variants x 2 dtypes)"
+    for name, sass in pipe.items():
+        wanted = ["LDGSTS", "LDGDEPBAR", "DEPBAR", "HMMA"] + (["ACQBULK"] if arch == "sm_90a" else [])
+        missing = [op for op in wanted if not re.search(rf"\b{op}\b", sass)]
+        assert not missing, f"{name} ({arch}) lacks {missing}"
+    reg = {n: f for n, f in _sass_functions(arch).items() if "shard_argmax_mma_kernel" in n}
+    assert reg and not any("LDGSTS" in f for f in reg.values())  # the register-double-buffered kernel
+
+
+@needs_cuda_build
+def test_pipelined_mma_kernel_fits_its_blocks_per_sm():
+    """Each pipelined variant's MINB blocks (__launch_bounds__) fit on an SM by
+    registers (65536 per SM) and by shared memory (228 KiB per SM; SHARED here
+    includes the 1 KiB the system reserves per block), its static arrays under
+    the 48 KiB static limit; 4+ blocks of 128 threads mean at most 128
+    registers. Prints each variant's registers and shared memory (sm_90a)."""
+    out = _cuobjdump("--dump-resource-usage", "--gpu-architecture", "sm_90a")
+    usage = re.findall(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
+    # mangled template arguments: ...ILi<NT>ELi<MT>ELi<WM>ELi<SK>ELi<KC>ELi<ST>ELi<MINB>EEv...
+    pipe = []
+    for name, reg, _, shared, _ in usage:
+        if "shard_argmax_mma_pipe_kernel" in name:
+            nt, mt, wm, sk, kc, st, minb = map(int, re.findall(r"Li(\d+)E", name)[-7:])
+            pipe.append((name, int(reg), int(shared), wm * sk * 32, minb))
+    assert len(pipe) == 18, out[:2000]
+    for name, reg, shared, threads, minb in pipe:
+        print(f"{name}: REG {reg} SHARED {shared} threads {threads} min blocks/SM {minb}")
+        assert shared - 1024 <= 48 * 1024 and minb * shared <= 228 * 1024, name
+        assert minb * threads * ((reg + 7) // 8 * 8) <= 65536, name
 
 
 @pytest.fixture

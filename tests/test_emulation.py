@@ -76,6 +76,23 @@ def decode(keys):
 # --- every instantiation, and the same kernel text in both builds ---
 
 
+# MmaVariant 4..12 of shard_argmax_launch.cuh: (NT, MT, WM, SK, KC, ST, MINB).
+PIPE_VARIANTS = [
+    (1, 2, 2, 1, 2, 4, 6),
+    (2, 2, 2, 1, 2, 4, 5),
+    (4, 2, 2, 1, 2, 3, 6),
+    (1, 2, 2, 2, 2, 4, 4),
+    (2, 2, 2, 2, 2, 4, 4),
+    (4, 2, 2, 2, 2, 3, 4),
+    (8, 2, 4, 1, 1, 3, 3),
+    (16, 1, 4, 1, 1, 3, 4),
+    (8, 2, 2, 1, 1, 4, 6),
+]
+MMA_VARIANTS = [f"mma/{v}" for v in range(emulation.NUM_MMA_VARIANTS)]
+# Variants that sum in the same order (same NT class and KC): bit-identical keys.
+SAME_ORDER = [(4, 7), (5, 8), (6, 9), (10, 12)]
+
+
 def _instantiations():
     names = []
     for t, vec in (("float", 4), ("__nv_bfloat16", 8), ("__half", 8)):
@@ -85,6 +102,7 @@ def _instantiations():
                     names.append(f"shard_argmax_kernel<{t}, {nb}, {v}, {topk}>")
         if t != "float":
             names += [f"shard_argmax_mma_kernel<{t}, {nt}, {kv}>" for nt, kv in ((1, 2), (2, 2), (4, 1), (8, 1))]
+            names += [f"shard_argmax_mma_pipe_kernel<{t}, {', '.join(map(str, v))}>" for v in PIPE_VARIANTS]
             names.append(f"logits_to_keys_kernel<{t}>")
     return names + ["merge_keys_kernel"]
 
@@ -102,11 +120,32 @@ def test_every_instantiation_the_launchers_pick_runs(emu, gen):
                 assert_keys_equal(emu.shard(h, w), want, f"simt {dtype} B={batch} H={hidden_size}")
                 assert_keys_equal(emu.shard(h, w, k=2), cpu_keys(h, w, None, 0, 3, k=2), "topk")
                 if dtype in HALF and hidden_size == 8:
-                    assert_keys_equal(emu.shard(h, w, path="mma"), want, f"mma {dtype} B={batch}")
                     assert_keys_equal(emu.shard(h, w, path="gemm"), want, f"gemm {dtype} B={batch}")
+    # mma: auto's choices at every NT boundary, split (few blocks per SM) or not; then every other
+    # variant of the table forced (the register-double-buffered kernel is forced only).
+    auto = set()
+    for dtype in HALF:
+        for batch in (1, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129):
+            h, w, _ = exact_problem(gen, batch, 300, 8, dtype)
+            want = cpu_keys(h, w, None, 0, 300)
+            # 5 tiles of 64 rows: >= 4 per SM on 1 SM; on 132 a small grid (split K, 64-row tiles at NT = 8)
+            for sm_count in (1, 132):
+                auto.add(emu.mma_variant(8, 300, batch, sm_count))
+                assert_keys_equal(emu.shard(h, w, path="mma", sm_count=sm_count), want, f"mma {dtype} B={batch}")
+        for v in range(emulation.NUM_MMA_VARIANTS):
+            h, w, _ = exact_problem(gen, 3, 3, 8, dtype)
+            assert_keys_equal(emu.shard(h, w, path=f"mma/{v}"), cpu_keys(h, w, None, 0, 3), f"mma/{v} {dtype}")
+    assert auto == set(range(4, emulation.NUM_MMA_VARIANTS)), auto
     keys = torch.stack([ops.shard_argmax(*exact_problem(gen, 4, 5, 8, torch.float32)[:2], None, 0, 5)])
     emu.merge_keys(keys)
     assert set(_instantiations()) == set(emu.launched), set(_instantiations()) ^ set(emu.launched)
+
+
+def _split_device_host(body: str) -> tuple[str, str]:
+    """The two branches of mma_sync.cuh's outer `#if defined(__CUDACC__)`."""
+    rest = body.split("#if defined(__CUDACC__)\n", 1)[1]
+    at = rest.index("\n#else\ninline")
+    return rest[:at], rest[at:]
 
 
 def test_host_and_cuda_builds_compile_the_same_kernel_text(emu):
@@ -120,9 +159,16 @@ def test_host_and_cuda_builds_compile_the_same_kernel_text(emu):
             f"{f.name} holds preprocessor switches {conditionals}: the host emulation and nvcc "
             "could compile different kernel text"
         )
-    # mma_sync.cuh: one switch per PTX wrapper: the asm under nvcc, the emulated collective on the host.
+    # mma_sync.cuh: the asm under nvcc, the emulation on the host: mma.sync one switch per dtype;
+    # the cp.async and griddepcontrol wrappers defined once per compiler, each with a host twin.
     body = (CSRC / "cuda" / "mma_sync.cuh").read_text()
-    assert body.count("#if defined(__CUDA_ARCH__)") == body.count("emu::mma_m16n8k16(") == 2
+    assert body.count("emu::mma_m16n8k16(") == 2
+    device, host = _split_device_host(body)
+    wrappers = ("cp_async16", "cp_async_commit", "cp_async_wait", "grid_dependency_wait", "allow_dependent_launch")
+    for name in wrappers:
+        assert re.search(rf"__device__ __forceinline__ void {name}\(", device), name
+        assert re.search(rf"inline void {name}\(", host), name
+    assert "emu::cp_async(" in host and "emu::cp_async_wait(" in host and "emu::cp_async_commit(" in host
     # The emulation translation unit reads every kernel header from csrc/cuda itself (no copy) ...
     deps = subprocess.run(
         ["g++", "-std=c++20", f"-I{CSRC}", "-MM", str(CSRC / "emu" / "emu_kernels.cpp")],
@@ -153,7 +199,7 @@ def test_host_and_cuda_builds_compile_the_same_kernel_text(emu):
         if re.match(r"[0-9a-f]+ ", ln) and lo <= int(ln.split()[0], 16) < hi and "lam_emu_shared" not in ln
     ]
     assert inside and all(
-        re.search(r"_kernel<.*>\(.*\)::(block_best|candidates|lists|warp_best)$", ln) for ln in inside
+        re.search(r"_kernel<.*>\(.*\)::(block_best|candidates|lists|warp_best|stages)$", ln) for ln in inside
     ), inside
 
 
@@ -205,6 +251,65 @@ def test_mma_argmax(emu, gen, dtype, batch, rows, hidden_size):
     assert_keys_equal(got, cpu_keys(h, w, b, 77, rows), "mma")
 
 
+# Every variant: row tails (rows % 64, % 128), k tails (H not a multiple of a
+# stage's KC * 32 elements, fewer steps than stages, H = 4104 many steps),
+# batch 1..128 and past a variant's pass (grid y).
+VARIANT_SHAPES = [
+    (1, 1, 8),
+    (7, 65, 40),
+    (16, 129, 104),
+    (23, 300, 264),
+    (40, 64, 8),
+    (64, 200, 4104),
+    (100, 127, 72),
+    (128, 130, 24),
+    (129, 3, 16),
+]
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("path", MMA_VARIANTS)
+def test_every_mma_variant_against_the_cpu_kernel(emu, gen, dtype, path):
+    for i, (batch, rows, hidden_size) in enumerate(VARIANT_SHAPES):
+        h, w, b = exact_problem(gen, batch, rows, hidden_size, dtype, (None, "f", "t")[i % 3])
+        got = emu.shard(h, w, b, 77, rows, path=path)
+        assert_keys_equal(got, cpu_keys(h, w, b, 77, rows), f"{path} B={batch} rows={rows} H={hidden_size}")
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("pair", SAME_ORDER, ids=str)
+def test_identical_rows_give_identical_bits_in_every_place_and_variant(emu, gen, dtype, pair):
+    """Rule 5 on random floats (inexact sums): a weight row copied to rows in
+    other warps, m-tiles and tiles, and a hidden row copied to other batch
+    positions, give bit-identical keys (value bits) wherever they sit; the
+    variants of one summation order (split-K or not, a choice by grid size)
+    and shards cut at another row (another num_valid / vocab_start) agree bit for bit."""
+    batch = {4: 8, 5: 16, 6: 32, 10: 64}[pair[0]]
+    rows, hidden_size = 300, 264
+    h = torch.randn(batch, hidden_size, generator=gen).to(dtype)
+    w = (torch.randn(rows, hidden_size, generator=gen)).to(dtype)
+    for r in (17, 40, 63, 64, 150, 299):
+        w[r] = w[5]
+    for b in range(1, batch, 3):
+        h[b] = h[0]
+    keys = {v: emu.shard(h, w, None, 0, rows, path=f"mma/{v}") for v in pair}
+    assert torch.equal(keys[pair[0]], keys[pair[1]])
+    for v in pair:  # same values for the duplicated hidden rows; ties to the smallest index
+        got = keys[v]
+        assert (got[1::3] == got[0]).all()
+        logits = reference_logits(h, w)
+        top2 = logits.topk(2, dim=1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 1e-3
+        assert torch.equal(decode(got)[clear], logits.argmax(1)[clear])
+        # the value of row 5 and of its copies, as winners: plant them as the winners via a bias
+        bias = torch.full((rows,), -1e4)
+        bias[[5, 17, 40, 63, 64, 150, 299]] = 0.0
+        won = emu.shard(h, w, bias, 0, rows, path=f"mma/{v}")
+        assert (decode(won) == 5).all()
+        later = emu.shard(h, w[6:], bias[6:], 6, rows - 6, path=f"mma/{v}")  # row 5 cut away: copy 17 wins
+        assert (decode(later) == 17).all() and torch.equal(later >> 32, won >> 32)
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 @pytest.mark.parametrize("batch,rows,hidden_size", GEMM)
 def test_gemm_keys(emu, gen, dtype, batch, rows, hidden_size):
@@ -242,6 +347,11 @@ def test_simt_topk_in_torch_topk_order(emu, gen, dtype, batch, rows, hidden_size
         ("mma", torch.float16),
         ("mma", torch.bfloat16),
         ("gemm", torch.bfloat16),
+        ("mma/0", torch.float16),
+        ("mma/4", torch.bfloat16),
+        ("mma/7", torch.float16),
+        ("mma/10", torch.bfloat16),
+        ("mma/11", torch.float16),
     ],
 )
 @pytest.mark.parametrize("batch,rows,hidden_size", [(5, 300, 40), (33, 129, 16)])
@@ -288,7 +398,7 @@ def test_merge_keys_with_d2t_and_an_empty_shard(emu, gen):
 # --- the grid-y loop, padding rows, ties across blocks, special values ---
 
 
-@pytest.mark.parametrize("path", ["simt", "mma", "gemm"])
+@pytest.mark.parametrize("path", ["simt", "mma", "gemm", "mma/0", "mma/4", "mma/10", "mma/11"])
 @pytest.mark.parametrize("max_grid_y", [1, 2])
 def test_grid_y_loop(emu, gen, path, max_grid_y):
     h, w, b = exact_problem(gen, 130, 150, 24, torch.bfloat16, "f")
@@ -307,6 +417,7 @@ def test_grid_y_loop(emu, gen, path, max_grid_y):
         ("mma", torch.bfloat16),
         ("mma", torch.float16),
         ("gemm", torch.float16),
+        *[(f"mma/{v}", (torch.bfloat16, torch.float16)[v % 2]) for v in range(emulation.NUM_MMA_VARIANTS)],
     ],
 )
 def test_padding_rows_never_win(emu, gen, path, dtype):
@@ -326,6 +437,7 @@ def test_padding_rows_never_win(emu, gen, path, dtype):
         ("mma", torch.bfloat16),
         ("mma", torch.float16),
         ("gemm", torch.float16),
+        *[(f"mma/{v}", (torch.bfloat16, torch.float16)[v % 2]) for v in range(emulation.NUM_MMA_VARIANTS)],
     ],
 )
 @pytest.mark.parametrize("scramble", [False, True])
@@ -346,7 +458,14 @@ def test_ties_across_blocks_go_to_the_smallest_index(emu, gen, path, dtype, scra
 
 
 @pytest.mark.parametrize(
-    "path,dtype", [("simt", torch.float32), ("simt", torch.float16), ("mma", torch.bfloat16), ("gemm", torch.bfloat16)]
+    "path,dtype",
+    [
+        ("simt", torch.float32),
+        ("simt", torch.float16),
+        ("mma", torch.bfloat16),
+        ("gemm", torch.bfloat16),
+        *[(f"mma/{v}", (torch.bfloat16, torch.float16)[v % 2]) for v in range(emulation.NUM_MMA_VARIANTS)],
+    ],
 )
 def test_nan_negative_zero_and_infinite_rows(emu, gen, path, dtype):
     h, w, _ = exact_problem(gen, 6, 150, 16, dtype)
@@ -370,7 +489,11 @@ def test_nan_negative_zero_and_infinite_rows(emu, gen, path, dtype):
     assert decode(got).tolist() == [42, 42, 42]
 
 
-@pytest.mark.parametrize("path,dtype", [("simt", torch.float32), ("simt", torch.bfloat16), ("mma", torch.bfloat16)])
+@pytest.mark.parametrize(
+    "path,dtype",
+    [("simt", torch.float32), ("simt", torch.bfloat16), ("mma", torch.bfloat16), ("mma/4", torch.float16)]
+    + [(f"mma/{v}", torch.bfloat16) for v in (7, 10, 11)],
+)
 def test_random_floats_against_the_float64_reference(emu, gen, path, dtype):
     for batch, rows, hidden_size in ((3, 300, 4104), (20, 129, 40)):
         h = torch.randn(batch, hidden_size, generator=gen).to(dtype)
@@ -387,7 +510,7 @@ def test_random_floats_against_the_float64_reference(emu, gen, path, dtype):
         assert ((values.double() - top2[:, 0]).abs() <= 2 * bound).all()
 
 
-@pytest.mark.parametrize("path", ["simt", "mma"])
+@pytest.mark.parametrize("path", ["simt", "mma", "mma/0", "mma/4", "mma/10", "mma/11"])
 def test_weight_offsets_beyond_2_31_elements(emu, gen, path):
     """A weight view whose rows lie 2**23 + 8 elements apart: rows >= 256 sit
     past element 2**31 (4 GiB of bf16 address space, mostly never touched)."""

@@ -1,6 +1,7 @@
 """Mutation check of the host emulation suite: deliberately broken copies of
 the kernel source (a missing barrier, off-by-one tails, a wrong shuffle mask,
-32-bit offsets, ...) are built with the emulation and run through a slice of
+32-bit offsets, a cp.async stage read before its wait or refilled before
+every thread is done with it, a split-K partial dropped, ...) are built with the emulation and run through a slice of
 tests/test_emulation.py; each must be caught (a checked failure or a wrong
 answer), and the same slice must pass on the real source."""
 
@@ -83,8 +84,8 @@ MUTANTS = [
         "mma_wrong_shuffle_mask",
         "mask 0x0000ffff excludes it",
         "shard_argmax_mma_kernel.cuh",
-        "__shfl_xor_sync(0xFFFFFFFFu, best[nt][j], offset)",
-        "__shfl_xor_sync(0x0000FFFFu, best[nt][j], offset)",
+        "__shfl_xor_sync(0xFFFFFFFFu, best[j], offset)",
+        "__shfl_xor_sync(0x0000FFFFu, best[j], offset)",
     ),
     (
         "simt_short_butterfly",
@@ -107,6 +108,91 @@ MUTANTS = [
         "weight + static_cast<int64_t>(wok[mt][h] ? row : 0) * ldw",
         "weight + (wok[mt][h] ? row : 0) * static_cast<int>(ldw)",
     ),
+    # the cp.async pipeline of shard_argmax_mma_pipe_kernel
+    (
+        "pipe_wait_group_off_by_one",
+        "cp.async into it is in flight",
+        "shard_argmax_mma_kernel.cuh",
+        "cp_async_wait<ST - 2>();",
+        "cp_async_wait<ST - 1>();",
+    ),
+    (
+        "pipe_refill_before_the_barrier",
+        "shared race: cp.async into shared offset \\d+, read by thread|in flight",
+        "shard_argmax_mma_kernel.cuh",
+        "      __syncthreads();\n      const int next = step + ST - 1;\n      if (next < num_steps) {\n"
+        "        load_weight(next % ST, next);\n        load_hidden(next % ST, next);\n      }\n",
+        "      const int next = step + ST - 1;\n      if (next < num_steps) {\n"
+        "        load_weight(next % ST, next);\n        load_hidden(next % ST, next);\n      }\n"
+        "      __syncthreads();\n",
+    ),
+    (
+        "pipe_no_barrier_after_the_wait",
+        "never written in this block|in flight|shared race",
+        "shard_argmax_mma_kernel.cuh",
+        "      cp_async_wait<ST - 2>();\n      __syncthreads();\n",
+        "      cp_async_wait<ST - 2>();\n",
+    ),
+    (
+        "pipe_partials_over_stages_still_read",
+        "shared race",
+        "shard_argmax_mma_kernel.cuh",
+        "    __syncthreads();  // every stage read: free for the partials and the next batch chunk\n",
+        "",
+    ),
+    (
+        "pipe_split_k_partials_unsynchronised",
+        "shared race|never written in this block",
+        "shard_argmax_mma_kernel.cuh",
+        "              for (int r = 0; r < 4; ++r) part_at(a * SK + ks, mt, nt, r) = acc[a][mt][nt][r];\n      }\n"
+        "      __syncthreads();\n",
+        "              for (int r = 0; r < 4; ++r) part_at(a * SK + ks, mt, nt, r) = acc[a][mt][nt][r];\n      }\n",
+    ),
+    (
+        "pipe_split_k_partial_dropped",
+        "differ from the CPU kernel",
+        "shard_argmax_mma_kernel.cuh",
+        "for (int c = 1; c < KC; ++c)",
+        "for (int c = 1; c < KC - 1; ++c)",
+    ),
+    (
+        "pipe_row_tail_off_by_one",
+        "out-of-bounds global load",
+        "shard_argmax_mma_kernel.cuh",
+        "const bool ok = k < hidden_size && row < num_valid;",
+        "const bool ok = k < hidden_size && row <= num_valid;",
+    ),
+    (
+        "pipe_k_tail_off_by_one",
+        "out-of-bounds global load",
+        "shard_argmax_mma_kernel.cuh",
+        "const bool ok = k < hidden_size && b < batch;",
+        "const bool ok = k <= hidden_size && b < batch;",
+    ),
+    (
+        "pipe_32bit_row_offset",
+        "out-of-bounds global load",
+        "shard_argmax_mma_kernel.cuh",
+        "static_cast<int64_t>(row) * ldw + k",
+        "row * static_cast<int>(ldw) + k",
+    ),
+    (
+        "pipe_last_step_skipped",
+        "differ from the CPU kernel",
+        "shard_argmax_mma_kernel.cuh",
+        "for (int step = 0; step < num_steps; ++step) {",
+        "for (int step = 0; step + 1 < num_steps; ++step) {",
+    ),
+    (
+        "pipe_hidden_read_before_the_dependency_wait",
+        "tensor 'hidden' before griddepcontrol.wait",
+        "shard_argmax_mma_kernel.cuh",
+        "    grid_dependency_wait();\n#pragma unroll\n    for (int st = 0; st < ST - 1; ++st) {\n"
+        "      if (st < num_steps) load_hidden(st, st);\n      cp_async_commit();\n    }\n",
+        "#pragma unroll\n    for (int st = 0; st < ST - 1; ++st) {\n"
+        "      if (st < num_steps) load_hidden(st, st);\n      cp_async_commit();\n    }\n"
+        "    grid_dependency_wait();\n",
+    ),
     (
         "sample_wrong_temperature_row",
         "differ from the CPU kernel",
@@ -126,13 +212,18 @@ SLICE = [
     (suite.test_gemm_keys, dict(dtype=B16, batch=7, rows=300, hidden_size=40)),
     (suite.test_simt_topk_in_torch_topk_order, dict(dtype=B16, batch=17, rows=200, hidden_size=16, k=64)),
     (suite.test_sample_equals_cpu_draws, dict(path="simt", dtype=B16, batch=5, rows=300, hidden_size=40)),
+    (suite.test_every_mma_variant_against_the_cpu_kernel, dict(dtype=B16, path="mma/0")),
+    (suite.test_every_mma_variant_against_the_cpu_kernel, dict(dtype=B16, path="mma/7")),
+    (suite.test_every_mma_variant_against_the_cpu_kernel, dict(dtype=B16, path="mma/11")),
     (suite.test_grid_y_loop, dict(path="simt", max_grid_y=1)),
     (suite.test_grid_y_loop, dict(path="mma", max_grid_y=1)),
+    (suite.test_grid_y_loop, dict(path="mma/0", max_grid_y=1)),
     (suite.test_padding_rows_never_win, dict(path="simt", dtype=B16)),
     (suite.test_padding_rows_never_win, dict(path="mma", dtype=B16)),
     (suite.test_merge_keys_with_d2t_and_an_empty_shard, {}),
     (suite.test_weight_offsets_beyond_2_31_elements, dict(path="simt")),
     (suite.test_weight_offsets_beyond_2_31_elements, dict(path="mma")),
+    (suite.test_weight_offsets_beyond_2_31_elements, dict(path="mma/0")),
 ]
 
 

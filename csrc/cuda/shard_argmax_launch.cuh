@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "device_runtime.cuh"
 #include "logits_to_keys_kernel.cuh"
@@ -62,23 +63,130 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
   return launch_simt_nb<T, 8, TOPK>(p, launch, max_grid_y);
 }
 
-template <typename T, int NT, int KV, typename Launch>
-void launch_mma_nt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_grid_y) {
-  const dim3 grid = grid_of((p.num_valid + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock, (p.batch + NT * 8 - 1) / (NT * 8),
-                            max_grid_y);
-  launch("shard_argmax_mma_kernel", shard_argmax_mma_kernel<T, NT, KV>, grid, dim3(kMmaWarps * 32), p.hidden, p.ldh,
-         p.weight, p.ldw, p.bias_t, p.bias_f, p.batch, static_cast<int>(p.hidden_size), static_cast<int>(p.num_valid),
+// ---- The tensor-core variants ----
+//
+// Every instantiation the mma path can launch, by id (the names a dispatch
+// table uses). "reg": shard_argmax_mma_kernel<T, NT, KV> (register double
+// buffering, one k step of loads in flight per warp; forced only). "pipe" /
+// "split": shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST, MINB>
+// (cp.async stages; rows = WM * MT * 16 per block, WM * SK warps, SK-way
+// split-K inside the tile, KC 32-element chunks per stage and partial sums per
+// logit, ST stages, __launch_bounds__ minimum of MINB blocks per SM). Static
+// shared memory: ST * KC * (rows + 8 NT) * 64 bytes of stages + 8 NT * WM * 8
+// of block_best, under the 48 KiB static limit (no dynamic shared memory
+// attribute needed). Registers (ptxas, sm_90a / sm_80, bf16 and fp16 alike;
+// no spills: tests/test_build.py) and the weight bytes in flight per block
+// ((ST - 1) * KC * rows * 64):
+//
+// id  kind   NT  batch   rows thr  SK KC ST MINB  smem B  regs 90a/80  in flight  order class
+//  0  reg     1  1-8      128 128   -  -  -   -     256   150 / 162    4 KiB    reg
+//  1  reg     2  9-16     128 128   -  -  -   -     512   150 / 142    4 KiB    reg
+//  2  reg     4  17-32    128 128   -  -  -   -    1024   128 / 126    2 KiB    reg
+//  3  reg     8  33-64    128 128   -  -  -   -    2048   214 / 208    2 KiB    reg
+//  4  pipe    1  1-8       64  64   1  2  4   6   36992   109 / 102    24 KiB    KC=2
+//  5  pipe    2  9-16      64  64   1  2  4   5   41216   126 / 122    24 KiB    KC=2
+//  6  pipe    4  17-32     64  64   1  2  3   6   37376   162 / 154    16 KiB    KC=2
+//  7  split   1  1-8       64 128   2  2  4   4   36992     88 / 86    24 KiB    KC=2 (= 4)
+//  8  split   2  9-16      64 128   2  2  4   4   41216     82 / 78    24 KiB    KC=2 (= 5)
+//  9  split   4  17-32     64 128   2  2  3   4   37376     90 / 86    16 KiB    KC=2 (= 6)
+// 10  pipe    8  33-64    128 128   1  1  3   3   38912   148 / 140    16 KiB    KC=1
+// 11  pipe   16  65-128    64 128   1  1  3   4   40960   126 / 124    8 KiB    KC=1 (MT = 1)
+// 12  pipe    8  33-64     64  64   1  1  4   6   33792   146 / 138    12 KiB    KC=1 (= 10)
+//
+// Batches past a variant's 8 NT rows run in passes (grid y), each streaming
+// the weight again; auto takes 11 past 64 (the op's gemm path takes over from
+// batch 128 on CUDA).
+template <int ID>
+struct MmaVariant;
+
+// The family names launch_mma gives the launch functor (the CUDA launcher
+// starts the pipelined family with programmatic dependent launch).
+constexpr const char* kMmaRegFamily = "shard_argmax_mma_kernel";
+constexpr const char* kMmaPipeFamily = "shard_argmax_mma_pipe_kernel";
+
+#define LAM_MMA_REG(ID, NT, KV)                                          \
+  template <>                                                            \
+  struct MmaVariant<ID> {                                                \
+    static constexpr int kNT = NT, kRows = kMmaRowsPerBlock, kThreads = kMmaWarps * 32; \
+    static constexpr const char* kFamily = kMmaRegFamily;                \
+    template <typename T>                                                \
+    static constexpr auto kernel() {                                     \
+      return shard_argmax_mma_kernel<T, NT, KV>;                         \
+    }                                                                    \
+  };
+#define LAM_MMA_PIPE(ID, NT, MT, WM, SK, KC, ST, MINB)                                      \
+  template <>                                                                           \
+  struct MmaVariant<ID> {                                                               \
+    static constexpr int kNT = NT, kRows = WM * MT * 16, kThreads = WM * SK * 32;      \
+    static constexpr const char* kFamily = kMmaPipeFamily;                              \
+    template <typename T>                                                               \
+    static constexpr auto kernel() {                                                    \
+      return shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST, MINB>;             \
+    }                                                                                   \
+  };
+LAM_MMA_REG(0, 1, 2)
+LAM_MMA_REG(1, 2, 2)
+LAM_MMA_REG(2, 4, 1)
+LAM_MMA_REG(3, 8, 1)
+LAM_MMA_PIPE(4, 1, 2, 2, 1, 2, 4, 6)
+LAM_MMA_PIPE(5, 2, 2, 2, 1, 2, 4, 5)
+LAM_MMA_PIPE(6, 4, 2, 2, 1, 2, 3, 6)
+LAM_MMA_PIPE(7, 1, 2, 2, 2, 2, 4, 4)
+LAM_MMA_PIPE(8, 2, 2, 2, 2, 2, 4, 4)
+LAM_MMA_PIPE(9, 4, 2, 2, 2, 2, 3, 4)
+LAM_MMA_PIPE(10, 8, 2, 4, 1, 1, 3, 3)
+LAM_MMA_PIPE(11, 16, 1, 4, 1, 1, 3, 4)
+LAM_MMA_PIPE(12, 8, 2, 2, 1, 1, 4, 6)
+#undef LAM_MMA_REG
+#undef LAM_MMA_PIPE
+constexpr int kNumMmaVariants = 13;
+
+// SM count the launchers assume when they do not pass the device's (H200).
+constexpr int kDefaultSmCount = 132;
+
+// The variant auto picks: a pure function of shared arguments (dtype, hidden
+// size, batch) and of the grid the shard gives (num_valid) on a device of
+// sm_count SMs. The summation order (DESIGN.md rule 5, and rule 1 across
+// ranks) may depend on the batch only: variants 4-6 and 7-9 sum alike, so a
+// rank whose num_valid is smaller (vocab padding on the last rank) and so
+// gets the split-K variant gives the same bits for the same row. Never
+// decided by pointers.
+template <typename T>
+int choose_mma_variant(int64_t hidden_size, int64_t num_valid, int64_t batch, int sm_count) {
+  (void)hidden_size;  // (a dispatch table may use it; the pipeline takes any H % 8 == 0)
+  // Fewer than 4 blocks of 64 rows per SM (e.g. tp = 8): NT <= 4 split K
+  // (4 warps per 64-row tile instead of 2, the same sums); NT = 8 takes
+  // 64-row tiles (twice the blocks, the same sums as 128-row ones).
+  const bool small_grid = (num_valid + 63) / 64 < 4 * static_cast<int64_t>(sm_count);
+  if (batch > 64) return 11;
+  if (batch > 32) return small_grid ? 12 : 10;
+  const int nt = batch <= 8 ? 0 : batch <= 16 ? 1 : 2;
+  return (small_grid ? 7 : 4) + nt;
+}
+
+template <int ID, typename T, typename Launch>
+void launch_mma_id(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_grid_y) {
+  using V = MmaVariant<ID>;
+  const dim3 grid =
+      grid_of((p.num_valid + V::kRows - 1) / V::kRows, (p.batch + V::kNT * 8 - 1) / (V::kNT * 8), max_grid_y);
+  launch(V::kFamily, V::template kernel<T>(), grid, dim3(V::kThreads), p.hidden, p.ldh, p.weight,
+         p.ldw, p.bias_t, p.bias_f, p.batch, static_cast<int>(p.hidden_size), static_cast<int>(p.num_valid),
          p.vocab_start, p.out);
 }
 
-// The tensor-core kernel ("mma"; T = __half or __nv_bfloat16, mma_takes(p)).
+template <typename T, typename Launch, int... I>
+void launch_mma_variant(const ShardArgmaxProblem<T>& p, int id, Launch&& launch, int64_t max_grid_y,
+                        std::integer_sequence<int, I...>) {
+  ((id == I ? launch_mma_id<I>(p, launch, max_grid_y) : void()), ...);
+}
+
+// The tensor-core kernel ("mma"; T = __half or __nv_bfloat16, mma_takes(p)):
+// variant `variant` of the table above, or the auto choice when < 0.
 template <typename T, typename Launch>
-void launch_mma(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_grid_y = kMaxGridY) {
-  // (NT, KV): batch rows per pass / 8, k chunks per step (register budget).
-  if (p.batch <= 8) return launch_mma_nt<T, 1, 2>(p, launch, max_grid_y);
-  if (p.batch <= 16) return launch_mma_nt<T, 2, 2>(p, launch, max_grid_y);
-  if (p.batch <= 32) return launch_mma_nt<T, 4, 1>(p, launch, max_grid_y);
-  return launch_mma_nt<T, 8, 1>(p, launch, max_grid_y);
+void launch_mma(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_grid_y = kMaxGridY,
+                int sm_count = kDefaultSmCount, int variant = -1) {
+  const int id = variant >= 0 ? variant : choose_mma_variant<T>(p.hidden_size, p.num_valid, p.batch, sm_count);
+  launch_mma_variant(p, id, launch, max_grid_y, std::make_integer_sequence<int, kNumMmaVariants>{});
 }
 
 // The second half of the gemm path: float32 logits [rows, ldl] of batch rows

@@ -1,18 +1,26 @@
-// The tensor-core fused shard-argmax kernel (bf16 / fp16, sm_80+): one pass
+// The tensor-core fused shard-argmax kernels (bf16 / fp16, sm_80+): one pass
 // over the weight shard with mma.sync m16n8k16 (float32 accumulators), the
 // argmax (or Gumbel-max sample) taken in the epilogue; logits never written.
+// Two kernels; shard_argmax_launch.cuh lists their variants (MmaVariant) and
+// picks one, DESIGN.md ("The tensor-core kernel") says why:
 //
-// Layout: a block of kMmaWarps warps owns kMmaRowsPerBlock vocabulary rows; a
-// warp owns kMmaTilesM m-tiles of 16 rows and multiplies them with NT n-tiles
-// of 8 batch rows (NT * 8 batch rows per pass; more batch rows are walked by
-// blockIdx.y, grid-stride). The k loop goes over chunks of 32 elements, KV
-// chunks per step; per chunk each lane loads 16 bytes per weight row it holds
-// and per hidden row, the next step's loads issued before the current step's
-// mma (register double buffering). Which k goes into which register: common/mma_fragment.h.
-// Epilogue: bias, temperature and Gumbel noise as in the CUDA-core kernel,
-// pack_key, max over the warp's rows by xor-shuffles, over the block's warps
-// in shared memory, then one 64-bit atomicMax per batch row and block into
-// keys zeroed on the same stream.
+// shard_argmax_mma_pipe_kernel (what auto runs): weight and hidden tiles
+// stream into ST shared-memory stages by cp.async, ST - 1 steps ahead of the
+// tensor cores, optionally split along K between two groups of warps inside
+// the tile; the mma operands come from shared memory. See its comment below.
+//
+// shard_argmax_mma_kernel (forced variants only): a block of kMmaWarps warps
+// owns kMmaRowsPerBlock vocabulary rows; a warp owns kMmaTilesM m-tiles of 16
+// rows and multiplies them with NT n-tiles of 8 batch rows. The k loop goes
+// over chunks of 32 elements, KV chunks per step; per chunk each lane loads 16
+// bytes per weight row it holds and per hidden row, the next step's loads
+// issued before the current step's mma (register double buffering).
+//
+// Which k goes into which register: common/mma_fragment.h. Epilogue (both,
+// warp_best_keys): bias, temperature and Gumbel noise as in the CUDA-core
+// kernel, pack_key, max over the warp's rows by xor-shuffles, over the block's
+// warps in shared memory, then one 64-bit atomicMax per batch row and block
+// into keys zeroed on the same stream.
 //
 // Requirements (checked by the launcher, which otherwise runs the CUDA-core
 // kernel): hidden_size % 8 == 0, row strides % 8 == 0, 16-byte aligned data.
@@ -50,6 +58,57 @@ __device__ __forceinline__ uint4 load_weight16(const void* p, bool valid, bool e
 }
 __device__ __forceinline__ uint4 load_hidden16(const void* p, bool valid) {
   return valid ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+// Epilogue of a warp's MT x NT tiles of float32 logits: bias, temperature and
+// Gumbel noise (key_of), then for each n-tile nt in turn emit(nt, j, key)
+// with the best key over the warp's rows for batch row b0 + 8 nt + 2t + j, the
+// same in every lane with that thread-in-group t (xor-shuffles over the 8
+// lanes of each t); one n-tile's keys live at a time. Rows past num_valid and
+// batch rows past batch never count.
+template <typename T, int MT, int NT, typename Emit>
+__device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], int row_base, int64_t b0, int64_t batch,
+                                               int num_valid, const T* __restrict__ bias_t,
+                                               const float* __restrict__ bias_f, int64_t vocab_start,
+                                               const ShardReduce& out, Emit&& emit) {
+  const int lane = threadIdx.x % 32;
+  const bool has_bias = bias_f != nullptr || bias_t != nullptr;
+  float bias[MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = row_base + 16 * mt + mma_c_row(lane, r);
+      bias[mt][r] = 0.0f;
+      if (row < num_valid && bias_f != nullptr) bias[mt][r] = bias_f[row];
+      if (row < num_valid && bias_t != nullptr) bias[mt][r] = to_float(bias_t[row]);
+    }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    unsigned long long best[2] = {kNoEntryKey, kNoEntryKey};
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = row_base + 16 * mt + mma_c_row(lane, r);
+        const int64_t b = b0 + 8 * nt + mma_c_col(lane, r);
+        if (row >= num_valid || b >= batch) continue;
+        float s = acc[mt][nt][r];
+        if (has_bias) s = __fadd_rn(s, bias[mt][r]);
+        const uint64_t global_index = static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(row);
+        const unsigned long long key = key_of(s, b, global_index, out);
+        if (key > best[r % 2]) best[r % 2] = key;
+      }
+    }
+    // Max over the 8 lanes of each thread-in-group t (lanes t, t+4, ..., t+28).
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int offset = 4; offset < 32; offset *= 2)
+        best[j] = max_key(best[j], __shfl_xor_sync(0xFFFFFFFFu, best[j], offset));
+      emit(nt, j, best[j]);
+    }
+  }
 }
 
 // NT: n-tiles of 8 batch rows per pass. KV: 32-element k chunks per loop
@@ -163,49 +222,189 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       }
     }
 
-    // Epilogue: best[nt][j] = this lane's best key for batch row b0 + 8 nt + 2t + j.
-    unsigned long long best[NT][2];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) best[nt][0] = best[nt][1] = kNoEntryKey;
-#pragma unroll
-    for (int mt = 0; mt < kMmaTilesM; ++mt) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int row = row_base + 16 * mt + mma_c_row(lane, r);
-        if (row >= num_valid) continue;
-        float bias = 0.0f;
-        const bool has_bias = bias_f != nullptr || bias_t != nullptr;
-        if (bias_f != nullptr) bias = bias_f[row];
-        if (bias_t != nullptr) bias = to_float(bias_t[row]);
-        const uint64_t global_index = static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(row);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const int64_t b = b0 + 8 * nt + mma_c_col(lane, r);
-          if (b >= batch) continue;
-          float s = acc[mt][nt][r];
-          if (has_bias) s = __fadd_rn(s, bias);
-          const unsigned long long key = key_of(s, b, global_index, out);
-          if (key > best[nt][r % 2]) best[nt][r % 2] = key;
-        }
-      }
-    }
-    // Max over the 8 lanes of each thread-in-group t (lanes t, t+4, ..., t+28).
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int offset = 4; offset < 32; offset *= 2)
-          best[nt][j] = max_key(best[nt][j], __shfl_xor_sync(0xFFFFFFFFu, best[nt][j], offset));
-    if (g == 0) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) block_best[warp][8 * nt + 2 * t + j] = best[nt][j];
-    }
+    warp_best_keys<T, kMmaTilesM, NT>(acc, row_base, b0, batch, num_valid, bias_t, bias_f, vocab_start, out,
+                                      [&](int nt, int j, unsigned long long key) {
+                                        if (g == 0) block_best[warp][8 * nt + 2 * t + j] = key;
+                                      });
     __syncthreads();
     fold_block_best(block_best, b0, batch, out.keys);
     __syncthreads();
+  }
+}
+
+// The pipelined tensor-core kernel. A block owns kRows = WM * MT * 16 weight
+// rows (WM warps along the rows, each MT m-tiles of 16) and 8 * NT batch rows
+// per pass (more batch rows: blockIdx.y, grid-stride). K goes in 32-element
+// chunks; a pipeline step moves KC consecutive chunks of the weight tile and
+// of the hidden tile into one of ST shared-memory stages with cp.async
+// (16 bytes per thread and copy, zero-filled past the row and k tails), ST - 1
+// steps ahead of the tensor cores; the mma operands come from shared memory
+// in the register layout of common/mma_fragment.h (16 contiguous bytes per
+// lane and row: conflict-free, no ldmatrix needed).
+//
+// Split-K: the block has SK groups of WM warps; group ks multiplies chunk
+// slots c = a * SK + ks (a < KC / SK) of every step into its accumulator set
+// a. Chunk slot c of every step is one partial sum p_c (chunks c, c + KC,
+// c + 2 KC, ... in increasing k); the logit is (((p_0 + p_1) + p_2) ...) in
+// float32, added by group 0, the other groups' partials passed through shared
+// memory. The order depends on KC only, not on SK, WM, ST, the row's place or
+// the batch row's place (DESIGN.md rule 5): variants with the same KC and NT
+// give the same bits, so the launcher may choose among them by grid size.
+//
+// Per step: wait for the step's group (cp.async.wait_group ST - 2), a block
+// barrier (the stage visible to every thread; every thread done with the
+// stage refilled next), issue step + ST - 1 into the stage freed by step - 1,
+// commit (an empty group past the end keeps the count), multiply. The
+// prologue issues the weight of steps 0 .. ST - 2 before
+// griddepcontrol.wait (programmatic dependent launch: with the launch
+// attribute the weight streams while the previous kernel finishes) and the
+// hidden rows after it, one group per step.
+template <typename T, int NT, int MT, int WM, int SK, int KC, int ST, int MINB>
+__global__ void __launch_bounds__(WM * SK * 32, MINB)
+    shard_argmax_mma_pipe_kernel(const T* __restrict__ hidden, int64_t ldh, const T* __restrict__ weight, int64_t ldw,
+                                 const T* __restrict__ bias_t, const float* __restrict__ bias_f, int64_t batch,
+                                 int hidden_size, int num_valid, int64_t vocab_start, ShardReduce out) {
+  constexpr int kThreads = WM * SK * 32;
+  constexpr int kRows = WM * MT * 16;       // weight rows of the tile
+  constexpr int kTileRows = kRows + 8 * NT;  // + hidden rows
+  constexpr int kAcc = KC / SK;             // accumulator sets per warp
+  static_assert(KC % SK == 0 && ST >= 2 && 8 * NT <= kThreads, "pipeline shape");
+  static_assert(KC * WM * MT * NT * 4 * 32 * 4 <= ST * KC * kTileRows * 64, "split-K partials fit in the stages");
+  // stages[st][c][r][q]: 16 bytes (k = 32 * chunk + 8 q ..) of tile row r
+  // (weight rows, then hidden rows) of chunk slot c of the step in stage st.
+  __shared__ uint4 stages[ST][KC][kTileRows][4];
+  __shared__ unsigned long long block_best[WM][NT * 8];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int wm = warp % WM;
+  const int ks = warp / WM;
+  const int tile_row0 = static_cast<int>(blockIdx.x) * kRows;
+  const int row_base = tile_row0 + wm * MT * 16;
+  const int num_steps = (hidden_size + KC * kMmaChunkK - 1) / (KC * kMmaChunkK);
+  const int64_t num_batch_chunks = (batch + NT * 8 - 1) / (NT * 8);
+
+  for (int64_t chunk = blockIdx.y; chunk < num_batch_chunks; chunk += gridDim.y) {
+    const int64_t b0 = chunk * NT * 8;
+    // cp.async of step `step` into stage `st`: the weight rows / the hidden rows.
+    const auto load_weight = [&](int st, int step) {
+#pragma unroll 1
+      for (int i = threadIdx.x; i < KC * kRows * 4; i += kThreads) {
+        const int c = i / (kRows * 4), r = i / 4 % kRows, q = i % 4;
+        const int k = (step * KC + c) * kMmaChunkK + 8 * q;
+        const int row = tile_row0 + r;
+        const bool ok = k < hidden_size && row < num_valid;
+        cp_async16(&stages[st][c][r][q], weight + (ok ? static_cast<int64_t>(row) * ldw + k : 0), ok);
+      }
+    };
+    const auto load_hidden = [&](int st, int step) {
+#pragma unroll 1
+      for (int i = threadIdx.x; i < KC * NT * 8 * 4; i += kThreads) {
+        const int c = i / (NT * 8 * 4), r = i / 4 % (NT * 8), q = i % 4;
+        const int k = (step * KC + c) * kMmaChunkK + 8 * q;
+        const int64_t b = b0 + r;
+        const bool ok = k < hidden_size && b < batch;
+        cp_async16(&stages[st][c][kRows + r][q], hidden + (ok ? b * ldh + k : 0), ok);
+      }
+    };
+#pragma unroll
+    for (int st = 0; st < ST - 1; ++st)
+      if (st < num_steps) load_weight(st, st);
+    grid_dependency_wait();
+#pragma unroll
+    for (int st = 0; st < ST - 1; ++st) {
+      if (st < num_steps) load_hidden(st, st);
+      cp_async_commit();
+    }
+
+    float acc[kAcc][MT][NT][4];
+#pragma unroll
+    for (int a = 0; a < kAcc; ++a)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[a][mt][nt][r] = 0.0f;
+
+    for (int step = 0; step < num_steps; ++step) {
+      cp_async_wait<ST - 2>();
+      __syncthreads();
+      const int next = step + ST - 1;
+      if (next < num_steps) {
+        load_weight(next % ST, next);
+        load_hidden(next % ST, next);
+      }
+      cp_async_commit();
+      const int st = step % ST;
+#pragma unroll
+      for (int a = 0; a < kAcc; ++a) {
+        const int c = a * SK + ks;
+        uint4 w[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) w[mt][h] = stages[st][c][wm * MT * 16 + 16 * mt + 8 * h + g][t];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint4 hv = stages[st][c][kRows + 8 * nt + g][t];
+#pragma unroll
+          for (int s = 0; s < 2; ++s)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+              mma_16816<T>(acc[a][mt][nt], word_of(w[mt][mma_a_row_half(0)], mma_a_word(s, 0)),
+                           word_of(w[mt][mma_a_row_half(1)], mma_a_word(s, 1)),
+                           word_of(w[mt][mma_a_row_half(2)], mma_a_word(s, 2)),
+                           word_of(w[mt][mma_a_row_half(3)], mma_a_word(s, 3)), word_of(hv, mma_b_word(s, 0)),
+                           word_of(hv, mma_b_word(s, 1)));
+        }
+      }
+    }
+    cp_async_wait<0>();
+    allow_dependent_launch();
+    __syncthreads();  // every stage read: free for the partials and the next batch chunk
+
+    // logit = ((p_0 + p_1) + ...) + p_{KC-1}; p_c sits in group c % SK, set c / SK.
+    float* part = reinterpret_cast<float*>(&stages[0][0][0][0]);
+    const auto part_at = [&](int c, int mt, int nt, int r) -> float& {
+      return part[((((c * WM + wm) * MT + mt) * NT + nt) * 4 + r) * 32 + lane];
+    };
+    if (SK > 1) {
+      if (ks != 0) {
+#pragma unroll
+        for (int a = 0; a < kAcc; ++a)
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) part_at(a * SK + ks, mt, nt, r) = acc[a][mt][nt][r];
+      }
+      __syncthreads();
+    }
+    if (ks == 0) {
+      float sum[MT][NT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            sum[mt][nt][r] = acc[0][mt][nt][r];
+#pragma unroll
+            for (int c = 1; c < KC; ++c)
+              sum[mt][nt][r] =
+                  __fadd_rn(sum[mt][nt][r], c % SK == 0 ? acc[c / SK][mt][nt][r] : part_at(c, mt, nt, r));
+          }
+      warp_best_keys<T, MT, NT>(sum, row_base, b0, batch, num_valid, bias_t, bias_f, vocab_start, out,
+                                [&](int nt, int j, unsigned long long key) {
+                                  if (g == 0) block_best[wm][8 * nt + 2 * t + j] = key;
+                                });
+    }
+    __syncthreads();
+    // (block_best is written again only after the next batch chunk's barriers)
+    fold_block_best(block_best, b0, batch, out.keys);
   }
 }
 

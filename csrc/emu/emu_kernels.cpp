@@ -26,6 +26,13 @@ const char* kernel_name() {
   return __PRETTY_FUNCTION__;
 }
 
+template <typename T, int... I>
+void name_mma(std::integer_sequence<int, I...>) {
+  (emu::name_kernel(reinterpret_cast<const void*>(MmaVariant<I>::template kernel<T>()),
+                    kernel_name<MmaVariant<I>::template kernel<T>()>()),
+   ...);
+}
+
 template <typename T>
 void name_typed() {
   constexpr int kVec = 16 / sizeof(T);
@@ -38,10 +45,7 @@ void name_typed() {
   LAM_NB(1) LAM_NB(2) LAM_NB(4) LAM_NB(8)
 #undef LAM_NB
   if constexpr (!std::is_same_v<T, float>) {
-    simt(shard_argmax_mma_kernel<T, 1, 2>, kernel_name<shard_argmax_mma_kernel<T, 1, 2>>());
-    simt(shard_argmax_mma_kernel<T, 2, 2>, kernel_name<shard_argmax_mma_kernel<T, 2, 2>>());
-    simt(shard_argmax_mma_kernel<T, 4, 1>, kernel_name<shard_argmax_mma_kernel<T, 4, 1>>());
-    simt(shard_argmax_mma_kernel<T, 8, 1>, kernel_name<shard_argmax_mma_kernel<T, 8, 1>>());
+    name_mma<T>(std::make_integer_sequence<int, kNumMmaVariants>{});
     simt(logits_to_keys_kernel<T>, kernel_name<logits_to_keys_kernel<T>>());
   }
 }
@@ -70,19 +74,23 @@ struct EmuLaunch {
     auto call = [&] { kernel(args...); };
     using Call = decltype(call);
     emu::note_launch(reinterpret_cast<const void*>(kernel), family);
+    // as shard_argmax_mma.cu launches it on sm_90+ (the emulation checks the stricter case)
+    emu::set_programmatic_launch(std::string(family) == kMmaPipeFamily);
     *ok = *ok && emu::launch(family, [](void* c) { (*static_cast<Call*>(c))(); }, &call, grid, block);
   }
 };
 
 template <typename T>
-int run_shard(int path, int topk_mode, const ShardArgmaxProblem<T>& p, int64_t max_grid_y) {
+int run_shard(int path, int topk_mode, const ShardArgmaxProblem<T>& p, int64_t max_grid_y, int sm_count,
+              int variant) {
   bool ok = true;
   if (path == 1) {
     if constexpr (std::is_same_v<T, float>) {
       return 2;
     } else {
       if (!mma_takes(p)) return 2;
-      launch_mma(p, EmuLaunch{&ok}, max_grid_y);
+      if (variant >= kNumMmaVariants) return 4;
+      launch_mma(p, EmuLaunch{&ok}, max_grid_y, sm_count, variant);
     }
   } else if (topk_mode) {
     launch_simt<T, true>(p, EmuLaunch{&ok}, max_grid_y);
@@ -110,22 +118,31 @@ extern "C" {
 
 // dtype: 0 float32, 1 bfloat16, 2 float16. path: 0 CUDA-core ("simt"), 1
 // tensor-core ("mma"). Returns 0, 1 (a checked failure: lam_emu_last_error),
-// 2 (the mma kernel does not take this problem) or 3 (dtype not built).
+// 2 (the mma kernel does not take this problem), 3 (dtype not built) or 4
+// (no such mma variant). mma: variant < 0 is launch_mma's choice for a device
+// of sm_count SMs, else that variant of its table.
 int lam_emu_shard(int dtype, int path, int topk_mode, const void* hidden, int64_t ldh, const void* weight,
                   int64_t ldw, const void* bias_t, const float* bias_f, int64_t batch, int64_t hidden_size,
                   int64_t num_valid, int64_t vocab_start, unsigned long long* keys, unsigned long long* block_topk,
-                  int topk, const float* temperature, uint64_t seed, uint64_t offset, int64_t max_grid_y) {
+                  int topk, const float* temperature, uint64_t seed, uint64_t offset, int64_t max_grid_y,
+                  int sm_count, int variant) {
   name_all();
   const ShardReduce out{keys, block_topk, topk, temperature, seed, offset};
 #define LAM_ARGS hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size, num_valid, vocab_start, out
-  if (dtype == 1) return run_shard(path, topk_mode, problem<__nv_bfloat16>(LAM_ARGS), max_grid_y);
+  if (dtype == 1) return run_shard(path, topk_mode, problem<__nv_bfloat16>(LAM_ARGS), max_grid_y, sm_count, variant);
   if constexpr (kAllDtypes) {
-    if (dtype == 0) return run_shard(path, topk_mode, problem<float>(LAM_ARGS), max_grid_y);
-    return run_shard(path, topk_mode, problem<__half>(LAM_ARGS), max_grid_y);
+    if (dtype == 0) return run_shard(path, topk_mode, problem<float>(LAM_ARGS), max_grid_y, sm_count, variant);
+    return run_shard(path, topk_mode, problem<__half>(LAM_ARGS), max_grid_y, sm_count, variant);
   }
   return 3;
 #undef LAM_ARGS
 }
+
+// launch_mma's auto choice (an id of MmaVariant) and the kernel name of a variant.
+int lam_emu_mma_variant(int64_t hidden_size, int64_t num_valid, int64_t batch, int sm_count) {
+  return choose_mma_variant<__nv_bfloat16>(hidden_size, num_valid, batch, sm_count);
+}
+int lam_emu_num_mma_variants() { return kNumMmaVariants; }
 
 // The gemm path's keys kernel over float32 logits [rows, ldl] of batch rows b0..
 int lam_emu_logits_to_keys(int dtype, const float* logits, int64_t ldl, int64_t rows, int64_t b0, const void* bias_t,

@@ -71,11 +71,21 @@ struct Context {
 #endif
 };
 
+struct PendingCopy {  // a cp.async whose group this thread has not waited for
+  size_t offset;       // shared offset of the 16 destination bytes
+  uint4 data;
+  int group;           // index of the commit group it belongs to (== commits: not committed yet)
+  int line;
+};
+
 struct Fiber {
   Thread thread;
   Context ctx;
   State state;
   int line;  // where it waits
+  std::vector<PendingCopy> pending;
+  int commits;  // cp.async.commit_group calls so far in this block
+  bool dependency_waited;  // griddepcontrol.wait done
 };
 
 struct WarpSync {
@@ -99,6 +109,7 @@ struct Shadow {  // per shared byte, for this block
   uint16_t reader;  // tid + 1 of the last reader this epoch
   uint32_t write_epoch, read_epoch;
   bool many_readers;
+  uint16_t inflight;  // tid + 1 of the thread whose cp.async into this byte is not waited for yet
 };
 
 struct State_ {
@@ -119,9 +130,11 @@ struct State_ {
   uint32_t epoch = 0;
   std::vector<WarpSync> warps;
   bool in_kernel = false;
+  bool programmatic = false;  // the launch's kernel may start before the previous one ends
   bool failed = false;
   std::string error;
   std::vector<Shadow> shadow;
+  size_t touched_lo = SIZE_MAX, touched_hi = 0;  // shared bytes accessed since the last reset
   uint64_t blocks_run = 0, barriers = 0, collectives = 0;
 };
 State_ S;
@@ -175,6 +188,12 @@ void yield(State st, int line) {
 [[noreturn]] void fiber_main() {
   const int tid = g_thread->tid;
   S.entry(S.closure);
+  if (!S.fibers[tid].pending.empty()) {
+    const PendingCopy& c = S.fibers[tid].pending.front();
+    abort_block(where() + ": exits with " + std::to_string(S.fibers[tid].pending.size()) +
+                " cp.async copies not waited for (the first issued at line " + std::to_string(c.line) +
+                ", shared offset " + std::to_string(c.offset) + ")");
+  }
   S.fibers[tid].state = State::kExited;
   --S.live;
   switch_to(S.fibers[tid].ctx, S.scheduler);
@@ -220,11 +239,16 @@ bool run_block() {
   S.barrier_line = -1;
   S.epoch = 0;
   for (WarpSync& w : S.warps) w = WarpSync{};
-  const size_t sb = shared_bytes();
-  if (sb) {
-    std::memset(shared_lo(), 0xA5, sb);  // poison: 0xA5A5... as a key, a float, an index
-    std::memset(S.shadow.data(), 0, sb * sizeof(Shadow));
+  // Poison what the previous block touched (the rest still is): 0xA5A5... as
+  // a key, a float, an index; and forget its shadow. Resetting only the
+  // touched range keeps a block cheap however many kernels' __shared__
+  // arrays the section holds.
+  if (S.touched_lo < S.touched_hi) {
+    std::memset(shared_lo() + S.touched_lo, 0xA5, S.touched_hi - S.touched_lo);
+    std::memset(S.shadow.data() + S.touched_lo, 0, (S.touched_hi - S.touched_lo) * sizeof(Shadow));
   }
+  S.touched_lo = SIZE_MAX;
+  S.touched_hi = 0;
   for (int t = 0; t < n; ++t) {
     Fiber& f = S.fibers[t];
     f.thread.tid = t;
@@ -233,6 +257,9 @@ bool run_block() {
                                 static_cast<unsigned>(t) / (g_launch.block_dim.x * g_launch.block_dim.y)};
     f.state = State::kRunnable;
     f.line = -1;
+    f.pending.clear();
+    f.commits = 0;
+    f.dependency_waited = false;
     start_fiber(f, S.stacks + static_cast<size_t>(t) * kStackBytes, kStackBytes);
   }
   std::vector<int> order(n);
@@ -390,13 +417,82 @@ void mma_m16n8k16(MmaInput input, float (&c)[4], unsigned int a0, unsigned int a
   std::memcpy(c, S.warps[g_thread->tid / 32].c[parity][g_thread->tid % 32], sizeof(float) * 4);
 }
 
+// ---- cp.async: issue, commit, wait (per thread, like the PTX groups) ----
+
+static void check_shared(uintptr_t a, size_t n, bool write);
+
+// The race checks of a write, without recording it: a cp.async may land any
+// time between its issue and the wait, so at issue its bytes must be free of
+// other threads' accesses since the last barrier.
+static void check_async_issue(size_t off, int line) {
+  const uint16_t me = static_cast<uint16_t>(g_thread->tid + 1);
+  for (size_t i = 0; i < 16; ++i) {
+    const Shadow& s = S.shadow[off + i];
+    if (s.inflight)
+      abort_block(format("%s: line %d: cp.async into shared offset %zu while thread %d's earlier cp.async into it is "
+                         "in flight", where().c_str(), line, off, s.inflight - 1));
+    if (s.writer != 0 && s.writer != me && s.write_epoch == S.epoch)
+      abort_block(format("%s: line %d: shared race: cp.async into shared offset %zu, written by thread %d since the "
+                         "last __syncthreads", where().c_str(), line, off, s.writer - 1));
+    if (s.read_epoch == S.epoch && s.reader != 0 && (s.many_readers || s.reader != me))
+      abort_block(format("%s: line %d: shared race: cp.async into shared offset %zu, read by thread %d since the last "
+                         "__syncthreads (a stage refilled before every thread is done with it)", where().c_str(),
+                         line, off, s.reader - 1));
+  }
+}
+
+void cp_async(int line, void* smem_dst, const uint4& data) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(smem_dst);
+  const size_t off = a - reinterpret_cast<uintptr_t>(shared_lo());
+  if (off >= shared_bytes() || off + 16 > shared_bytes())
+    abort_block(format("%s: line %d: cp.async destination is not shared memory", where().c_str(), line));
+  if (a % 16 != 0)
+    abort_block(format("%s: line %d: cp.async destination at shared offset %zu is not 16-byte aligned",
+                       where().c_str(), line, off));
+  check_async_issue(off, line);
+  S.touched_lo = std::min(S.touched_lo, off);
+  S.touched_hi = std::max(S.touched_hi, off + 16);
+  for (size_t i = 0; i < 16; ++i) S.shadow[off + i].inflight = static_cast<uint16_t>(g_thread->tid + 1);
+  Fiber& f = S.fibers[g_thread->tid];
+  f.pending.push_back(PendingCopy{off, data, f.commits, line});
+}
+
+void grid_dependency_wait(int) { S.fibers[g_thread->tid].dependency_waited = true; }
+void set_programmatic_launch(bool on) { S.programmatic = on; }
+
+void cp_async_commit(int) { ++S.fibers[g_thread->tid].commits; }
+
+// cp.async.wait_group `pending`: every copy of this thread's committed groups
+// but the newest `pending` ones lands now, as this thread's write.
+void cp_async_wait(int, int pending) {
+  Fiber& f = S.fibers[g_thread->tid];
+  const int done_below = f.commits - pending;  // groups [0, done_below) complete
+  std::vector<PendingCopy> keep;
+  for (const PendingCopy& c : f.pending) {
+    if (c.group >= done_below) {
+      keep.push_back(c);
+      continue;
+    }
+    for (size_t i = 0; i < 16; ++i) S.shadow[c.offset + i].inflight = 0;
+    check_shared(reinterpret_cast<uintptr_t>(shared_lo()) + c.offset, 16, true);
+    std::memcpy(shared_lo() + c.offset, &c.data, 16);
+  }
+  f.pending.swap(keep);
+}
+
 // ---- the memory checker (called by the hooks below) ----
 
 static void check_shared(uintptr_t a, size_t n, bool write) {
   const size_t off = a - reinterpret_cast<uintptr_t>(shared_lo());
   const uint16_t me = static_cast<uint16_t>(g_thread->tid + 1);
+  S.touched_lo = std::min(S.touched_lo, off);
+  S.touched_hi = std::max(S.touched_hi, off + n);
   for (size_t i = 0; i < n; ++i) {
     Shadow& s = S.shadow[off + i];
+    if (s.inflight)
+      abort_block(format("%s: shared %s of %zu bytes at shared offset %zu while thread %d's cp.async into it is in "
+                         "flight (its cp.async.wait_group has not covered the copy)", where().c_str(),
+                         write ? "write" : "read", n, off, s.inflight - 1));
     if (!write) {
       if (s.writer == 0)
         abort_block(format("%s: shared read of %zu bytes at shared offset %zu: never written in this block "
@@ -427,6 +523,10 @@ static void check_global(uintptr_t a, size_t n, bool write) {
   for (const Tensor& t : S.tensors) {
     const uintptr_t lo = reinterpret_cast<uintptr_t>(t.base);
     if (a >= lo && a + n <= lo + t.bytes) {
+      if (S.programmatic && !S.fibers[g_thread->tid].dependency_waited && t.name != "weight")
+        abort_block(format("%s: %s of %zu bytes of tensor '%s' before griddepcontrol.wait in a programmatic dependent "
+                           "launch (the previous kernel may still be writing it)", where().c_str(),
+                           write ? "store" : "load", n, t.name.c_str()));
       if (write && !t.writable)
         abort_block(format("%s: store of %zu bytes into read-only tensor '%s' at byte offset %zu", where().c_str(), n,
                            t.name.c_str(), static_cast<size_t>(a - lo)));

@@ -3,7 +3,12 @@
 // compile with a host C++ compiler and run on the CPU: one fiber per CUDA
 // thread, every thread of a block live at once, __syncthreads as a block
 // barrier, shuffles and mma.sync as warp collectives (all lanes named by the
-// mask must arrive at the same call), 64-bit atomicMax, 16-byte __ldg/__ldcs.
+// mask must arrive at the same call), 64-bit atomicMax, 16-byte __ldg/__ldcs,
+// cp.async (16-byte global -> shared copies with commit / wait groups per
+// thread; the shared bytes stay "in flight" until the issuing thread's
+// cp.async.wait_group covers them: any access before that is an error, and
+// the copy lands as a write by the issuing thread at its wait, so a reader in
+// another thread needs a __syncthreads after it).
 //
 // Checked memory (csrc/emu/simt_emu.cpp): the kernel translation unit is built
 // with -fsanitize=thread instrumentation whose hooks are ours: every global
@@ -97,6 +102,18 @@ uint64_t shfl(int line, unsigned int mask, uint64_t value, int src_lane);
 enum class MmaInput { kBFloat16, kFloat16 };
 void mma_m16n8k16(MmaInput input, float (&c)[4], unsigned int a0, unsigned int a1, unsigned int a2, unsigned int a3,
                   unsigned int b0, unsigned int b1, int line = __builtin_LINE());
+
+// cp.async (mma_sync.cuh): `data` was read from global memory at issue (in
+// the instrumented kernel translation unit, so bounds-checked there, or zeros
+// for a zero-filled copy); it lands in shared memory at the wait that covers
+// its group.
+void cp_async(int line, void* smem_dst, const uint4& data);
+void cp_async_commit(int line);
+void cp_async_wait(int line, int pending);
+// griddepcontrol.wait: in a launch marked programmatic (set_programmatic_launch),
+// a thread may touch no global tensor but the one named "weight" before it.
+void grid_dependency_wait(int line);
+void set_programmatic_launch(bool on);
 
 template <typename V>
 inline uint64_t to_bits(V v) {

@@ -24,6 +24,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
 BUILD = ROOT / "build" / "emu"
 MAX_GRID_Y = 65535
+DEFAULT_SM_COUNT = 132  # kDefaultSmCount of shard_argmax_launch.cuh (H200)
+NUM_MMA_VARIANTS = 13  # kNumMmaVariants
 _KERNEL_FLAGS = ["-O1", "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0"]
 _COMMON_FLAGS = [
     "-std=c++20",
@@ -164,7 +166,10 @@ class Emulator:
             u64,
             u64,
             i64,
+            i32,
+            i32,
         ]
+        L.lam_emu_mma_variant.argtypes = [i64, i64, i64, i32]
         L.lam_emu_logits_to_keys.argtypes = [i32, p, i64, i64, i64, p, p, i64, i64, i64, p, p, u64, u64, i64]
         L.lam_emu_merge_keys.argtypes = [p, i64, i64, i32, p, i64, p, p]
         self.launched: list[str] = []
@@ -209,6 +214,8 @@ class Emulator:
             raise ValueError("the mma kernel does not take this problem (mma_takes)")
         if rc == 3:
             raise ValueError("this emulation build has no kernels for the dtype (bf16_only)")
+        if rc == 4:
+            raise ValueError("no such mma variant")
         if rc != 0:
             raise EmuError(self.lib.lam_emu_last_error().decode())
 
@@ -230,11 +237,17 @@ class Emulator:
         scramble=False,
         order_seed=1,
         gemm_chunk=None,
+        sm_count=DEFAULT_SM_COUNT,
+        variant=None,
     ) -> torch.Tensor:
         """shard_argmax (k None, temperature None), shard_topk (k) or
         shard_sample (temperature) through the emulated kernel of `path`
-        ("simt", "mma" or "gemm"). weight: a tensor, or a PlacedWeight (a
-        view too large to copy, already in the arena)."""
+        ("simt", "mma", "mma/<variant id>" or "gemm"). weight: a tensor, or a PlacedWeight (a
+        view too large to copy, already in the arena). mma: `variant` (an id of
+        MmaVariant, shard_argmax_launch.cuh) forces a variant, else launch_mma
+        chooses for a device of `sm_count` SMs."""
+        if path.startswith("mma/"):  # "mma/<id>": that variant
+            path, variant = "mma", int(path[4:])
         weight_ptr = weight.ptr if isinstance(weight, PlacedWeight) else None
         num_valid = weight.size(0) if num_valid is None else num_valid
         batch = hidden.size(0)
@@ -314,6 +327,8 @@ class Emulator:
                 seed,
                 offset,
                 max_grid_y,
+                sm_count,
+                -1 if variant is None else variant,
             )
         )
         if not topk:
@@ -322,6 +337,10 @@ class Emulator:
         lists = self._read(block_topk, (blocks_x, batch, k), torch.int64)
         flipped = lists.permute(1, 0, 2).reshape(batch, blocks_x * k) ^ SIGN
         return flipped.topk(k, 1, True, True).values ^ SIGN
+
+    def mma_variant(self, hidden_size: int, num_valid: int, batch: int, sm_count: int = DEFAULT_SM_COUNT) -> int:
+        """launch_mma's auto choice: an id of MmaVariant (shard_argmax_launch.cuh)."""
+        return self.lib.lam_emu_mma_variant(hidden_size, num_valid, batch, sm_count)
 
     def merge_keys(self, keys: torch.Tensor, d2t: torch.Tensor | None = None):
         keys = (keys.unsqueeze(0) if keys.dim() == 1 else keys).contiguous()
