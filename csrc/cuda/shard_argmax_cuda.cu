@@ -48,12 +48,17 @@ namespace {
 // row's stride(0) is arbitrary, so it counts as its row length.
 int64_t row_stride(const at::Tensor& t) { return t.size(0) > 1 ? t.stride(0) : t.size(1); }
 
-// Batch size from which bf16 / fp16 argmax and sample take the gemm path.
-// Unmeasured: a guess from arithmetic intensity (at batch 64 the mma kernel needs ~300 TFLOP/s of
-// mma.sync to stay at HBM speed on an H200; cuBLAS's wgmma has more headroom).
-// bench/gpu_check.sh times the paths side by side (fused-simt, fused-mma,
-// gemm-keys rows) so that a GPU run can replace this number.
+// C++ `auto` for bf16 / fp16 argmax and sample (direct torch.ops callers; localargmax.ops follows
+// the dispatch table, localargmax/dispatch_table.json). PREDICTED, UNMEASURED: the bandwidth model's
+// choices for the pipelined tensor-core kernel on an H200 (localargmax/bench/predict.py,
+// `localargmax-bench --predict`); localargmax/dispatch.py mirrors them (CPP_GEMM_MIN_BATCH,
+// CPP_SIMT_MAX_BATCH, CPP_SIMT_MAX_ROWS_PER_SM; tests/test_dispatch.py reads these lines).
+// gemm from this batch:
 constexpr int64_t kDefaultGemmMinBatch = 128;
+// simt at batch <= kSimtMaxBatch on shards of fewer than kSimtMaxRowsPerSm rows per SM
+// (weight.size(0), padding included: equal on every rank; 0 = never):
+constexpr int64_t kSimtMaxBatch = 0;
+constexpr int64_t kSimtMaxRowsPerSm = 256;
 
 enum class Path { kSimt, kMma, kGemm };
 
@@ -68,32 +73,61 @@ bool mma_ok(const ShardArgmaxProblem<T>& p, const at::Tensor& weight) {
   return major >= 8 && mma_takes(p);
 }
 
-// The `path` argument of the ops: "auto" (default), "simt", "mma" or "gemm".
-// auto: top-k and float32 run on simt; bf16 / fp16 on gemm from batch
-// kDefaultGemmMinBatch, else on mma where mma_ok takes the inputs, else simt.
-// A forced path that cannot take the inputs raises ValueError (it never falls
-// back silently: the paths sum in different orders).
+// Parses "mma/<id>" (a variant of the MmaVariant table, shard_argmax_launch.cuh): the id, or -1 for
+// any other path; an id that is not in the table raises ValueError naming the path.
+int forced_mma_variant(const std::string& path) {
+  if (path.rfind("mma/", 0) != 0) return -1;
+  const std::string digits = path.substr(4);
+  const bool number = !digits.empty() && digits.size() <= 3 &&
+                      digits.find_first_not_of("0123456789") == std::string::npos && (digits == "0" || digits[0] != '0');
+  const int id = number ? std::stoi(digits) : -1;
+  TORCH_CHECK_VALUE(id >= 0 && id < kNumMmaVariants, "shard_argmax: path='", path,
+                    "' names no tensor-core variant; the ids are 0 to ", kNumMmaVariants - 1,
+                    " (MmaVariant, shard_argmax_launch.cuh)");
+  return id;
+}
+
+struct PathChoice {
+  Path path;
+  int mma_variant;  // kMma: the forced MmaVariant id, or -1 for launch_mma's own choice
+};
+
+// The `path` argument of the ops: "auto" (default), "simt", "mma", "mma/<id>" (one variant of the
+// tensor-core kernel, MmaVariant) or "gemm".
+// auto: top-k and float32 run on simt; bf16 / fp16 on gemm from batch kDefaultGemmMinBatch; below
+// it on simt when the shard is small (weight.size(0) rows, padding included, under
+// kSimtMaxRowsPerSm rows per SM: tp-8 shards) and the batch is at most kSimtMaxBatch; else on mma
+// where mma_ok takes the inputs, else simt. Every input of that choice is shared by the ranks
+// (rows, not num_valid). A forced path that cannot take the inputs raises ValueError naming the
+// path (it never falls back silently: the paths sum in different orders).
 template <typename T>
-Path pick_path(const ShardArgmaxProblem<T>& p, const at::Tensor& weight, bool topk_mode, const std::string& path) {
-  TORCH_CHECK_VALUE(path == "auto" || path == "simt" || path == "mma" || path == "gemm",
-                    "shard_argmax: path must be 'auto', 'simt', 'mma' or 'gemm' on CUDA, got '", path, "'");
+PathChoice pick_path(const ShardArgmaxProblem<T>& p, const at::Tensor& weight, bool topk_mode,
+                     const std::string& path) {
+  const int variant = forced_mma_variant(path);
+  TORCH_CHECK_VALUE(path == "auto" || path == "simt" || path == "mma" || path == "gemm" || variant >= 0,
+                    "shard_argmax: path must be 'auto', 'simt', 'mma', 'mma/<id>' or 'gemm' on CUDA, got '", path,
+                    "'");
   const bool half = weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kHalf;
-  if (path == "simt") return Path::kSimt;
+  if (path == "simt") return {Path::kSimt, -1};
   if (path != "auto") {
     TORCH_CHECK_VALUE(!topk_mode, "shard_topk: path='", path, "' does not exist for top-k; use 'auto' or 'simt'");
     TORCH_CHECK_VALUE(half, "shard_argmax: path='", path, "' needs bfloat16 or float16 weights, got ",
                       weight.scalar_type());
   }
-  if (path == "gemm") return Path::kGemm;
-  if (topk_mode || !half) return Path::kSimt;
+  if (path == "gemm") return {Path::kGemm, -1};
+  if (topk_mode || !half) return {Path::kSimt, -1};
   const bool mma = mma_ok(p, weight);
-  if (path == "mma") {
-    TORCH_CHECK_VALUE(mma, "shard_argmax: path='mma' needs sm_80+, hidden_size and row strides multiples of 8 and "
-                      "16-byte aligned hidden / weight data");
-    return Path::kMma;
+  if (path != "auto") {  // "mma" or "mma/<id>"
+    TORCH_CHECK_VALUE(mma, "shard_argmax: path='", path,
+                      "' needs sm_80+, hidden_size and row strides multiples of 8 and 16-byte aligned hidden / "
+                      "weight data");
+    return {Path::kMma, variant};
   }
-  if (p.batch >= kDefaultGemmMinBatch) return Path::kGemm;
-  return mma ? Path::kMma : Path::kSimt;
+  if (p.batch >= kDefaultGemmMinBatch) return {Path::kGemm, -1};
+  int sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, weight.get_device()));
+  if (p.batch <= kSimtMaxBatch && weight.size(0) < kSimtMaxRowsPerSm * sms) return {Path::kSimt, -1};
+  return {mma ? Path::kMma : Path::kSimt, -1};
 }
 
 template <typename T>
@@ -111,10 +145,10 @@ void launch_typed(const at::Tensor& hidden, const at::Tensor& weight, const at::
                                 num_valid,
                                 vocab_start,
                                 out};
-  const Path chosen = pick_path(p, weight, topk_mode, path);  // float32: always kSimt (or it raised)
+  const PathChoice chosen = pick_path(p, weight, topk_mode, path);  // float32: always kSimt (or it raised)
   if constexpr (!std::is_same_v<T, float>) {
-    if (chosen == Path::kGemm) return run_gemm(p, hidden, weight);
-    if (chosen == Path::kMma) return run_mma(p);
+    if (chosen.path == Path::kGemm) return run_gemm(p, hidden, weight);
+    if (chosen.path == Path::kMma) return run_mma(p, chosen.mma_variant);
   }
   run_simt(p, topk_mode);
 }

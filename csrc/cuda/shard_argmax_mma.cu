@@ -1,8 +1,9 @@
 // The tensor-core path ("mma") of shard_argmax / shard_sample, bf16 / fp16 on
 // sm_80+ (shard_argmax_mma_kernel.cuh). See shard_argmax_paths.h.
 //
-// launch_mma (shard_argmax_launch.cuh) picks the variant from the shared
-// arguments and the device's SM count. On sm_90+ the pipelined variants are
+// launch_mma (shard_argmax_launch.cuh) runs the variant the op's path names
+// ("mma/<id>"), else picks one from the shared arguments and the device's SM
+// count. On sm_90+ the pipelined variants are
 // launched with programmatic stream serialization (PDL): they issue their
 // first weight stages, then griddepcontrol.wait before they read anything an
 // earlier kernel writes (hidden, bias, temperature, keys), so the weight
@@ -40,16 +41,16 @@ struct MmaLaunch {
 }  // namespace
 
 template <typename T>
-void run_mma(const ShardArgmaxProblem<T>& p) {
+void run_mma(const ShardArgmaxProblem<T>& p, int variant) {
   int device = 0, sms = 0, major = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  launch_mma(p, MmaLaunch{major >= 9}, kMaxGridY, sms);
+  launch_mma(p, MmaLaunch{major >= 9}, kMaxGridY, sms, variant);
 }
 
-template void run_mma<__half>(const ShardArgmaxProblem<__half>&);
-template void run_mma<__nv_bfloat16>(const ShardArgmaxProblem<__nv_bfloat16>&);
+template void run_mma<__half>(const ShardArgmaxProblem<__half>&, int);
+template void run_mma<__nv_bfloat16>(const ShardArgmaxProblem<__nv_bfloat16>&, int);
 
 }  // namespace cuda
 }  // namespace localargmax

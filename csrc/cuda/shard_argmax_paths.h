@@ -21,8 +21,9 @@ namespace cuda {
 
 template <typename T>
 void run_simt(const ShardArgmaxProblem<T>& p, bool topk_mode);
+// variant: an MmaVariant id (shard_argmax_launch.cuh), or -1 for launch_mma's own choice.
 template <typename T>
-void run_mma(const ShardArgmaxProblem<T>& p);
+void run_mma(const ShardArgmaxProblem<T>& p, int variant);
 template <typename T>
 void run_gemm(const ShardArgmaxProblem<T>& p, const at::Tensor& hidden, const at::Tensor& weight);
 
