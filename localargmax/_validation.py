@@ -14,7 +14,14 @@ MAX_TOPK = 64
 """Largest k of :func:`localargmax.shard_topk`."""
 
 PATHS = {"cpu": ("auto", "generic", "avx2"), "cuda": ("auto", "simt", "mma", "gemm")}
-"""The kernel paths the ops' ``path`` argument names, per device type."""
+"""The kernel paths the ops' ``path`` argument names, per device type (CUDA
+also takes ``"mma/<id>"``, :data:`NUM_MMA_VARIANTS`)."""
+
+NUM_MMA_VARIANTS = 13
+"""Variants of the tensor-core kernel that ``path="mma/<id>"`` forces on CUDA:
+ids ``0 .. NUM_MMA_VARIANTS - 1`` of the ``MmaVariant`` table
+(csrc/cuda/shard_argmax_launch.cuh, ``kNumMmaVariants``; tests/test_dispatch.py
+checks they agree)."""
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -118,10 +125,25 @@ def check_sample_args(hidden, temperature, seed, offset) -> None:
             raise ValueError(f"{name} must be an int in [0, 2**63), got {value!r}")
 
 
+def mma_variant_of(path) -> int | None:
+    """The variant id of ``"mma/<id>"`` (decimal, no sign or leading zero),
+    else None (any other string, or an id out of range)."""
+    if not isinstance(path, str) or not path.startswith("mma/"):
+        return None
+    digits = path[4:]
+    if not digits.isascii() or not digits.isdigit() or (len(digits) > 1 and digits[0] == "0"):
+        return None
+    return int(digits) if int(digits) < NUM_MMA_VARIANTS else None
+
+
 def check_path_arg(path, device: torch.device) -> None:
-    """``path`` must be one of :data:`PATHS` for the device type (whether the
-    path can take the inputs is decided by the kernel, which raises ValueError
-    rather than falling back)."""
+    """``path`` must be one of :data:`PATHS` for the device type, or on CUDA
+    ``"mma/<id>"`` with ``0 <= id < NUM_MMA_VARIANTS`` (whether the path can
+    take the inputs is decided by the kernel, which raises ValueError naming
+    the path rather than falling back)."""
     allowed = PATHS.get(device.type, ("auto",))
-    if not isinstance(path, str) or path not in allowed:
-        raise ValueError(f"path must be one of {allowed} on {device.type}, got {path!r}")
+    if isinstance(path, str) and (path in allowed or (device.type == "cuda" and mma_variant_of(path) is not None)):
+        return
+    if device.type == "cuda":
+        allowed = (*allowed, f"mma/<0..{NUM_MMA_VARIANTS - 1}>")
+    raise ValueError(f"path must be one of {allowed} on {device.type}, got {path!r}")

@@ -67,15 +67,21 @@ def shard_argmax(
             FMA + F16C) or ``"generic"``, bit-identical. CUDA
             (``csrc/cuda/shard_argmax_cuda.cu`` picks): ``"mma"``, the tensor-core
             fused kernel (bf16 / fp16, sm_80+, ``H`` and row strides multiples
-            of 8, 16-byte aligned data); ``"gemm"``, cuBLAS float32 logits of
+            of 8, 16-byte aligned data), with ``"mma/<id>"`` forcing variant
+            ``id`` (0-12) of its ``MmaVariant`` table
+            (``csrc/cuda/shard_argmax_launch.cuh``: 0-3 the register-buffered
+            kernel, 4-12 the cp.async-pipelined one; same inputs as ``"mma"``,
+            an unknown id is a ValueError); ``"gemm"``, cuBLAS float32 logits of
             a batch chunk then a keys kernel (bf16 / fp16); ``"simt"``, the
             CUDA-core fused kernel (every dtype). On CUDA, ``"auto"`` takes
             the path of the dispatch table shipped with the package
             (``localargmax.dispatch``: by arch, dtype, ``H``,
-            ``weight.shape[0]`` and batch; PREDICTED choices until a GPU run
-            of ``localargmax-bench --tune`` measures them); without a table
-            entry, C++'s own choice (gemm from batch 128, else mma where it
-            takes the inputs, else simt). The CUDA paths differ only in the
+            ``weight.shape[0]`` and batch, never ``num_valid``; a path and an
+            mma variant id; PREDICTED choices until a GPU run of
+            ``localargmax-bench --tune`` measures them); without a table
+            entry, C++'s own choice (``localargmax.dispatch.cpp_auto_path``:
+            gemm from batch 128, else mma where it takes the inputs, else
+            simt). The CUDA paths differ only in the
             float32 summation order of the dot products. A forced path that cannot take the inputs raises
             ValueError; it never falls back silently.
 

@@ -819,6 +819,107 @@ def test_cuda_path_arg_is_checked(gen):
         localargmax.shard_argmax(hidden.float().cuda(), weight.float().cuda(), path="gemm")
 
 
+MMA_VARIANT_IDS = list(range(localargmax._validation.NUM_MMA_VARIANTS))
+SAME_ORDER_MMA_PAIRS = [(4, 7, 8), (5, 8, 16), (6, 9, 32), (10, 12, 64)]
+"""DESIGN.md rule 5: (variant, variant, a batch of their class) that sum in the same order."""
+
+
+def test_mma_variant_path_is_checked_before_the_kernel():
+    """``"mma/<id>"`` names a tensor-core variant on CUDA only: ids 0 to 12
+    (decimal, no sign or leading zero); anything else, and any ``"mma/..."``
+    on the CPU, is a ValueError naming the path (no GPU needed)."""
+    from localargmax._validation import check_path_arg, mma_variant_of
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    for v in MMA_VARIANT_IDS:
+        check_path_arg(f"mma/{v}", cuda)
+        assert mma_variant_of(f"mma/{v}") == v
+    for bad in ("mma/13", "mma/-1", "mma/07", "mma/", "mma/x", "mma/ 1", "mma/1 ", "mma/٣", "MMA/4", "mma4", 4):
+        assert mma_variant_of(bad) is None
+        with pytest.raises(ValueError, match=f"path must be one of .* on cuda, got {bad!r}"):
+            check_path_arg(bad, cuda)
+    with pytest.raises(ValueError, match=r"mma/<0\.\.12>"):
+        check_path_arg("mma/99", cuda)
+    with pytest.raises(ValueError, match="path must be one of .* on cpu, got 'mma/4'"):
+        check_path_arg("mma/4", cpu)
+    hidden, weight = torch.randn(2, 16).to(torch.bfloat16), torch.randn(64, 16).to(torch.bfloat16)
+    for call in (
+        lambda: localargmax.shard_argmax(hidden, weight, path="mma/4"),
+        lambda: localargmax.shard_sample(hidden, weight, torch.ones(2), 1, path="mma/7"),
+        lambda: localargmax.shard_topk(hidden, weight, 2, path="mma/10"),
+    ):
+        with pytest.raises(ValueError, match="path must be one of .* on cpu, got 'mma/"):
+            call()
+    with pytest.raises(ValueError, match="path must be 'auto', 'generic' or 'avx2' on CPU, got 'mma/4'"):
+        torch.ops.localargmax.shard_argmax.default(hidden, weight, None, 0, 64, "mma/4")
+
+
+def test_num_mma_variants_matches_the_cuda_table():
+    """The validator's id range is the MmaVariant table's (kNumMmaVariants)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "csrc/cuda/shard_argmax_launch.cuh").read_text()
+    assert f"constexpr int kNumMmaVariants = {localargmax._validation.NUM_MMA_VARIANTS};" in text
+
+
+@cuda_only
+def test_cuda_mma_variant_path_refusals(gen):
+    """The C++ op refuses an unknown variant id and a variant that cannot take
+    the inputs (H not a multiple of 8, float32, top-k), naming the path."""
+    hidden, weight, _ = random_problem(gen, 2, 64, 32, torch.bfloat16)
+    h, w = hidden.cuda(), weight.cuda()
+    with pytest.raises(ValueError, match="path='mma/13' names no tensor-core variant"):
+        torch.ops.localargmax.shard_argmax.default(h, w, None, 0, 64, "mma/13")
+    with pytest.raises(ValueError, match="path must be 'auto', 'simt', 'mma', 'mma/<id>' or 'gemm'"):
+        torch.ops.localargmax.shard_argmax.default(h, w, None, 0, 64, "mma/x")
+    with pytest.raises(ValueError, match="path='mma/7' needs sm_80\\+"):
+        localargmax.shard_argmax(hidden[:, :30].cuda(), weight[:, :30].cuda(), path="mma/7")
+    with pytest.raises(ValueError, match="path='mma/4' needs bfloat16 or float16"):
+        localargmax.shard_argmax(h.float(), w.float(), path="mma/4")
+    with pytest.raises(ValueError, match="path='mma/10' does not exist for top-k"):
+        localargmax.shard_topk(h, w, 2, path="mma/10")
+
+
+@cuda_only
+@pytest.mark.parametrize("variant", MMA_VARIANT_IDS)
+@pytest.mark.parametrize("dtype", HALF, ids=["bf16", "f16"])
+def test_every_cuda_mma_variant_against_the_reference(gen, variant, dtype):
+    """path='mma/<id>' runs that variant: planted winners (a wide gap) give the
+    float64 reference's ids at batches below, at and past the variant's batch
+    rows (extra passes), with padding rows and a k tail; argmax and sample
+    (temperature 0 is greedy)."""
+    for batch, hsize in ((1, 4104), (9, 136), (33, 520), (70, 4096), (129, 264)):
+        hidden, weight, _ = random_problem(gen, batch, 9000, hsize, dtype)
+        winners = torch.randint(0, 8900, (batch,), generator=gen)
+        weight[winners] = (hidden.float() * 3).to(dtype)
+        bias = torch.randn(9000, generator=gen) * 0.01
+        want = reference_argmax(hidden, weight[:8900], bias[:8900])
+        h, w, b = hidden.cuda(), weight.cuda(), bias.cuda()
+        got = _ids(h, w, bias=b, vocab_start=5, num_valid=8900, path=f"mma/{variant}") - 5
+        assert torch.equal(got, want), f"mma/{variant} batch {batch} H {hsize}"
+        sampled = localargmax.shard_sample(
+            h, w, torch.zeros(batch, device="cuda"), 3, bias=b, vocab_start=5, num_valid=8900, path=f"mma/{variant}"
+        )
+        assert torch.equal(localargmax.decode_keys(sampled)[0].cpu() - 5, want), f"sample mma/{variant} batch {batch}"
+
+
+@cuda_only
+@pytest.mark.parametrize("pair", SAME_ORDER_MMA_PAIRS, ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.mark.parametrize("dtype", HALF, ids=["bf16", "f16"])
+def test_cuda_same_order_mma_variants_give_identical_keys(gen, pair, dtype):
+    """DESIGN.md rule 5: variants of one order class (4/7, 5/8, 6/9, 10/12)
+    give bit-identical keys on random floats, with a bias and padding."""
+    a, b, batch = pair
+    for hsize in (4096, 1032):
+        hidden, weight, _ = random_problem(gen, batch, 20000, hsize, dtype)
+        bias = (torch.randn(20000, generator=gen) * 0.1).cuda()
+        h, w = hidden.cuda(), weight.cuda()
+        keys = [
+            localargmax.shard_argmax(h, w, bias=bias, vocab_start=7, num_valid=19990, path=f"mma/{v}") for v in (a, b)
+        ]
+        assert torch.equal(keys[0], keys[1]), f"mma/{a} vs mma/{b}, H {hsize}"
+
+
 @cuda_only
 @pytest.mark.parametrize("batch", [4, 200])
 def test_cuda_graph_capture_each_path(gen, batch):
@@ -1006,7 +1107,7 @@ def test_cpu_path_keyword(gen, op):
         assert "needs a CPU with AVX2" in str(e)
     else:
         assert torch.equal(avx2, generic)
-    for bad in ("mma", "simt", "AVX2", "", None, 3):
+    for bad in ("mma", "simt", "mma/4", "AVX2", "", None, 3):
         with pytest.raises(ValueError, match="path must be one of"):
             call(bad)
     with pytest.raises(ValueError, match="path must be 'auto', 'generic' or 'avx2' on CPU"):
