@@ -27,22 +27,37 @@ from typing import NamedTuple
 import torch
 
 TABLE_PATH = Path(__file__).resolve().parent / "dispatch_table.json"
-SCHEMA = "localargmax.dispatch_table/1"
+SCHEMA = "localargmax.dispatch_table/2"
 PATHS = ("simt", "mma", "gemm")
 LIMIT = 2**31
-CPP_GEMM_MIN_BATCH = 128
+CPP_GEMM_MIN_BATCH = 65
 """C++ ``auto`` takes gemm from this batch (kDefaultGemmMinBatch in
 csrc/cuda; tests/test_dispatch.py checks they agree). Below it, C++ ``auto``
-takes mma where the mma kernel takes the inputs, else simt."""
+takes simt by the small-shard rule (:data:`CPP_SIMT_MAX_BATCH`), else mma
+where the mma kernel takes the inputs, else simt."""
+CPP_SIMT_MAX_BATCH = 0
+"""C++ ``auto`` takes simt at batch <= this on shards of fewer than
+:data:`CPP_SIMT_MAX_ROWS_PER_SM` rows per SM (``weight.shape[0]``; 0: never).
+kSimtMaxBatch / kSimtMaxRowsPerSm in csrc/cuda (a test checks they agree)."""
+CPP_SIMT_MAX_ROWS_PER_SM = 256
+MMA_VARIANT_IDS = range(13)
+"""Ids of the MmaVariant table (``localargmax._validation.NUM_MMA_VARIANTS``)."""
 
 
 class Choice(NamedTuple):
-    """One cell of the table: the path, its variant parameters (what the
-    launcher instantiates there), and ``"predicted"`` or ``"measured"``."""
+    """One cell of the table: the path, the tensor-core variant id for
+    ``"mma"`` (an id of ``MmaVariant``, csrc/cuda/shard_argmax_launch.cuh;
+    None for simt / gemm, whose launchers size themselves by the batch), and
+    ``"predicted"`` or ``"measured"``."""
 
     path: str
-    variant: dict
+    variant: int | None
     source: str
+
+    @property
+    def op_path(self) -> str:
+        """The ops' ``path`` that runs this choice: ``"mma/<id>"``, ``"simt"``, ``"gemm"``."""
+        return f"mma/{self.variant}" if self.path == "mma" and self.variant is not None else self.path
 
 
 class DispatchTable:
@@ -58,7 +73,7 @@ class DispatchTable:
             cells = {}
             for e in t["entries"]:
                 idx = tuple(edges[k].index(e[k][0]) for k in ("hidden", "rows", "batch"))
-                cells[idx] = Choice(e["path"], dict(e["variant"]), e["source"])
+                cells[idx] = Choice(e["path"], e["variant"], e["source"])
             for dtype in t["dtypes"]:
                 self._cells[(t["arch"], dtype)] = (edges, cells)
 
@@ -114,6 +129,14 @@ def validate(doc: dict) -> None:
                     raise ValueError(f"dispatch table {t['arch']}: entry {k} {e[k]} is not one bucket of {edges[k]}")
             if e["path"] not in PATHS or e["source"] not in ("predicted", "measured"):
                 raise ValueError(f"dispatch table {t['arch']}: bad path or source in {e}")
+            want_variant = e["path"] == "mma"
+            if (e.get("variant") is not None) != want_variant or (
+                want_variant and (isinstance(e["variant"], bool) or e["variant"] not in MMA_VARIANT_IDS)
+            ):
+                raise ValueError(
+                    f"dispatch table {t['arch']}: variant must be an mma variant id for path 'mma', "
+                    f"null otherwise, in {e}"
+                )
             got.append((e["hidden"][0], e["rows"][0], e["batch"][0]))
         if len(got) != len(set(got)) or set(got) != want:
             missing, extra = len(want - set(got)), len(got) - len(set(got))
@@ -152,11 +175,15 @@ def cuda_path(hidden, weight) -> str:
     sample, CUDA): the table's choice where it has one and the op can take
     it without a fallback, else ``"auto"`` (C++ decides).
 
-    A table ``"mma"`` below :data:`CPP_GEMM_MIN_BATCH` passes ``"auto"``
-    (C++ takes mma there, or simt for inputs the mma kernel cannot take);
-    from it, ``"mma"`` is passed only when ``H`` and the row strides are
-    multiples of 8 and the data is 16-byte aligned (read only outside
-    torch.compile tracing, else ``"auto"``)."""
+    A table ``"mma"`` cell names a variant: ``"mma/<id>"`` is passed when the
+    tensor-core kernel takes the inputs (``H`` and the weight's row stride
+    multiples of 8, its data 16-byte aligned; a misaligned ``hidden`` is
+    copied by the op), read only outside torch.compile tracing; else
+    ``"auto"`` (C++ takes simt for inputs the mma kernel cannot take, and
+    under torch.compile its own variant of the same summation order: the
+    table names only those, ``localargmax.bench.predict.mma_candidates``).
+    The inputs of the choice are shared by every rank (dtype, ``H``,
+    ``weight.shape[0]``, batch, arch), never ``num_valid``."""
     dtype = _DTYPE_NAMES.get(str(weight.dtype))
     batch, hidden_size, rows = hidden.shape[0], weight.shape[1], weight.shape[0]
     if dtype is None or not all(isinstance(x, int) for x in (batch, hidden_size, rows)):
@@ -166,9 +193,7 @@ def cuda_path(hidden, weight) -> str:
         return "auto"
     if choice.path != "mma":
         return choice.path
-    if batch < CPP_GEMM_MIN_BATCH:
-        return "auto"
-    strides_ok = hidden_size % 8 == 0 and weight.stride(0) % 8 == 0
+    strides_ok = hidden_size % 8 == 0 and (rows <= 1 or weight.stride(0) % 8 == 0)
     if strides_ok and not torch.compiler.is_compiling() and weight.data_ptr() % 16 == 0:
-        return "mma"
+        return choice.op_path
     return "auto"

@@ -53,10 +53,13 @@ int64_t row_stride(const at::Tensor& t) { return t.size(0) > 1 ? t.stride(0) : t
 // choices for the pipelined tensor-core kernel on an H200 (localargmax/bench/predict.py,
 // `localargmax-bench --predict`); localargmax/dispatch.py mirrors them (CPP_GEMM_MIN_BATCH,
 // CPP_SIMT_MAX_BATCH, CPP_SIMT_MAX_ROWS_PER_SM; tests/test_dispatch.py reads these lines).
-// gemm from this batch:
-constexpr int64_t kDefaultGemmMinBatch = 128;
+// gemm from this batch (the model's crossover against choose_mma_variant's pipelined variants
+// with the smallest worst slowdown over the engine shapes, 1.13x at worst; predict.cpp_defaults):
+constexpr int64_t kDefaultGemmMinBatch = 65;
 // simt at batch <= kSimtMaxBatch on shards of fewer than kSimtMaxRowsPerSm rows per SM
-// (weight.size(0), padding included: equal on every rank; 0 = never):
+// (weight.size(0), padding included: equal on every rank). 0 = never: the model puts the
+// pipelined variants ahead of simt at every batch on the tp-8 shards (0.89-0.92 of copy
+// against 0.86-0.90 at batch 1):
 constexpr int64_t kSimtMaxBatch = 0;
 constexpr int64_t kSimtMaxRowsPerSm = 256;
 
@@ -124,9 +127,11 @@ PathChoice pick_path(const ShardArgmaxProblem<T>& p, const at::Tensor& weight, b
     return {Path::kMma, variant};
   }
   if (p.batch >= kDefaultGemmMinBatch) return {Path::kGemm, -1};
-  int sms = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, weight.get_device()));
-  if (p.batch <= kSimtMaxBatch && weight.size(0) < kSimtMaxRowsPerSm * sms) return {Path::kSimt, -1};
+  if (kSimtMaxBatch > 0 && p.batch <= kSimtMaxBatch) {
+    int sms = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, weight.get_device()));
+    if (weight.size(0) < kSimtMaxRowsPerSm * sms) return {Path::kSimt, -1};
+  }
   return {mma ? Path::kMma : Path::kSimt, -1};
 }
 

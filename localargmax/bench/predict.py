@@ -46,9 +46,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..dispatch import CPP_GEMM_MIN_BATCH
+from ..dispatch import CPP_GEMM_MIN_BATCH, CPP_SIMT_MAX_BATCH, CPP_SIMT_MAX_ROWS_PER_SM
 
-MODEL_VERSION = "1"
+MODEL_VERSION = "2"
 """Bumped when the model's structure changes (the table records it and the
 sha256 of this file)."""
 
@@ -137,12 +137,101 @@ DEVICES = {"H200": H200}
 
 
 @dataclass(frozen=True)
+class MmaSpec:
+    """One row of the ``MmaVariant`` table (csrc/cuda/shard_argmax_launch.cuh):
+    ``reg`` = shard_argmax_mma_kernel<T, NT, KV> (ids 0-3, forced only),
+    ``pipe`` = shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST, MINB>
+    (ids 4-12). tests/test_bench_predict.py checks this mirror against the
+    header (parameters, shared memory, registers, kNumMmaVariants)."""
+
+    id: int
+    kind: str  # "reg" | "pipe"
+    nt: int  # 8-row n-tiles: 8 NT batch rows per pass
+    kv: int = 0  # reg: 32-element k chunks per load step
+    mt: int = 0  # pipe: 16-row m-tiles per warp
+    wm: int = 0  # pipe: warps along the rows
+    sk: int = 1  # pipe: split-K warp groups inside the tile
+    kc: int = 0  # pipe: 32-element chunks per stage (= float32 partial sums per logit)
+    st: int = 0  # pipe: shared-memory stages
+    minb: int = 0  # pipe: __launch_bounds__ minimum blocks per SM
+
+    @property
+    def rows(self) -> int:
+        return 128 if self.kind == "reg" else self.wm * self.mt * 16
+
+    @property
+    def threads(self) -> int:
+        return 128 if self.kind == "reg" else self.wm * self.sk * 32
+
+    @property
+    def smem(self) -> int:
+        """Static shared memory (bytes), as the header's table gives it."""
+        if self.kind == "reg":
+            return 4 * 8 * self.nt * 8
+        return self.st * self.kc * (self.rows + 8 * self.nt) * 64 + 8 * self.nt * self.wm * 8
+
+    @property
+    def order(self) -> str:
+        """The summation-order class (DESIGN.md rule 5): variants of one class give the same bits."""
+        return "reg" if self.kind == "reg" else f"KC={self.kc}"
+
+    @property
+    def template(self) -> tuple:
+        """The kernel's template parameters after T (the mangled name's integers)."""
+        if self.kind == "reg":
+            return (self.nt, self.kv)
+        return (self.nt, self.mt, self.wm, self.sk, self.kc, self.st, self.minb)
+
+
+MMA_VARIANTS = (
+    MmaSpec(0, "reg", nt=1, kv=2),
+    MmaSpec(1, "reg", nt=2, kv=2),
+    MmaSpec(2, "reg", nt=4, kv=1),
+    MmaSpec(3, "reg", nt=8, kv=1),
+    MmaSpec(4, "pipe", nt=1, mt=2, wm=2, sk=1, kc=2, st=4, minb=6),
+    MmaSpec(5, "pipe", nt=2, mt=2, wm=2, sk=1, kc=2, st=4, minb=5),
+    MmaSpec(6, "pipe", nt=4, mt=2, wm=2, sk=1, kc=2, st=3, minb=6),
+    MmaSpec(7, "pipe", nt=1, mt=2, wm=2, sk=2, kc=2, st=4, minb=4),
+    MmaSpec(8, "pipe", nt=2, mt=2, wm=2, sk=2, kc=2, st=4, minb=4),
+    MmaSpec(9, "pipe", nt=4, mt=2, wm=2, sk=2, kc=2, st=3, minb=4),
+    MmaSpec(10, "pipe", nt=8, mt=2, wm=4, sk=1, kc=1, st=3, minb=3),
+    MmaSpec(11, "pipe", nt=16, mt=1, wm=4, sk=1, kc=1, st=3, minb=4),
+    MmaSpec(12, "pipe", nt=8, mt=2, wm=2, sk=1, kc=1, st=4, minb=6),
+)
+"""The MmaVariant table by id (a mirror of the header; a test checks it)."""
+
+DEFAULT_SM_COUNT = 132  # kDefaultSmCount
+
+
+def cpp_mma_variant(num_valid: int, batch: int, sms: int = DEFAULT_SM_COUNT) -> int:
+    """choose_mma_variant (shard_argmax_launch.cuh): the id C++ runs for path
+    ``"mma"`` / ``"auto"`` (small grid: fewer than 4 blocks of 64 rows per SM)."""
+    small_grid = -(-num_valid // 64) < 4 * sms
+    if batch > 64:
+        return 11
+    if batch > 32:
+        return 12 if small_grid else 10
+    nt = 0 if batch <= 8 else 1 if batch <= 16 else 2
+    return (7 if small_grid else 4) + nt
+
+
+def mma_candidates(batch: int) -> tuple[int, ...]:
+    """The pipelined variants a dispatch table may name at ``batch``: those of
+    the summation-order class C++ ``auto`` runs there (KC = 2 up to batch 32,
+    KC = 1 past it), so a table variant changes the speed, never the bits,
+    against C++'s own choice (torch.compile, which cannot read the weight's
+    alignment, passes ``"auto"``)."""
+    kc = 2 if batch <= 32 else 1
+    return tuple(m.id for m in MMA_VARIANTS if m.kind == "pipe" and m.kc == kc)
+
+
+@dataclass(frozen=True)
 class Variant:
     """One kernel instantiation: a CUDA path plus its template parameters.
 
-    ``params`` are (name, value) pairs. Today's kernels (``built=True``):
-    ``simt`` ``nb`` (batch rows per pass), ``mma`` ``nt``/``kv`` (8-row
-    n-tiles per pass, 32-element k chunks per step), ``gemm`` (none).
+    ``params`` are (name, value) pairs. Built kernels (``built=True``):
+    ``simt`` ``nb`` (batch rows per pass), ``mma`` ``id`` (a row of
+    :data:`MMA_VARIANTS`; named ``mma/<id>``, the op's path), ``gemm`` (none).
     Proposed ones (``built=False``, not in the .so): ``mma`` with ``stages``
     (shared-memory pipeline depth), ``tile_rows``, ``split_k``, ``tile_n``
     (batch rows per pass), ``pdl`` and ``fused_init`` (0/1: programmatic
@@ -156,49 +245,82 @@ class Variant:
         return dict(self.params).get(name, default)
 
     @property
+    def mma(self) -> MmaSpec | None:
+        return MMA_VARIANTS[self.get("id")] if self.path == "mma" and self.built else None
+
+    @property
     def name(self) -> str:
+        if self.mma is not None:
+            return f"mma/{self.mma.id}"
         inner = ",".join(f"{k}={v}" for k, v in self.params)
         return f"{self.path}({inner})" if inner else self.path
 
-    def as_dict(self) -> dict:
-        """``{"path": ..., **params}``: the dispatch table's form."""
-        return {"path": self.path, **dict(self.params)}
+    @property
+    def op_path(self) -> str:
+        """The ops' ``path`` value that runs this variant (simt: ``"simt"``, its NB follows the batch)."""
+        return self.name if self.mma is not None else self.path
 
 
 def variant(path: str, built: bool = True, **params) -> Variant:
     return Variant(path, tuple(params.items()), built)
 
 
-def todays_variant(path: str, batch: int) -> Variant:
-    """The instantiation today's launcher runs for ``path`` at ``batch``
-    (csrc/cuda/shard_argmax_launch.cuh: launch_simt's NB, launch_mma's NT/KV)."""
+def mma_variant(vid: int) -> Variant:
+    return variant("mma", id=vid)
+
+
+def todays_variant(path: str, batch: int, num_valid: int | None = None, sms: int = DEFAULT_SM_COUNT) -> Variant:
+    """The instantiation the launcher runs for ``path`` at ``batch``
+    (csrc/cuda/shard_argmax_launch.cuh: launch_simt's NB; launch_mma's
+    choose_mma_variant, whose grid-size choice needs ``num_valid``: a large
+    grid when not given). ``"mma/<id>"`` is that variant."""
     if path == "simt":
         return variant("simt", nb=1 if batch <= 1 else 2 if batch <= 2 else 4 if batch <= 4 else 8)
     if path == "mma":
-        if batch <= 8:
-            return variant("mma", nt=1, kv=2)
-        if batch <= 16:
-            return variant("mma", nt=2, kv=2)
-        return variant("mma", nt=4, kv=1) if batch <= 32 else variant("mma", nt=8, kv=1)
+        return mma_variant(cpp_mma_variant(num_valid if num_valid is not None else 1 << 30, batch, sms))
+    if path.startswith("mma/") and path[4:].isdigit() and int(path[4:]) < len(MMA_VARIANTS):
+        return mma_variant(int(path[4:]))
     if path == "gemm":
         return variant("gemm")
     raise ValueError(f"unknown CUDA path {path!r}")
 
 
-def cpp_auto_path(batch: int, gemm_min_batch: int = CPP_GEMM_MIN_BATCH) -> str:
+def reg_variant(batch: int) -> Variant:
+    """The register-double-buffered kernel (ids 0-3) sized for ``batch``: what
+    C++ auto ran before the pipelined kernel (the review's table describes it)."""
+    return mma_variant(0 if batch <= 8 else 1 if batch <= 16 else 2 if batch <= 32 else 3)
+
+
+def cpp_auto_path(batch: int, gemm_min_batch: int | None = None, rows: int | None = None, sms: int = 132) -> str:
     """C++ ``path="auto"``'s choice for bf16 / fp16 argmax on sm_80+ with
-    aligned inputs (pick_path in csrc/cuda)."""
-    return "gemm" if batch >= gemm_min_batch else "mma"
+    aligned inputs (pick_path in csrc/cuda): gemm from its gemm batch, simt
+    at small batches on small shards (``rows`` = weight.size(0), when the
+    rule is on), else mma."""
+    gemm_min_batch = CPP_GEMM_MIN_BATCH if gemm_min_batch is None else gemm_min_batch
+    if batch >= gemm_min_batch:
+        return "gemm"
+    if rows is not None and batch <= CPP_SIMT_MAX_BATCH and rows < CPP_SIMT_MAX_ROWS_PER_SM * sms:
+        return "simt"
+    return "mma"
 
 
-# Registers per thread of today's kernels on sm_90a (bf16), from the review's
-# ptxas / cuobjdump table (§2.1, commit 51a22ae): the fallback when no CUDA
-# build can be read. simt NB=2 / NB=4 were not listed: NB=8's figure is used.
+# Registers per thread on sm_90a (bf16): the fallback when no CUDA build can be read. mma: the
+# MmaVariant table's column (shard_argmax_launch.cuh, "regs 90a/80", as built; a test checks it);
+# simt: the review's ptxas table (§2.1, commit 51a22ae; NB=2 / NB=4 were not listed: NB=8's figure).
 DEFAULT_REGISTERS = {
-    "mma(nt=1,kv=2)": 150,
-    "mma(nt=2,kv=2)": 148,
-    "mma(nt=4,kv=1)": 110,
-    "mma(nt=8,kv=1)": 212,
+    "mma/0": 150,
+    "mma/1": 150,
+    "mma/2": 128,
+    "mma/3": 214,
+    "mma/4": 109,
+    "mma/5": 126,
+    "mma/6": 162,
+    "mma/7": 88,
+    "mma/8": 82,
+    "mma/9": 90,
+    "mma/10": 148,
+    "mma/11": 126,
+    "mma/12": 146,
     "simt(nb=1)": 54,
     "simt(nb=2)": 61,
     "simt(nb=4)": 61,
@@ -218,11 +340,13 @@ class Registers:
             return self.by_variant[v.name], self.source
         if not v.built:
             return _estimated_registers(v), "estimated (proposed variant: 40 + fp32 accumulators per thread)"
-        return DEFAULT_REGISTERS.get(v.name, 64), "default (review §2.1)"
+        return DEFAULT_REGISTERS.get(v.name, 64), "default (MmaVariant table / review §2.1)"
 
 
 _MMA_NAME = re.compile(r"shard_argmax_mma_kernelI(?:13__nv_bfloat16|6__half)Li(\d+)ELi(\d+)E")
+_PIPE_NAME = re.compile(r"shard_argmax_mma_pipe_kernelI(?:13__nv_bfloat16|6__half)((?:Li\d+E){7})")
 _SIMT_NAME = re.compile(r"shard_argmax_kernelI13__nv_bfloat16Li(\d+)ELi8ELb0E")
+_MMA_BY_TEMPLATE = {m.template: m.id for m in MMA_VARIANTS}
 
 
 def parse_registers(text: str, arch: str = "sm_90") -> dict:
@@ -230,8 +354,9 @@ def parse_registers(text: str, arch: str = "sm_90") -> dict:
     (sm_90 also matches sm_90a) from ``cuobjdump --dump-resource-usage``
     output (``arch = sm_90a`` ... ``Function <mangled>: REG:150 ...``) or the
     ptxas lines of a build log (``Compiling entry function '<mangled>' for
-    'sm_90a'`` then ``Used 150 registers``). The mma kernel's fp16 and bf16
-    builds are listed separately; bf16 wins where both appear."""
+    'sm_90a'`` then ``Used 150 registers``). mma kernels are named by their
+    MmaVariant id (``mma/7``); their fp16 and bf16 builds are listed
+    separately, bf16 wins where both appear."""
     out: dict = {}
     current_arch = None
     pending = None  # ptxas: the function whose "Used N registers" line comes next
@@ -258,11 +383,15 @@ def parse_registers(text: str, arch: str = "sm_90") -> dict:
 def _record(out: dict, mangled: str, found_arch: str | None, arch: str, regs: int) -> None:
     if found_arch is None or not found_arch.startswith(arch):
         return
-    m = _MMA_NAME.search(mangled)
-    if m:
-        name = f"mma(nt={m.group(1)},kv={m.group(2)})"
-        if "bfloat16" in mangled or name not in out:
-            out[name] = regs
+    m = _PIPE_NAME.search(mangled)
+    template = tuple(int(x) for x in re.findall(r"Li(\d+)E", m.group(1))) if m else None
+    if m is None:
+        m = _MMA_NAME.search(mangled)
+        template = (int(m.group(1)), int(m.group(2))) if m else None
+    if m is not None:
+        vid = _MMA_BY_TEMPLATE.get(template)
+        if vid is not None and ("bfloat16" in mangled or f"mma/{vid}" not in out):
+            out[f"mma/{vid}"] = regs
         return
     m = _SIMT_NAME.search(mangled)
     if m:
@@ -297,7 +426,8 @@ def read_registers(root: str | os.PathLike | None = None, arch: str = "sm_90", p
         if found:
             return Registers({**DEFAULT_REGISTERS, **found}, f"ptxas lines of {log} ({len(found)} kernels)")
     return Registers(
-        dict(DEFAULT_REGISTERS), "defaults: no CUDA build to read (review §2.1 figures, sm_90a, commit 51a22ae)"
+        dict(DEFAULT_REGISTERS),
+        "defaults: no CUDA build to read (mma: the MmaVariant table's sm_90a column; simt: review §2.1, commit 51a22ae)",
     )
 
 
@@ -401,11 +531,15 @@ def geometry(spec: DeviceSpec, v: Variant, rows: int, hidden: int, batch: int, e
         )
     if v.path != "mma":
         raise ValueError(f"geometry: {v.path} is not a Little's-law variant")
-    if v.built:  # today: 4 warps x 32 rows, register double buffer, KV x 2 KB per warp in flight
-        nt, kv = v.get("nt"), v.get("kv")
-        tile_rows, tile_n, warps, split_k, stages = 128, 8 * nt, 4, 1, 1
-        in_flight = warps * kv * 32 * 32 * elem
-        smem = 4 * tile_n * 8
+    m = v.mma
+    if m is not None and m.kind == "pipe":
+        return _pipe_geometry(spec, m, rows, hidden, batch, elem)
+    instructions = 0.0
+    if m is not None:  # reg (ids 0-3): 4 warps x 32 rows, register double buffer, KV x 2 KiB per warp in flight
+        tile_rows, tile_n, warps, split_k, stages = 128, 8 * m.nt, 4, 1, 1
+        in_flight = warps * m.kv * 32 * 32 * elem
+        smem = m.smem
+        fixed = spec.launch_s + spec.zero_fill_s  # launched plainly (no PDL)
     else:
         tile_rows, tile_n = v.get("tile_rows", 128), v.get("tile_n", 64)
         warps, split_k, stages = v.get("warps", 4), v.get("split_k", 1), v.get("stages", 3)
@@ -422,10 +556,48 @@ def geometry(spec: DeviceSpec, v: Variant, rows: int, hidden: int, batch: int, e
         cta_l2_bytes=min(tile_n, batch) * hidden * elem / split_k,
         cta_in_flight=in_flight,
         cta_serial_s=(2 * spec.latency_s if split_k > 1 else 0.0),  # cluster / DSMEM reduction of the partials
-        cta_instructions=0.0,
+        cta_instructions=instructions,
         cta_flops=2.0 * tile_rows * tile_n * hidden / split_k,
         passes=passes,
         fixed_s=fixed,
+    )
+
+
+# Warp-instructions of the pipelined kernel, per warp and 32-element k chunk (shard_argmax_mma_kernel.cuh):
+# MT x NT x 2 mma.sync (m16n8k16), 2 shared loads per m-tile and 1 per n-tile (16 bytes per lane and row),
+# and PIPE_COPY_INSTRUCTIONS per 16-byte cp.async a thread issues (address math, predicate, LDGSTS); plus
+# PIPE_STEP_INSTRUCTIONS per warp and pipeline step (wait, barrier, commit, loop). Estimates from the
+# kernel text, not from SASS.
+PIPE_COPY_INSTRUCTIONS = 4
+PIPE_STEP_INSTRUCTIONS = 12
+
+
+def _pipe_geometry(spec: DeviceSpec, m: MmaSpec, rows: int, hidden: int, batch: int, elem: int) -> Geometry:
+    """shard_argmax_mma_pipe_kernel (ids 4-12): a CTA owns ``m.rows`` weight rows and ``8 NT`` batch rows
+    (further rows: more passes, grid y); ST stages of KC chunks of (rows + 8 NT) x 64 bytes; the
+    weight of ST - 1 steps in flight; SK warp groups split each step's chunks (partials added through
+    shared memory at the end: no extra CTAs); launched with PDL (sm_90+), after the keys' zero fill."""
+    tiles, passes = -(-rows // m.rows), -(-batch // (8 * m.nt))
+    warps = m.threads // 32
+    chunks = -(-hidden // 32)
+    steps = -(-chunks // m.kc)
+    copies = (m.rows + 8 * m.nt) * 64 * m.kc / 16 / 32  # warp-wide 16-byte cp.async per step
+    per_chunk = m.mt * m.nt * 2 + 2 * m.mt + m.nt  # per computing warp: mma + shared loads
+    instructions = (
+        chunks * m.wm * per_chunk + steps * (copies * PIPE_COPY_INSTRUCTIONS + warps * PIPE_STEP_INSTRUCTIONS)
+    )
+    return Geometry(
+        ctas=tiles * passes,
+        threads=m.threads,
+        smem=m.smem,
+        cta_bytes=rows * hidden * elem / tiles,
+        cta_l2_bytes=min(8 * m.nt, batch) * hidden * elem,
+        cta_in_flight=(m.st - 1) * m.kc * m.rows * 32 * elem,
+        cta_serial_s=0.0,
+        cta_instructions=instructions,
+        cta_flops=2.0 * m.rows * 8 * m.nt * hidden,
+        passes=passes,
+        fixed_s=spec.launch_s * 0.25 + spec.zero_fill_s,
     )
 
 
@@ -559,8 +731,9 @@ def engine_shapes(pairs: Iterable[tuple[str, int]] = ENGINE_SHAPES) -> list[Engi
 
 
 def built_candidates(batch: int) -> list[Variant]:
-    """What a dispatch can choose today at ``batch``: each path's instantiation."""
-    return [todays_variant(p, batch) for p in ("simt", "mma", "gemm")]
+    """What a dispatch table can choose at ``batch``: simt's instantiation, the
+    pipelined mma variants of :func:`mma_candidates`, gemm."""
+    return [todays_variant("simt", batch), *(mma_variant(i) for i in mma_candidates(batch)), variant("gemm")]
 
 
 def proposed_variants(batch: int) -> list[Variant]:
@@ -621,3 +794,50 @@ def model_sha256() -> str:
 
 def with_latency(spec: DeviceSpec, latency_s: float) -> DeviceSpec:
     return replace(spec, latency_s=latency_s)
+
+
+# --- C++ auto's defaults (csrc/cuda/shard_argmax_cuda.cu), from the model ------------------------------------
+
+DEFAULTS_BATCHES = range(1, 257)
+
+
+def cpp_defaults(spec: DeviceSpec = H200, registers: Registers | None = None, hysteresis: float = 1.03) -> dict:
+    """The C++ ``auto`` constants the model gives for the pipelined kernel on the engine shapes
+    (kDefaultGemmMinBatch, kSimtMaxBatch, kSimtMaxRowsPerSm; dispatch.CPP_* mirror them):
+
+    * ``gemm_min_batch``: the batch threshold (gemm from it, choose_mma_variant's mma below it)
+      with the smallest worst slowdown against the faster of the two over the engine shapes
+      and batches 1-256 (ties: the larger threshold);
+    * ``simt_max_batch``: the largest batch <= 8 up to which simt beats C++'s mma variant by
+      more than ``hysteresis`` on every shard of fewer than ``simt_max_rows_per_sm`` rows per
+      SM (2 tiles of 128 rows: the tp-8 shards), else 0 (no simt rule)."""
+    shapes = engine_shapes()
+    t = {}
+    for s in shapes:
+        for b in DEFAULTS_BATCHES:
+            mma = predict(spec, todays_variant("mma", b, s.rows, spec.sms), s.rows, s.hidden, b, registers=registers)
+            gemm = predict(spec, variant("gemm"), s.rows, s.hidden, b, registers=registers)
+            t[(s, b)] = (mma.time_s, gemm.time_s)
+
+    def worst(threshold: int) -> float:
+        return max((g if b >= threshold else m) / min(m, g) for (_, b), (m, g) in t.items())
+
+    gemm_min = min(range(2, DEFAULTS_BATCHES[-1] + 2), key=lambda x: (round(worst(x), 6), -x))
+    rows_per_sm = 256
+    small = [s for s in shapes if s.padded_rows < rows_per_sm * spec.sms]
+    simt_max = 0
+    for b in range(1, 9):
+        simt = {
+            s: predict(spec, todays_variant("simt", b), s.rows, s.hidden, b, registers=registers).time_s
+            for s in small
+        }
+        if small and all(simt[s] * hysteresis < t[(s, b)][0] for s in small):
+            simt_max = b
+        else:
+            break
+    return {
+        "gemm_min_batch": gemm_min,
+        "gemm_worst_slowdown": round(worst(gemm_min), 4),
+        "simt_max_batch": simt_max,
+        "simt_max_rows_per_sm": rows_per_sm,
+    }

@@ -1,12 +1,15 @@
 """``localargmax-bench --predict``: the bandwidth model's table, labelled
 PREDICTED everywhere (text, JSON, README).
 
-Per shape and batch, one row per variant: today's three paths (``simt``,
-``mma``, ``gemm``, the instantiation each launcher runs at that batch), the
-fastest proposed pipelined mma variant (``proposed-best``) and the cheapest
-one that meets the bar (``proposed-min``: fewest stages, no PDL when
-possible, smallest split-K). ``role`` marks C++ ``auto``'s choice today
-(``auto``) and the dispatch table's (``table``). ``--json`` adds a summary
+Per shape and batch, one row per built variant: ``simt`` (the NB its
+launcher runs at that batch), every tensor-core variant of the MmaVariant
+table (``mma/0`` .. ``mma/12``: 0-3 the register-buffered kernel, 4-12 the
+cp.async-pipelined one; the ops run each as ``path="mma/<id>"``) and
+``gemm``; then the fastest not-built design point of the model's search space
+(``proposed-best``) and the cheapest one that meets the bar
+(``proposed-min``: fewest stages, no PDL when possible, smallest split-K).
+``role`` marks C++ ``auto``'s choice (``auto``) and the dispatch table's
+(``table``). ``--json`` adds a summary
 per shape and batch (the README table).
 """
 
@@ -62,16 +65,16 @@ def prediction_row(spec, shape: pm.EngineShape, batch: int, v: pm.Variant, role:
 
 
 def predicted_rows(spec, shapes, batches, registers, table) -> tuple[list[dict], list[dict]]:
-    """(rows, summary): every variant's prediction, and per shape and batch
-    the auto / table / proposed figures (the README table)."""
+    """(rows, summary): every built variant's prediction (simt, each MmaVariant id, gemm) and the
+    proposed ones, and per shape and batch the auto / table / proposed figures (the README table)."""
     rows, summary = [], []
     for s in shapes:
         for b in batches:
-            auto = pm.cpp_auto_path(b)
+            auto = tune.incumbent_of(s.rows, b)  # C++ auto (choose_mma_variant sees num_valid)
             chosen = table.choose(spec.arch, "bfloat16", s.hidden, s.padded_rows, b)
-            table_path = chosen.path if chosen is not None else auto
+            table_path = chosen.op_path if chosen is not None else auto
             got = {}
-            for path in tune.PATHS:
+            for path in ("simt", *(f"mma/{m.id}" for m in pm.MMA_VARIANTS), "gemm"):
                 role = [r for r, p in (("auto", auto), ("table", table_path)) if p == path]
                 got[path] = prediction_row(spec, s, b, pm.todays_variant(path, b), role, registers)
             best = pm.best(spec, pm.proposed_variants(b), s.rows, s.hidden, b, registers)
@@ -206,8 +209,10 @@ def run_predict(args, command: str) -> int:
     print(format_rows(doc["rows"]), file=out)
     print(f"- {doc['legend']}", file=out)
     print(
-        "- role: auto = C++ path='auto' today; table = the dispatch table's choice (predicted); proposed-best / "
-        "proposed-min = fastest / cheapest proposed pipelined mma variant (not built) meeting the bar",
+        "- role: auto = C++ path='auto' (its mma variant by choose_mma_variant); table = the dispatch table's "
+        "choice (predicted; path='mma/<id>' for an mma cell); proposed-best / proposed-min = fastest / cheapest "
+        "design point of the model's search space (not built: deeper stages, 256-row tiles, fused init) / "
+        "meeting the bar",
         file=out,
     )
     missed = [f"{s['shape']} tp{s['tp']} B={s['batch']}" for s in doc["summary"] if not _meets(s)]

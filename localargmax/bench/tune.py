@@ -41,7 +41,25 @@ HYSTERESIS = 1.03
 PATHS = ("simt", "mma", "gemm")
 
 Timer = Callable[[str, int, int, int], "float | None"]
-"""``timer(path, rows, hidden, batch)`` -> seconds per call, or None (not timed)."""
+"""``timer(path, rows, hidden, batch)`` -> seconds per call, or None (not timed); ``path`` is an
+ops' path: ``"simt"``, ``"gemm"`` or ``"mma/<id>"``."""
+
+
+def candidates(batch: int) -> tuple[str, ...]:
+    """The ops' paths a cell can choose at ``batch``: simt, the pipelined mma
+    variants of C++ auto's summation-order class there
+    (:func:`localargmax.bench.predict.mma_candidates`), gemm."""
+    return ("simt", *(f"mma/{i}" for i in pm.mma_candidates(batch)), "gemm")
+
+
+def _path_and_variant(candidate: str) -> tuple[str, int | None]:
+    return ("mma", int(candidate[4:])) if candidate.startswith("mma/") else (candidate, None)
+
+
+def incumbent_of(rows: int, batch: int) -> str:
+    """C++ ``auto``'s choice as a candidate (``rows`` stands for num_valid in choose_mma_variant)."""
+    path = pm.cpp_auto_path(batch, rows=rows)
+    return f"mma/{pm.cpp_mma_variant(rows, batch)}" if path == "mma" else path
 
 
 def bucket_edges(spec: pm.DeviceSpec) -> dict:
@@ -81,20 +99,23 @@ def _in(x: int, rng) -> bool:
 
 
 def choose_cell(samples, batches, timer: Timer, incumbent: str):
-    """(path, worst-case slowdown, {path: seconds at the first sample}) for one cell."""
-    worst = {p: 1.0 for p in PATHS}
+    """(candidate, worst-case slowdown, {candidate: seconds at the first sample}) for one cell: the
+    candidate (:func:`candidates`) with the smallest worst slowdown over the samples; the
+    incumbent (C++ auto's) unless another beats it by more than :data:`HYSTERESIS`."""
+    options = candidates(batches[0])
+    worst = {p: 1.0 for p in options}
     first = {}
     for rows, hidden in samples:
         for b in batches:
-            times = {p: timer(p, rows, hidden, b) for p in PATHS}
+            times = {p: timer(p, rows, hidden, b) for p in options}
             times = {p: t for p, t in times.items() if t is not None}
             if not first:
                 first = dict(times, batch=b, rows=rows, hidden=hidden)
             fastest = min(times.values())
-            for p in PATHS:
+            for p in options:
                 worst[p] = max(worst[p], times[p] / fastest) if p in times else math.inf
-    best = min(PATHS, key=lambda p: worst[p])
-    if worst[incumbent] <= worst[best] * HYSTERESIS:
+    best = min(options, key=lambda p: worst[p])
+    if incumbent in worst and worst[incumbent] <= worst[best] * HYSTERESIS:
         best = incumbent
     return best, worst[best], first
 
@@ -110,29 +131,30 @@ def build_table(
     """The table document. ``timer`` decides every cell; with
     ``measured_cell(rng_h, rng_r, rng_b) -> ([(rows, hidden)], [batch]) or
     None`` a cell with timed samples is decided on them and marked measured
-    (``--tune``)."""
+    (``--tune``). A cell's batches all lie on one side of batch 32, so its
+    candidates (:func:`candidates`) are those of its lowest batch."""
     edges = bucket_edges(spec)
     entries = []
     for rng_h in _ranges(edges["hidden"]):
         for rng_r in _ranges(edges["rows"]):
             for rng_b in _ranges(edges["batch"]):
                 batches = batch_samples(rng_b)
-                incumbent = pm.cpp_auto_path(batches[0])
                 found = measured_cell(rng_h, rng_r, rng_b) if measured_cell else None
                 cell_source = "measured" if found else "predicted"
                 samples, batches = found if found else (model_samples(rng_h, rng_r, shapes), batches)
-                path, worst, at = choose_cell(samples, batches, timer, incumbent)
-                b = at["batch"]
+                incumbent = incumbent_of(samples[0][0], batches[0])
+                chosen, worst, at = choose_cell(samples, batches, timer, incumbent)
+                path, vid = _path_and_variant(chosen)
                 entries.append(
                     {
                         "hidden": list(rng_h),
                         "rows": list(rng_r),
                         "batch": list(rng_b),
                         "path": path,
-                        "variant": dict(pm.todays_variant(path, b).params),
+                        "variant": vid,
                         "source": cell_source,
-                        "at": {"rows": at["rows"], "hidden": at["hidden"], "batch": b},
-                        "us": {p: round(at[p] * 1e6, 1) for p in PATHS if p in at},
+                        "at": {"rows": at["rows"], "hidden": at["hidden"], "batch": at["batch"]},
+                        "us": {p: round(at[p] * 1e6, 1) for p in candidates(batches[0]) if p in at},
                         "worst_slowdown": round(worst, 3),
                     }
                 )
@@ -147,7 +169,8 @@ def build_table(
 
 def model_timer(spec: pm.DeviceSpec, registers: pm.Registers) -> Timer:
     def timer(path, rows, hidden, batch):
-        return pm.predict(spec, pm.todays_variant(path, batch), rows, hidden, batch, registers=registers).time_s
+        v = pm.todays_variant(path, batch, num_valid=rows, sms=spec.sms)
+        return pm.predict(spec, v, rows, hidden, batch, registers=registers).time_s
 
     return timer
 
@@ -172,8 +195,9 @@ def _meta(spec, registers, commit, generated_by) -> dict:
         "registers_source": registers.source,
         "registers": dict(sorted(registers.by_variant.items())),
         "note": "keys: arch, dtype, hidden size, shard rows (weight.shape[0], padding included: equal on every "
-        "rank), batch; each range is [lo, hi). Today's C++ takes only the path: the variant is the one its "
-        "launcher instantiates at that batch.",
+        "rank), batch; each range is [lo, hi). path 'mma' names its MmaVariant id (the op runs it as "
+        "path='mma/<id>'; only ids of C++ auto's summation-order class at that batch); simt and gemm size "
+        "themselves by the batch (variant null).",
     }
 
 
@@ -234,15 +258,15 @@ def tune(
     commit: str | None = None,
     progress=None,
 ) -> dict:
-    """Time every path on ``shapes`` x ``batches`` with ``timer`` (the GPU's,
-    or a fake one in tests) and build the measured table: cells with an
-    engine shape and a timed batch are decided by the timings, the rest by
-    the model."""
+    """Time every candidate (path and mma variant, :func:`candidates`) on
+    ``shapes`` x ``batches`` with ``timer`` (the GPU's, or a fake one in
+    tests) and build the measured table: cells with an engine shape and a
+    timed batch are decided by the timings, the rest by the model."""
     shapes = pm.engine_shapes() if shapes is None else shapes
     measured: dict = {}
     for s in shapes:
         for b in batches:
-            for p in PATHS:
+            for p in candidates(b):
                 if p == "simt" and b > SIMT_MAX_BATCH:
                     continue
                 if progress:
@@ -266,15 +290,22 @@ def tune(
     # cells without a timed shape are decided as in the predicted table (same samples)
     doc = build_table(spec, merged, "measured", pm.engine_shapes(), measured_cell=measured_cell, meta=meta)
     doc["measurements"] = [
-        {"path": p, "rows": r, "hidden": h, "batch": b, "us": None if t is None else round(t * 1e6, 2)}
+        {
+            "path": _path_and_variant(p)[0],
+            "variant": _path_and_variant(p)[1],
+            "rows": r,
+            "hidden": h,
+            "batch": b,
+            "us": None if t is None else round(t * 1e6, 2),
+        }
         for (p, r, h, b), t in sorted(measured.items())
     ]
     return doc
 
 
 def cuda_timer(steps: int = 60, warmup: int = 5, budget_s: float = 2.0) -> Timer:
-    """Seconds per ``shard_argmax(hidden, weight, path=path)`` call on the
-    current GPU (bf16, N(0, 1/H) weights, two rotating copies), by CUDA-graph
+    """Seconds per ``shard_argmax(hidden, weight, path=path)`` call (``path``:
+    ``"simt"``, ``"gemm"`` or ``"mma/<id>"``) on the current GPU (bf16, N(0, 1/H) weights, two rotating copies), by CUDA-graph
     replay (:func:`localargmax.bench.timing.time_cuda`); the median sample."""
     import torch
 
