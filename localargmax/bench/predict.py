@@ -306,7 +306,7 @@ def cpp_auto_path(batch: int, gemm_min_batch: int | None = None, rows: int | Non
 
 # Registers per thread on sm_90a (bf16): the fallback when no CUDA build can be read. mma: the
 # MmaVariant table's column (shard_argmax_launch.cuh, "regs 90a/80", as built; a test checks it);
-# simt: the review's ptxas table (§2.1, commit 51a22ae; NB=2 / NB=4 were not listed: NB=8's figure).
+# simt: ptxas for sm_90a of the same build (nvcc 13.0; the review's §2.1 said 54 / 61 at NB = 1 / 8).
 DEFAULT_REGISTERS = {
     "mma/0": 150,
     "mma/1": 150,
@@ -322,9 +322,9 @@ DEFAULT_REGISTERS = {
     "mma/11": 126,
     "mma/12": 146,
     "simt(nb=1)": 54,
-    "simt(nb=2)": 61,
-    "simt(nb=4)": 61,
-    "simt(nb=8)": 61,
+    "simt(nb=2)": 48,
+    "simt(nb=4)": 48,
+    "simt(nb=8)": 56,
 }
 
 
@@ -340,7 +340,7 @@ class Registers:
             return self.by_variant[v.name], self.source
         if not v.built:
             return _estimated_registers(v), "estimated (proposed variant: 40 + fp32 accumulators per thread)"
-        return DEFAULT_REGISTERS.get(v.name, 64), "default (MmaVariant table / review §2.1)"
+        return DEFAULT_REGISTERS.get(v.name, 64), "default (sm_90a as built)"
 
 
 _MMA_NAME = re.compile(r"shard_argmax_mma_kernelI(?:13__nv_bfloat16|6__half)Li(\d+)ELi(\d+)E")
@@ -360,6 +360,7 @@ def parse_registers(text: str, arch: str = "sm_90") -> dict:
     out: dict = {}
     current_arch = None
     pending = None  # ptxas: the function whose "Used N registers" line comes next
+    text = re.sub(r"(Function \S+:)[ \t]*\n\s*(REG:)", r"\1\2", text)  # cuobjdump 13 puts REG: on the next line
     for line in text.splitlines():
         m = re.search(r"arch = (sm_\w+)", line)
         if m:
@@ -427,7 +428,7 @@ def read_registers(root: str | os.PathLike | None = None, arch: str = "sm_90", p
             return Registers({**DEFAULT_REGISTERS, **found}, f"ptxas lines of {log} ({len(found)} kernels)")
     return Registers(
         dict(DEFAULT_REGISTERS),
-        "defaults: no CUDA build to read (mma: the MmaVariant table's sm_90a column; simt: review §2.1, commit 51a22ae)",
+        "defaults: no CUDA build to read (sm_90a as built: mma the MmaVariant table's column, simt ptxas)",
     )
 
 

@@ -31,10 +31,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from ..dispatch import SCHEMA
 from . import predict as pm
 
 TABLE_PATH = Path(__file__).resolve().parents[1] / "dispatch_table.json"
-SCHEMA = "localargmax.dispatch_table/1"
 TABLE_DTYPES = ("bfloat16", "float16")
 LIMIT = 2**31
 HYSTERESIS = 1.03
