@@ -178,12 +178,14 @@ def cuda_path(hidden, weight) -> str:
     A table ``"mma"`` cell names a variant: ``"mma/<id>"`` is passed when the
     tensor-core kernel takes the inputs (``H`` and the weight's row stride
     multiples of 8, its data 16-byte aligned; a misaligned ``hidden`` is
-    copied by the op), read only outside torch.compile tracing; else
-    ``"auto"`` (C++ takes simt for inputs the mma kernel cannot take, and
-    under torch.compile its own variant of the same summation order: the
-    table names only those, ``localargmax.bench.predict.mma_candidates``).
-    The inputs of the choice are shared by every rank (dtype, ``H``,
-    ``weight.shape[0]``, batch, arch), never ``num_valid``."""
+    copied by the op), else ``"auto"`` (C++ takes simt for inputs the mma
+    kernel cannot take). Under torch.compile tracing (the data pointer is not
+    readable there) an mma cell passes ``"auto"``: the table names only
+    variants of C++ auto's summation order at that batch
+    (``localargmax.bench.predict.mma_candidates``), so compiled and eager
+    calls differ in speed, not in bits. The inputs of the choice are
+    shared by every rank (dtype, ``H``, ``weight.shape[0]``, batch, arch,
+    the weight's layout), never ``num_valid``."""
     dtype = _DTYPE_NAMES.get(str(weight.dtype))
     batch, hidden_size, rows = hidden.shape[0], weight.shape[1], weight.shape[0]
     if dtype is None or not all(isinstance(x, int) for x in (batch, hidden_size, rows)):
@@ -193,7 +195,8 @@ def cuda_path(hidden, weight) -> str:
         return "auto"
     if choice.path != "mma":
         return choice.path
-    strides_ok = hidden_size % 8 == 0 and (rows <= 1 or weight.stride(0) % 8 == 0)
-    if strides_ok and not torch.compiler.is_compiling() and weight.data_ptr() % 16 == 0:
-        return choice.op_path
-    return "auto"
+    if torch.compiler.is_compiling():  # the data pointer is not readable while tracing
+        return "auto"
+    if hidden_size % 8 or (rows > 1 and weight.stride(0) % 8) or weight.data_ptr() % 16:
+        return "auto"
+    return choice.op_path

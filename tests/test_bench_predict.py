@@ -5,6 +5,7 @@ committed PREDICTED results."""
 import dataclasses
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +32,7 @@ TOY = dataclasses.replace(
     zero_fill_s=0.0,
     cta_epilogue_s=0.0,
 )
-MMA_NT1 = pm.variant("mma", nt=1, kv=2)  # 150 registers (review §2.1): 3 CTAs of 128 threads per SM
+MMA_NT1 = pm.mma_variant(0)  # the register kernel NT = 1, KV = 2: 150 registers, 3 CTAs of 128 threads per SM
 
 
 def test_ctas_per_sm_by_hand():
@@ -125,16 +126,49 @@ def test_monotonic_in_the_right_directions(path):
 
 def test_more_registers_or_less_in_flight_never_faster():
     rows, hidden = 18992, 4096
-    low = pm.Registers({"mma(nt=1,kv=2)": 96}, "test")
-    high = pm.Registers({"mma(nt=1,kv=2)": 200}, "test")
+    low = pm.Registers({"mma/0": 96, "mma/2": 96}, "test")
+    high = pm.Registers({"mma/0": 200}, "test")
     t_low = pm.predict(pm.H200, MMA_NT1, rows, hidden, 1, registers=low)
     t_high = pm.predict(pm.H200, MMA_NT1, rows, hidden, 1, registers=high)
     assert t_low.ctas_per_sm > t_high.ctas_per_sm and t_low.time_s <= t_high.time_s
-    kv1 = pm.predict(pm.H200, pm.variant("mma", nt=1, kv=1), rows, hidden, 1, registers=low)
+    kv1 = pm.predict(pm.H200, pm.mma_variant(2), rows, hidden, 1, registers=low)  # KV = 1
+    assert kv1.ctas_per_sm == t_low.ctas_per_sm
     assert kv1.time_s > t_low.time_s  # half the bytes in flight, same occupancy: latency-bound, slower
     stages = [pm.variant("mma", built=False, stages=s, tile_rows=128, split_k=1, tile_n=8) for s in (2, 3, 4)]
     times = [pm.predict(pm.H200, v, 16032, 4096, 1).time_s for v in stages]
     assert times == sorted(times, reverse=True)
+
+
+def test_pipelined_variant_geometry_by_hand():
+    # mma/4: 64-row tiles, NT = 1, 2 warps, KC = 2, ST = 4 -> 3 x 2 x 64 x 64 B = 24 KiB in flight per CTA;
+    # 109 registers -> 112 x 32 = 3584 per warp -> 18 warps -> 9 CTAs of 2, shared memory
+    # 228 KiB // (36992 + 1024) B -> 6 per SM. On TOY (4 SMs): 24 slots; 48 tiles of 64 rows -> 2 rounds,
+    # each CTA latency-bound: 64 x 4096 x 2 B / 24 KiB = 21.3 -> 22 + 1 fill = 23 latencies.
+    m = pm.MMA_VARIANTS[4]
+    assert (m.rows, m.threads, m.smem, m.order) == (64, 64, 36992, "KC=2")
+    p = pm.predict(TOY, pm.mma_variant(4), 64 * 48, 4096, 1)
+    assert (p.ctas, p.ctas_per_sm, p.rounds, p.bound) == (48, 6, 2, "latency")
+    assert p.time_s == pytest.approx(2 * 23e-6)
+    assert p.in_flight_per_sm == pytest.approx(6 * 24 * 1024)
+    # split-K (mma/7) splits the chunks between warp groups inside the tile: same CTAs, same bytes in flight
+    q = pm.predict(TOY, pm.mma_variant(7), 64 * 48, 4096, 1)
+    assert q.ctas == 48 and q.in_flight_per_sm == pytest.approx(q.ctas_per_sm * 24 * 1024)
+    # batch 9 on NT = 1: two passes; on NT = 2 (mma/5) one
+    assert pm.predict(TOY, pm.mma_variant(4), 64 * 48, 4096, 9).ctas == 96
+    assert pm.predict(TOY, pm.mma_variant(5), 64 * 48, 4096, 9).ctas == 48
+    # PDL: a quarter of the launch; the zero fill stays (DESIGN.md)
+    spec = dataclasses.replace(TOY, launch_s=2e-6, zero_fill_s=3e-6)
+    gap = pm.predict(spec, pm.mma_variant(4), 64 * 48, 4096, 1).time_s - p.time_s
+    assert gap == pytest.approx(0.5e-6 + 3e-6)
+
+
+def test_hidden_rereads_bind_at_l2():
+    # each CTA streams its 8 NT hidden rows from L2: at batch 32 on 64-row tiles (mma/6) that is half the
+    # weight bytes again; with a slow L2 the round is L2-bound at (weight + hidden) / L2 bandwidth
+    spec = dataclasses.replace(TOY, l2_Bps=1e11, stream_Bps=1e12)
+    p = pm.predict(spec, pm.mma_variant(6), 64 * 24, 4096, 32)
+    assert p.bound == "l2"
+    assert p.time_s == pytest.approx(24 * (64 + 32) * 4096 * 2 / 1e11)
 
 
 # The review's predicted table (shared/reviews/cuda_h200_review.md §2.4): fraction of copy for
@@ -160,7 +194,7 @@ def test_agrees_with_the_review_table(key):
     model, tp, b = key
     lo, hi = REVIEW_TABLE[key]
     s = pm.engine_shape(model, tp)
-    v = pm.todays_variant(pm.cpp_auto_path(b), b)
+    v = pm.reg_variant(b)  # the review described the register kernel (ids 0-3), C++ auto's mma then
     at = {lat: pm.predict(pm.H200, v, s.rows, s.hidden, b, latency_s=lat).fraction_of_copy for lat in (0.6e-6, 0.8e-6)}
     assert lo - REVIEW_TOLERANCE <= at[0.8e-6] <= at[0.6e-6] <= hi + REVIEW_TOLERANCE, at
     if pm.predict(pm.H200, v, s.rows, s.hidden, b, latency_s=0.8e-6).bound == "latency":
@@ -183,13 +217,55 @@ def test_engine_shapes_are_the_presets_rank_0_shards():
 
 
 def test_todays_variants_follow_the_launcher_boundaries():
-    # csrc/cuda/shard_argmax_launch.cuh: launch_simt NB 1/2/4/8, launch_mma (NT, KV)
+    # csrc/cuda/shard_argmax_launch.cuh: launch_simt NB 1/2/4/8, choose_mma_variant (tests/test_emulation.py
+    # checks cpp_mma_variant against the emulation's choose_mma_variant)
     assert [pm.todays_variant("simt", b).get("nb") for b in (1, 2, 3, 4, 5, 9)] == [1, 2, 4, 4, 8, 8]
-    nts = [(pm.todays_variant("mma", b).get("nt"), pm.todays_variant("mma", b).get("kv")) for b in (8, 9, 16, 17, 33)]
-    assert nts == [(1, 2), (2, 2), (2, 2), (4, 1), (8, 1)]
+    batches = (1, 8, 9, 16, 17, 32, 33, 64, 65, 128, 200)
+    assert [pm.cpp_mma_variant(151936, b) for b in batches] == [4, 4, 5, 5, 6, 6, 10, 10, 11, 11, 11]
+    assert [pm.cpp_mma_variant(18992, b) for b in batches] == [7, 7, 8, 8, 9, 9, 12, 12, 11, 11, 11]
+    assert pm.todays_variant("mma", 20, num_valid=18992).name == "mma/9"
+    assert pm.todays_variant("mma/3", 1).mma.kind == "reg"
+    # the table's candidates: C++ auto's summation-order class at that batch
+    assert pm.mma_candidates(1) == pm.mma_candidates(32) == (4, 5, 6, 7, 8, 9)
+    assert pm.mma_candidates(33) == pm.mma_candidates(1024) == (10, 11, 12)
+    for b in batches:
+        assert pm.cpp_mma_variant(18992, b) in pm.mma_candidates(b)
+        assert pm.cpp_mma_variant(151936, b) in pm.mma_candidates(b)
+
+
+def _header_table():
+    """The MmaVariant table of csrc/cuda/shard_argmax_launch.cuh: the LAM_MMA_* lines, the comment rows."""
     src = (ROOT / "csrc" / "cuda" / "shard_argmax_launch.cuh").read_text()
-    for nt, kv in {(1, 2), (2, 2), (4, 1), (8, 1)}:
-        assert f"launch_mma_nt<T, {nt}, {kv}>" in src
+    reg = {int(a[0]): tuple(map(int, a[1:])) for a in re.findall(r"^LAM_MMA_REG\((\d+), (\d+), (\d+)\)", src, re.M)}
+    pipe = {
+        int(a[0]): tuple(map(int, a[1:]))
+        for a in re.findall(r"^LAM_MMA_PIPE\((\d+), " + ", ".join([r"(\d+)"] * 7) + r"\)", src, re.M)
+    }
+    rows = {
+        int(m[0]): (m[1], int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]))
+        for m in re.findall(
+            r"^//\s+(\d+)\s+(reg|pipe|split)\s+(\d+)\s+\S+\s+(\d+)\s+(\d+)\s+.*?\s(\d+)\s+(\d+) / \d+", src, re.M
+        )
+    }
+    count = int(re.search(r"constexpr int kNumMmaVariants = (\d+);", src).group(1))
+    return reg, pipe, rows, count
+
+
+def test_mma_variant_mirror_matches_the_header():
+    """predict.MMA_VARIANTS (and DEFAULT_REGISTERS' mma rows, the validator's id range) = the MmaVariant
+    table of shard_argmax_launch.cuh: template parameters, rows, threads, shared memory, sm_90a registers."""
+    from localargmax import dispatch
+    from localargmax._validation import NUM_MMA_VARIANTS
+
+    reg, pipe, rows, count = _header_table()
+    assert count == len(pm.MMA_VARIANTS) == NUM_MMA_VARIANTS == len(dispatch.MMA_VARIANT_IDS)
+    assert sorted({**reg, **pipe}) == list(range(count)) == sorted(rows)
+    for m in pm.MMA_VARIANTS:
+        assert m.template == (reg if m.kind == "reg" else pipe)[m.id], m
+        kind, nt, tile_rows, threads, smem, regs = rows[m.id]
+        assert (kind == "reg") == (m.kind == "reg") and (kind == "split") == (m.sk > 1), m
+        assert (m.nt, m.rows, m.threads, m.smem) == (nt, tile_rows, threads, smem), m
+        assert pm.DEFAULT_REGISTERS[f"mma/{m.id}"] == regs, m
 
 
 def test_proposed_variant_meeting_the_bar_exists_and_is_reported():
@@ -205,6 +281,7 @@ def test_proposed_variant_meeting_the_bar_exists_and_is_reported():
 
 MMA1 = "_ZN11localargmax4cuda12_GLOBAL__N_123shard_argmax_mma_kernelI13__nv_bfloat16Li1ELi2EEEvPKT_lS6_lS6_PKfliilNS0_11ShardReduceE"  # noqa: E501
 MMA8_HALF = "_ZN11localargmax4cuda12_GLOBAL__N_123shard_argmax_mma_kernelI6__halfLi8ELi1EEEvPKT_lS6_lS6_PKfliilNS0_11ShardReduceE"  # noqa: E501
+PIPE7 = "_ZN11localargmax4cuda12_GLOBAL__N_128shard_argmax_mma_pipe_kernelI13__nv_bfloat16Li1ELi2ELi2ELi2ELi2ELi4ELi4EEEvPKT_lS6_lS6_PKfliilNS0_11ShardReduceE"  # noqa: E501
 SIMT1 = "_ZN11localargmax4cuda12_GLOBAL__N_119shard_argmax_kernelI13__nv_bfloat16Li1ELi8ELb0EEEvNS0_18ShardArgmaxProblemIT_EE"  # noqa: E501
 SIMT1_TOPK = SIMT1.replace("Lb0E", "Lb1E")
 
@@ -225,6 +302,8 @@ code version = [1,8]
 Resource usage:
  Function {MMA1}:REG:168 STACK:0 SHARED:256 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
  Function {MMA8_HALF}:REG:200 STACK:0 SHARED:1024 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
+ Function {PIPE7}:
+ REG:77 STACK:0 SHARED:36992 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
  Function {SIMT1}:REG:40 STACK:0 SHARED:64 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
  Function {SIMT1_TOPK}:REG:90 STACK:0 SHARED:640 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
 """
@@ -241,12 +320,13 @@ ptxas info    : Used 152 registers, used 1 barriers, 256 bytes smem, 464 bytes c
 
 def test_parse_registers_from_cuobjdump_keeps_the_arch_and_argmax_kernels():
     regs = pm.parse_registers(CUOBJDUMP, "sm_90")
-    assert regs == {"mma(nt=1,kv=2)": 168, "mma(nt=8,kv=1)": 200, "simt(nb=1)": 40}
-    assert pm.parse_registers(CUOBJDUMP, "sm_80") == {"mma(nt=1,kv=2)": 96}
+    # (cuobjdump 13 puts REG: on the line after the function's name)
+    assert regs == {"mma/0": 168, "mma/3": 200, "mma/7": 77, "simt(nb=1)": 40}
+    assert pm.parse_registers(CUOBJDUMP, "sm_80") == {"mma/0": 96}
 
 
 def test_parse_registers_from_ptxas_lines():
-    assert pm.parse_registers(PTXAS_LOG, "sm_90") == {"mma(nt=1,kv=2)": 152}
+    assert pm.parse_registers(PTXAS_LOG, "sm_90") == {"mma/0": 152}
 
 
 def test_read_registers_falls_back_to_defaults_and_says_so(tmp_path):
@@ -256,7 +336,7 @@ def test_read_registers_falls_back_to_defaults_and_says_so(tmp_path):
     log.parent.mkdir(parents=True)
     log.write_text(PTXAS_LOG)
     regs = pm.read_registers(root=tmp_path)
-    assert regs.by_variant["mma(nt=1,kv=2)"] == 152 and "build.log" in regs.source
+    assert regs.by_variant["mma/0"] == 152 and "build.log" in regs.source
     dump = tmp_path / "dump.txt"
     dump.write_text(CUOBJDUMP)
     assert pm.read_registers(path=str(dump)).by_variant["simt(nb=1)"] == 40
@@ -264,7 +344,7 @@ def test_read_registers_falls_back_to_defaults_and_says_so(tmp_path):
 
 def test_built_registers_change_the_prediction():
     s = pm.engine_shape("qwen3", 8)
-    fewer = pm.Registers({**pm.DEFAULT_REGISTERS, "mma(nt=1,kv=2)": 120}, "test")  # 4 CTAs per SM instead of 3
+    fewer = pm.Registers({**pm.DEFAULT_REGISTERS, "mma/0": 120}, "test")  # 4 CTAs per SM instead of 3
     a = pm.predict(pm.H200, MMA_NT1, s.rows, s.hidden, 1)
     b = pm.predict(pm.H200, MMA_NT1, s.rows, s.hidden, 1, registers=fewer)
     assert (a.ctas_per_sm, b.ctas_per_sm) == (3, 4) and b.regs_source == "test"
@@ -290,7 +370,11 @@ def test_predict_cli_prints_and_writes_predicted_rows(tmp_path):
     assert {r["label"] for r in doc["rows"]} == {"PREDICTED"}
     assert {(r["shape"], r["tp"], r["batch"]) for r in doc["rows"]} == {("qwen3", 8, 1), ("qwen3", 8, 64)}
     paths = {r["variant"] for r in doc["rows"] if r["batch"] == 1 and r["built"]}
-    assert paths == {"simt(nb=1)", "mma(nt=1,kv=2)", "gemm"}
+    assert paths == {"simt(nb=1)", "gemm", *(f"mma/{i}" for i in range(len(pm.MMA_VARIANTS)))}
+    roles = {r["variant"]: r["role"] for r in doc["rows"] if r["batch"] == 64 and r["built"]}
+    assert roles["mma/12"] == ["auto"]  # choose_mma_variant on the tp-8 shard: 64-row tiles
+    assert sum("table" in r for r in roles.values()) == 1
+    assert "mma/10" in proc.stdout and "pred_us" in proc.stdout
     for r in doc["rows"]:
         assert r["fraction_of_copy_range"][0] <= r["fraction_of_copy"] <= r["fraction_of_copy_range"][1]
     assert doc["registers_source"] and doc["sources"]["latency_s"]

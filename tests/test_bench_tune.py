@@ -32,7 +32,8 @@ class FakeGPU:
             return 1e-6 * (1 if batch <= 2 else 50)
         if path == "gemm":
             return 1e-6 * (2 if batch >= gemm_from else 20)
-        return 1e-6 * 10
+        assert path.startswith("mma/"), path  # the ops' path of one tensor-core variant
+        return 1e-6 * (9 if path == "mma/5" else 10)  # variant 5 wins wherever it is a candidate
 
 
 def test_tune_picks_the_fastest_measured_path_per_engine_cell():
@@ -47,15 +48,20 @@ def test_tune_picks_the_fastest_measured_path_per_engine_cell():
             c = table.choose("sm_90", "bfloat16", s.hidden, s.padded_rows, b)
             want = "simt" if b <= 2 else "gemm" if b >= gemm_from else "mma"
             assert (c.path, c.source) == (want, "measured"), (s.label, b, c)
+            if want == "mma":  # the fastest variant where it is a candidate (batch <= 32), else C++ auto's
+                auto = pm.cpp_mma_variant(s.padded_rows, b)
+                assert c.variant == (5 if 5 in pm.mma_candidates(b) else auto), (s.label, b, c)
 
 
 def test_tune_times_each_path_once_and_skips_slow_simt():
     gpu = FakeGPU()
     doc = tune.tune(pm.H200, gpu, REGS, shapes=pm.engine_shapes([("qwen3", 8)]), batches=(1, 64))
-    assert sorted(gpu.calls) == sorted(
-        [(p, 18992, 4096, b) for b in (1, 64) for p in tune.PATHS if p != "simt" or b <= tune.SIMT_MAX_BATCH]
-    )
-    assert {(m["path"], m["batch"]) for m in doc["measurements"]} == {(p, b) for p, _, _, b in gpu.calls}
+    want = [(p, 18992, 4096, b) for b in (1, 64) for p in tune.candidates(b) if p != "simt" or b <= tune.SIMT_MAX_BATCH]
+    assert sorted(gpu.calls) == sorted(want)
+    assert {p for p, _, _, b in want if b == 1} == {"simt", "gemm", *(f"mma/{i}" for i in (4, 5, 6, 7, 8, 9))}
+    assert {p for p, _, _, b in want if b == 64} == {"gemm", "mma/10", "mma/11", "mma/12"}
+    got = {(m["path"] if m["variant"] is None else f"mma/{m['variant']}", m["batch"]) for m in doc["measurements"]}
+    assert got == {(p, b) for p, _, _, b in gpu.calls}
 
 
 def test_cells_without_a_measurement_keep_the_models_choice():

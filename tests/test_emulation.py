@@ -522,3 +522,15 @@ def test_weight_offsets_beyond_2_31_elements(emu, gen, path):
     got = emu.shard(h, view, None, 0, rows, path=path)
     assert_keys_equal(got, cpu_keys(h, w, None, 0, rows), "2**31 offsets")
     assert (decode(got) == 290).all()
+
+
+def test_the_models_mma_choice_is_choose_mma_variant(emu):
+    """localargmax.bench.predict.cpp_mma_variant (the bandwidth model's C++ auto, the dispatch
+    table's incumbent) = choose_mma_variant of shard_argmax_launch.cuh, around every boundary."""
+    from localargmax.bench import predict as pm
+
+    for sm_count in (1, 78, 132):
+        for num_valid in (1, 64 * 4 * sm_count - 64, 64 * 4 * sm_count - 63, 64 * 4 * sm_count, 18992, 151936):
+            for batch in (1, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 1024):
+                want = emu.mma_variant(4096, num_valid, batch, sm_count)
+                assert pm.cpp_mma_variant(num_valid, batch, sm_count) == want, (sm_count, num_valid, batch)

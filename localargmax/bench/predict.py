@@ -584,8 +584,8 @@ def _pipe_geometry(spec: DeviceSpec, m: MmaSpec, rows: int, hidden: int, batch: 
     steps = -(-chunks // m.kc)
     copies = (m.rows + 8 * m.nt) * 64 * m.kc / 16 / 32  # warp-wide 16-byte cp.async per step
     per_chunk = m.mt * m.nt * 2 + 2 * m.mt + m.nt  # per computing warp: mma + shared loads
-    instructions = (
-        chunks * m.wm * per_chunk + steps * (copies * PIPE_COPY_INSTRUCTIONS + warps * PIPE_STEP_INSTRUCTIONS)
+    instructions = chunks * m.wm * per_chunk + steps * (
+        copies * PIPE_COPY_INSTRUCTIONS + warps * PIPE_STEP_INSTRUCTIONS
     )
     return Geometry(
         ctas=tiles * passes,
@@ -829,8 +829,7 @@ def cpp_defaults(spec: DeviceSpec = H200, registers: Registers | None = None, hy
     simt_max = 0
     for b in range(1, 9):
         simt = {
-            s: predict(spec, todays_variant("simt", b), s.rows, s.hidden, b, registers=registers).time_s
-            for s in small
+            s: predict(spec, todays_variant("simt", b), s.rows, s.hidden, b, registers=registers).time_s for s in small
         }
         if small and all(simt[s] * hysteresis < t[(s, b)][0] for s in small):
             simt_max = b

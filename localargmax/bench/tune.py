@@ -305,8 +305,9 @@ def tune(
 
 def cuda_timer(steps: int = 60, warmup: int = 5, budget_s: float = 2.0) -> Timer:
     """Seconds per ``shard_argmax(hidden, weight, path=path)`` call (``path``:
-    ``"simt"``, ``"gemm"`` or ``"mma/<id>"``) on the current GPU (bf16, N(0, 1/H) weights, two rotating copies), by CUDA-graph
-    replay (:func:`localargmax.bench.timing.time_cuda`); the median sample."""
+    ``"simt"``, ``"gemm"`` or ``"mma/<id>"``) on the current GPU (bf16,
+    N(0, 1/H) weights, two rotating copies), by CUDA-graph replay
+    (:func:`localargmax.bench.timing.time_cuda`); the median sample."""
     import torch
 
     from .. import shard_argmax
