@@ -151,12 +151,12 @@ def install_table(docs: list) -> str:
 
 def predicted_table(docs: list) -> str:
     """The bandwidth model's table (``localargmax-bench --predict --json``):
-    per shape and batch, C++ auto today, the dispatch table's choice and the
-    proposed variants, every figure PREDICTED."""
+    per shape and batch, C++ auto, the dispatch table's choice (path and mma
+    variant) and the not-built design points, every figure PREDICTED."""
     doc = docs[0]
     lines = [
-        "| shape | tp | rows | H | batch | auto today | µs | of_copy | table | µs | of_copy | best proposed | µs "
-        "| of_copy | cheapest proposed >= bar | of_copy |",
+        "| shape | tp | rows | H | batch | C++ auto | µs | of_copy | table (path='auto') | PREDICTED µs | "
+        "PREDICTED of_copy | best not built | µs | of_copy | cheapest not built >= bar | of_copy |",
         "|" + "---|" * 16,
     ]
     for s in doc["summary"]:
@@ -169,10 +169,11 @@ def predicted_table(docs: list) -> str:
     lines += [
         "",
         f"- {doc['legend']}",
-        "- auto today = C++ path='auto' (mma below batch 128, then gemm); table = the shipped dispatch table's "
-        "choice (what path='auto' runs now); proposed = the pipelined mma kernel of issue #15, not built: "
-        "mma S(stages) R(tile rows) K(split-K), +pdl = programmatic dependent launch and the keys' zero-fill "
-        "fused away",
+        "- C++ auto = torch.ops' path='auto' (the pipelined mma variant choose_mma_variant picks below batch 65, "
+        "then gemm); table = the shipped dispatch table's choice, what localargmax's path='auto' runs "
+        "(mma/<id> = the MmaVariant id, run as path='mma/<id>'); not built = design points of the model's "
+        "search space beyond the built variants: mma S(stages) R(tile rows) K(split-K across CTAs), +pdl = "
+        "programmatic dependent launch with the keys' zero-fill fused away",
         "",
         f"{doc['label']}: from `{doc['path']}`, written by `{doc['command']}` (model "
         f"{doc['model']['module']} version {doc['model']['version']}, sha256 {doc['model']['sha256']}). "
