@@ -21,7 +21,14 @@
 #   3 smoke     <= 40 s  bench/gpu_check.py smoke: every CUDA path (simt, mma, gemm;
 #                        argmax, sample, top-k) on planted problems, ids exact and values
 #                        within the float32 bound of the float64 logit (30 s budget)
-#   4 bench     <= 200 s kernel benchmark, CUDA-graph timed (localargmax/bench/timing.py):
+#   4 bench     <= 200 s first the tune sub-step (<= 60 s, GPU_CHECK_CAP_TUNE): localargmax-bench
+#                        --tune times simt, gemm and each pipelined mma variant (path="mma/<id>")
+#                        on the engine shapes, smallest shard first, for --tune-seconds (its cap
+#                        less 20 s), and writes the MEASURED dispatch table and its timings into
+#                        the bench dir (dispatch_table_measured.json, tune.json, in bench.tar.gz;
+#                        the dry run cannot tune, so it says so and writes the model's table,
+#                        dispatch_table_predicted.json); then the kernel benchmark, CUDA-graph
+#                        timed (localargmax/bench/timing.py), each shape <= 90 s:
 #                        Qwen3 tp 8, Llama-3 tp 8, DeepSeek-V3 tp 8 (B 1..256 and 1024),
 #                        Qwen3 tp 1 (B 1..256); every path (simt only at B <= 8), torch
 #                        matmul+max, the whole step, the device-to-device copy; and
@@ -36,7 +43,8 @@
 # Files under the output folder, at most 8 (the device tool brings back 8), each
 # rewritten whole as the steps go, so a kill at any point still leaves <= 8:
 #   gpu_check.log  the whole console        env.txt      environment facts
-#   build.txt      build tail + ptxas lines bench.tar.gz bench_*.json + smoke.json
+#   build.txt      build tail + ptxas lines bench.tar.gz bench_*.json + smoke.json + the tuned
+#                                                        table (dispatch_table_*.json, tune.json)
 #   tests.xml      pytest junit XML         sanitizer.txt memcheck (+ racecheck) log
 #   summary.txt    step status, pytest counts, smoke, the benchmark table
 #
@@ -48,7 +56,8 @@
 # the same pytest files (they skip without a GPU); the sanitizer is skipped with a
 # message and its workload runs on the CPU without it.
 # Knobs: GPU_CHECK_BUDGET_S (whole script), GPU_CHECK_CAP_<STEP> (one step's cap in
-# seconds, STEP = ENV BUILD SMOKE BENCH TESTS MEMCHECK), GPU_CHECK_TESTS (pytest
+# seconds, STEP = ENV BUILD SMOKE BENCH TESTS MEMCHECK; TUNE for the bench step's tune
+# sub-step), GPU_CHECK_TESTS (pytest
 # arguments selecting the tests), GPU_CHECK_BENCH (shape labels to run), PYTHON.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -207,8 +216,29 @@ llama3_tp8:llama3:16032:1,8,32,64,96,128,256,1024
 deepseek_v3_tp8:deepseek-v3:16160:1,8,32,64,96,128,256,1024
 qwen3_tp1:qwen3:151936:1,8,32,64,96,128,256"
 export BENCH_SHAPES
+bench_tune() {  # the tune sub-step of bench (its own cap; what it writes goes into bench.tar.gz)
+  local per=$1 rc
+  if (( per < 10 )); then echo "tune: skipped, bench budget spent"; return 0; fi
+  if (( DRY )); then
+    echo "-- tune (cap ${per}s): SKIPPED on the CPU (--tune needs a GPU and exits 2 without one);" \
+      "the model's table instead, dispatch_table_predicted.json"
+    timeout -s TERM -k 5 "$per" "$PY" -m localargmax.bench --predict --batch 1 \
+      --write-table "$WORK/bench/dispatch_table_predicted.json" > /dev/null
+  else
+    echo "-- tune (cap ${per}s, timing for $(( per - 20 ))s): paths and mma variants -> dispatch_table_measured.json"
+    timeout -s TERM -k 5 "$per" "$PY" -m localargmax.bench --tune --tune-seconds $(( per - 20 )) \
+      --write-table "$WORK/bench/dispatch_table_measured.json" --json "$WORK/bench/tune.json" 2>&1 \
+      | grep -v '^tune .* \.\.\.$'
+  fi
+  rc=${PIPESTATUS[0]}
+  (( rc == 0 )) || { echo "tune: FAILED or TIMEOUT (exit $rc)"; return 1; }
+  tar -czf "$WORK/bench.tar.gz" -C "$WORK" bench && cp "$WORK/bench.tar.gz" "$OUTDIR/bench.tar.gz"
+}
 step_bench() {
   local end=$(( SECONDS + ${STEP_CAP:-200} )) label model rows batches op extra per left rc status=0
+  left=$(( end - SECONDS - 2 ))
+  per=${GPU_CHECK_CAP_TUNE:-60}
+  bench_tune $(( per < left ? per : left )) || status=1
   while IFS=: read -r label model rows batches op; do
     [[ -n "${GPU_CHECK_BENCH:-}" && " $GPU_CHECK_BENCH " != *" $label "* ]] && continue
     left=$(( end - SECONDS - 2 ))
@@ -271,7 +301,7 @@ step_memcheck() {
   tail -25 "$out"
   return $rc
 }
-export -f step_env step_build step_smoke step_bench step_tests step_memcheck
+export -f step_env step_build step_smoke bench_tune step_bench step_tests step_memcheck
 
 echo "gpu_check: $( ((DRY)) && echo 'DRY RUN (CPU)' || echo 'GPU run'), budget ${BUDGET}s, output $OUTDIR, scratch $WORK"
 run_step env 15 step_env

@@ -92,3 +92,21 @@ def test_tune_without_a_gpu_exits_2():
     )
     assert proc.returncode == 2
     assert "needs a GPU" in proc.stderr and "--predict" in proc.stderr
+
+
+def test_tune_goes_smallest_shard_first_and_stops_at_its_seconds():
+    gpu = FakeGPU()
+    ticks = iter(range(1000))  # one "second" per (shape, batch) checked
+    doc = tune.tune(pm.H200, gpu, REGS, batches=(1, 64), seconds=2.5, clock=lambda: next(ticks))
+    dispatch.validate(doc)
+    timed = sorted({(r, b) for _, r, _, b in gpu.calls})
+    small = min(s.padded_rows for s in pm.engine_shapes())  # deepseek-v3 / llama3 tp 8 first
+    assert {r for r, _ in timed} == {small} and len(timed) == 2, timed
+    assert doc["tune_cut"] and "2.5 s spent" in doc["tune_cut"]
+    entries = doc["tables"][0]["entries"]
+    assert sum(e["source"] == "measured" for e in entries) == 2
+    predicted = dispatch.DispatchTable(tune.predicted_table(pm.H200, REGS, commit=""))
+    for e in entries:  # the cells not reached keep the model's choice
+        if e["source"] == "predicted":
+            key = ("sm_90", "bfloat16", e["hidden"][0], e["rows"][0], e["batch"][0])
+            assert dispatch.DispatchTable(doc).choose(*key) == predicted.choose(*key)

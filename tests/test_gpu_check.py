@@ -104,6 +104,17 @@ def test_dry_run_walks_every_step_and_a_timed_out_step_leaves_the_others_files(t
         rows = json.load(tar.extractfile("bench/bench_qwen3_tp8.json"))["rows"]
         sample_rows = json.load(tar.extractfile("bench/bench_qwen3_sample.json"))["rows"]
         smoke = json.load(tar.extractfile("bench/smoke.json"))
+        # the tune sub-step ran first in the bench step: on the CPU it says it cannot tune and leaves the
+        # model's table (a GPU run leaves dispatch_table_measured.json + tune.json there)
+        tuned = json.load(tar.extractfile("bench/dispatch_table_predicted.json"))
+    bench_log = text[text.index("== bench (cap") : text.index("== tests (cap")]
+    assert bench_log.index("-- tune (cap") < bench_log.index("-- bench qwen3_tp8"), bench_log[:2000]
+    assert "SKIPPED on the CPU (--tune needs a GPU" in bench_log
+    assert "--tune --tune-seconds" in SCRIPT.read_text() and "dispatch_table_measured.json" in SCRIPT.read_text()
+    from localargmax import dispatch
+
+    dispatch.validate(tuned)
+    assert tuned["source"] == "predicted"
     assert rows and {r["timing"] for r in rows} == {"host"}  # CPU rows: host timer (CUDA: cuda_graph)
     assert {r["agree"] for r in rows if r["agree"] is not None} == {1.0}
     assert smoke["failed"] == 0 and any(c["ok"] for c in smoke["cases"])

@@ -164,18 +164,20 @@ examples:
   localargmax-bench --predict                         # PREDICTED H200 table (model, no GPU needed)
   localargmax-bench --predict --model qwen3 --tp 1,2 --batch 1,64 --latency-ns 800
   localargmax-bench --predict --json bench/results/predicted_h200.json --write-table localargmax/dispatch_table.json
-  localargmax-bench --tune                            # GPU: time the paths, write the MEASURED dispatch table
+  localargmax-bench --tune                            # GPU: time paths + mma variants, write the MEASURED table
 """
 
 PREDICT_HELP = """--predict: the bandwidth model (localargmax/bench/predict.py), no GPU needed;
 every figure is PREDICTED. Per shape (default: the engine shapes of issue
 #15: qwen3 tp 1/4/8, llama3 tp 8, deepseek-v3 tp 8, rank 0's shard; or
 --model with --tp) and batch (default 1,2,4,...,256, or --batch), one row per
-variant: today's simt / mma / gemm (the instantiation each launcher runs at
-that batch) and the fastest and the cheapest proposed pipelined mma variants
-meeting the bar (>= 0.88 of copy at batch <= 64). Per call: CTAs per SM from
+variant: simt (the NB its launcher runs at that batch), every tensor-core
+variant of the MmaVariant table (mma/0 .. mma/12; the ops run one as
+path="mma/<id>"), gemm, and the fastest and the cheapest not-built design
+points of the model's search space meeting the bar (>= 0.88 of copy at
+batch <= 64). Per call: CTAs per SM from
 registers (read from the built .so with cuobjdump, or the ptxas lines of
-build/cmake-*/build.log; else the review's figures, and the output says so;
+build/cmake-*/build.log; else the MmaVariant table's figures, and it says so;
 --registers FILE reads a saved dump), threads and shared memory; rounds of
 CTAs (wave quantisation); per round the longest of the latency-bound CTA time
 (Little's law: bytes in flight per CTA per memory latency), the bytes at the
@@ -184,11 +186,12 @@ the fixed launch and zero-fill costs. The device's constants and their
 sources are in the JSON (--json). --write-table PATH also writes the
 dispatch table from the model (source "predicted"), the file the package
 ships as localargmax/dispatch_table.json.
---tune (GPU and a CUDA build; exit 2 otherwise): times simt / mma / gemm on
-the engine shapes with CUDA-graph replay and writes the table with the
-measured choices (source "measured"; cells without an engine shape keep the
-model's), to --write-table PATH or the package's table; --json PATH gets the
-timings.
+--tune (GPU and a CUDA build; exit 2 otherwise): times simt, gemm and each
+pipelined mma variant a cell may take (path="mma/<id>") on the engine shapes,
+smallest shard first, with CUDA-graph replay and writes the table with the
+measured choices (source "measured"; cells without an engine shape, or not
+reached within --tune-seconds, keep the model's), to --write-table PATH or the
+package's table; --json PATH gets the timings.
 """
 
 MODELS = ("minilm", "synthetic", "qwen3", "llama3", "llama3-70b", "deepseek-v3")
@@ -286,7 +289,14 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--predict", action="store_true", help="print the bandwidth model's PREDICTED table (see --predict above)"
     )
-    p.add_argument("--tune", action="store_true", help="GPU: time the CUDA paths and write the measured table")
+    p.add_argument(
+        "--tune", action="store_true", help="GPU: time the CUDA paths and mma variants, write the measured table"
+    )
+    p.add_argument(
+        "--tune-seconds",
+        type=float,
+        help="--tune: stop timing after this many seconds (cells not reached keep the model's choice)",
+    )
     p.add_argument(
         "--write-table",
         nargs="?",
@@ -495,7 +505,7 @@ def _model_or_tune(args, command: str, prog: str) -> int:
         if args.tune:
             from .tune import run_tune
 
-            return run_tune(args.write_table, args.json, command)
+            return run_tune(args.write_table, args.json, command, args.tune_seconds)
         from .predict_cli import run_predict
 
         return run_predict(args, command)

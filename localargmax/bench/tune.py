@@ -257,15 +257,32 @@ def tune(
     device_name: str = "",
     commit: str | None = None,
     progress=None,
+    seconds: float | None = None,
+    clock=None,
 ) -> dict:
     """Time every candidate (path and mma variant, :func:`candidates`) on
     ``shapes`` x ``batches`` with ``timer`` (the GPU's, or a fake one in
     tests) and build the measured table: cells with an engine shape and a
-    timed batch are decided by the timings, the rest by the model."""
-    shapes = pm.engine_shapes() if shapes is None else shapes
+    timed batch are decided by the timings, the rest by the model.
+
+    Shapes go smallest shard first (cheap timings; the tp-8 cells). With
+    ``seconds``, timing stops before the first (shape, batch) that starts
+    past that many seconds (``clock``: ``time.monotonic``); the cells not
+    reached keep the model's choice, and ``doc["tune_cut"]`` says where it
+    stopped."""
+    import time
+
+    clock = clock or time.monotonic
+    start = clock()
+    shapes = sorted(pm.engine_shapes() if shapes is None else shapes, key=lambda s: (s.padded_rows, s.hidden))
     measured: dict = {}
+    cut = None
     for s in shapes:
         for b in batches:
+            if cut is None and seconds is not None and clock() - start > seconds:
+                cut = f"{s.label} B={b}: {seconds:g} s spent"
+            if cut is not None:
+                continue
             for p in candidates(b):
                 if p == "simt" and b > SIMT_MAX_BATCH:
                     continue
@@ -280,15 +297,21 @@ def tune(
             return measured.get(key)
         return model(path, rows, hidden, batch)
 
+    timed_points = {k[1:] for k in measured}
+
     def measured_cell(rng_h, rng_r, rng_b):
-        timed = [b for b in batches if _in(b, rng_b)]
-        inside = [(s.padded_rows, s.hidden) for s in shapes if _in(s.padded_rows, rng_r) and _in(s.hidden, rng_h)]
-        return (sorted(set(inside)), timed) if inside and timed else None
+        timed = sorted({b for r, h, b in timed_points if _in(b, rng_b) and _in(r, rng_r) and _in(h, rng_h)})
+        inside = sorted(
+            {(r, h) for r, h, b in timed_points if _in(b, rng_b) and _in(r, rng_r) and _in(h, rng_h)}
+        )
+        # (each cell holds at most one engine shape and one tune batch: a cut leaves it whole or untimed)
+        return (inside, timed) if inside and timed else None
 
     meta = _meta(spec, registers, commit, "localargmax-bench --tune")
     meta["measured_on"] = device_name
     # cells without a timed shape are decided as in the predicted table (same samples)
     doc = build_table(spec, merged, "measured", pm.engine_shapes(), measured_cell=measured_cell, meta=meta)
+    doc["tune_cut"] = cut
     doc["measurements"] = [
         {
             "path": _path_and_variant(p)[0],
@@ -328,8 +351,9 @@ def cuda_timer(steps: int = 60, warmup: int = 5, budget_s: float = 2.0) -> Timer
     return timer
 
 
-def run_tune(table_path: str | None, json_path: str | None, command: str) -> int:
-    """``--tune``: exit 2 without a usable GPU, else time, write the table (and the timings as JSON)."""
+def run_tune(table_path: str | None, json_path: str | None, command: str, seconds: float | None = None) -> int:
+    """``--tune``: exit 2 without a usable GPU, else time (for at most ``seconds`` when given), write
+    the table (and the timings as JSON)."""
     import torch
 
     from .. import WITH_CUDA
@@ -356,11 +380,14 @@ def run_tune(table_path: str | None, json_path: str | None, command: str) -> int
         registers,
         device_name=torch.cuda.get_device_name(),
         progress=lambda m: print(m, file=sys.stderr),
+        seconds=seconds,
     )
+    if doc["tune_cut"]:
+        print(f"--tune: stopped timing at {doc['tune_cut']}; later cells keep the model's choice", file=sys.stderr)
     doc["command"] = command
     write_table(doc, table_path or TABLE_PATH)
     print(f"wrote the measured dispatch table to {table_path or TABLE_PATH}", file=sys.stderr)
     if json_path:
-        text = json.dumps(doc["measurements"], indent=1)
+        text = json.dumps({"tune_cut": doc["tune_cut"], "measurements": doc["measurements"]}, indent=1)
         sys.stdout.write(text + "\n") if json_path == "-" else Path(json_path).write_text(text + "\n")
     return 0
