@@ -301,9 +301,7 @@ def tune(
 
     def measured_cell(rng_h, rng_r, rng_b):
         timed = sorted({b for r, h, b in timed_points if _in(b, rng_b) and _in(r, rng_r) and _in(h, rng_h)})
-        inside = sorted(
-            {(r, h) for r, h, b in timed_points if _in(b, rng_b) and _in(r, rng_r) and _in(h, rng_h)}
-        )
+        inside = sorted({(r, h) for r, h, b in timed_points if _in(b, rng_b) and _in(r, rng_r) and _in(h, rng_h)})
         # (each cell holds at most one engine shape and one tune batch: a cut leaves it whole or untimed)
         return (inside, timed) if inside and timed else None
 
