@@ -79,9 +79,9 @@ def shard_argmax(
             ``weight.shape[0]`` and batch, never ``num_valid``; a path and an
             mma variant id; PREDICTED choices until a GPU run of
             ``localargmax-bench --tune`` measures them); without a table
-            entry, C++'s own choice (``localargmax.dispatch.cpp_auto_path``:
-            gemm from batch 128, else mma where it takes the inputs, else
-            simt). The CUDA paths differ only in the
+            entry, C++'s own choice (gemm from batch 65, else the mma
+            variant ``choose_mma_variant`` picks where the kernel takes the
+            inputs, else simt; ``localargmax.dispatch.CPP_GEMM_MIN_BATCH``). The CUDA paths differ only in the
             float32 summation order of the dot products. A forced path that cannot take the inputs raises
             ValueError; it never falls back silently.
 

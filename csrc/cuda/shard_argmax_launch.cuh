@@ -94,8 +94,8 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
 // 12  pipe    8  33-64     64  64   1  1  4   6   33792   146 / 138    12 KiB    KC=1 (= 10)
 //
 // Batches past a variant's 8 NT rows run in passes (grid y), each streaming
-// the weight again; auto takes 11 past 64 (the op's gemm path takes over from
-// batch 128 on CUDA).
+// the weight again; auto takes 11 past 64 (the op's C++ auto takes the gemm
+// path from batch 65 on CUDA). The ops force one variant with path="mma/<id>".
 template <int ID>
 struct MmaVariant;
 
