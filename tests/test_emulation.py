@@ -409,17 +409,20 @@ def test_grid_y_loop(emu, gen, path, max_grid_y):
     assert_keys_equal(got, cpu_keys(h, w, b, 0, 150, temperature=t, seed=3, offset=5), "sample")
 
 
-@pytest.mark.parametrize(
-    "path,dtype",
-    [
-        ("simt", torch.float32),
-        ("simt", torch.bfloat16),
-        ("mma", torch.bfloat16),
-        ("mma", torch.float16),
-        ("gemm", torch.float16),
-        *[(f"mma/{v}", (torch.bfloat16, torch.float16)[v % 2]) for v in range(emulation.NUM_MMA_VARIANTS)],
-    ],
-)
+# Each path with each dtype it serves (gemm: one) and every
+# tensor-core variant (alternating bf16 / fp16), for the tests of special rows.
+EVERY_PATH_AND_VARIANT = [
+    ("simt", torch.float32),
+    ("simt", torch.bfloat16),
+    ("simt", torch.float16),
+    ("mma", torch.bfloat16),
+    ("mma", torch.float16),
+    ("gemm", torch.float16),
+    *[(f"mma/{v}", (torch.bfloat16, torch.float16)[v % 2]) for v in range(emulation.NUM_MMA_VARIANTS)],
+]
+
+
+@pytest.mark.parametrize("path,dtype", EVERY_PATH_AND_VARIANT)
 def test_padding_rows_never_win(emu, gen, path, dtype):
     h, w, b = exact_problem(gen, 9, 256, 16, dtype, "f" if dtype != torch.float32 else "t", lo=0, hi=2)
     w[70:] = 8.0  # padding rows past num_valid = 70, far larger than every real row
@@ -429,17 +432,7 @@ def test_padding_rows_never_win(emu, gen, path, dtype):
     assert (decode(got) < 70).all()
 
 
-@pytest.mark.parametrize(
-    "path,dtype",
-    [
-        ("simt", torch.float32),
-        ("simt", torch.bfloat16),
-        ("mma", torch.bfloat16),
-        ("mma", torch.float16),
-        ("gemm", torch.float16),
-        *[(f"mma/{v}", (torch.bfloat16, torch.float16)[v % 2]) for v in range(emulation.NUM_MMA_VARIANTS)],
-    ],
-)
+@pytest.mark.parametrize("path,dtype", EVERY_PATH_AND_VARIANT)
 @pytest.mark.parametrize("scramble", [False, True])
 def test_ties_across_blocks_go_to_the_smallest_index(emu, gen, path, dtype, scramble):
     """Random float data; the winning row is copied to rows in other warps, m-tiles
@@ -457,16 +450,7 @@ def test_ties_across_blocks_go_to_the_smallest_index(emu, gen, path, dtype, scra
     assert torch.equal(decode(got), decode(cpu_keys(h, w, None, 0, rows)))
 
 
-@pytest.mark.parametrize(
-    "path,dtype",
-    [
-        ("simt", torch.float32),
-        ("simt", torch.float16),
-        ("mma", torch.bfloat16),
-        ("gemm", torch.bfloat16),
-        *[(f"mma/{v}", (torch.bfloat16, torch.float16)[v % 2]) for v in range(emulation.NUM_MMA_VARIANTS)],
-    ],
-)
+@pytest.mark.parametrize("path,dtype", EVERY_PATH_AND_VARIANT)
 def test_nan_negative_zero_and_infinite_rows(emu, gen, path, dtype):
     h, w, _ = exact_problem(gen, 6, 150, 16, dtype)
     h[0] = 0.0  # every logit +-0.0: all tie, index 0 wins
