@@ -28,10 +28,11 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
-# Seconds to compile one file on a 2-core machine (measured, see the README's
-# install table): a C++ file, and a .cu file for each CUDA architecture.
-SECONDS_PER_CPP_FILE = 12
-SECONDS_PER_CUDA_FILE_AND_ARCH = 50
+# Seconds to compile one file on one core of a 2-core machine (measured from
+# ninja's log, build/cmake-*/.ninja_log, with both cores busy): a C++ file, and
+# a .cu file for each CUDA architecture. ninja runs `jobs` files at once.
+SECONDS_PER_CPP_FILE = 10
+SECONDS_PER_CUDA_FILE_AND_ARCH = 30
 
 
 def load_envs():
@@ -118,8 +119,8 @@ class CMakeBuild(build_ext):
         subprocess.check_call([cmake, "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
         archs = arch.split(";") if with_cuda else []
         sources = pending_sources(cmake, build_dir, env)
-        print(plan(sources, archs), flush=True)
         jobs = str(envs.LOCALARGMAX_BUILD_JOBS)
+        print(plan(sources, archs, int(jobs)), flush=True)
         log = build_dir / "build.log"
         seconds = compile_with_progress([cmake, "--build", str(build_dir), "-j", jobs], env, log, sources)
         print(f"localargmax: built in {_clock(seconds)} (min:s); full log {log}", flush=True)
@@ -165,17 +166,19 @@ def pending_sources(cmake: str, build_dir: Path, env: dict) -> list:
     return [line.split(" object ", 1)[1].strip() for line in out.splitlines() if " object " in line]
 
 
-def plan(sources: list, archs: list) -> str:
-    """What the build compiles and roughly how long that takes, in one paragraph."""
+def plan(sources: list, archs: list, jobs: int) -> str:
+    """What the build compiles and roughly how long that takes (the files'
+    compile times shared over `jobs` parallel compiles), in one paragraph."""
     cu = [s for s in sources if s.endswith(".cu.o")]
     cpp = len(sources) - len(cu)
-    seconds = cpp * SECONDS_PER_CPP_FILE + len(cu) * len(archs) * SECONDS_PER_CUDA_FILE_AND_ARCH
+    work = cpp * SECONDS_PER_CPP_FILE + len(cu) * len(archs) * SECONDS_PER_CUDA_FILE_AND_ARCH
+    seconds = work / max(1, min(jobs, len(sources)))
     what = f"{cpp} C++ file(s)"
     if archs:
         what += f" + {len(cu)} CUDA file(s) for {len(archs)} architecture(s) ({', '.join(archs)})"
     lines = [
-        f"localargmax: compiling {what}; about {_clock(seconds)} (min:s) on 2 idle cores, "
-        "more when they are busy, less with more cores."
+        f"localargmax: compiling {what}, {jobs} at a time; about {_clock(seconds)} (min:s) on a 2-core "
+        "machine's cores, more when they are busy."
     ]
     if archs:
         lines.append(

@@ -219,6 +219,33 @@ def _us(x):
     return "-" if x is None else (f"{x:.0f}" if x >= 100 else f"{x:.1f}")
 
 
+def _rival_lines(label: str, rows: list) -> list:
+    """Per batch: our fused sample kernel, the two torch baselines, our ratios
+    and FlashSampling's published ratios for the same cell (None: no cell)."""
+    out = []
+    for b in sorted({r["batch"] for r in rows if r["batch"] is not None}):
+        by = {r["method"]: r for r in rows if r["batch"] == b}
+        ours = by.get("fused-kernel", {})
+        fs = ours.get("flashsampling_h200") or {}
+
+        def ratio(key, ours=ours):
+            v = ours.get(key)
+            return "-" if v is None else f"{v:.2f}"
+
+        def published(key, fs=fs):
+            return f"{fs[key]['ratio']:.2f}" if key in fs else "-"
+
+        frac = ours.get("fraction_of_roofline")
+        times = [_us(by.get(m, {}).get("median_us")) for m in ("fused-kernel", "gumbel-logits", "compiled-multinomial")]
+        out.append(
+            f"{label:18s} {b:5d} " + " ".join(f"{t:>6s}" for t in times) + " | "
+            f"{ratio('speedup_vs_gumbel_logits'):>6s} {published('speedup_vs_gumbel_logits'):>5s} "
+            f"{ratio('speedup_vs_multinomial'):>6s} {published('speedup_vs_multinomial'):>5s} "
+            + ("-" if frac is None else f"{frac:.2f}")
+        )
+    return out
+
+
 def summary(args) -> int:
     lines = ["== gpu_check summary"]
     steps = Path(args.steps)
@@ -256,12 +283,15 @@ def summary(args) -> int:
         + " ".join(f"{label:>6s}" for _, label in _COLS)
         + " | auto_path frac vs_torch agree timing"
     )
-    table = []
+    table, rival = [], []
     for f in sorted(bench.glob("bench_*.json"), key=lambda f: f.stat().st_mtime):  # run order
         try:
             rows = json.loads(f.read_text())["rows"]
         except (ValueError, KeyError) as exc:
             table.append(f"{f.stem}: unreadable ({exc})")
+            continue
+        if any(r.get("op") == "sample" for r in rows):
+            rival.extend(_rival_lines(f.stem[6:], rows))
             continue
         copy = next((r for r in rows if r["method"] == "stream-read"), None)
         for b in sorted({r["batch"] for r in rows if r["batch"] is not None}):
@@ -286,6 +316,13 @@ def summary(args) -> int:
         ] + table
     else:
         lines.append("kernel benchmark: no results")
+    if rival:
+        lines += [
+            "sampling beside FlashSampling (ours = fused kernel; x = our speedup over the baseline, "
+            "FS = FlashSampling's published H200 speedup over the same baseline)",
+            f"{'shard':18s} {'B':>5s} {'ours':>6s} {'gumbel':>6s} {'multin':>6s} | "
+            f"{'x gumb':>6s} {'FS':>5s} {'x mult':>6s} {'FS':>5s} roofline",
+        ] + rival
     text = "\n".join(lines) + "\n"
     if args.out:
         Path(args.out).write_text(text)

@@ -24,7 +24,9 @@
 #   4 bench     <= 200 s kernel benchmark, CUDA-graph timed (localargmax/bench/timing.py):
 #                        Qwen3 tp 8, Llama-3 tp 8, DeepSeek-V3 tp 8 (B 1..256 and 1024),
 #                        Qwen3 tp 1 (B 1..256); every path (simt only at B <= 8), torch
-#                        matmul+max, the whole step, the device-to-device copy
+#                        matmul+max, the whole step, the device-to-device copy; and
+#                        sampling on the full Qwen3 head (B 1..256) beside FlashSampling's
+#                        baselines and published H200 ratios (second, so it always runs)
 #   5 tests     <= 150 s the GPU pytest files, 90 s per test (pytest-timeout if there,
 #                        else bench/pytest_alarm.py), junit XML with the seeds
 #   6 memcheck  <= 60 s  compute-sanitizer memcheck of bench/gpu_check.py sanitize
@@ -195,23 +197,33 @@ step_smoke() {
   exec "$PY" bench/gpu_check.py smoke --device "$DEVICE" $tiny --budget "$budget" --json "$WORK/bench/smoke.json"
 }
 
-# label model rows batches (rows: the rank-0 shard, shard_vocab(V, 0, tp, pad_to=64).rows)
+# label model rows batches [op] (rows: the rank-0 shard, shard_vocab(V, 0, tp, pad_to=64).rows;
+# op: argmax unless named). qwen3_sample: FlashSampling's side-by-side cells (issue #19): the
+# full Qwen3 head (its published H200 table is for tp 1) against Gumbel-max on cuBLAS logits and
+# compiled softmax + multinomial, each row with the published ratio beside ours.
 BENCH_SHAPES="qwen3_tp8:qwen3:18992:1,8,32,64,96,128,256,1024
+qwen3_sample:qwen3:151936:1,16,64,128,256:sample
 llama3_tp8:llama3:16032:1,8,32,64,96,128,256,1024
 deepseek_v3_tp8:deepseek-v3:16160:1,8,32,64,96,128,256,1024
 qwen3_tp1:qwen3:151936:1,8,32,64,96,128,256"
 export BENCH_SHAPES
 step_bench() {
-  local end=$(( SECONDS + ${STEP_CAP:-200} )) label model rows batches extra per left rc status=0
-  while IFS=: read -r label model rows batches; do
+  local end=$(( SECONDS + ${STEP_CAP:-200} )) label model rows batches op extra per left rc status=0
+  while IFS=: read -r label model rows batches op; do
     [[ -n "${GPU_CHECK_BENCH:-}" && " $GPU_CHECK_BENCH " != *" $label "* ]] && continue
     left=$(( end - SECONDS - 2 ))
     (( left < 5 )) && { echo "bench $label: skipped, bench budget spent"; continue; }
     per=$(( left < 90 ? left : 90 ))
-    if (( DRY )); then extra="--smoke --rows 2048 --batch 1,8"; else extra="--rows $rows --batch $batches --steps 100 --warmup 5"; fi
-    echo "-- bench $label ($model, $rows rows; cap ${per}s)"
+    op=${op:-argmax}
+    if (( DRY )); then
+      extra="--smoke --rows 2048 --batch 1,8"
+      [[ $op == sample ]] && extra+=" --no-compile"  # torch.compile of the baselines takes minutes on 2 cores
+    else
+      extra="--rows $rows --batch $batches --steps 100 --warmup 5"
+    fi
+    echo "-- bench $label ($model, $rows rows, $op; cap ${per}s)"
     timeout -s TERM -k 5 "$per" "$PY" -m localargmax.bench --kernel-only --device "$DEVICE" --model "$model" --dtype bfloat16 \
-      $extra --max-seconds 2 --no-progress --json "$WORK/bench/bench_$label.json" 2>&1 | grep -v '^  [a-z-]* B=[0-9]* \.\.\.$'
+      --op "$op" $extra --max-seconds 2 --no-progress --json "$WORK/bench/bench_$label.json" 2>&1 | grep -v '^  [a-z-]* B=[0-9]* \.\.\.$'
     rc=${PIPESTATUS[0]}
     (( rc == 0 )) || { echo "bench $label: FAILED or TIMEOUT (exit $rc)"; status=1; }
     tar -czf "$WORK/bench.tar.gz" -C "$WORK" bench && cp "$WORK/bench.tar.gz" "$OUTDIR/bench.tar.gz"

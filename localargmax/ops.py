@@ -73,7 +73,7 @@ def shard_argmax(
         path: which kernel variant runs. ``"auto"`` (default) picks per
             call from the shapes, dtype and device. CPU: ``"avx2"`` (AVX2 +
             FMA + F16C) or ``"generic"``, bit-identical. CUDA
-            (``csrc/cuda/shard_argmax_cuda.cu``): ``"mma"``, the tensor-core
+            (``csrc/cuda/shard_argmax_cuda.cu`` picks): ``"mma"``, the tensor-core
             fused kernel (bf16 / fp16, sm_80+, ``H`` and row strides multiples
             of 8, 16-byte aligned data); ``"gemm"``, cuBLAS float32 logits of
             a batch chunk then a keys kernel (bf16 / fp16; auto's choice from

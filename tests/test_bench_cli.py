@@ -3,17 +3,19 @@
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
-from localargmax.bench import runner
+from localargmax.bench import report, runner
 from localargmax.bench.cli import build_parser, make_config
 from localargmax.bench.report import format_table
 from localargmax.bench.runner import comm_bytes
@@ -262,21 +264,15 @@ def test_comm_bytes():
     assert comm_bytes("full-gather", 8, 15264, 2, 4, k=16) == (8 * 15264 * 2, 3 * 8 * 15264 * 2)
 
 
+def step_row(**overrides) -> dict:
+    """One row of a multi-rank run, as report.format_table takes it."""
+    row = dict(method="full-gather", op="argmax", shape="s", tp=2, batch=1, median_us=10.0, p90_us=12.0)
+    row.update(bytes_sent_per_rank=8, bytes_recv_per_rank=8, speedup_vs_full_gather=1.0, agree=1.0)
+    return {**row, **overrides}
+
+
 def test_format_table_aligns_columns():
-    rows = [
-        dict(
-            method="fused",
-            shape="minilm",
-            tp=2,
-            batch=1,
-            median_us=1234.5,
-            p90_us=2000.0,
-            bytes_sent_per_rank=8,
-            bytes_recv_per_rank=8,
-            speedup_vs_full_gather=None,
-            agree=1.0,
-        )
-    ]
+    rows = [step_row(method="fused", shape="minilm", median_us=1234.5, p90_us=2000.0, speedup_vs_full_gather=None)]
     lines = format_table(rows, kernel_only=False).splitlines()
     assert len(lines) == 3 and len({len(line) for line in lines[:2]}) == 1
     assert "1234" in lines[2] and lines[2].rstrip().endswith("1.000")
@@ -402,3 +398,40 @@ def test_interrupt_leaves_no_process(case):
             except ProcessLookupError:
                 pass
             proc.wait(timeout=10)
+
+
+# ------------------------------------------------------------------- the legend under the table
+# The printed table ends with a two-line legend whose words are --help's column
+# definitions (both come from report.DEFINITIONS).
+
+
+def _words(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+@pytest.mark.parametrize(
+    "op,kernel_only,names",
+    [
+        ("argmax", False, ("speedup", "agree", "sent_B", "recv_B")),
+        ("topk", False, ("speedup", "agree_topk", "sent_B", "recv_B")),
+        ("sample", False, ("speedup", "tp_inv", "sent_B", "recv_B")),
+        ("argmax", True, ("vs_torch", "of_stream", "kernel_median_us", "gbps")),
+    ],
+)
+def test_legend_is_two_lines_in_the_words_of_help(op, kernel_only, names):
+    legend = report.format_legend([step_row(op=op)], kernel_only)
+    help_text = _words(build_parser("localargmax-bench").format_help())
+    assert len(legend.splitlines()) == 2
+    for name in names:
+        definition = report.DEFINITIONS[name]
+        assert definition in legend
+        assert _words(definition) in help_text, f"--help lacks the definition of {name}: {definition!r}"
+
+
+def test_legend_follows_the_printed_table(capsys):
+    cfg = types.SimpleNamespace(json_path=None, threads=1, steps=3, warmup=1)
+    rows = [step_row(device="cpu", dtype="float32")]
+    report.finish(rows, cfg, kernel_only=False)
+    out = capsys.readouterr().out
+    assert out.endswith(report.format_table(rows, False) + "\n" + report.format_legend(rows, False) + "\n")
+    assert out.splitlines()[-2].startswith("speedup = full-gather's median time / this row's")

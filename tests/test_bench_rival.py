@@ -148,20 +148,15 @@ def fake_rows(vocab, hidden, tp, rows, batches, op="sample"):
     return out
 
 
+# The tensor-core yardstick row of a CPU run (0.5 TFLOP/s), for annotate()'s roofline.
+GEMM_ROW = dict(
+    method="gemm-peak", shape="gemm", tp=None, rows=None, batch=None, median_us=1.0, tflops=0.5, gbps=None,
+    weight_bytes=0, device="cpu",
+)  # fmt: skip
+
+
 def test_annotate_ratios_roofline_and_published_cells():
-    gemm = dict(
-        method="gemm-peak",
-        shape="gemm",
-        tp=None,
-        rows=None,
-        batch=None,
-        median_us=1.0,
-        tflops=0.5,
-        gbps=None,
-        weight_bytes=0,
-        device="cpu",
-    )
-    rows = [gemm] + fake_rows(*QWEN3, 1, 151936, [1, 2, 256]) + fake_rows(*QWEN3, 8, 18992, [1, 256])
+    rows = [GEMM_ROW] + fake_rows(*QWEN3, 1, 151936, [1, 2, 256]) + fake_rows(*QWEN3, 8, 18992, [1, 256])
     annotate(rows, "sample")
     for r in rows[1:]:
         if r["method"] in ("stream-read", "d2d-copy") or r.get("median_us") is None:
@@ -192,21 +187,7 @@ def rows_stream_gbps(rows, r):
 
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib not installed")
 def test_plot_is_written(tmp_path):
-    gemm = dict(
-        method="gemm-peak",
-        shape="gemm",
-        tp=None,
-        rows=None,
-        batch=None,
-        median_us=1.0,
-        tflops=0.5,
-        gbps=None,
-        weight_bytes=0,
-        hidden=4096,
-        device="cpu",
-        dtype="bfloat16",
-    )
-    rows = [gemm] + fake_rows(*QWEN3, 1, 151936, [1, 2, 256])
+    rows = [dict(GEMM_ROW, hidden=4096, dtype="bfloat16")] + fake_rows(*QWEN3, 1, 151936, [1, 2, 256])
     annotate(rows, "sample")
     path = tmp_path / "x.png"
     assert rival.plot_kernel_rows(rows, str(path), "CPU") is None
@@ -280,19 +261,7 @@ def test_kernel_only_argmax_and_topk_are_exact(tmp_path, op):
 
 
 def test_legend_quotes_the_full_head_figures_when_only_shards_were_timed():
-    gemm = dict(
-        method="gemm-peak",
-        shape="gemm",
-        tp=None,
-        rows=None,
-        batch=None,
-        median_us=1.0,
-        tflops=0.5,
-        gbps=None,
-        weight_bytes=0,
-        device="cpu",
-    )
-    rows = [gemm] + fake_rows(*QWEN3, 8, 18992, [1, 256])
+    rows = [GEMM_ROW] + fake_rows(*QWEN3, 8, 18992, [1, 256])
     annotate(rows, "sample")
     assert not any(r.get("flashsampling_h200") for r in rows)
     legend = kernel_legend(rows)

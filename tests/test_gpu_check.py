@@ -74,7 +74,7 @@ def test_dry_run_walks_every_step_and_a_timed_out_step_leaves_the_others_files(t
     proc, wall = _dry_run(
         out,
         GPU_CHECK_BUDGET_S=budget,
-        GPU_CHECK_BENCH="qwen3_tp8",
+        GPU_CHECK_BENCH="qwen3_tp8 qwen3_sample",
         GPU_CHECK_TESTS=str(hung),
         GPU_CHECK_TEST_TIMEOUT=2,
         GPU_CHECK_CAP_TESTS=9,
@@ -100,8 +100,9 @@ def test_dry_run_walks_every_step_and_a_timed_out_step_leaves_the_others_files(t
 
     with tarfile.open(out / "bench.tar.gz") as tar:
         names = set(tar.getnames())
-        assert {"bench/bench_qwen3_tp8.json", "bench/smoke.json"} <= names, names
+        assert {"bench/bench_qwen3_tp8.json", "bench/bench_qwen3_sample.json", "bench/smoke.json"} <= names, names
         rows = json.load(tar.extractfile("bench/bench_qwen3_tp8.json"))["rows"]
+        sample_rows = json.load(tar.extractfile("bench/bench_qwen3_sample.json"))["rows"]
         smoke = json.load(tar.extractfile("bench/smoke.json"))
     assert rows and {r["timing"] for r in rows} == {"host"}  # CPU rows: host timer (CUDA: cuda_graph)
     assert {r["agree"] for r in rows if r["agree"] is not None} == {1.0}
@@ -109,6 +110,11 @@ def test_dry_run_walks_every_step_and_a_timed_out_step_leaves_the_others_files(t
     assert "SKIPPED" in (out / "sanitizer.txt").read_text()
     assert "sanitize workload: ok" in (out / "sanitizer.txt").read_text()
     assert "qwen3_tp8" in (out / "summary.txt").read_text()
+    # the rival sampling rows (issue #19): ours beside both torch baselines, per batch, in the summary
+    methods = {(r["method"], r["batch"]) for r in sample_rows if r["op"] == "sample"}
+    assert {(m, b) for m in ("fused-kernel", "gumbel-logits", "compiled-multinomial") for b in (1, 8)} <= methods
+    rival = (out / "summary.txt").read_text().split("sampling beside FlashSampling")[1].splitlines()
+    assert [line.split()[:2] for line in rival[2:]] == [["qwen3_sample", "1"], ["qwen3_sample", "8"]], rival
 
 
 def test_dry_run_with_its_budget_spent_skips_steps_and_still_leaves_every_file(tmp_path):

@@ -762,6 +762,50 @@ def test_cuda_batch_past_grid_y_limit(gen, path_name, batch):
 
 
 @cuda_only
+@pytest.mark.parametrize("path_name", ["simt", "mma", "gemm"])
+def test_cuda_columns_past_2_to_the_31(gen, path_name):
+    """A shard of 2**31 + 200 rows (the limit is 2**31 - 64; this one is cut
+    to num_valid = 2**31 - 100): column indexes past 2**31 - 1 overflow 32-bit
+    arithmetic (logits_to_keys_kernel once had an int column). The winner is
+    planted in the last block; needs ~36 GiB of device memory (H200 has 139)."""
+    free, _ = torch.cuda.mem_get_info()
+    if free < 40 * 2**30:
+        pytest.skip(f"needs 40 GiB of free device memory, {free / 2**30:.0f} GiB free")
+    rows, num_valid = 2**31 + 200, 2**31 - 100
+    hidden = torch.ones(2, 8, dtype=torch.bfloat16, device="cuda")
+    weight = torch.zeros(rows, 8, dtype=torch.bfloat16, device="cuda")
+    winner = num_valid - 1 - int(torch.randint(0, 50, (1,), generator=gen))
+    weight[winner] = 1.0
+    weight[num_valid + 5] = 2.0  # padding past num_valid that would win
+    ids = _ids(hidden, weight, vocab_start=2**31 + 50, num_valid=num_valid, path=path_name)  # last id 2**32 - 51
+    assert ids.tolist() == [2**31 + 50 + winner] * 2, (ids.tolist(), winner)
+    del weight
+    torch.cuda.empty_cache()
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("batch", [1, 9, 130])
+def test_cuda_misaligned_hidden_gives_the_keys_of_an_aligned_one(gen, dtype, batch):
+    """The path and the vector width (so the summation order) must depend only
+    on the weight's layout and the shared arguments, never on where hidden
+    happens to sit: a hidden at a 2-byte offset, or with an odd row stride,
+    gives bit-identical keys to a contiguous aligned copy on every path (a rank
+    whose activations sit misaligned would otherwise sum in another order)."""
+    hidden, weight, _ = random_problem(gen, batch, 3000, 264, dtype)
+    h, w = hidden.cuda(), weight.cuda()
+    offset = torch.empty(batch * 264 + 1, dtype=dtype, device="cuda")[1:].view(batch, 264)
+    offset.copy_(h)
+    strided = torch.empty(batch, 271, dtype=dtype, device="cuda")[:, :264]
+    strided.copy_(h)
+    assert offset.data_ptr() % 16 != 0 and strided.stride(0) % 8 != 0
+    for path in ("auto", "simt", "mma", "gemm"):
+        want = localargmax.shard_argmax(h, w, path=path)
+        for name, other in (("offset", offset), ("strided", strided)):
+            assert torch.equal(localargmax.shard_argmax(other, w, path=path), want), f"{path} {name}"
+
+
+@cuda_only
 def test_cuda_path_arg_is_checked(gen):
     """An unknown path, or a forced path that cannot take the inputs, raises
     ValueError naming it (no silent fallback)."""

@@ -16,15 +16,14 @@
 // pick_path() from the ops' `path` argument ("auto" by default; the benchmark
 // forces each path to time them side by side):
 //   "mma"  the tensor-core fused kernel (shard_argmax_mma_kernel.cuh, sm_80+);
-//   "gemm" for large batches: cuBLAS computes float32 logits for a chunk of
-//          batch rows (at::mm with out_dtype float32: torch's caching
-//          allocator, current stream) and logits_to_keys_kernel folds them
-//          into the same keys.
+//   "gemm" for large batches: cuBLAS float32 logits for a chunk of batch rows,
+//          then logits_to_keys_kernel folds them into the same keys.
 // The kernel above ("simt") serves fp32, top-k, and shapes the mma kernel
 // does not take (hidden_size or strides not multiples of 8, unaligned data).
-// Which instantiation and grid each path launches is decided by the
-// torch-free shard_argmax_launch.cuh, which the host emulation (csrc/emu/)
-// runs too; this file builds the ShardArgmaxProblem and picks the path.
+// This file holds the ops' entry points, builds the ShardArgmaxProblem and
+// picks the path; each path lives in its own translation unit
+// (shard_argmax_paths.h), where the torch-free shard_argmax_launch.cuh, which
+// the host emulation (csrc/emu/) runs too, picks the instantiation and grid.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAException.h>
@@ -39,6 +38,7 @@
 #include "../checks.h"
 
 #include "shard_argmax_launch.cuh"
+#include "shard_argmax_paths.h"
 
 namespace localargmax {
 namespace cuda {
@@ -47,16 +47,6 @@ namespace {
 // Elements between rows of a 2-D tensor whose rows are contiguous; a single
 // row's stride(0) is arbitrary, so it counts as its row length.
 int64_t row_stride(const at::Tensor& t) { return t.size(0) > 1 ? t.stride(0) : t.size(1); }
-
-// Starts kernel<<<grid, block>>>(args...) on the current stream (the
-// launch functor of shard_argmax_launch.cuh).
-struct CudaLaunch {
-  template <typename Kernel, typename... Args>
-  void operator()(const char*, Kernel kernel, dim3 grid, dim3 block, const Args&... args) const {
-    kernel<<<grid, block, 0, c10::cuda::getCurrentCUDAStream()>>>(args...);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
-};
 
 // Batch size from which bf16 / fp16 argmax and sample take the gemm path.
 // Unmeasured: a guess from arithmetic intensity (at batch 64 the mma kernel needs ~300 TFLOP/s of
@@ -106,23 +96,6 @@ Path pick_path(const ShardArgmaxProblem<T>& p, const at::Tensor& weight, bool to
   return mma ? Path::kMma : Path::kSimt;
 }
 
-// The gemm path: logits = hidden_chunk @ weight.T in float32 (cuBLAS, tensor
-// cores), then logits_to_keys_kernel, which reads columns [0, num_valid) only.
-// The GEMM covers all `rows` of the shard, padding included, so that every
-// rank of a vocab-parallel layout (equal shard rows, unequal num_valid) runs
-// the same GEMM shape: cuBLAS picks its algorithm (tiles, split-K) per shape,
-// and identical rows on two ranks must still give identical logits (rules 1
-// and 5). Batch rows go in chunks so that one chunk's logits stay <= 256 MiB.
-template <typename T>
-void launch_gemm(const ShardArgmaxProblem<T>& p, const at::Tensor& hidden, const at::Tensor& weight) {
-  const int64_t chunk = std::max<int64_t>(1, (int64_t{256} << 20) / 4 / weight.size(0));
-  for (int64_t b0 = 0; b0 < p.batch; b0 += chunk) {
-    const int64_t rows = std::min(chunk, p.batch - b0);
-    const at::Tensor logits = at::mm(hidden.narrow(0, b0, rows), weight.t(), at::kFloat);
-    launch_logits_to_keys(logits.data_ptr<float>(), logits.stride(0), rows, b0, p, CudaLaunch{});
-  }
-}
-
 template <typename T>
 void launch_typed(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
                   const at::Tensor& bias_f, int64_t vocab_start, int64_t num_valid, const ShardReduce& out,
@@ -140,11 +113,10 @@ void launch_typed(const at::Tensor& hidden, const at::Tensor& weight, const at::
                                 out};
   const Path chosen = pick_path(p, weight, topk_mode, path);  // float32: always kSimt (or it raised)
   if constexpr (!std::is_same_v<T, float>) {
-    if (chosen == Path::kGemm) return launch_gemm(p, hidden, weight);
-    if (chosen == Path::kMma) return launch_mma(p, CudaLaunch{});
+    if (chosen == Path::kGemm) return run_gemm(p, hidden, weight);
+    if (chosen == Path::kMma) return run_mma(p);
   }
-  if (topk_mode) return launch_simt<T, true>(p, CudaLaunch{});
-  return launch_simt<T, false>(p, CudaLaunch{});
+  run_simt(p, topk_mode);
 }
 
 // Runs the fused kernel (or the gemm path, see pick_path) in one mode on the

@@ -65,6 +65,13 @@ __device__ __forceinline__ void fold_block_best(const unsigned long long (&block
   }
 }
 
+}  // namespace
+
+// The two structs below have external linkage (outside the anonymous
+// namespace) because the per-path translation units (shard_argmax_simt.cu,
+// shard_argmax_mma.cu, shard_argmax_gemm.cu) export functions that take them; everything else in the kernel headers stays
+// local to its translation unit.
+
 // What the kernel reduces to (one launch, one mode).
 struct ShardReduce {
   unsigned long long* keys;  // argmax / sample: [batch] keys, zeroed before the launch
@@ -91,6 +98,8 @@ struct ShardArgmaxProblem {
   int64_t vocab_start;   // global index of row 0
   ShardReduce out;
 };
+
+namespace {
 
 // The key of logit s (bias already added) of batch row b at global_index:
 // sampling rows (temperature T > 0) carry gumbel_score(s, T, Gumbel(seed,

@@ -25,7 +25,8 @@ every rank; default: all four):
                    (localargmax.baselines.full_gather_argmax; today's path)
   unfused-local    torch matmul + max over the shard, all-gather of
                    (value, index) float32 pairs, pick the best rank
-                   (localargmax.baselines.unfused_local_argmax)
+                   (localargmax.baselines.unfused_local_argmax; vLLM 0.33's
+                   LogitsProcessor.get_top_tokens sends the same bytes)
   fused            one fused kernel (matmul + argmax, logits never stored) ->
                    one packed int64 key per row, all-gather of tp keys, merge
                    (localargmax.lm_head_argmax, reduce="all_gather")
@@ -58,7 +59,8 @@ columns (the first line of each is the legend printed under the table):
                       (JSON bytes_sent_per_rank): the payload it contributes
                       to the collective: full-gather B*rows*itemsize;
                       unfused-local 8*B (two float32); fused and
-                      fused-allreduce 8*B (one key); fused topk 8*K*B.
+                      fused-allreduce 8*B+24 (one key per row and the
+                      step's 3-word header); fused topk 8*K*B+24.
   recv_B              {recv_B}
                       (JSON bytes_recv_per_rank). all-gather: (tp-1)*payload.
                       all-reduce: the ring-algorithm ESTIMATE
