@@ -190,15 +190,6 @@ at::Tensor shard_sample_cpu(const at::Tensor& hidden, const at::Tensor& weight, 
       .view({-1});
 }
 
-void check_transform_args(double scale, double soft_cap) {
-  TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0.0 && static_cast<float>(scale) > 0.0f,
-                    "log-partition: scale must be a finite float > 0, got ", scale);
-  TORCH_CHECK_VALUE(std::isfinite(soft_cap) && soft_cap >= 0.0,
-                    "log-partition: soft_cap must be a finite float > 0 (0 = none), got ", soft_cap);
-  TORCH_CHECK_VALUE(std::isfinite(static_cast<float>(scale)) && std::isfinite(static_cast<float>(soft_cap)),
-                    "log-partition: scale and soft_cap must be finite in float32, got ", scale, " and ", soft_cap);
-}
-
 std::tuple<at::Tensor, at::Tensor> shard_argmax_lse_cpu(const at::Tensor& hidden, const at::Tensor& weight,
                                                         const std::optional<at::Tensor>& bias, int64_t vocab_start,
                                                         int64_t num_valid, double scale, double soft_cap,
