@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import pathlib
 import shutil
@@ -165,6 +166,10 @@ class Emulator:
             u64,
             i64,
         ]
+        L.lam_emu_shard_lse.argtypes = [
+            *[i32, i32, p, i64, p, i64, p, p, i64, i64, i64, i64, p, p, i32, p, u64, u64, i64],
+            *[p, ctypes.c_float, ctypes.c_float, p],
+        ]
         L.lam_emu_logits_to_keys.argtypes = [i32, p, i64, i64, i64, p, p, i64, i64, i64, p, p, u64, u64, i64]
         L.lam_emu_merge_keys.argtypes = [p, i64, i64, i32, p, i64, p, p]
         self.launched: list[str] = []
@@ -230,11 +235,34 @@ class Emulator:
         scramble=False,
         order_seed=1,
         gemm_chunk=None,
-    ) -> torch.Tensor:
+        log_partition=False,
+        scale=1.0,
+        soft_cap=None,
+    ):
         """shard_argmax (k None, temperature None), shard_topk (k) or
         shard_sample (temperature) through the emulated kernel of `path`
         ("simt", "mma" or "gemm"). weight: a tensor, or a PlacedWeight (a
-        view too large to copy, already in the arena)."""
+        view too large to copy, already in the arena). log_partition: the
+        *_lse op (simt only, as on CUDA): returns (keys, pairs [B, 2])."""
+        if log_partition:
+            if path != "simt":
+                raise ValueError(f"log_partition: path={path!r} cannot compute the log-partition on CUDA")
+            return self._shard_lse(
+                hidden,
+                weight,
+                bias,
+                vocab_start,
+                num_valid,
+                k,
+                temperature,
+                seed,
+                offset,
+                max_grid_y,
+                scramble,
+                order_seed,
+                scale,
+                soft_cap or 0.0,
+            )
         weight_ptr = weight.ptr if isinstance(weight, PlacedWeight) else None
         num_valid = weight.size(0) if num_valid is None else num_valid
         batch = hidden.size(0)
@@ -322,6 +350,60 @@ class Emulator:
         lists = self._read(block_topk, (blocks_x, batch, k), torch.int64)
         flipped = lists.permute(1, 0, 2).reshape(batch, blocks_x * k) ^ SIGN
         return flipped.topk(k, 1, True, True).values ^ SIGN
+
+    def _shard_lse(
+        self,
+        hidden,
+        weight,
+        bias,
+        vocab_start,
+        num_valid,
+        k,
+        temperature,
+        seed,
+        offset,
+        max_grid_y,
+        scramble,
+        order_seed,
+        scale,
+        soft_cap,
+    ):
+        """The *_lse ops' CUDA launcher (shard_argmax_cuda.cu) step by step."""
+        num_valid = weight.size(0) if num_valid is None else num_valid
+        batch = hidden.size(0)
+        topk = k is not None
+        if batch == 0 or num_valid == 0:
+            keys = torch.zeros((batch, k) if topk else (batch,), dtype=torch.int64)
+            return keys, torch.tensor([[-math.inf, 0.0]] * batch).reshape(batch, 2)
+        self._reset(scramble, order_seed)
+        hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
+        bias_t = bias_f = None
+        if bias is not None:
+            if bias.dtype == torch.float32 and weight.dtype != torch.float32:
+                bias_f = bias.contiguous()
+            else:
+                bias_t = bias.contiguous()
+        bt, bf = self._place("bias", bias_t), self._place("bias", bias_f)
+        tp = self._place("temperature", temperature.contiguous() if temperature is not None else None)
+        hp, wp = self._place("hidden", hidden), self._place("weight", weight)
+        blocks_x = (num_valid + 63) // 64
+        keys = None if topk else self._alloc("keys", batch * 8)
+        block_topk = self._alloc("block_topk", blocks_x * batch * k * 8, fill=0xA5) if topk else None
+        states = self._alloc("partition_states", blocks_x * batch * 16, fill=0xA5)  # at::empty: garbage
+        pairs = self._alloc("pairs", batch * 8, fill=0xA5)
+        self._check(
+            self.lib.lam_emu_shard_lse(
+                *[_DTYPES[weight.dtype], int(topk), hp, _row_stride(hidden), wp, _row_stride(weight), bt, bf],
+                *[batch, hidden.size(1), num_valid, vocab_start, keys, block_topk, k or 1, tp, seed, offset],
+                *[max_grid_y, states, scale, soft_cap, pairs],
+            )
+        )
+        out_pairs = self._read(pairs, (batch, 2), torch.float32)
+        if not topk:
+            return self._read(keys, (batch,), torch.int64), out_pairs
+        lists = self._read(block_topk, (blocks_x, batch, k), torch.int64)
+        flipped = lists.permute(1, 0, 2).reshape(batch, blocks_x * k) ^ SIGN
+        return flipped.topk(k, 1, True, True).values ^ SIGN, out_pairs
 
     def merge_keys(self, keys: torch.Tensor, d2t: torch.Tensor | None = None):
         keys = (keys.unsqueeze(0) if keys.dim() == 1 else keys).contiguous()
