@@ -94,6 +94,7 @@ def test_help_exits_zero_and_teaches():
         (["--smoke", "--op", "sample", "--methods", "fused-allreduce"], "not available with --op sample"),
         (["--smoke", "--op", "sample", "--seed", "-1"], "--seed"),
         (["--smoke", "--timeout", "0"], "--timeout"),
+        (["--smoke", "--op", "topk", "--log-probs"], "--log-probs goes with --kernel-only"),
     ],
 )
 def test_usage_errors_are_clear(args, message):
@@ -244,6 +245,24 @@ def test_kernel_only_smoke_has_gbps(tmp_path):
         if r["method"] in ("fused-kernel", "lm-head-step"):
             assert r["agree"] == 1.0
             assert r["speedup_vs_torch"] > 0
+
+
+def test_kernel_only_topk_log_probs(tmp_path):
+    """--kernel-only --op topk --log-probs: every row computes log-probabilities
+    (JSON log_probs), ours agree with the float64 top-k."""
+    out = tmp_path / "lp.json"
+    proc = run_bench(
+        *["--kernel-only", "--smoke", "--op", "topk", "--k", "4", "--log-probs", "--json", str(out), "--no-plot"],
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "op=topk k=4 log_probs" in proc.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["method"] for r in rows} >= {"fused-kernel", "torch-matmul-topk", "lm-head-step"}
+    for r in rows:
+        assert r["log_probs"] is True and r["op"] == "topk"
+        if r["method"] in ("fused-kernel", "lm-head-step"):
+            assert r["agree"] == 1.0
 
 
 def framed_bytes(batch, k=1):

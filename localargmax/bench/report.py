@@ -266,6 +266,8 @@ def finish(rows: list[dict], cfg, kernel_only: bool) -> None:
             header += f" op=topk k={first['k']}"
         elif op == "sample":
             header += f" op=sample temperature={first['temperature']:g} seed={first['seed']} offset={first['offset']}"
+        if first.get("log_probs"):
+            header += " log_probs"
         print(header, file=out)
     print(format_table(rows, kernel_only), file=out)
     print(format_legend(rows, kernel_only), file=out, flush=True)

@@ -73,6 +73,7 @@ class RunConfig:
     temperature: float = 1.0
     seed: int = 0
     timeout: float = 60.0
+    log_probs: bool = False
 
 
 def free_port() -> int:
