@@ -15,10 +15,11 @@ namespace cuda {
 // vocab-parallel layout (equal shard rows, unequal num_valid) runs the same
 // GEMM shape: cuBLAS picks its algorithm (tiles, split-K) per shape, and
 // identical rows on two ranks must still give identical logits (rules 1 and
-// 5). Batch rows go in chunks so that one chunk's logits stay <= 256 MiB.
+// 5). Batch rows go in chunks so that one chunk's logits stay <= 1 GiB (one
+// GEMM up to batch 1766 on the full Qwen3 head: each chunk re-reads the weight).
 template <typename T>
 void run_gemm(const ShardArgmaxProblem<T>& p, const at::Tensor& hidden, const at::Tensor& weight) {
-  const int64_t chunk = std::max<int64_t>(1, (int64_t{256} << 20) / 4 / weight.size(0));
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 30) / 4 / weight.size(0));
   for (int64_t b0 = 0; b0 < p.batch; b0 += chunk) {
     const int64_t rows = std::min(chunk, p.batch - b0);
     const at::Tensor logits = at::mm(hidden.narrow(0, b0, rows), weight.t(), at::kFloat);

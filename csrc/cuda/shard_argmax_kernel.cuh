@@ -153,7 +153,11 @@ __device__ __forceinline__ void store_block_partition(const PartitionState (&war
 }
 
 // NB batch rows per pass; VEC elements per lane per step (16 bytes when the
-// rows are 16-byte aligned, else 1). TOPK: each block writes the topk best
+// rows are 16-byte aligned, else 1). Products accumulate by fused multiply-add
+// (__fmaf_rn: one instruction where mul + add took two; the kernel is
+// instruction-bound from NB = 8). For bf16 / fp16 it gives the bits of mul +
+// add, since the product of two such values is exact in float32 (bf16 products
+// in float32's subnormal range aside); for fp32 it rounds once instead of twice. TOPK: each block writes the topk best
 // keys of its kRowsPerBlock rows per batch row to out.block_topk instead of
 // folding one key into out.keys with atomicMax. LSE: also each block's
 // log-partition state per batch row (out.block_partition).
@@ -213,7 +217,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
               unpack(__ldg(reinterpret_cast<const uint4*>(hidden + (b0 + j) * ldh + k)), h, T{});
               float s = acc[j];
 #pragma unroll
-              for (int e = 0; e < VEC; ++e) s = __fadd_rn(s, __fmul_rn(w[e], h[e]));
+              for (int e = 0; e < VEC; ++e) s = __fmaf_rn(w[e], h[e], s);
               acc[j] = s;
             }
           }
@@ -221,7 +225,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
           const float w = load_float(wrow + k);
 #pragma unroll
           for (int j = 0; j < NB; ++j)
-            if (b0 + j < batch) acc[j] = __fadd_rn(acc[j], __fmul_rn(w, load_float(hidden + (b0 + j) * ldh + k)));
+            if (b0 + j < batch) acc[j] = __fmaf_rn(w, load_float(hidden + (b0 + j) * ldh + k), acc[j]);
         }
       }
       const uint64_t global_index = static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(row);
