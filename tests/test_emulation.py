@@ -88,6 +88,7 @@ def _instantiations():
         if t != "float":
             names += [f"shard_argmax_mma_kernel<{t}, {nt}, {kv}>" for nt, kv in ((1, 2), (2, 2), (4, 1), (8, 1))]
             names.append(f"logits_to_keys_kernel<{t}>")
+            names.append(f"logits_to_keys_kernel<{t}, true>")
     return names + ["merge_keys_kernel", "merge_partition_kernel"]
 
 
@@ -108,6 +109,7 @@ def test_every_instantiation_the_launchers_pick_runs(emu, gen):
                 if dtype in HALF and hidden_size == 8:
                     assert_keys_equal(emu.shard(h, w, path="mma"), want, f"mma {dtype} B={batch}")
                     assert_keys_equal(emu.shard(h, w, path="gemm"), want, f"gemm {dtype} B={batch}")
+                    assert_keys_equal(emu.shard(h, w, path="gemm", log_partition=True)[0], want, "gemm, lse")
     keys = torch.stack([ops.shard_argmax(*exact_problem(gen, 4, 5, 8, torch.float32)[:2], None, 0, 5)])
     emu.merge_keys(keys)
     assert set(_instantiations()) == set(emu.launched), set(_instantiations()) ^ set(emu.launched)
@@ -419,19 +421,28 @@ def _ref_partition(h, w, b, num_valid, scale=1.0, soft_cap=None, temperature=Non
     return x
 
 
-@pytest.mark.parametrize("dtype", ALL, ids=str)
-@pytest.mark.parametrize("batch,rows,hidden_size", [(1, 1, 8), (3, 130, 24), (9, 300, 40), (5, 63, 7), (17, 129, 33)])
-def test_simt_log_partition_against_float64(emu, gen, dtype, batch, rows, hidden_size):
-    """The emulated CUDA-core kernel with the log-partition: keys bit-equal to
+LSE_CASES = [
+    ("simt", dtype, shape)
+    for dtype in ALL
+    for shape in ((1, 1, 8), (3, 130, 24), (9, 300, 40), (5, 63, 7), (17, 129, 33))
+] + [("gemm", dtype, shape) for dtype in HALF for shape in ((1, 1, 8), (7, 300, 40), (130, 4200, 16))]
+
+
+@pytest.mark.parametrize("path,dtype,shape", LSE_CASES, ids=str)
+def test_log_partition_against_float64(emu, gen, path, dtype, shape):
+    """The emulated CUDA-core kernel (and the gemm path's keys kernel) with
+    the log-partition: keys bit-equal to
     the CPU kernel's (exact data: the transform is the same function); ref is
     the key's value; ref + log(sum) is the float64 logsumexp of the valid
     rows within 1e-5, padding that would dominate excluded; top-k carries
     the same pairs; sampling's pair refers to the sampled entry."""
+    batch, rows, hidden_size = shape
     h, w, b = exact_problem(gen, batch, rows, hidden_size, dtype, "f" if dtype != torch.float32 else "t")
     num_valid = max(1, rows - 5)
     w[num_valid:] = 3  # padding: the largest logits of the problem if counted
+    kw = {"path": path, "gemm_chunk": 50}  # gemm: several chunks of batch rows
     for scale, cap in ((1.0, None), (0.05, 2.0)):
-        keys, pairs = emu.shard(h, w, b, 7, num_valid, log_partition=True, scale=scale, soft_cap=cap)
+        keys, pairs = emu.shard(h, w, b, 7, num_valid, log_partition=True, scale=scale, soft_cap=cap, **kw)
         want_keys, want_pairs = ops.shard_argmax_lse(h, w, b, 7, num_valid, scale, cap or 0.0)
         assert_keys_equal(keys, want_keys, f"lse keys {scale} {cap}")
         assert torch.equal(pairs[:, 0], localargmax.decode_keys(keys)[1])
@@ -439,24 +450,25 @@ def test_simt_log_partition_against_float64(emu, gen, dtype, batch, rows, hidden
         err = (pairs[:, 0].double() + pairs[:, 1].double().log() - torch.logsumexp(x, 1)).abs().max()
         assert float(err) <= 1e-5 * max(1.0, float(x.abs().max()) * 2.0**-10), (scale, cap, float(err))
         assert float((pairs - want_pairs).abs().max()) <= 1e-4 * float(pairs[:, 1].max())  # vs the CPU's order
-        top, top_pairs = emu.shard(h, w, b, 7, num_valid, k=3, log_partition=True, scale=scale, soft_cap=cap)
-        assert torch.equal(top[:, 0], keys) and torch.equal(top_pairs, pairs)
-    t = torch.tensor([0.0, 0.5, 1.0, 2.0, 1e-3, 7.0] * 3)[:batch]
-    keys, pairs = emu.shard(h, w, b, 7, num_valid, temperature=t, seed=5, offset=3, log_partition=True)
+        if path == "simt":  # top-k runs on simt only
+            top, top_pairs = emu.shard(h, w, b, 7, num_valid, k=3, log_partition=True, scale=scale, soft_cap=cap)
+            assert torch.equal(top[:, 0], keys) and torch.equal(top_pairs, pairs)
+    t = torch.tensor([0.0, 0.5, 1.0, 2.0, 1e-3, 7.0] * 22)[:batch]
+    keys, pairs = emu.shard(h, w, b, 7, num_valid, temperature=t, seed=5, offset=3, log_partition=True, **kw)
     assert_keys_equal(keys, ops.shard_sample(h, w, b, 7, num_valid, t, 5, 3), "sample keys")
     ids = localargmax.decode_keys(keys)[0] - 7
     x = _ref_partition(h, w, b, num_valid, temperature=t)
     want = x.gather(1, ids[:, None])[:, 0] - torch.logsumexp(x, 1)
     assert float((-pairs[:, 1].double().log() - want).abs().max()) <= 1e-5
-    greedy = emu.shard(h, w, b, 7, num_valid, log_partition=True)[1]
+    greedy = emu.shard(h, w, b, 7, num_valid, log_partition=True, **kw)[1]
     assert torch.equal(pairs[t == 0], greedy[t == 0])
 
 
 def test_simt_log_partition_specials_and_empty_shard(emu, gen):
     """-inf rows (ref -inf, sum 0), a NaN entry (sum NaN), a +inf entry
     (ref +inf, sum = the number of +inf entries), across blocks; an empty
-    shard and a batch of 0 return (-inf, 0) without a launch; the mma and
-    gemm paths refuse the log-partition."""
+    shard and a batch of 0 return (-inf, 0) without a launch; the mma path
+    refuses the log-partition."""
     h, w, _ = exact_problem(gen, 4, 200, 8, torch.float32)
     b = torch.zeros(200)
     h[0] = 1.0
@@ -474,6 +486,5 @@ def test_simt_log_partition_specials_and_empty_shard(emu, gen):
     keys, pairs = emu.shard(h, w, b, 0, 0, log_partition=True)
     assert (keys == 0).all() and pairs.tolist() == [[-math.inf, 0.0]] * 4
     assert emu.shard(h[:0], w, b, 0, 200, log_partition=True)[1].shape == (0, 2)
-    for path in ("mma", "gemm"):
-        with pytest.raises(ValueError, match="cannot compute the log-partition"):
-            emu.shard(h, w, b, log_partition=True, path=path)
+    with pytest.raises(ValueError, match="cannot compute the log-partition"):
+        emu.shard(h, w, b, log_partition=True, path="mma")

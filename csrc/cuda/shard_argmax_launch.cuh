@@ -105,13 +105,24 @@ void launch_mma(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gri
   return launch_mma_nt<T, 8, 1>(p, launch, max_grid_y);
 }
 
+// Blocks (grid x) of logits_to_keys_kernel: one per kKeysColumnsPerBlock columns.
+template <typename T>
+int64_t keys_blocks(const ShardArgmaxProblem<T>& p) {
+  return (p.num_valid + kKeysColumnsPerBlock - 1) / kKeysColumnsPerBlock;
+}
+
 // The second half of the gemm path: float32 logits [rows, ldl] of batch rows
 // b0 .. b0 + rows - 1 -> keys folded into p.out.keys.
 template <typename T, typename Launch>
 void launch_logits_to_keys(const float* logits, int64_t ldl, int64_t rows, int64_t b0, const ShardArgmaxProblem<T>& p,
                            Launch&& launch, int64_t max_grid_y = kMaxGridY) {
-  const dim3 grid = grid_of((p.num_valid + kKeysColumnsPerBlock - 1) / kKeysColumnsPerBlock, rows, max_grid_y);
-  launch("logits_to_keys_kernel", logits_to_keys_kernel<T>, grid, dim3(kKeysThreads), logits, ldl, rows, b0, p);
+  const dim3 grid = grid_of(keys_blocks(p), rows, max_grid_y);
+  if (p.out.block_partition != nullptr) {
+    launch("logits_to_keys_kernel", logits_to_keys_kernel<T, true>, grid, dim3(kKeysThreads), logits, ldl, rows, b0,
+           p);
+  } else {
+    launch("logits_to_keys_kernel", logits_to_keys_kernel<T>, grid, dim3(kKeysThreads), logits, ldl, rows, b0, p);
+  }
 }
 
 }  // namespace

@@ -48,6 +48,7 @@ void name_typed() {
     simt(shard_argmax_mma_kernel<T, 4, 1>, kernel_name<shard_argmax_mma_kernel<T, 4, 1>>());
     simt(shard_argmax_mma_kernel<T, 8, 1>, kernel_name<shard_argmax_mma_kernel<T, 8, 1>>());
     simt(logits_to_keys_kernel<T>, kernel_name<logits_to_keys_kernel<T>>());
+    simt(logits_to_keys_kernel<T, true>, kernel_name<logits_to_keys_kernel<T, true>>());
   }
 }
 
@@ -134,13 +135,13 @@ int lam_emu_shard(int dtype, int path, int topk_mode, const void* hidden, int64_
 }
 
 // lam_emu_shard on the CUDA-core kernel with the log-partition (the *_lse
-// ops): per-block states into `states` [blocks, batch], then
-// merge_partition_kernel into `pairs` [batch, 2], as shard_argmax_cuda.cu does.
+// ops): per-block states into `states` [blocks, batch] (then
+// lam_emu_merge_partition, as shard_argmax_cuda.cu does).
 int lam_emu_shard_lse(int dtype, int topk_mode, const void* hidden, int64_t ldh, const void* weight, int64_t ldw,
                       const void* bias_t, const float* bias_f, int64_t batch, int64_t hidden_size, int64_t num_valid,
                       int64_t vocab_start, unsigned long long* keys, unsigned long long* block_topk, int topk,
                       const float* temperature, uint64_t seed, uint64_t offset, int64_t max_grid_y, void* states,
-                      float scale, float soft_cap, float* pairs) {
+                      float scale, float soft_cap) {
   name_all();
   ShardReduce out{keys, block_topk, topk, temperature, seed, offset};
   out.block_partition = static_cast<localargmax::PartitionState*>(states);
@@ -154,21 +155,31 @@ int lam_emu_shard_lse(int dtype, int topk_mode, const void* hidden, int64_t ldh,
     if (dtype == 2) rc = run_shard(0, topk_mode, problem<__half>(LAM_ARGS), max_grid_y);
   }
 #undef LAM_ARGS
-  if (rc != 0) return rc;
+  return rc;
+}
+
+// merge_partition_kernel over `blocks` rows of states [blocks, batch] -> pairs [batch, 2].
+int lam_emu_merge_partition(const void* states, int64_t blocks, int64_t batch, const float* temperature,
+                            float* pairs) {
+  name_all();
   bool ok = true;
-  const int64_t blocks = (num_valid + kRowsPerBlock - 1) / kRowsPerBlock;
-  launch_merge_partition(out.block_partition, blocks, batch, temperature, pairs, EmuLaunch{&ok});
+  launch_merge_partition(static_cast<const localargmax::PartitionState*>(states), blocks, batch, temperature, pairs,
+                         EmuLaunch{&ok});
   return ok ? 0 : 1;
 }
 
 // The gemm path's keys kernel over float32 logits [rows, ldl] of batch rows b0..
+// (states: the log-partition states [blocks, batch], or nullptr).
 int lam_emu_logits_to_keys(int dtype, const float* logits, int64_t ldl, int64_t rows, int64_t b0, const void* bias_t,
                            const float* bias_f, int64_t batch, int64_t num_valid, int64_t vocab_start,
                            unsigned long long* keys, const float* temperature, uint64_t seed, uint64_t offset,
-                           int64_t max_grid_y) {
+                           int64_t max_grid_y, void* states, float scale, float soft_cap) {
   name_all();
   bool ok = true;
-  const ShardReduce out{keys, nullptr, 1, temperature, seed, offset};
+  ShardReduce out{keys, nullptr, 1, temperature, seed, offset};
+  out.block_partition = static_cast<localargmax::PartitionState*>(states);
+  out.scale = scale;
+  out.soft_cap = soft_cap;
 #define LAM_ARGS nullptr, 0, nullptr, 0, bias_t, bias_f, batch, 0, num_valid, vocab_start, out
   if (dtype == 1)
     launch_logits_to_keys(logits, ldl, rows, b0, problem<__nv_bfloat16>(LAM_ARGS), EmuLaunch{&ok}, max_grid_y);

@@ -168,9 +168,30 @@ class Emulator:
         ]
         L.lam_emu_shard_lse.argtypes = [
             *[i32, i32, p, i64, p, i64, p, p, i64, i64, i64, i64, p, p, i32, p, u64, u64, i64],
-            *[p, ctypes.c_float, ctypes.c_float, p],
+            *[p, ctypes.c_float, ctypes.c_float],
         ]
-        L.lam_emu_logits_to_keys.argtypes = [i32, p, i64, i64, i64, p, p, i64, i64, i64, p, p, u64, u64, i64]
+        L.lam_emu_merge_partition.argtypes = [p, i64, i64, p, p]
+        f32 = ctypes.c_float
+        L.lam_emu_logits_to_keys.argtypes = [
+            i32,
+            p,
+            i64,
+            i64,
+            i64,
+            p,
+            p,
+            i64,
+            i64,
+            i64,
+            p,
+            p,
+            u64,
+            u64,
+            i64,
+            p,
+            f32,
+            f32,
+        ]
         L.lam_emu_merge_keys.argtypes = [p, i64, i64, i32, p, i64, p, p]
         self.launched: list[str] = []
 
@@ -245,7 +266,7 @@ class Emulator:
         view too large to copy, already in the arena). log_partition: the
         *_lse op (simt only, as on CUDA): returns (keys, pairs [B, 2])."""
         if log_partition:
-            if path != "simt":
+            if path == "mma":
                 raise ValueError(f"log_partition: path={path!r} cannot compute the log-partition on CUDA")
             return self._shard_lse(
                 hidden,
@@ -262,6 +283,8 @@ class Emulator:
                 order_seed,
                 scale,
                 soft_cap or 0.0,
+                path,
+                gemm_chunk,
             )
         weight_ptr = weight.ptr if isinstance(weight, PlacedWeight) else None
         num_valid = weight.size(0) if num_valid is None else num_valid
@@ -308,6 +331,9 @@ class Emulator:
                         seed,
                         offset,
                         max_grid_y,
+                        None,
+                        1.0,
+                        0.0,
                     )
                 )
             return self._read(keys, (batch,), torch.int64)
@@ -367,8 +393,12 @@ class Emulator:
         order_seed,
         scale,
         soft_cap,
+        path="simt",
+        gemm_chunk=None,
     ):
-        """The *_lse ops' CUDA launcher (shard_argmax_cuda.cu) step by step."""
+        """The *_lse ops' CUDA launcher (shard_argmax_cuda.cu) step by step:
+        the simt kernel (or, path "gemm", the logits then the keys kernel)
+        with per-block states, then merge_partition_kernel."""
         num_valid = weight.size(0) if num_valid is None else num_valid
         batch = hidden.size(0)
         topk = k is not None
@@ -385,19 +415,38 @@ class Emulator:
                 bias_t = bias.contiguous()
         bt, bf = self._place("bias", bias_t), self._place("bias", bias_f)
         tp = self._place("temperature", temperature.contiguous() if temperature is not None else None)
-        hp, wp = self._place("hidden", hidden), self._place("weight", weight)
         blocks_x = (num_valid + 63) // 64
         keys = None if topk else self._alloc("keys", batch * 8)
-        block_topk = self._alloc("block_topk", blocks_x * batch * k * 8, fill=0xA5) if topk else None
         states = self._alloc("partition_states", blocks_x * batch * 16, fill=0xA5)  # at::empty: garbage
         pairs = self._alloc("pairs", batch * 8, fill=0xA5)
+        if path == "gemm":
+            assert not topk and weight.dtype != torch.float32
+            w32 = weight.float()
+            chunk = gemm_chunk or max(1, (256 << 20) // 4 // weight.size(0))
+            for b0 in range(0, batch, chunk):
+                rows = min(chunk, batch - b0)
+                logits = hidden[b0 : b0 + rows].float() @ w32.T  # stands in for cuBLAS
+                lp = self._place("logits", logits)
+                self._check(
+                    self.lib.lam_emu_logits_to_keys(
+                        *[_DTYPES[weight.dtype], lp, logits.stride(0) if rows > 1 else logits.size(1), rows, b0],
+                        *[bt, bf, batch, num_valid, vocab_start, keys, tp, seed, offset, max_grid_y],
+                        *[states, scale, soft_cap],
+                    )
+                )
+            used = (num_valid + 4095) // 4096  # keys_blocks
+            self._check(self.lib.lam_emu_merge_partition(states, used, batch, tp, pairs))
+            return self._read(keys, (batch,), torch.int64), self._read(pairs, (batch, 2), torch.float32)
+        hp, wp = self._place("hidden", hidden), self._place("weight", weight)
+        block_topk = self._alloc("block_topk", blocks_x * batch * k * 8, fill=0xA5) if topk else None
         self._check(
             self.lib.lam_emu_shard_lse(
                 *[_DTYPES[weight.dtype], int(topk), hp, _row_stride(hidden), wp, _row_stride(weight), bt, bf],
                 *[batch, hidden.size(1), num_valid, vocab_start, keys, block_topk, k or 1, tp, seed, offset],
-                *[max_grid_y, states, scale, soft_cap, pairs],
+                *[max_grid_y, states, scale, soft_cap],
             )
         )
+        self._check(self.lib.lam_emu_merge_partition(states, blocks_x, batch, tp, pairs))
         out_pairs = self._read(pairs, (batch, 2), torch.float32)
         if not topk:
             return self._read(keys, (batch,), torch.int64), out_pairs
