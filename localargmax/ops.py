@@ -88,6 +88,8 @@ def shard_argmax(
             and the keys carry the transformed values.
         scale, soft_cap: the transform (``scale`` a finite float > 0,
             ``soft_cap`` None or a finite float > 0); only with ``log_partition``.
+            CUDA paths with ``log_partition``: ``"simt"`` and ``"gemm"``;
+            ``"mma"`` raises ValueError and ``"auto"`` never picks it.
 
     Raises:
         TypeError / ValueError: naming the argument, for wrong ranks, shapes,

@@ -1113,3 +1113,36 @@ def test_log_partition_arguments_name_them(gen):
     for scale, cap in ((0.0, 0.0), (1.0, -1.0), (math.nan, 0.0), (1e-50, 0.0)):
         with pytest.raises(ValueError, match="log-partition: scale|log-partition: soft_cap"):
             torch.ops.localargmax.shard_argmax_lse.default(hidden, weight, None, 0, 10, scale, cap)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("batch", [1, 9, 130])
+def test_cuda_log_partition_on_every_path(gen, dtype, batch):
+    """CUDA: shard_argmax / shard_topk / shard_sample with log_partition on
+    simt, gemm (bf16 / fp16) and auto: the pair's ref + log(sum) within 1e-5
+    of the float64 logsumexp of the valid rows (padding that would dominate
+    excluded), ids as the CPU's on a planted problem; path='mma' raises."""
+    hidden, weight, bias, winners = planted_problem(gen, batch, 3000, 64, dtype, bias="float32")
+    num_valid = 2990
+    keep = winners < num_valid  # rows whose planted winner stays in the vocabulary: their ids are checked
+    _dominant_padding(hidden, weight, num_valid)
+    want_ids = localargmax.decode_keys(localargmax.shard_argmax(hidden, weight, bias=bias, num_valid=num_valid))[0]
+    paths = ["auto", "simt"] + (["gemm"] if dtype != torch.float32 else [])
+    for path in paths:
+        for scale, cap in ((1.0, None), (0.5, 4.0)):
+            kw = dict(bias=bias.cuda(), num_valid=num_valid, log_partition=True, scale=scale, soft_cap=cap, path=path)
+            keys, pairs = localargmax.shard_argmax(hidden.cuda(), weight.cuda(), **kw)
+            err = log_partition_error(pairs.cpu(), hidden, weight, bias, num_valid, scale, cap)
+            assert err <= 1e-5, (path, scale, cap, err)
+            assert torch.equal(pairs[:, 0].cpu(), localargmax.decode_keys(keys.cpu())[1])
+            if cap is None:
+                assert torch.equal(localargmax.decode_keys(keys.cpu())[0][keep], want_ids[keep])
+            t = torch.full((batch,), 0.8, device="cuda")
+            s_keys, s_pairs = localargmax.shard_sample(hidden.cuda(), weight.cuda(), t, 3, 0, **kw)
+            assert bool(torch.isfinite(s_pairs).all())
+        if path != "gemm":
+            top, top_pairs = localargmax.shard_topk(hidden.cuda(), weight.cuda(), 4, **dict(kw, path=path))
+            assert torch.equal(top[:, 0], keys)
+    with pytest.raises(ValueError, match="path='mma' cannot compute the log-partition"):
+        localargmax.shard_argmax(hidden.cuda(), weight.cuda(), log_partition=True, path="mma")

@@ -214,7 +214,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--log-probs",
         action="store_true",
         help="--kernel-only: the ops with their fused log-partition (log_partition=True; the lm_head step with "
-        "return_log_probs=True; the torch baseline adds a logsumexp); CUDA: simt path only",
+        "return_log_probs=True; the torch baseline adds a logsumexp); CUDA: no forced mma / gemm rows",
     )
     methods_help = "; ".join(f"{op}: {','.join(m)}" for op, m in OP_METHODS.items())
     p.add_argument(
