@@ -574,3 +574,24 @@ def test_ranks_that_disagree_on_log_probs_raise(gen):
         localargmax.lm_head_argmax(hidden, weight, return_log_probs=True, group=lambda x: frames)
     with pytest.raises(ValueError, match="disagree on whether this step exchanges log-partition pairs"):
         localargmax.lm_head_topk(hidden, weight, 2, group=lambda x: frames)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_log_probs_under_torch_compile_fullgraph(gen, backend):
+    """return_log_probs under torch.compile(fullgraph=True): the fake kernels
+    of the _lse ops, the framed pairs (bit-cast views) and the merge trace;
+    the same ids and log-probabilities as eager (the merge's float32 ops may
+    fuse differently: within 1e-6)."""
+    torch._dynamo.reset()
+    hidden, weight = torch.randn(5, 40, generator=gen), torch.randn(320, 40, generator=gen)
+
+    def step(h, w):
+        a = localargmax.lm_head_argmax(h, w, num_valid=300, return_log_probs=True, soft_cap=20.0)
+        t = localargmax.lm_head_topk(h, w, 3, num_valid=300, return_log_probs=True, logit_scale=0.5)
+        s = localargmax.lm_head_sample(h, w, temperature=0.7, seed=1, num_valid=300, return_log_probs=True)
+        return a, t, s
+
+    got = torch.compile(step, fullgraph=True, backend=backend)(hidden, weight)
+    want = step(hidden, weight)
+    for (gi, gl), (wi, wl) in zip(got, want):
+        assert torch.equal(gi, wi) and torch.allclose(gl, wl, atol=1e-6, rtol=0)
