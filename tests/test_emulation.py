@@ -445,10 +445,11 @@ def test_log_partition_against_float64(emu, gen, path, dtype, shape):
         keys, pairs = emu.shard(h, w, b, 7, num_valid, log_partition=True, scale=scale, soft_cap=cap, **kw)
         want_keys, want_pairs = ops.shard_argmax_lse(h, w, b, 7, num_valid, scale, cap or 0.0)
         assert_keys_equal(keys, want_keys, f"lse keys {scale} {cap}")
-        assert torch.equal(pairs[:, 0], localargmax.decode_keys(keys)[1])
+        assert torch.equal(pairs[:, 0], localargmax.decode_keys(keys)[1]), "log-partition ref is not the key's value"
         x = _ref_partition(h, w, b, num_valid, scale, cap)
         err = (pairs[:, 0].double() + pairs[:, 1].double().log() - torch.logsumexp(x, 1)).abs().max()
-        assert float(err) <= 1e-5 * max(1.0, float(x.abs().max()) * 2.0**-10), (scale, cap, float(err))
+        tol = 1e-5 * max(1.0, float(x.abs().max()) * 2.0**-10)
+        assert float(err) <= tol, f"log-partition error {float(err):.3g} > {tol:.3g} (scale {scale}, cap {cap})"
         assert float((pairs - want_pairs).abs().max()) <= 1e-4 * float(pairs[:, 1].max())  # vs the CPU's order
         if path == "simt":  # top-k runs on simt only
             top, top_pairs = emu.shard(h, w, b, 7, num_valid, k=3, log_partition=True, scale=scale, soft_cap=cap)

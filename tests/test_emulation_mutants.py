@@ -108,6 +108,27 @@ MUTANTS = [
         "weight + (wok[mt][h] ? row : 0) * static_cast<int>(ldw)",
     ),
     (
+        "simt_lse_missing_barrier",
+        "never written in this block|shared race",
+        "shard_argmax_kernel.cuh",
+        "  __syncthreads();\n  if (threadIdx.x < N && b0 + threadIdx.x < batch) {",
+        "  if (threadIdx.x < N && b0 + threadIdx.x < batch) {",
+    ),
+    (
+        "simt_lse_warp_dropped",
+        "log-partition",
+        "shard_argmax_kernel.cuh",
+        "for (int w = 0; w < W; ++w) partition_merge(",
+        "for (int w = 0; w < W - 1; ++w) partition_merge(",
+    ),
+    (
+        "keys_lse_short_butterfly",
+        "log-partition",
+        "logits_to_keys_kernel.cuh",
+        "  for (int offset = 16; offset > 0; offset /= 2) {\n    const PartitionState other",
+        "  for (int offset = 16; offset > 1; offset /= 2) {\n    const PartitionState other",
+    ),
+    (
         "sample_wrong_temperature_row",
         "differ from the CPU kernel",
         "shard_argmax_kernel.cuh",
@@ -133,6 +154,8 @@ SLICE = [
     (suite.test_merge_keys_with_d2t_and_an_empty_shard, {}),
     (suite.test_weight_offsets_beyond_2_31_elements, dict(path="simt")),
     (suite.test_weight_offsets_beyond_2_31_elements, dict(path="mma")),
+    (suite.test_log_partition_against_float64, dict(path="simt", dtype=B16, shape=(9, 300, 40))),
+    (suite.test_log_partition_against_float64, dict(path="gemm", dtype=B16, shape=(7, 300, 40))),
 ]
 
 
