@@ -265,6 +265,24 @@ def test_kernel_only_topk_log_probs(tmp_path):
             assert r["agree"] == 1.0
 
 
+def test_vllm_bytes_column():
+    """vllm_B: vLLM 0.33's own bytes per rank per step (what tests/test_vllm_plugin.py
+    counts on vLLM's classes), a column only for rows that carry it (older
+    results JSON, rendered in README, keep their columns)."""
+    from localargmax.bench.report import format_legend, format_table
+    from localargmax.bench.runner import vllm_bytes
+
+    assert vllm_bytes("argmax", 64, 15264, 2) == 512
+    assert vllm_bytes("topk", 64, 15264, 4, 8) == 12 * 8 * 64 and vllm_bytes("topk", 64, 15264, 2, 8) == 5120
+    assert vllm_bytes("sample", 8, 15264, 2) == 8 * 15264 * 2
+    row = dict(method="fused", shape="s", tp=2, batch=64, median_us=1.0, p90_us=1.0, agree=1.0, op="argmax")
+    row.update(bytes_sent_per_rank=536, bytes_recv_per_rank=536, speedup_vs_full_gather=None)
+    assert "vllm_B" not in format_table([row], kernel_only=False)
+    table = format_table([dict(row, bytes_sent_vllm=512)], kernel_only=False).splitlines()
+    assert table[0].split()[6:9] == ["sent_B", "recv_B", "vllm_B"] and table[2].split()[6:9] == ["536", "536", "512"]
+    assert "vllm_B = bytes one rank sends per step in vLLM" in format_legend([dict(row, bytes_sent_vllm=512)], False)
+
+
 def framed_bytes(batch, k=1):
     """Bytes of the payload the step really sends (frame_keys of its keys)."""
     from localargmax.collective import frame_keys

@@ -66,6 +66,12 @@ columns (the first line of each is the legend printed under the table):
                       all-reduce: the ring-algorithm ESTIMATE
                       2*(tp-1)/tp*payload (the real traffic depends on the
                       backend's algorithm).
+  vllm_B              {vllm_B}
+                      (JSON bytes_sent_vllm), the same for every method of
+                      a (batch, op): argmax 8*B (get_top_tokens: float32
+                      value + index); topk (itemsize+8)*K*B (values in the
+                      weight dtype + int64 ids: 12*K*B for float32); sample
+                      B*rows*itemsize (vLLM samples from gathered logits).
   speedup             {speedup}.
   agree               {agree},
                       on every rank. The reference: logits of the full unpadded
