@@ -251,16 +251,26 @@ def lm_head_argmax(
         scale=logit_scale,
         soft_cap=soft_cap,
     )
-    keys, pairs = out if return_log_probs else (out, None)
-    if d2t is not None:
-        check_d2t_arg(d2t, keys.device)
-    end = _vocab_end(weight, vocab_start, num_valid)
-    gathered, got_pairs, ok = _exchange_checked(keys, group, reduce, end, d2t, pairs)
+    keys, gathered, got_pairs, ok = _exchange_step(
+        out, return_log_probs, weight, vocab_start, num_valid, d2t, group, reduce
+    )
     ids, values = merge_keys(gathered, d2t)
     ids = _assert_ids(ids, ok)
     if not return_log_probs:
         return ids
     return ids, log_probs_from_pairs(values, got_pairs)
+
+
+def _exchange_step(out, return_log_probs, weight, vocab_start, num_valid, d2t, group, reduce):
+    """What follows the rank's kernel in every step: its output split into keys
+    and log-partition pairs, ``d2t`` checked, the checked exchange. Returns
+    ``(keys, gathered keys, gathered pairs or None, ok)`` (see
+    :func:`_exchange_checked`)."""
+    keys, pairs = out if return_log_probs else (out, None)
+    if d2t is not None:
+        check_d2t_arg(d2t, keys.device)
+    end = _vocab_end(weight, vocab_start, num_valid)
+    return (keys, *_exchange_checked(keys, group, reduce, end, d2t, pairs))
 
 
 def _check_log_probs_args(return_log_probs, logit_scale, soft_cap, reduce) -> None:
@@ -359,11 +369,9 @@ def lm_head_topk(
         scale=logit_scale,
         soft_cap=soft_cap,
     )
-    keys, pairs = out if return_log_probs else (out, None)
-    if d2t is not None:
-        check_d2t_arg(d2t, keys.device)
-    end = _vocab_end(weight, vocab_start, num_valid)
-    gathered, got_pairs, ok = _exchange_checked(keys, group, "all_gather", end, d2t, pairs)
+    keys, gathered, got_pairs, ok = _exchange_step(
+        out, return_log_probs, weight, vocab_start, num_valid, d2t, group, "all_gather"
+    )
     batch = keys.shape[0]
     if batch == 0:
         return keys.new_empty((0, k)), keys.new_empty((0, k), dtype=torch.float32)
@@ -452,11 +460,9 @@ def lm_head_sample(
         scale=logit_scale,
         soft_cap=soft_cap,
     )
-    keys, pairs = out if return_log_probs else (out, None)
-    if d2t is not None:
-        check_d2t_arg(d2t, keys.device)
-    end = _vocab_end(weight, vocab_start, num_valid)
-    gathered, got_pairs, ok = _exchange_checked(keys, group, reduce, end, d2t, pairs)
+    keys, gathered, got_pairs, ok = _exchange_step(
+        out, return_log_probs, weight, vocab_start, num_valid, d2t, group, reduce
+    )
     ids, _ = merge_keys(gathered, d2t)
     ids = _assert_ids(ids, ok)
     if not return_log_probs:

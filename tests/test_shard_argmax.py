@@ -17,7 +17,16 @@ from localargmax.reference import reference_argmax
 from tests.support.checks import raises_cleanly
 from tests.support.cpp import check_cpp_test, needs_gxx, run_against_mutation
 from tests.support.keys import pack_key, same_float32, to_int64
-from tests.support.paths import CPU_PATHS, KernelPath, cuda_only, each_cuda_path, on, path_keyword, use_path
+from tests.support.paths import (
+    CPU_PATHS,
+    KernelPath,
+    cuda_only,
+    each_cpu_path_and_thread_count,
+    each_cuda_path,
+    on,
+    path_keyword,
+    use_path,
+)
 from tests.support.problems import (
     PAD_KINDS,
     full_bias,
@@ -541,7 +550,6 @@ def test_isa_and_threads_bit_identical(gen, dtype):
     hidden width and shard height (chunks are fixed by the problem, not by
     the thread count), an exact tie across blocks included."""
     compared = 0
-    saved_threads = torch.get_num_threads()
     for hsize in HSIZES:
         for rows in (r for r in ROW_COUNTS if r * hsize <= MAX_ELEMS // 3):
             hidden = torch.randn(5, hsize, generator=gen).to(dtype)
@@ -549,17 +557,10 @@ def test_isa_and_threads_bit_identical(gen, dtype):
             bias = torch.randn(rows, generator=gen)
             if rows > 3:
                 weight[rows // 3] = weight[rows - 1]
-            results = {}
-            try:
-                for path in CPU_PATHS:
-                    for threads in (1, 2):
-                        torch.set_num_threads(threads)
-                        with use_path(path):
-                            results[(str(path), threads)] = localargmax.shard_argmax(
-                                hidden, weight, bias=bias, num_valid=max(1, rows - 1)
-                            )
-            finally:
-                torch.set_num_threads(saved_threads)
+            results = {
+                variant: localargmax.shard_argmax(hidden, weight, bias=bias, num_valid=max(1, rows - 1))
+                for variant in each_cpu_path_and_thread_count()
+            }
             ref = results[("cpu", 1)]
             for key, keys in results.items():
                 assert torch.equal(keys, ref), f"{key} differs: H={hsize} rows={rows} {dtype}"
@@ -1038,30 +1039,16 @@ def test_log_partition_pair_on_every_cpu_path_and_thread_count(gen, dtype):
     float64 logsumexp of the valid rows only (padding that would dominate
     excluded), within 1e-5; the pairs are bit-identical on both ISA variants
     and 1 or 2 threads (tiles merged in order, whatever the chunking)."""
-    saved = torch.get_num_threads()
     for hsize, rows in ((7, 200), (64, 1000), (40, 4097)):
         hidden, weight, bias = random_problem(gen, 5, rows, hsize, dtype, bias="float32")
         hidden = (hidden.float() * 3).to(dtype)
         num_valid = rows - 10
         _dominant_padding(hidden, weight, num_valid)
         for scale, cap in ((1.0, None), (0.3, 5.0)):
-            results = {}
-            try:
-                for path in CPU_PATHS:
-                    for threads in (1, 2):
-                        torch.set_num_threads(threads)
-                        with use_path(path):
-                            results[(str(path), threads)] = localargmax.shard_argmax(
-                                hidden,
-                                weight,
-                                bias=bias,
-                                num_valid=num_valid,
-                                log_partition=True,
-                                scale=scale,
-                                soft_cap=cap,
-                            )
-            finally:
-                torch.set_num_threads(saved)
+            kw = dict(bias=bias, num_valid=num_valid, log_partition=True, scale=scale, soft_cap=cap)
+            results = {
+                variant: localargmax.shard_argmax(hidden, weight, **kw) for variant in each_cpu_path_and_thread_count()
+            }
             keys, pairs = results[("cpu", 1)]
             for variant, (k, p) in results.items():
                 assert torch.equal(k, keys) and torch.equal(p.view(torch.int32), pairs.view(torch.int32)), variant

@@ -279,24 +279,8 @@ class Emulator:
         if log_partition:
             if path.startswith("mma"):
                 raise ValueError(f"log_partition: path={path!r} cannot compute the log-partition on CUDA")
-            return self._shard_lse(
-                hidden,
-                weight,
-                bias,
-                vocab_start,
-                num_valid,
-                k,
-                temperature,
-                seed,
-                offset,
-                max_grid_y,
-                scramble,
-                order_seed,
-                scale,
-                soft_cap or 0.0,
-                path,
-                gemm_chunk,
-            )
+            args = (k, temperature, seed, offset, max_grid_y, scramble, order_seed, scale, soft_cap or 0.0)
+            return self._shard_lse(hidden, weight, bias, vocab_start, num_valid, *args, path, gemm_chunk)
         if path.startswith("mma/"):  # "mma/<id>": that variant
             path, variant = "mma", int(path[4:])
         weight_ptr = weight.ptr if isinstance(weight, PlacedWeight) else None
@@ -397,24 +381,9 @@ class Emulator:
         return self.lib.lam_emu_mma_variant(hidden_size, num_valid, batch, sm_count)
 
     def _shard_lse(
-        self,
-        hidden,
-        weight,
-        bias,
-        vocab_start,
-        num_valid,
-        k,
-        temperature,
-        seed,
-        offset,
-        max_grid_y,
-        scramble,
-        order_seed,
-        scale,
-        soft_cap,
-        path="simt",
-        gemm_chunk=None,
-    ):
+        self, hidden, weight, bias, vocab_start, num_valid, k, temperature, seed, offset, max_grid_y, scramble,
+        order_seed, scale, soft_cap, path="simt", gemm_chunk=None
+    ):  # fmt: skip
         """The *_lse ops' CUDA launcher (shard_argmax_cuda.cu) step by step:
         the simt kernel (or, path "gemm", the logits then the keys kernel)
         with per-block states, then merge_partition_kernel."""
