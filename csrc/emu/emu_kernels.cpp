@@ -165,11 +165,11 @@ int lam_emu_shard_lse(int dtype, int topk_mode, const void* hidden, int64_t ldh,
   out.scale = scale;
   out.soft_cap = soft_cap;
 #define LAM_ARGS hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size, num_valid, vocab_start, out
-  int rc = 3;
-  if (dtype == 1) rc = run_shard(0, topk_mode, problem<__nv_bfloat16>(LAM_ARGS), max_grid_y);
+  int rc = 3;  // path 0 (simt): the SM count and variant do not apply
+  if (dtype == 1) rc = run_shard(0, topk_mode, problem<__nv_bfloat16>(LAM_ARGS), max_grid_y, 1, -1);
   if constexpr (kAllDtypes) {
-    if (dtype == 0) rc = run_shard(0, topk_mode, problem<float>(LAM_ARGS), max_grid_y);
-    if (dtype == 2) rc = run_shard(0, topk_mode, problem<__half>(LAM_ARGS), max_grid_y);
+    if (dtype == 0) rc = run_shard(0, topk_mode, problem<float>(LAM_ARGS), max_grid_y, 1, -1);
+    if (dtype == 2) rc = run_shard(0, topk_mode, problem<__half>(LAM_ARGS), max_grid_y, 1, -1);
   }
 #undef LAM_ARGS
   return rc;
