@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <optional>
 
 #include "common/packed_key.h"
@@ -50,6 +51,17 @@ inline void check_shard_argmax_args(const at::Tensor& hidden, const at::Tensor& 
     TORCH_CHECK_VALUE(bias->device() == weight.device(), "shard_argmax: bias is on ", bias->device(),
                       " but weight is on ", weight.device());
   }
+}
+
+// The logit transform of the *_lse ops: scale finite and > 0, soft_cap finite
+// and >= 0 (0 = none), both finite and the scale nonzero in float32.
+inline void check_transform_args(double scale, double soft_cap) {
+  TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0.0 && static_cast<float>(scale) > 0.0f,
+                    "log-partition: scale must be a finite float > 0, got ", scale);
+  TORCH_CHECK_VALUE(std::isfinite(soft_cap) && soft_cap >= 0.0,
+                    "log-partition: soft_cap must be a finite float > 0 (0 = none), got ", soft_cap);
+  TORCH_CHECK_VALUE(std::isfinite(static_cast<float>(scale)) && std::isfinite(static_cast<float>(soft_cap)),
+                    "log-partition: scale and soft_cap must be finite in float32, got ", scale, " and ", soft_cap);
 }
 
 constexpr int64_t kMaxTopk = 64;

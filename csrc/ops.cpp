@@ -15,6 +15,18 @@ TORCH_LIBRARY(localargmax, m) {
   // Gumbel-max: key of logit / T + Gumbel(seed, offset + b, global index); T == 0 rows greedy. [B] int64
   m.def("shard_sample(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, "
         "Tensor temperature, int seed, int offset, str path=\"auto\") -> Tensor");
+  // The same three with the log-partition (DESIGN.md, "Log-probabilities"): every logit is first
+  // transformed (soft_cap > 0: tanh(x / soft_cap) * soft_cap; then * scale), the keys carry the
+  // transformed values, and per row the second output [B, 2] float32 holds the shard's pair
+  // (ref, sum): ref = the value of the row's best key (a sample: its transformed logit), -inf for
+  // an empty shard; sum = sum over valid entries of exp((x - ref) / T) (T = 1 unless sampling at T > 0).
+  m.def("shard_argmax_lse(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, "
+        "float scale=1.0, float soft_cap=0.0, str path=\"auto\") -> (Tensor, Tensor)");
+  m.def("shard_topk_lse(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, int k, "
+        "float scale=1.0, float soft_cap=0.0, str path=\"auto\") -> (Tensor, Tensor)");
+  m.def("shard_sample_lse(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, "
+        "Tensor temperature, int seed, int offset, float scale=1.0, float soft_cap=0.0, str path=\"auto\") "
+        "-> (Tensor, Tensor)");
   // keys [tp, B] or [B] int64, d2t [draft_vocab]? int64 -> (ids [B] int64, values [B] float32)
   m.def("merge_keys(Tensor keys, Tensor? d2t) -> (Tensor, Tensor)");
 }

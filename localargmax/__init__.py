@@ -10,6 +10,8 @@ Public API:
     shard_topk, shard_sample                top-k and Gumbel-max sampling ops
     lm_head_argmax                          the whole step (kernel + collective + merge)
     lm_head_topk, lm_head_sample            the same for top-k and tp-invariant sampling
+                                            (all three: return_log_probs=True, fused log-probabilities)
+    log_probs_from_pairs                    the log-probabilities' merge of the ranks' pairs
     exchange_keys                           the collective step alone
     shard_vocab, VocabShard, check_layouts  the standard vocab-parallel layout
     VocabParallelLMHead, LocalArgmaxMixin   drop-in pieces for draft models
@@ -26,7 +28,7 @@ from .d2t import build_d2t, draft_to_target_ids, validate_d2t
 from .layout import VocabShard, check_layouts, shard_vocab
 from .lm_head import LocalArgmaxMixin, VocabParallelLMHead
 from .ops import MAX_GLOBAL_INDEX, MAX_TOPK, decode_keys, merge_keys, shard_argmax, shard_sample, shard_topk
-from .step import lm_head_argmax, lm_head_sample, lm_head_topk
+from .step import lm_head_argmax, lm_head_sample, lm_head_topk, log_probs_from_pairs
 
 WITH_CUDA: bool = bool(_C.WITH_CUDA)
 """Whether this build compiled the CUDA kernels."""
@@ -48,6 +50,7 @@ __all__ = [
     "lm_head_argmax",
     "lm_head_sample",
     "lm_head_topk",
+    "log_probs_from_pairs",
     "merge_keys",
     "shard_argmax",
     "shard_sample",

@@ -6,6 +6,8 @@ can never crash or read out of bounds."""
 
 from __future__ import annotations
 
+import struct
+
 import torch
 
 from .packed_key import MAX_GLOBAL_INDEX
@@ -22,9 +24,6 @@ NUM_MMA_VARIANTS = 13
 ids ``0 .. NUM_MMA_VARIANTS - 1`` of the ``MmaVariant`` table
 (csrc/cuda/shard_argmax_launch.cuh, ``kNumMmaVariants``; tests/test_dispatch.py
 checks they agree)."""
-
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -147,3 +146,32 @@ def check_path_arg(path, device: torch.device) -> None:
     if device.type == "cuda":
         allowed = (*allowed, f"mma/<0..{NUM_MMA_VARIANTS - 1}>")
     raise ValueError(f"path must be one of {allowed} on {device.type}, got {path!r}")
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _to_float32(x) -> float:
+    """``x`` rounded to float32 (without a tensor: also inside fake kernels)."""
+    return struct.unpack("f", struct.pack("f", float(x)))[0]
+
+
+def check_transform_args(scale, soft_cap) -> None:
+    """The logit transform of the log-partition ops: ``scale`` a finite float
+    ``> 0`` (and > 0 in float32), ``soft_cap`` None or a finite float ``> 0``
+    (the ops take 0 for none)."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= _FLOAT32_MAX:
+        raise ValueError(f"scale must be a finite float > 0 (the logit scale), got {scale!r}")
+    if _to_float32(scale) <= 0:
+        raise ValueError(f"scale must be > 0 in float32 (it rounds to 0), got {scale!r}")
+    if soft_cap is None:
+        return
+    if isinstance(soft_cap, bool) or not isinstance(soft_cap, (int, float)) or not 0 < soft_cap <= _FLOAT32_MAX:
+        raise ValueError(f"soft_cap must be None or a finite float > 0, got {soft_cap!r}")
+    if _to_float32(soft_cap) <= 0:
+        raise ValueError(f"soft_cap must be > 0 in float32 (it rounds to 0), got {soft_cap!r}")
+
+
+def check_op_transform_args(scale, soft_cap) -> None:
+    """As :func:`check_transform_args`, for the raw ops' ``soft_cap`` (0 = none)."""
+    check_transform_args(scale, None if soft_cap == 0 else soft_cap)

@@ -100,10 +100,16 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
 HEADER_LEN = 3
 """int64 words every rank appends to its keys in a step's exchange (see :func:`frame_keys`)."""
 
+PAIRS_FLAG = 1 << 40
+"""Added to the header's size word when log-partition pairs follow the keys (see :func:`frame_keys`)."""
 
-def frame_keys(keys: torch.Tensor, vocab_end: int) -> torch.Tensor:
+
+def frame_keys(keys: torch.Tensor, vocab_end: int, pairs: torch.Tensor | None = None) -> torch.Tensor:
     """One rank's payload for a step's key exchange: its keys, flattened, then
-    a 3-word header ``[n + 1, -(n + 1), vocab_end]`` (``n = keys.numel()``).
+    (with ``pairs``) one int64 word per batch row holding the row's
+    log-partition pair, then a 3-word header ``[size, -size, vocab_end]``,
+    ``size = n + 1`` (``n = keys.numel()``), plus :data:`PAIRS_FLAG` when the
+    pairs are there.
 
     After an all-gather every rank sees every rank's header; after an
     all-reduce MAX (unsigned, see :func:`exchange_keys`) it sees
@@ -113,23 +119,49 @@ def frame_keys(keys: torch.Tensor, vocab_end: int) -> torch.Tensor:
     over all ranks — 24 bytes per rank per step, whatever the batch
     (DESIGN.md, "The step's exchange").
 
+    The flag is part of the size word, so ranks that disagree on whether
+    log-probabilities are exchanged fail the same check as ranks that
+    disagree on the batch size (DESIGN.md, "The step's exchange").
+
     Args:
         keys: ``[B]`` or ``[B, k]`` int64 packed keys.
         vocab_end: ``vocab_start + num_valid`` of this rank's shard, or 0
             when it is empty (``num_valid == 0``: it holds no id).
+        pairs: optional ``[B, 2]`` float32 log-partition pairs ``(ref, sum)``
+            (:func:`localargmax.shard_argmax` with ``log_partition=True``),
+            sent as their bits: word ``b`` is the 8 bytes of row ``b``'s
+            ``(ref, sum)`` in memory order (a bit-cast view, no conversion).
 
     Returns:
-        ``[n + 3]`` int64, on the device of ``keys``; built without a host-to-
-        device copy (fills only), so it is capturable in a CUDA graph.
+        ``[n + B + 3]`` (``[n + 3]`` without pairs) int64, on the device of
+        ``keys``; built without a host-to-device copy (fills only), so it is
+        capturable in a CUDA graph.
     """
     n = keys.numel()
+    size = n + 1 + (PAIRS_FLAG if pairs is not None else 0)
     if keys.device.type == "cpu":
-        header = torch.tensor([n + 1, -(n + 1), vocab_end], dtype=torch.int64)
+        header = torch.tensor([size, -size, vocab_end], dtype=torch.int64)
     else:  # fills, no host-to-device copy
-        header = keys.new_full((HEADER_LEN,), n + 1)
-        header[1] = -(n + 1)
+        header = keys.new_full((HEADER_LEN,), size)
+        header[1] = -size
         header[2] = vocab_end
-    return torch.cat([keys.reshape(-1), header])
+    if pairs is None:
+        return torch.cat([keys.reshape(-1), header])
+    return torch.cat([keys.reshape(-1), pairs_to_words(pairs), header])
+
+
+def pairs_to_words(pairs: torch.Tensor) -> torch.Tensor:
+    """``[B, 2]`` float32 pairs -> ``[B]`` int64 words (their bits)."""
+    if not isinstance(pairs, torch.Tensor) or pairs.dtype != torch.float32 or pairs.dim() != 2 or pairs.shape[1] != 2:
+        raise ValueError(
+            f"pairs must be a [batch, 2] float32 tensor of log-partition pairs, got {getattr(pairs, 'shape', pairs)}"
+        )
+    return pairs.contiguous().view(torch.int64).reshape(-1)
+
+
+def words_to_pairs(words: torch.Tensor) -> torch.Tensor:
+    """``[..., B]`` int64 words -> ``[..., B, 2]`` float32 pairs (the inverse of :func:`pairs_to_words`)."""
+    return words.contiguous().view(torch.float32).reshape(*words.shape, 2)
 
 
 def _is_nccl_communicator(group) -> bool:

@@ -23,10 +23,12 @@ from ._validation import (
     MAX_TOPK,
     _check_tensor,
     check_merge_keys_args,
+    check_op_transform_args,
     check_path_arg,
     check_sample_args,
     check_shard_argmax_args,
     check_topk_arg,
+    check_transform_args,
 )
 from .packed_key import MAX_GLOBAL_INDEX
 
@@ -41,7 +43,10 @@ def shard_argmax(
     num_valid: int | None = None,
     bias: torch.Tensor | None = None,
     path: str = "auto",
-) -> torch.Tensor:
+    log_partition: bool = False,
+    scale: float = 1.0,
+    soft_cap: float | None = None,
+):
     """Fused ``hidden @ weight.T (+ bias)`` and row-wise argmax over one vocab shard.
 
     The logits are never materialized: each row's best entry is reduced on the
@@ -61,6 +66,12 @@ def shard_argmax(
         ``[B]`` int64 packed keys; 0 for every row when ``num_valid == 0``.
         Products are accumulated in float32; the per-row order depends on ``k``
         only, so identical weight rows give identical logits (rule 5).
+        With ``log_partition``: ``(keys, pairs)``, ``pairs`` ``[B, 2]`` float32
+        on the device of ``hidden``: ``(ref, sum)`` with ``ref`` the value of
+        the row's key (``-inf`` for an empty shard) and ``sum`` the sum over
+        the shard's valid entries of ``exp(x - ref)`` (``x == -inf`` adds 0,
+        ``x == ref`` adds 1, a NaN makes it NaN), in float32 with online
+        rescaling; ``ref + log(sum)`` is the shard's ``logsumexp``.
 
         path: which kernel variant runs. ``"auto"`` (default) picks per
             call from the shapes, dtype and device. CPU: ``"avx2"`` (AVX2 +
@@ -84,6 +95,15 @@ def shard_argmax(
             inputs, else simt; ``localargmax.dispatch.CPP_GEMM_MIN_BATCH``). The CUDA paths differ only in the
             float32 summation order of the dot products. A forced path that cannot take the inputs raises
             ValueError; it never falls back silently.
+        log_partition: also return the shard's log-partition pair per row
+            (DESIGN.md, "Log-probabilities"), computed in the same pass. The
+            logits are then first transformed, in vLLM's order, by ``soft_cap``
+            (``tanh(x / soft_cap) * soft_cap``) and ``scale`` (``x * scale``),
+            and the keys carry the transformed values.
+        scale, soft_cap: the transform (``scale`` a finite float > 0,
+            ``soft_cap`` None or a finite float > 0); only with ``log_partition``.
+            CUDA paths with ``log_partition``: ``"simt"`` and ``"gemm"``;
+            ``"mma"`` raises ValueError and ``"auto"`` never picks it.
 
     Raises:
         TypeError / ValueError: naming the argument, for wrong ranks, shapes,
@@ -95,8 +115,25 @@ def shard_argmax(
         num_valid = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else 0
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_path_arg(path, weight.device)
+    if _wants_partition(log_partition, scale, soft_cap):
+        return torch.ops.localargmax.shard_argmax_lse.default(
+            hidden, weight, bias, vocab_start, num_valid, float(scale), float(soft_cap or 0.0), path
+        )
     path = _auto_path(path, hidden, weight)
     return torch.ops.localargmax.shard_argmax.default(hidden, weight, bias, vocab_start, num_valid, path)
+
+
+def _wants_partition(log_partition, scale, soft_cap) -> bool:
+    """Checks the log-partition keywords; whether the *_lse op runs."""
+    if not isinstance(log_partition, bool):
+        raise TypeError(f"log_partition must be a bool, got {type(log_partition).__name__}")
+    check_transform_args(scale, soft_cap)
+    if not log_partition and (scale != 1.0 or soft_cap is not None):
+        raise ValueError(
+            f"scale={scale!r} and soft_cap={soft_cap!r} transform the logits for the log-partition only: "
+            "pass log_partition=True (they do not change the argmax)"
+        )
+    return log_partition
 
 
 def merge_keys(keys: torch.Tensor, d2t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,7 +169,10 @@ def shard_topk(
     num_valid: int | None = None,
     bias: torch.Tensor | None = None,
     path: str = "auto",
-) -> torch.Tensor:
+    log_partition: bool = False,
+    scale: float = 1.0,
+    soft_cap: float | None = None,
+):
     """The shard's ``k`` best entries per row, as packed keys, fused like
     :func:`shard_argmax` (the logits are never materialized).
 
@@ -141,11 +181,14 @@ def shard_topk(
         k: ``1 <= k <= 64``.
         path: ``"auto"``, CPU ``"generic"`` / ``"avx2"``, CUDA ``"simt"`` (top-k
             has no tensor-core or gemm path).
+        log_partition, scale, soft_cap: as in :func:`shard_argmax`.
 
     Returns:
         ``[B, k]`` int64 packed keys, sorted descending (unsigned), i.e. in
         ``torch.topk(logits, k, sorted=True)`` order with ties to the smaller
-        index; slots past the shard's ``num_valid`` entries hold key 0.
+        index; slots past the shard's ``num_valid`` entries hold key 0. With
+        ``log_partition``: ``(keys, pairs [B, 2] float32)``, the pair as in
+        :func:`shard_argmax` (``ref`` is the value of ``keys[:, 0]``).
 
     Raises:
         TypeError / ValueError as :func:`shard_argmax`, and for ``k`` outside ``[1, 64]``.
@@ -155,6 +198,10 @@ def shard_topk(
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_topk_arg(k)
     check_path_arg(path, weight.device)
+    if _wants_partition(log_partition, scale, soft_cap):
+        return torch.ops.localargmax.shard_topk_lse.default(
+            hidden, weight, bias, vocab_start, num_valid, k, float(scale), float(soft_cap or 0.0), path
+        )
     return torch.ops.localargmax.shard_topk.default(hidden, weight, bias, vocab_start, num_valid, k, path)
 
 
@@ -169,7 +216,10 @@ def shard_sample(
     num_valid: int | None = None,
     bias: torch.Tensor | None = None,
     path: str = "auto",
-) -> torch.Tensor:
+    log_partition: bool = False,
+    scale: float = 1.0,
+    soft_cap: float | None = None,
+):
     """Gumbel-max sampling over one shard, fused like :func:`shard_argmax`.
 
     Each row's key is the best Gumbel-max score ``logit[b, v] / T[b] + g`` over
@@ -187,9 +237,16 @@ def shard_sample(
         offset: Philox subsequence of row 0 (row ``b`` uses ``offset + b``);
             advance it by ``B`` every step for fresh noise.
         path: as in :func:`shard_argmax`.
+        log_partition, scale, soft_cap: as in :func:`shard_argmax`; the
+            Gumbel-max scores are then those of the transformed logits.
 
     Returns:
         ``[B]`` int64 packed keys (their values are the perturbed scores).
+        With ``log_partition``: ``(keys, pairs [B, 2] float32)``, ``ref`` the
+        transformed logit of the row's sampled entry and ``sum`` the sum of
+        ``exp((x - ref) / T)`` over the shard (``T = 1`` for greedy rows), so
+        that ``-log(sum)`` is the sampled entry's log-probability within the
+        shard under ``softmax(x / T)``.
 
     Raises:
         TypeError / ValueError as :func:`shard_argmax`, and for a malformed
@@ -203,6 +260,20 @@ def shard_sample(
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_sample_args(hidden, temperature, seed, offset)
     check_path_arg(path, weight.device)
+    if _wants_partition(log_partition, scale, soft_cap):
+        return torch.ops.localargmax.shard_sample_lse.default(
+            hidden,
+            weight,
+            bias,
+            vocab_start,
+            num_valid,
+            temperature,
+            seed,
+            offset,
+            float(scale),
+            float(soft_cap or 0.0),
+            path,
+        )
     path = _auto_path(path, hidden, weight)
     return torch.ops.localargmax.shard_sample.default(
         hidden, weight, bias, vocab_start, num_valid, temperature, seed, offset, path
@@ -262,3 +333,32 @@ def _merge_keys_fake(keys, d2t):
     check_merge_keys_args(keys, d2t)
     batch = keys.shape[-1]
     return keys.new_empty((batch,), dtype=torch.int64), keys.new_empty((batch,), dtype=torch.float32)
+
+
+def _pairs_fake(hidden):
+    return hidden.new_empty((hidden.shape[0], 2), dtype=torch.float32)
+
+
+@torch.library.register_fake("localargmax::shard_argmax_lse")
+def _shard_argmax_lse_fake(hidden, weight, bias, vocab_start, num_valid, scale=1.0, soft_cap=0.0, path="auto"):
+    check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
+    check_op_transform_args(scale, soft_cap)
+    return hidden.new_empty((hidden.shape[0],), dtype=torch.int64), _pairs_fake(hidden)
+
+
+@torch.library.register_fake("localargmax::shard_topk_lse")
+def _shard_topk_lse_fake(hidden, weight, bias, vocab_start, num_valid, k, scale=1.0, soft_cap=0.0, path="auto"):
+    check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
+    check_topk_arg(k)
+    check_op_transform_args(scale, soft_cap)
+    return hidden.new_empty((hidden.shape[0], k), dtype=torch.int64), _pairs_fake(hidden)
+
+
+@torch.library.register_fake("localargmax::shard_sample_lse")
+def _shard_sample_lse_fake(
+    hidden, weight, bias, vocab_start, num_valid, temperature, seed, offset, scale=1.0, soft_cap=0.0, path="auto"
+):
+    check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
+    check_sample_args(hidden, temperature, seed, offset)
+    check_op_transform_args(scale, soft_cap)
+    return hidden.new_empty((hidden.shape[0],), dtype=torch.int64), _pairs_fake(hidden)

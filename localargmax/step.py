@@ -8,8 +8,8 @@ import math
 import torch
 
 from . import envs
-from ._validation import check_d2t_arg
-from .collective import Group, check_step_consistency, exchange_keys, frame_keys
+from ._validation import check_d2t_arg, check_transform_args
+from .collective import PAIRS_FLAG, Group, check_step_consistency, exchange_keys, frame_keys, words_to_pairs
 from .ops import merge_keys, shard_argmax, shard_sample, shard_topk
 from .packed_key import INDEX_MASK, SIGN_FLIP, key_index
 
@@ -41,41 +41,56 @@ def _host_checks(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
-def _exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: int, d2t):
-    """The step's exchange: this rank's keys plus a 3-word header
+def _exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: int, d2t, pairs=None):
+    """The step's exchange: this rank's keys (and, with ``pairs``, its
+    log-partition pairs) plus a 3-word header
     (:func:`localargmax.collective.frame_keys`), then the checks that use only
     what every rank received, so all ranks reach the same verdict and none is
     left inside a later collective:
 
-    * every rank sent as many keys as this one (same batch size and ``k``);
+    * every rank sent as many keys as this one (same batch size and ``k``),
+      and log-partition pairs if and only if this one did;
     * every nonzero key decodes to an id below ``vocab_total``, the end of the
       valid vocabulary over all ranks (a corrupt exchange cannot yield an id
       outside the vocabulary);
     * ``d2t``, if given, covers every draft id ``[0, vocab_total)``.
 
-    Returns ``(keys [tp, *keys.shape], ok)``: on the host (CPU, eager) the
-    checks raise ValueError at once and ``ok`` is None; on a device (or under
-    torch.compile) ``ok`` is a bool tensor for :func:`_assert_ids` (no host
-    synchronisation).
+    Returns ``(keys [tp, *keys.shape], pairs [tp, B, 2] float32 or None,
+    ok)``: on the host (CPU, eager) the checks raise ValueError at once and
+    ``ok`` is None; on a device (or under torch.compile) ``ok`` is a bool
+    tensor for :func:`_assert_ids` (no host synchronisation).
     """
+    if pairs is not None and reduce != "all_gather":
+        raise ValueError(
+            f"log-probabilities need every rank's log-partition pair: use reduce='all_gather', got {reduce!r}"
+        )
     n = keys.numel()
-    gathered = exchange_keys(frame_keys(keys, vocab_end), group, reduce)
+    size = n + 1 + (PAIRS_FLAG if pairs is not None else 0)
+    h0 = n + (keys.shape[0] if pairs is not None else 0)  # where the header starts
+    gathered = exchange_keys(frame_keys(keys, vocab_end, pairs), group, reduce)
     body = gathered[:, :n].reshape(gathered.shape[0], *keys.shape)
+    got_pairs = words_to_pairs(gathered[:, n:h0]) if pairs is not None else None
     if not _host_checks(keys):
-        sizes, neg_sizes, ends = gathered[:, n], gathered[:, n + 1], gathered[:, n + 2]
+        sizes, neg_sizes, ends = gathered[:, h0], gathered[:, h0 + 1], gathered[:, h0 + 2]
         vocab_total = ends.max()
         out_of_range = (body != 0) & (key_index(body) >= vocab_total)
-        ok = (sizes == n + 1).all() & (neg_sizes == -(n + 1)).all() & ~out_of_range.any()
+        ok = (sizes == size).all() & (neg_sizes == -size).all() & ~out_of_range.any()
         if d2t is not None:
             ok = ok & (vocab_total <= d2t.shape[0])
-        return body, ok
+        return body, got_pairs, ok
     # On the host: the headers as Python ints (one read), few tensor ops.
-    header = gathered[:, n:].tolist()
-    if any(h[0] != n + 1 or h[1] != -(n + 1) for h in header):
+    header = gathered[:, h0:].tolist()
+    if any(h[0] != size or h[1] != -size for h in header):
+        flags = {h[0] >= PAIRS_FLAG for h in header} | {-h[1] >= PAIRS_FLAG for h in header}
+        if len(flags) > 1:
+            raise ValueError(
+                "the TP ranks disagree on whether this step exchanges log-partition pairs: every rank must be "
+                f"called with the same return_log_probs (this rank: {pairs is not None})"
+            )
         sent = (
-            [h[0] - 1 for h in header]
+            [(h[0] - 1) % PAIRS_FLAG for h in header]
             if reduce == "all_gather"
-            else f"between {-header[0][1] - 1} and {header[0][0] - 1}"
+            else f"between {(-header[0][1] - 1) % PAIRS_FLAG} and {(header[0][0] - 1) % PAIRS_FLAG}"
         )
         raise ValueError(
             f"the TP ranks disagree on the size of this step's key exchange: this rank sent {n} keys "
@@ -96,7 +111,7 @@ def _exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: 
             f"d2t has {d2t.shape[0]} entries but the draft vocabulary of the TP ranks spans ids [0, {vocab_total}): "
             "d2t must map every draft id (check it once at load time with localargmax.validate_d2t)"
         )
-    return body, None
+    return body, got_pairs, None
 
 
 def _assert_ids(ids: torch.Tensor, ok) -> torch.Tensor:
@@ -109,6 +124,42 @@ def _assert_ids(ids: torch.Tensor, ok) -> torch.Tensor:
             ok & (ids >= 0).all(), "localargmax: invalid key exchange or token id (see lm_head_argmax's Raises)"
         )
     return ids
+
+
+def log_probs_from_pairs(
+    values: torch.Tensor, pairs: torch.Tensor, temperature: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Log-probabilities of transformed logits ``values`` from every rank's
+    log-partition pair (DESIGN.md, "Log-probabilities"): with
+    ``A = max_r ref_r`` and ``S = sum_r sum_r * exp((ref_r - A) / T)``
+    (ranks in order 0, 1, ..., float32; a rank whose ``ref`` equals ``A``
+    counts with factor 1, so ``+inf`` and all ``-inf`` rows stay exact), the
+    result is ``(value - A) / T - log(S)``, i.e. ``value / T - logsumexp(x / T)``
+    over the ranks' full unpadded vocabulary.
+
+    Args:
+        values: ``[B]`` or ``[B, k]`` float32 transformed logits.
+        pairs: ``[tp, B, 2]`` float32 ``(ref, sum)`` pairs, rank-major.
+        temperature: optional ``[B]`` float32; rows with ``T > 0`` use ``T``,
+            rows with ``T == 0`` (greedy) and ``None`` use 1.
+
+    Returns:
+        float32 log-probabilities, the shape of ``values``: NaN for a row with
+        a NaN logit anywhere (as ``torch.log_softmax``), NaN for a ``+inf``
+        value and ``-inf`` beside one, NaN for an all ``-inf`` row.
+    """
+    ref, sums = pairs[..., 0], pairs[..., 1]
+    top = ref.max(dim=0).values  # NaN anywhere -> NaN
+    t = None if temperature is None else torch.where(temperature > 0, temperature, 1.0)
+    total = torch.zeros_like(top)
+    for r in range(pairs.shape[0]):  # a fixed order: the same bits on every rank
+        d = ref[r] - top if t is None else (ref[r] - top) / t
+        total = total + sums[r] * torch.where(ref[r] == top, 1.0, torch.exp(d))
+    if values.dim() == 2:
+        top, total = top[:, None], total[:, None]
+        t = None if t is None else t[:, None]
+    d = values - top if t is None else (values - top) / t
+    return d - torch.log(total)
 
 
 def _vocab_end(weight, vocab_start: int, num_valid: int | None) -> int:
@@ -127,7 +178,10 @@ def lm_head_argmax(
     d2t: torch.Tensor | None = None,
     group: Group = None,
     reduce: str = "all_gather",
-) -> torch.Tensor:
+    return_log_probs: bool = False,
+    logit_scale: float = 1.0,
+    soft_cap: float | None = None,
+):
     """Greedy token ids of a vocab-parallel lm_head, without gathering logits.
 
     Every TP rank calls this with its own shard. Each rank reduces its shard
@@ -149,10 +203,22 @@ def lm_head_argmax(
             (NCCL for CUDA tensors, gloo for CPU tensors), or a callable
             ``all_gather(keys [B]) -> [tp, B]``.
         reduce: ``"all_gather"`` or ``"all_reduce"`` (MAX on keys); identical ids.
+        return_log_probs: also return each id's log-probability over the
+            full unpadded vocabulary, ``x - logsumexp(x)`` of the transformed
+            logits ``x`` (soft-cap, then scale, as vLLM does). Each rank's
+            kernel computes its log-partition pair in the same pass over the
+            weight; the pairs ride in the same exchange (one more int64 word
+            per row per rank: ``16·B + 24`` bytes per rank for argmax) and
+            are merged on the device (:func:`log_probs_from_pairs`). Needs
+            ``reduce="all_gather"``. Accuracy: DESIGN.md, "Log-probabilities".
+        logit_scale, soft_cap: the transform (a finite float > 0; None or a
+            finite float > 0), only with ``return_log_probs``; ids and
+            log-probabilities are then those of the transformed logits.
 
     Returns:
         ``[B]`` int64 ids, identical on every rank, equal to ``torch.argmax``
         of the full unpadded logits (ties to the smallest index, NaN wins).
+        With ``return_log_probs``: ``(ids, log_probs [B] float32)``.
 
     Raises:
         TypeError / ValueError naming the argument for malformed inputs (see
@@ -173,13 +239,53 @@ def lm_head_argmax(
         or raise the ValueError above. A rank that never arrives surfaces as
         the group's own timeout (``init_process_group(timeout=...)``).
     """
+    _check_log_probs_args(return_log_probs, logit_scale, soft_cap, reduce)
     _debug_check(group, hidden, weight, d2t)
-    keys = shard_argmax(hidden, weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias)
+    out = shard_argmax(
+        hidden,
+        weight,
+        vocab_start=vocab_start,
+        num_valid=num_valid,
+        bias=bias,
+        log_partition=return_log_probs,
+        scale=logit_scale,
+        soft_cap=soft_cap,
+    )
+    keys, gathered, got_pairs, ok = _exchange_step(
+        out, return_log_probs, weight, vocab_start, num_valid, d2t, group, reduce
+    )
+    ids, values = merge_keys(gathered, d2t)
+    ids = _assert_ids(ids, ok)
+    if not return_log_probs:
+        return ids
+    return ids, log_probs_from_pairs(values, got_pairs)
+
+
+def _exchange_step(out, return_log_probs, weight, vocab_start, num_valid, d2t, group, reduce):
+    """What follows the rank's kernel in every step: its output split into keys
+    and log-partition pairs, ``d2t`` checked, the checked exchange. Returns
+    ``(keys, gathered keys, gathered pairs or None, ok)`` (see
+    :func:`_exchange_checked`)."""
+    keys, pairs = out if return_log_probs else (out, None)
     if d2t is not None:
         check_d2t_arg(d2t, keys.device)
-    gathered, ok = _exchange_checked(keys, group, reduce, _vocab_end(weight, vocab_start, num_valid), d2t)
-    ids, _ = merge_keys(gathered, d2t)
-    return _assert_ids(ids, ok)
+    end = _vocab_end(weight, vocab_start, num_valid)
+    return (keys, *_exchange_checked(keys, group, reduce, end, d2t, pairs))
+
+
+def _check_log_probs_args(return_log_probs, logit_scale, soft_cap, reduce) -> None:
+    if not isinstance(return_log_probs, bool):
+        raise TypeError(f"return_log_probs must be a bool, got {type(return_log_probs).__name__}")
+    check_transform_args(logit_scale, soft_cap)
+    if not return_log_probs and (logit_scale != 1.0 or soft_cap is not None):
+        raise ValueError(
+            f"logit_scale={logit_scale!r} and soft_cap={soft_cap!r} apply to the log-probabilities only: pass "
+            "return_log_probs=True (a positive scale and a soft-cap do not change the ids)"
+        )
+    if return_log_probs and reduce != "all_gather":
+        raise ValueError(
+            f"return_log_probs=True needs every rank's log-partition pair: use reduce='all_gather', got {reduce!r}"
+        )
 
 
 def _resolve_temperature(temperature, hidden: torch.Tensor) -> torch.Tensor:
@@ -218,6 +324,9 @@ def lm_head_topk(
     bias: torch.Tensor | None = None,
     d2t: torch.Tensor | None = None,
     group: Group = None,
+    return_log_probs: bool = False,
+    logit_scale: float = 1.0,
+    soft_cap: float | None = None,
 ):
     """Global top-k of a vocab-parallel lm_head (tree drafting), without
     gathering logits: each rank's fused top-k (:func:`localargmax.shard_topk`),
@@ -232,10 +341,14 @@ def lm_head_topk(
             :func:`lm_head_argmax` (a callable group gets keys ``[B, k]`` and
             returns ``[tp, B, k]``).
         k: ``1 <= k <= 64``, at most the valid vocabulary size.
+        return_log_probs, logit_scale, soft_cap: as in :func:`lm_head_argmax`
+            (``8·k·B + 8·B + 24`` bytes per rank).
 
     Returns:
         ``(ids [B, k] int64, values [B, k] float32)``: ids (target ids with
         ``d2t``) in descending order of their exact float32 logits ``values``.
+        With ``return_log_probs``, ``values`` are the log-probabilities
+        ``x - logsumexp(x)`` of the transformed logits ``x``.
 
     Raises:
         TypeError / ValueError for malformed inputs; ValueError when ``k``
@@ -243,11 +356,22 @@ def lm_head_topk(
     """
     if group is None and isinstance(num_valid, int) and isinstance(k, int) and 1 <= k and num_valid < k:
         raise ValueError(f"k={k} exceeds the valid vocabulary (num_valid={num_valid})")
+    _check_log_probs_args(return_log_probs, logit_scale, soft_cap, "all_gather")
     _debug_check(group, hidden, weight, d2t, k)
-    keys = shard_topk(hidden, weight, k, vocab_start=vocab_start, num_valid=num_valid, bias=bias)
-    if d2t is not None:
-        check_d2t_arg(d2t, keys.device)
-    gathered, ok = _exchange_checked(keys, group, "all_gather", _vocab_end(weight, vocab_start, num_valid), d2t)
+    out = shard_topk(
+        hidden,
+        weight,
+        k,
+        vocab_start=vocab_start,
+        num_valid=num_valid,
+        bias=bias,
+        log_partition=return_log_probs,
+        scale=logit_scale,
+        soft_cap=soft_cap,
+    )
+    keys, gathered, got_pairs, ok = _exchange_step(
+        out, return_log_probs, weight, vocab_start, num_valid, d2t, group, "all_gather"
+    )
     batch = keys.shape[0]
     if batch == 0:
         return keys.new_empty((0, k)), keys.new_empty((0, k), dtype=torch.float32)
@@ -257,7 +381,10 @@ def lm_head_topk(
         raise ValueError(f"k={k} exceeds the valid vocabulary summed over all ranks")
     # merge_keys of [1, B*k] decodes every kept key and applies d2t (range-checked on CPU)
     ids, values = merge_keys(merged.reshape(1, -1), d2t)
-    return _assert_ids(ids, ok).view(batch, k), values.view(batch, k)
+    values = values.view(batch, k)
+    if return_log_probs:
+        values = log_probs_from_pairs(values, got_pairs)
+    return _assert_ids(ids, ok).view(batch, k), values
 
 
 def lm_head_sample(
@@ -273,7 +400,10 @@ def lm_head_sample(
     d2t: torch.Tensor | None = None,
     group: Group = None,
     reduce: str = "all_gather",
-) -> torch.Tensor:
+    return_log_probs: bool = False,
+    logit_scale: float = 1.0,
+    soft_cap: float | None = None,
+):
     """Sample ``ids ~ softmax(logits / T)`` of a vocab-parallel lm_head with
     ``O(tp)`` communication: Gumbel-max, ``argmax_v (logit[b, v] / T[b] + g)``,
     where the noise ``g`` comes from Philox 4x32-10 keyed by
@@ -292,10 +422,19 @@ def lm_head_sample(
             refused (it would make a banned ``-inf`` logit NaN, and NaN wins).
         seed: ``0 <= seed < 2**63``; offset: Philox subsequence of row 0
             (advance by ``B`` per step for fresh noise).
+        return_log_probs: also return the log-probability of each sampled
+            token under the distribution it was sampled from,
+            ``softmax(x / T)`` of the transformed logits ``x`` (rows with
+            ``T == 0``, greedy: under ``softmax(x)``, as
+            :func:`lm_head_argmax`). The Gumbel-max scores are then those of
+            ``x``. Each rank's pair refers to its own sampled entry, so no
+            noise is recomputed in the merge.
+        logit_scale, soft_cap: as in :func:`lm_head_argmax`.
         Others: as in :func:`lm_head_argmax`.
 
     Returns:
-        ``[B]`` int64 sampled ids (target ids with ``d2t``), the same on every rank.
+        ``[B]`` int64 sampled ids (target ids with ``d2t``), the same on every
+        rank; with ``return_log_probs``, ``(ids, log_probs [B] float32)``.
 
     Raises:
         TypeError / ValueError naming the argument for malformed inputs; ValueError
@@ -306,10 +445,29 @@ def lm_head_sample(
         exchange is checked as in :func:`lm_head_argmax`.
     """
     t = _resolve_temperature(temperature, hidden)
+    _check_log_probs_args(return_log_probs, logit_scale, soft_cap, reduce)
     _debug_check(group, hidden, weight, d2t)
-    keys = shard_sample(hidden, weight, t, seed, offset, vocab_start=vocab_start, num_valid=num_valid, bias=bias)
-    if d2t is not None:
-        check_d2t_arg(d2t, keys.device)
-    gathered, ok = _exchange_checked(keys, group, reduce, _vocab_end(weight, vocab_start, num_valid), d2t)
+    out = shard_sample(
+        hidden,
+        weight,
+        t,
+        seed,
+        offset,
+        vocab_start=vocab_start,
+        num_valid=num_valid,
+        bias=bias,
+        log_partition=return_log_probs,
+        scale=logit_scale,
+        soft_cap=soft_cap,
+    )
+    keys, gathered, got_pairs, ok = _exchange_step(
+        out, return_log_probs, weight, vocab_start, num_valid, d2t, group, reduce
+    )
     ids, _ = merge_keys(gathered, d2t)
-    return _assert_ids(ids, ok)
+    ids = _assert_ids(ids, ok)
+    if not return_log_probs:
+        return ids
+    # The winning rank's ref is the sampled entry's transformed logit.
+    winner = (gathered ^ SIGN_FLIP).argmax(dim=0, keepdim=True)  # signed max == unsigned max
+    chosen = got_pairs[..., 0].gather(0, winner)[0]
+    return ids, log_probs_from_pairs(chosen, got_pairs, t)

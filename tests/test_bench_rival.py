@@ -5,9 +5,6 @@ them (tiny CPU shapes)."""
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -15,6 +12,7 @@ import torch
 from localargmax.bench import rival
 from localargmax.bench.kernel import annotate
 from localargmax.bench.report import format_table, kernel_legend
+from tests.support.launch import run_bench
 
 # chi-square critical value for 7 degrees of freedom at p = 1e-4 (scipy.stats.chi2.isf(1e-4, 7));
 # the draws come from fixed seeds, so each check is deterministic.
@@ -196,15 +194,6 @@ def test_plot_is_written(tmp_path):
 
 
 # ------------------------------------------------------------------- the CLI
-
-
-def run_bench(*args, timeout=400):
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):  # never run as one rank of an outer torchrun
-        env.pop(key, None)
-    return subprocess.run(
-        [sys.executable, "-m", "localargmax.bench", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
 
 
 def kernel_smoke(tmp_path, *args):

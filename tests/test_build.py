@@ -1,4 +1,4 @@
-"""The build: the four ops registered (schemas, CPU and CUDA kernels, fake
+"""The build: the seven ops registered (schemas, CPU and CUDA kernels, fake
 kernels), the CUDA build checked without a GPU (sm_90a machine code, no
 spills, HMMA in the tensor-core kernel), and the CPU kernel running on
 torch's OpenMP threads (a build without -fopenmp runs at::parallel_for on the
@@ -26,6 +26,13 @@ SCHEMAS = {
     "shard_sample": "localargmax::shard_sample(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, "
     'int num_valid, Tensor temperature, int seed, int offset, str path="auto") -> Tensor',
     "merge_keys": "localargmax::merge_keys(Tensor keys, Tensor? d2t) -> (Tensor, Tensor)",
+    "shard_argmax_lse": "localargmax::shard_argmax_lse(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, "
+    'int num_valid, float scale=1., float soft_cap=0., str path="auto") -> (Tensor, Tensor)',
+    "shard_topk_lse": "localargmax::shard_topk_lse(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, "
+    'int num_valid, int k, float scale=1., float soft_cap=0., str path="auto") -> (Tensor, Tensor)',
+    "shard_sample_lse": "localargmax::shard_sample_lse(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, "
+    "int num_valid, Tensor temperature, int seed, int offset, float scale=1., float soft_cap=0., "
+    'str path="auto") -> (Tensor, Tensor)',
 }
 needs_cuda_build = pytest.mark.skipif(
     not localargmax.WITH_CUDA, reason="built without CUDA (torch CPU-only, nvcc not found, or LOCALARGMAX_CUDA=0)"
@@ -57,6 +64,15 @@ def test_fake_kernels_give_shapes_and_dtypes():
         assert ids.shape == values.shape == (9,) and ids.dtype == torch.int64 and values.dtype == torch.float32
         with pytest.raises(ValueError, match="num_valid"):  # the fake kernel checks arguments too
             torch.ops.localargmax.shard_argmax.default(hidden, weight, None, 0, 129)
+        for keys, pairs in (
+            torch.ops.localargmax.shard_argmax_lse.default(hidden, weight, None, 0, 100),
+            torch.ops.localargmax.shard_topk_lse.default(hidden, weight, None, 0, 100, 5, 2.0, 3.0),
+            torch.ops.localargmax.shard_sample_lse.default(hidden, weight, None, 0, 100, torch.ones(9), 1, 0),
+        ):
+            assert keys.shape[0] == 9 and keys.dtype == torch.int64
+            assert pairs.shape == (9, 2) and pairs.dtype == torch.float32
+        with pytest.raises(ValueError, match="scale"):
+            torch.ops.localargmax.shard_argmax_lse.default(hidden, weight, None, 0, 100, 0.0)
 
 
 def _cuobjdump(*args):
@@ -90,6 +106,7 @@ def test_hot_kernels_use_no_local_memory():
         "shard_argmax_mma_pipe_kernel",
         "logits_to_keys_kernel",
         "merge_keys_kernel",
+        "merge_partition_kernel",
     ]
     missing = [f for f in families if not any(f in u[0] for u in usage)]
     assert not missing, f"kernels missing from the resource usage dump: {missing}\n{out[:2000]}"

@@ -14,6 +14,7 @@ within that bound.
 
 from __future__ import annotations
 
+import math
 import pathlib
 import re
 import subprocess
@@ -100,11 +101,13 @@ def _instantiations():
             for v in (vec, 1):
                 for topk in ("false", "true"):
                     names.append(f"shard_argmax_kernel<{t}, {nb}, {v}, {topk}>")
+                    names.append(f"shard_argmax_kernel<{t}, {nb}, {v}, {topk}, true>")  # LSE: the *_lse ops
         if t != "float":
             names += [f"shard_argmax_mma_kernel<{t}, {nt}, {kv}>" for nt, kv in ((1, 2), (2, 2), (4, 1), (8, 1))]
             names += [f"shard_argmax_mma_pipe_kernel<{t}, {', '.join(map(str, v))}>" for v in PIPE_VARIANTS]
             names.append(f"logits_to_keys_kernel<{t}>")
-    return names + ["merge_keys_kernel"]
+            names.append(f"logits_to_keys_kernel<{t}, true>")
+    return names + ["merge_keys_kernel", "merge_partition_kernel"]
 
 
 def test_every_instantiation_the_launchers_pick_runs(emu, gen):
@@ -119,8 +122,11 @@ def test_every_instantiation_the_launchers_pick_runs(emu, gen):
                 want = cpu_keys(h, w, None, 0, 3)
                 assert_keys_equal(emu.shard(h, w), want, f"simt {dtype} B={batch} H={hidden_size}")
                 assert_keys_equal(emu.shard(h, w, k=2), cpu_keys(h, w, None, 0, 3, k=2), "topk")
+                assert_keys_equal(emu.shard(h, w, log_partition=True)[0], want, "argmax with log-partition")
+                assert_keys_equal(emu.shard(h, w, k=2, log_partition=True)[0], cpu_keys(h, w, None, 0, 3, k=2), "")
                 if dtype in HALF and hidden_size == 8:
                     assert_keys_equal(emu.shard(h, w, path="gemm"), want, f"gemm {dtype} B={batch}")
+                    assert_keys_equal(emu.shard(h, w, path="gemm", log_partition=True)[0], want, "gemm, lse")
     # mma: auto's choices at every NT boundary, split (few blocks per SM) or not; then every other
     # variant of the table forced (the register-double-buffered kernel is forced only).
     auto = set()
@@ -199,7 +205,8 @@ def test_host_and_cuda_builds_compile_the_same_kernel_text(emu):
         if re.match(r"[0-9a-f]+ ", ln) and lo <= int(ln.split()[0], 16) < hi and "lam_emu_shared" not in ln
     ]
     assert inside and all(
-        re.search(r"_kernel<.*>\(.*\)::(block_best|candidates|lists|warp_best|stages)$", ln) for ln in inside
+        re.search(r"_kernel<.*>\(.*\)::(block_best|candidates|lists|warp_best|stages|warp_partition)$", ln)
+        for ln in inside
     ), inside
 
 
@@ -409,17 +416,20 @@ def test_grid_y_loop(emu, gen, path, max_grid_y):
     assert_keys_equal(got, cpu_keys(h, w, b, 0, 150, temperature=t, seed=3, offset=5), "sample")
 
 
-@pytest.mark.parametrize(
-    "path,dtype",
-    [
-        ("simt", torch.float32),
-        ("simt", torch.bfloat16),
-        ("mma", torch.bfloat16),
-        ("mma", torch.float16),
-        ("gemm", torch.float16),
-        *[(f"mma/{v}", (torch.bfloat16, torch.float16)[v % 2]) for v in range(emulation.NUM_MMA_VARIANTS)],
-    ],
-)
+# Each path with each dtype it serves (gemm: one) and every
+# tensor-core variant (alternating bf16 / fp16), for the tests of special rows.
+EVERY_PATH_AND_VARIANT = [
+    ("simt", torch.float32),
+    ("simt", torch.bfloat16),
+    ("simt", torch.float16),
+    ("mma", torch.bfloat16),
+    ("mma", torch.float16),
+    ("gemm", torch.float16),
+    *[(f"mma/{v}", (torch.bfloat16, torch.float16)[v % 2]) for v in range(emulation.NUM_MMA_VARIANTS)],
+]
+
+
+@pytest.mark.parametrize("path,dtype", EVERY_PATH_AND_VARIANT)
 def test_padding_rows_never_win(emu, gen, path, dtype):
     h, w, b = exact_problem(gen, 9, 256, 16, dtype, "f" if dtype != torch.float32 else "t", lo=0, hi=2)
     w[70:] = 8.0  # padding rows past num_valid = 70, far larger than every real row
@@ -429,17 +439,7 @@ def test_padding_rows_never_win(emu, gen, path, dtype):
     assert (decode(got) < 70).all()
 
 
-@pytest.mark.parametrize(
-    "path,dtype",
-    [
-        ("simt", torch.float32),
-        ("simt", torch.bfloat16),
-        ("mma", torch.bfloat16),
-        ("mma", torch.float16),
-        ("gemm", torch.float16),
-        *[(f"mma/{v}", (torch.bfloat16, torch.float16)[v % 2]) for v in range(emulation.NUM_MMA_VARIANTS)],
-    ],
-)
+@pytest.mark.parametrize("path,dtype", EVERY_PATH_AND_VARIANT)
 @pytest.mark.parametrize("scramble", [False, True])
 def test_ties_across_blocks_go_to_the_smallest_index(emu, gen, path, dtype, scramble):
     """Random float data; the winning row is copied to rows in other warps, m-tiles
@@ -457,16 +457,7 @@ def test_ties_across_blocks_go_to_the_smallest_index(emu, gen, path, dtype, scra
     assert torch.equal(decode(got), decode(cpu_keys(h, w, None, 0, rows)))
 
 
-@pytest.mark.parametrize(
-    "path,dtype",
-    [
-        ("simt", torch.float32),
-        ("simt", torch.float16),
-        ("mma", torch.bfloat16),
-        ("gemm", torch.bfloat16),
-        *[(f"mma/{v}", (torch.bfloat16, torch.float16)[v % 2]) for v in range(emulation.NUM_MMA_VARIANTS)],
-    ],
-)
+@pytest.mark.parametrize("path,dtype", EVERY_PATH_AND_VARIANT)
 def test_nan_negative_zero_and_infinite_rows(emu, gen, path, dtype):
     h, w, _ = exact_problem(gen, 6, 150, 16, dtype)
     h[0] = 0.0  # every logit +-0.0: all tie, index 0 wins
@@ -522,6 +513,90 @@ def test_weight_offsets_beyond_2_31_elements(emu, gen, path):
     got = emu.shard(h, view, None, 0, rows, path=path)
     assert_keys_equal(got, cpu_keys(h, w, None, 0, rows), "2**31 offsets")
     assert (decode(got) == 290).all()
+
+
+# --- the log-partition (the *_lse ops, CUDA-core kernel + merge_partition_kernel) ---
+
+
+def _ref_partition(h, w, b, num_valid, scale=1.0, soft_cap=None, temperature=None):
+    """float64 logsumexp(x / T) of the valid rows' transformed logits, per row."""
+    x = reference_logits(h, w[:num_valid], None if b is None else b[:num_valid]).double()
+    if soft_cap is not None:
+        x = torch.tanh(x / soft_cap) * soft_cap
+    x = x * scale
+    if temperature is not None:
+        x = x / torch.where(temperature > 0, temperature, 1.0).double()[:, None]
+    return x
+
+
+LSE_CASES = [
+    ("simt", dtype, shape)
+    for dtype in ALL
+    for shape in ((1, 1, 8), (3, 130, 24), (9, 300, 40), (5, 63, 7), (17, 129, 33))
+] + [("gemm", dtype, shape) for dtype in HALF for shape in ((1, 1, 8), (7, 300, 40), (130, 4200, 16))]
+
+
+@pytest.mark.parametrize("path,dtype,shape", LSE_CASES, ids=str)
+def test_log_partition_against_float64(emu, gen, path, dtype, shape):
+    """The emulated CUDA-core kernel (and the gemm path's keys kernel) with
+    the log-partition: keys bit-equal to
+    the CPU kernel's (exact data: the transform is the same function); ref is
+    the key's value; ref + log(sum) is the float64 logsumexp of the valid
+    rows within 1e-5, padding that would dominate excluded; top-k carries
+    the same pairs; sampling's pair refers to the sampled entry."""
+    batch, rows, hidden_size = shape
+    h, w, b = exact_problem(gen, batch, rows, hidden_size, dtype, "f" if dtype != torch.float32 else "t")
+    num_valid = max(1, rows - 5)
+    w[num_valid:] = 3  # padding: the largest logits of the problem if counted
+    kw = {"path": path, "gemm_chunk": 50}  # gemm: several chunks of batch rows
+    for scale, cap in ((1.0, None), (0.05, 2.0)):
+        keys, pairs = emu.shard(h, w, b, 7, num_valid, log_partition=True, scale=scale, soft_cap=cap, **kw)
+        want_keys, want_pairs = ops.shard_argmax_lse(h, w, b, 7, num_valid, scale, cap or 0.0)
+        assert_keys_equal(keys, want_keys, f"lse keys {scale} {cap}")
+        assert torch.equal(pairs[:, 0], localargmax.decode_keys(keys)[1]), "log-partition ref is not the key's value"
+        x = _ref_partition(h, w, b, num_valid, scale, cap)
+        err = (pairs[:, 0].double() + pairs[:, 1].double().log() - torch.logsumexp(x, 1)).abs().max()
+        tol = 1e-5 * max(1.0, float(x.abs().max()) * 2.0**-10)
+        assert float(err) <= tol, f"log-partition error {float(err):.3g} > {tol:.3g} (scale {scale}, cap {cap})"
+        assert float((pairs - want_pairs).abs().max()) <= 1e-4 * float(pairs[:, 1].max())  # vs the CPU's order
+        if path == "simt":  # top-k runs on simt only
+            top, top_pairs = emu.shard(h, w, b, 7, num_valid, k=3, log_partition=True, scale=scale, soft_cap=cap)
+            assert torch.equal(top[:, 0], keys) and torch.equal(top_pairs, pairs)
+    t = torch.tensor([0.0, 0.5, 1.0, 2.0, 1e-3, 7.0] * 22)[:batch]
+    keys, pairs = emu.shard(h, w, b, 7, num_valid, temperature=t, seed=5, offset=3, log_partition=True, **kw)
+    assert_keys_equal(keys, ops.shard_sample(h, w, b, 7, num_valid, t, 5, 3), "sample keys")
+    ids = localargmax.decode_keys(keys)[0] - 7
+    x = _ref_partition(h, w, b, num_valid, temperature=t)
+    want = x.gather(1, ids[:, None])[:, 0] - torch.logsumexp(x, 1)
+    assert float((-pairs[:, 1].double().log() - want).abs().max()) <= 1e-5
+    greedy = emu.shard(h, w, b, 7, num_valid, log_partition=True, **kw)[1]
+    assert torch.equal(pairs[t == 0], greedy[t == 0])
+
+
+def test_simt_log_partition_specials_and_empty_shard(emu, gen):
+    """-inf rows (ref -inf, sum 0), a NaN entry (sum NaN), a +inf entry
+    (ref +inf, sum = the number of +inf entries), across blocks; an empty
+    shard and a batch of 0 return (-inf, 0) without a launch; the mma path
+    refuses the log-partition."""
+    h, w, _ = exact_problem(gen, 4, 200, 8, torch.float32)
+    b = torch.zeros(200)
+    h[0] = 1.0
+    w[:, 0] = 1.0
+    b[:] = -math.inf  # every row -inf ...
+    b[150] = math.nan  # ... but a NaN at 150 and +inf at 70 and 190
+    keys, pairs = emu.shard(h, w, b, 0, 200, log_partition=True)
+    assert pairs[:, 1].isnan().all() and torch.equal(keys, ops.shard_argmax(h, w, b, 0, 200))
+    b[150] = -math.inf
+    keys, pairs = emu.shard(h, w, b, 0, 200, log_partition=True)
+    assert pairs.tolist() == [[-math.inf, 0.0]] * 4
+    b[70] = b[190] = math.inf
+    keys, pairs = emu.shard(h, w, b, 0, 200, log_partition=True)
+    assert pairs.tolist() == [[math.inf, 2.0]] * 4 and (decode(keys) == 70).all()
+    keys, pairs = emu.shard(h, w, b, 0, 0, log_partition=True)
+    assert (keys == 0).all() and pairs.tolist() == [[-math.inf, 0.0]] * 4
+    assert emu.shard(h[:0], w, b, 0, 200, log_partition=True)[1].shape == (0, 2)
+    with pytest.raises(ValueError, match="cannot compute the log-partition"):
+        emu.shard(h, w, b, log_partition=True, path="mma")
 
 
 def test_the_models_mma_choice_is_choose_mma_variant(emu):

@@ -194,6 +194,27 @@ MUTANTS = [
         "    grid_dependency_wait();\n",
     ),
     (
+        "simt_lse_missing_barrier",
+        "never written in this block|shared race",
+        "shard_argmax_kernel.cuh",
+        "  __syncthreads();\n  if (threadIdx.x < N && b0 + threadIdx.x < batch) {",
+        "  if (threadIdx.x < N && b0 + threadIdx.x < batch) {",
+    ),
+    (
+        "simt_lse_warp_dropped",
+        "log-partition",
+        "shard_argmax_kernel.cuh",
+        "for (int w = 0; w < W; ++w) partition_merge(",
+        "for (int w = 0; w < W - 1; ++w) partition_merge(",
+    ),
+    (
+        "keys_lse_short_butterfly",
+        "log-partition",
+        "logits_to_keys_kernel.cuh",
+        "  for (int offset = 16; offset > 0; offset /= 2) {\n    const PartitionState other",
+        "  for (int offset = 16; offset > 1; offset /= 2) {\n    const PartitionState other",
+    ),
+    (
         "sample_wrong_temperature_row",
         "differ from the CPU kernel",
         "shard_argmax_kernel.cuh",
@@ -224,6 +245,8 @@ SLICE = [
     (suite.test_weight_offsets_beyond_2_31_elements, dict(path="simt")),
     (suite.test_weight_offsets_beyond_2_31_elements, dict(path="mma")),
     (suite.test_weight_offsets_beyond_2_31_elements, dict(path="mma/0")),
+    (suite.test_log_partition_against_float64, dict(path="simt", dtype=B16, shape=(9, 300, 40))),
+    (suite.test_log_partition_against_float64, dict(path="gemm", dtype=B16, shape=(7, 300, 40))),
 ]
 
 

@@ -17,7 +17,16 @@ from localargmax.reference import reference_argmax
 from tests.support.checks import raises_cleanly
 from tests.support.cpp import check_cpp_test, needs_gxx, run_against_mutation
 from tests.support.keys import pack_key, same_float32, to_int64
-from tests.support.paths import CPU_PATHS, KernelPath, cuda_only, each_cuda_path, on, path_keyword, use_path
+from tests.support.paths import (
+    CPU_PATHS,
+    KernelPath,
+    cuda_only,
+    each_cpu_path_and_thread_count,
+    each_cuda_path,
+    on,
+    path_keyword,
+    use_path,
+)
 from tests.support.problems import (
     PAD_KINDS,
     full_bias,
@@ -37,6 +46,7 @@ from tests.support.reference import (
     ref_argmax,
     ref_logits,
     ref_topk,
+    ref_transform,
     reference_logits_and_error,
 )
 from tests.support.strategies import exact_problems, given, settings, st
@@ -540,7 +550,6 @@ def test_isa_and_threads_bit_identical(gen, dtype):
     hidden width and shard height (chunks are fixed by the problem, not by
     the thread count), an exact tie across blocks included."""
     compared = 0
-    saved_threads = torch.get_num_threads()
     for hsize in HSIZES:
         for rows in (r for r in ROW_COUNTS if r * hsize <= MAX_ELEMS // 3):
             hidden = torch.randn(5, hsize, generator=gen).to(dtype)
@@ -548,17 +557,10 @@ def test_isa_and_threads_bit_identical(gen, dtype):
             bias = torch.randn(rows, generator=gen)
             if rows > 3:
                 weight[rows // 3] = weight[rows - 1]
-            results = {}
-            try:
-                for path in CPU_PATHS:
-                    for threads in (1, 2):
-                        torch.set_num_threads(threads)
-                        with use_path(path):
-                            results[(str(path), threads)] = localargmax.shard_argmax(
-                                hidden, weight, bias=bias, num_valid=max(1, rows - 1)
-                            )
-            finally:
-                torch.set_num_threads(saved_threads)
+            results = {
+                variant: localargmax.shard_argmax(hidden, weight, bias=bias, num_valid=max(1, rows - 1))
+                for variant in each_cpu_path_and_thread_count()
+            }
             ref = results[("cpu", 1)]
             for key, keys in results.items():
                 assert torch.equal(keys, ref), f"{key} differs: H={hsize} rows={rows} {dtype}"
@@ -1112,3 +1114,123 @@ def test_cpu_path_keyword(gen, op):
             call(bad)
     with pytest.raises(ValueError, match="path must be 'auto', 'generic' or 'avx2' on CPU"):
         torch.ops.localargmax.shard_argmax.default(hidden, weight, None, 0, 200, "gemm")
+
+
+# ----------------------------------------------------------------------------- the log-partition pair
+
+
+def _dominant_padding(hidden, weight, num_valid):
+    """Padding rows whose logits (~1024 |h|^2) would decide the sum if counted."""
+    h = hidden.float()
+    weight[num_valid:] = (1024 * h[torch.arange(weight.shape[0] - num_valid) % h.shape[0]]).to(weight.dtype)
+
+
+def log_partition_error(pairs, hidden, weight, bias, num_valid, scale=1.0, soft_cap=None) -> float:
+    """Largest |ref + log(sum) - float64 logsumexp of the valid rows' transformed logits|."""
+    b = None if bias is None else bias[:num_valid]
+    x = ref_transform(ref_logits(hidden, weight[:num_valid], b), scale, soft_cap)
+    got = pairs[:, 0].double() + pairs[:, 1].double().log()
+    return float((got - torch.logsumexp(x, dim=1)).abs().max())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_log_partition_pair_on_every_cpu_path_and_thread_count(gen, dtype):
+    """shard_argmax(log_partition=True): without a transform the same keys as
+    shard_argmax; ref is the value of the row's key; ref + log(sum) is the
+    float64 logsumexp of the valid rows only (padding that would dominate
+    excluded), within 1e-5; the pairs are bit-identical on both ISA variants
+    and 1 or 2 threads (tiles merged in order, whatever the chunking)."""
+    for hsize, rows in ((7, 200), (64, 1000), (40, 4097)):
+        hidden, weight, bias = random_problem(gen, 5, rows, hsize, dtype, bias="float32")
+        hidden = (hidden.float() * 3).to(dtype)
+        num_valid = rows - 10
+        _dominant_padding(hidden, weight, num_valid)
+        for scale, cap in ((1.0, None), (0.3, 5.0)):
+            kw = dict(bias=bias, num_valid=num_valid, log_partition=True, scale=scale, soft_cap=cap)
+            results = {
+                variant: localargmax.shard_argmax(hidden, weight, **kw) for variant in each_cpu_path_and_thread_count()
+            }
+            keys, pairs = results[("cpu", 1)]
+            for variant, (k, p) in results.items():
+                assert torch.equal(k, keys) and torch.equal(p.view(torch.int32), pairs.view(torch.int32)), variant
+            if cap is None:
+                assert torch.equal(keys, localargmax.shard_argmax(hidden, weight, bias=bias, num_valid=num_valid))
+            assert torch.equal(pairs[:, 0], localargmax.decode_keys(keys)[1])
+            err = log_partition_error(pairs, hidden, weight, bias, num_valid, scale, cap)
+            assert err <= 1e-5, (hsize, rows, scale, err)
+
+
+def test_log_partition_opcheck_empty_shard_and_batch_zero(gen):
+    """opcheck of shard_argmax_lse; an empty shard gives (-inf, 0) (and keys
+    0), a batch of 0 rows a [0, 2] pair tensor."""
+    hidden, weight, bias = random_problem(gen, 4, 150, 16, bias="float32")
+    op = torch.ops.localargmax.shard_argmax_lse.default
+    for path in ("auto", "generic"):
+        torch.library.opcheck(op, (hidden, weight, None, 10, 140), {"path": path})
+        torch.library.opcheck(op, (hidden, weight, bias, 0, 150, 0.5, 3.0), {"path": path})
+        torch.library.opcheck(op, (hidden[:0], weight, bias, 0, 150), {"path": path})
+    keys, pairs = localargmax.shard_argmax(hidden, weight, num_valid=0, log_partition=True)
+    assert torch.equal(keys, torch.zeros(4, dtype=torch.int64))
+    assert pairs.tolist() == [[-math.inf, 0.0]] * 4
+    keys, pairs = localargmax.shard_argmax(hidden[:0], weight, log_partition=True)
+    assert keys.shape == (0,) and pairs.shape == (0, 2) and pairs.dtype == torch.float32
+
+
+def test_log_partition_arguments_name_them(gen):
+    hidden, weight, _ = random_problem(gen, 2, 10, 4)
+    bad = [
+        (dict(log_partition=1), TypeError, "log_partition must be a bool"),
+        (dict(log_partition=True, scale=0.0), ValueError, "scale must be a finite float > 0"),
+        (dict(log_partition=True, scale=-1.0), ValueError, "scale must be a finite float > 0"),
+        (dict(log_partition=True, scale=math.inf), ValueError, "scale must be a finite float > 0"),
+        (dict(log_partition=True, scale=True), ValueError, "scale must be a finite float > 0"),
+        (dict(log_partition=True, soft_cap=0.0), ValueError, "soft_cap must be None or a finite float > 0"),
+        (dict(log_partition=True, soft_cap=math.nan), ValueError, "soft_cap must be None or a finite float > 0"),
+        (dict(scale=2.0), ValueError, "pass log_partition=True"),
+        (dict(soft_cap=30.0), ValueError, "pass log_partition=True"),
+    ]
+    for kw, exc, match in bad:
+        for call in (
+            lambda: localargmax.shard_argmax(hidden, weight, **kw),
+            lambda: localargmax.shard_topk(hidden, weight, 2, **kw),
+            lambda: localargmax.shard_sample(hidden, weight, torch.ones(2), 0, **kw),
+        ):
+            with pytest.raises(exc, match=match):
+                call()
+    # the C++ op checks the same (direct torch.ops calls)
+    for scale, cap in ((0.0, 0.0), (1.0, -1.0), (math.nan, 0.0), (1e-50, 0.0)):
+        with pytest.raises(ValueError, match="log-partition: scale|log-partition: soft_cap"):
+            torch.ops.localargmax.shard_argmax_lse.default(hidden, weight, None, 0, 10, scale, cap)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("batch", [1, 9, 130])
+def test_cuda_log_partition_on_every_path(gen, dtype, batch):
+    """CUDA: shard_argmax / shard_topk / shard_sample with log_partition on
+    simt, gemm (bf16 / fp16) and auto: the pair's ref + log(sum) within 1e-5
+    of the float64 logsumexp of the valid rows (padding that would dominate
+    excluded), ids as the CPU's on a planted problem; path='mma' raises."""
+    hidden, weight, bias, winners = planted_problem(gen, batch, 3000, 64, dtype, bias="float32")
+    num_valid = 2990
+    keep = winners < num_valid  # rows whose planted winner stays in the vocabulary: their ids are checked
+    _dominant_padding(hidden, weight, num_valid)
+    want_ids = localargmax.decode_keys(localargmax.shard_argmax(hidden, weight, bias=bias, num_valid=num_valid))[0]
+    paths = ["auto", "simt"] + (["gemm"] if dtype != torch.float32 else [])
+    for path in paths:
+        for scale, cap in ((1.0, None), (0.5, 4.0)):
+            kw = dict(bias=bias.cuda(), num_valid=num_valid, log_partition=True, scale=scale, soft_cap=cap, path=path)
+            keys, pairs = localargmax.shard_argmax(hidden.cuda(), weight.cuda(), **kw)
+            err = log_partition_error(pairs.cpu(), hidden, weight, bias, num_valid, scale, cap)
+            assert err <= 1e-5, (path, scale, cap, err)
+            assert torch.equal(pairs[:, 0].cpu(), localargmax.decode_keys(keys.cpu())[1])
+            if cap is None:
+                assert torch.equal(localargmax.decode_keys(keys.cpu())[0][keep], want_ids[keep])
+            t = torch.full((batch,), 0.8, device="cuda")
+            s_keys, s_pairs = localargmax.shard_sample(hidden.cuda(), weight.cuda(), t, 3, 0, **kw)
+            assert bool(torch.isfinite(s_pairs).all())
+        if path != "gemm":
+            top, top_pairs = localargmax.shard_topk(hidden.cuda(), weight.cuda(), 4, **dict(kw, path=path))
+            assert torch.equal(top[:, 0], keys)
+    with pytest.raises(ValueError, match="path='mma' cannot compute the log-partition"):
+        localargmax.shard_argmax(hidden.cuda(), weight.cuda(), log_partition=True, path="mma")

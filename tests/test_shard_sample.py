@@ -17,6 +17,7 @@ from localargmax.reference import reference_argmax
 from tests.support.checks import raises_cleanly
 from tests.support.paths import CPU_PATHS, on, path_keyword, use_path
 from tests.support.problems import make_shards, random_problem, simulated_sample, stack_frames
+from tests.support.reference import ref_logits, ref_transform
 
 M0, M1, W0, W1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
 MASK = 0xFFFFFFFF
@@ -358,3 +359,41 @@ def test_compiled_sample_refuses_like_eager(bad):
     assert step(hidden, weight, torch.tensor([1e-38])).tolist() == [1]  # and the tiny-T answer compiled
     with pytest.raises((ValueError, RuntimeError), match="temperature must be finite and >= 0"):
         step(hidden, weight, torch.tensor([bad]))
+
+
+def test_shard_sample_log_partition(gen):
+    """shard_sample(log_partition=True): without a transform the same keys
+    as shard_sample; ref is the transformed logit of the sampled entry (bit
+    for bit: the one-row shard's value), ``-log(sum)`` its float64
+    log-probability under softmax(x / T) over the valid rows; T == 0 rows
+    carry shard_argmax's pair; opcheck."""
+    hidden, weight, bias = random_problem(gen, 6, 500, 32, bias="float32")
+    hidden = hidden * 3
+    t = torch.tensor([0.0, 0.3, 1.0, 2.5, 1e-4, 40.0])
+    for scale, cap in ((1.0, None), (0.7, 2.0)):
+        kw = dict(bias=bias, num_valid=480, log_partition=True, scale=scale, soft_cap=cap)
+        keys, pairs = localargmax.shard_sample(hidden, weight, t, 9, 4, **kw)
+        if cap is None:
+            assert torch.equal(keys, localargmax.shard_sample(hidden, weight, t, 9, 4, bias=bias, num_valid=480))
+        ids = localargmax.decode_keys(keys)[0]
+        x = ref_transform(ref_logits(hidden, weight[:480], bias[:480]), scale, cap)
+        tt = torch.where(t > 0, t, 1.0).double()[:, None]
+        want = (x / tt - torch.logsumexp(x / tt, dim=1, keepdim=True)).gather(1, ids[:, None])[:, 0]
+        assert float((-pairs[:, 1].double().log() - want).abs().max()) <= 1e-5
+        greedy = localargmax.shard_argmax(
+            hidden[:1], weight, bias=bias, num_valid=480, log_partition=True, scale=scale, soft_cap=cap
+        )
+        assert torch.equal(pairs[:1], greedy[1])
+        for b, i in enumerate(ids.tolist()):
+            one = localargmax.shard_argmax(
+                hidden[b : b + 1],
+                weight[i : i + 1],
+                bias=bias[i : i + 1],
+                log_partition=True,
+                scale=scale,
+                soft_cap=cap,
+            )
+            assert torch.equal(pairs[b, 0], one[1][0, 0]), b
+    op = torch.ops.localargmax.shard_sample_lse.default
+    torch.library.opcheck(op, (hidden, weight, bias, 0, 480, t, 9, 4))
+    torch.library.opcheck(op, (hidden, weight, None, 3, 300, t, 1, 0, 2.0, 30.0), {"path": "generic"})

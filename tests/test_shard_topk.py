@@ -16,10 +16,11 @@ from tests.support.problems import (
     integer_problem,
     make_shards,
     planted_problem,
+    random_problem,
     simulated_topk,
     stack_frames,
 )
-from tests.support.reference import ref_logits, ref_topk
+from tests.support.reference import ref_logits, ref_topk, ref_transform
 from tests.support.strategies import d2t_for, exact_problems, given, layouts, settings, st
 
 H, ROWS, B = 8, 6, 3
@@ -147,3 +148,23 @@ def test_shard_topk_op_rejects(case):
     args, word = BAD_OP[case]
     with pytest.raises((ValueError, TypeError, RuntimeError), match=word):
         torch.ops.localargmax.shard_topk.default(torch.randn(B, H), torch.randn(ROWS, H), *args)
+
+
+def test_shard_topk_log_partition(gen):
+    """shard_topk(log_partition=True): the pairs of shard_argmax (bit for
+    bit: the same tiles, the same order), keys of the transformed logits
+    (without a transform: shard_topk's keys); opcheck."""
+    hidden, weight, bias = random_problem(gen, 6, 700, 24, torch.bfloat16, bias="float32")
+    for scale, cap in ((1.0, None), (2.0, 1.5)):
+        kw = dict(bias=bias, num_valid=690, log_partition=True, scale=scale, soft_cap=cap)
+        keys, pairs = localargmax.shard_topk(hidden, weight, 9, **kw)
+        top1, pairs1 = localargmax.shard_argmax(hidden, weight, **kw)
+        assert torch.equal(keys[:, 0], top1) and torch.equal(pairs.view(torch.int32), pairs1.view(torch.int32))
+        if cap is None:
+            assert torch.equal(keys, localargmax.shard_topk(hidden, weight, 9, bias=bias, num_valid=690))
+        x = ref_transform(ref_logits(hidden, weight[:690], bias[:690]), scale, cap)
+        values = localargmax.decode_keys(keys)[1].double()
+        assert float((values - x.topk(9, dim=1).values).abs().max()) <= 1e-5
+    op = torch.ops.localargmax.shard_topk_lse.default
+    torch.library.opcheck(op, (hidden, weight, None, 10, 640, 5), {"path": "generic"})
+    torch.library.opcheck(op, (hidden, weight, bias, 0, 700, 64, 0.5, 2.0))

@@ -6,6 +6,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
+#include <tuple>
 #include <cstdlib>
 #include <functional>
 #include <cstring>
@@ -56,13 +58,28 @@ WeightDtype weight_dtype_of(at::ScalarType t) {
 // ShardArgmaxProblem). Chunks of tiles run in parallel, each into its own
 // slot of `partial`; the chunks are then merged per batch row. No dependence
 // on thread ids or timing.
+// The transform and log-partition request of the *_lse ops (DESIGN.md,
+// "Log-probabilities"); `out` receives the [batch, 2] float32 pairs.
+struct PartitionRequest {
+  float scale;
+  float soft_cap;  // 0: none
+  at::Tensor* out;
+};
+
 at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                         int64_t vocab_start, int64_t num_valid, int64_t topk, const at::Tensor& temperature,
-                        uint64_t seed, uint64_t offset, const std::string& path) {
+                        uint64_t seed, uint64_t offset, const std::string& path,
+                        const PartitionRequest* partition = nullptr) {
   const TilesFn tiles_fn = pick_tiles_fn(path);
   const int64_t batch = hidden.size(0);
   const int64_t hidden_size = hidden.size(1);
   at::Tensor keys = at::zeros({batch, topk}, hidden.options().dtype(at::kLong));
+  if (partition != nullptr) {
+    // (ref, sum) = (-inf, 0): no entry (an empty shard)
+    *partition->out = at::empty({batch, 2}, hidden.options().dtype(at::kFloat));
+    partition->out->select(1, 0).fill_(-INFINITY);
+    partition->out->select(1, 1).fill_(0.0);
+  }
   if (batch == 0 || num_valid == 0) return keys;
 
   const int64_t hidden_pad = (hidden_size + kLanes - 1) / kLanes * kLanes;
@@ -88,8 +105,18 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
   p.temperature = temperature_f32.defined() ? temperature_f32.data_ptr<float>() : nullptr;
   p.seed = seed;
   p.offset = offset;
-
   const int64_t num_tiles = (num_valid + kTileRows - 1) / kTileRows;
+  std::vector<PartitionState> tile_partition;
+  p.partition = nullptr;
+  p.scale = 1.0f;
+  p.soft_cap = 0.0f;
+  if (partition != nullptr) {
+    tile_partition.assign(static_cast<size_t>(num_tiles * batch), partition_init());
+    p.partition = tile_partition.data();
+    p.scale = partition->scale;
+    p.soft_cap = partition->soft_cap;
+  }
+
   const int64_t num_chunks = std::min<int64_t>(num_tiles, 4 * static_cast<int64_t>(at::get_num_threads()));
   const int64_t per_chunk = batch * topk;
   std::vector<uint64_t> partial(static_cast<size_t>(num_chunks * per_chunk), 0);
@@ -101,6 +128,17 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
       tiles_fn(p, t0, t1, scratch.data(), partial.data() + c * per_chunk);
     }
   });
+  if (partition != nullptr) {
+    // The tiles' pairs, merged in tile order: independent of the chunking.
+    float* pairs = partition->out->data_ptr<float>();
+    for (int64_t b = 0; b < batch; ++b) {
+      const float t = p.temperature != nullptr && p.temperature[b] > 0.0f ? p.temperature[b] : 1.0f;
+      PartitionState acc = partition_init();
+      for (int64_t tile = 0; tile < num_tiles; ++tile) partition_merge(acc, tile_partition[tile * batch + b], t);
+      pairs[2 * b] = acc.ref;
+      pairs[2 * b + 1] = acc.sum;
+    }
+  }
   auto* out = reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>());
   if (topk == 1) {
     for (int64_t c = 0; c < num_chunks; ++c)
@@ -131,21 +169,68 @@ at::Tensor shard_topk_cpu(const at::Tensor& hidden, const at::Tensor& weight, co
   return reduce_shard(hidden, weight, bias, vocab_start, num_valid, k, at::Tensor(), 0, 0, std::string(path));
 }
 
-at::Tensor shard_sample_cpu(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                            int64_t vocab_start, int64_t num_valid, const at::Tensor& temperature, int64_t seed,
-                            int64_t offset, c10::string_view path) {
-  check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
-  check_sample_args(hidden, temperature, offset);
-  // Values are read here, on the host, so that eager and compiled calls refuse
-  // the same temperatures (the CUDA kernel gives such rows key 0 instead).
+// Values are read here, on the host, so that eager and compiled calls refuse
+// the same temperatures (the CUDA kernel gives such rows key 0 instead).
+void check_temperature_values(const at::Tensor& temperature) {
   const at::Tensor t = temperature.contiguous();
   const float* tp = t.data_ptr<float>();
   for (int64_t b = 0; b < t.numel(); ++b)
     TORCH_CHECK_VALUE(valid_temperature(tp[b]), "shard_sample: temperature must be finite and >= 0 (0 = greedy), got ",
                       tp[b], " at row ", b);
+}
+
+at::Tensor shard_sample_cpu(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                            int64_t vocab_start, int64_t num_valid, const at::Tensor& temperature, int64_t seed,
+                            int64_t offset, c10::string_view path) {
+  check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
+  check_sample_args(hidden, temperature, offset);
+  check_temperature_values(temperature);
   return reduce_shard(hidden, weight, bias, vocab_start, num_valid, 1, temperature, static_cast<uint64_t>(seed),
                       static_cast<uint64_t>(offset), std::string(path))
       .view({-1});
+}
+
+std::tuple<at::Tensor, at::Tensor> shard_argmax_lse_cpu(const at::Tensor& hidden, const at::Tensor& weight,
+                                                        const std::optional<at::Tensor>& bias, int64_t vocab_start,
+                                                        int64_t num_valid, double scale, double soft_cap,
+                                                        c10::string_view path) {
+  check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
+  check_transform_args(scale, soft_cap);
+  at::Tensor pairs;
+  const PartitionRequest req{static_cast<float>(scale), static_cast<float>(soft_cap), &pairs};
+  at::Tensor keys =
+      reduce_shard(hidden, weight, bias, vocab_start, num_valid, 1, at::Tensor(), 0, 0, std::string(path), &req);
+  return {keys.view({-1}), pairs};
+}
+
+std::tuple<at::Tensor, at::Tensor> shard_topk_lse_cpu(const at::Tensor& hidden, const at::Tensor& weight,
+                                                      const std::optional<at::Tensor>& bias, int64_t vocab_start,
+                                                      int64_t num_valid, int64_t k, double scale, double soft_cap,
+                                                      c10::string_view path) {
+  check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
+  check_topk_arg(k);
+  check_transform_args(scale, soft_cap);
+  at::Tensor pairs;
+  const PartitionRequest req{static_cast<float>(scale), static_cast<float>(soft_cap), &pairs};
+  at::Tensor keys =
+      reduce_shard(hidden, weight, bias, vocab_start, num_valid, k, at::Tensor(), 0, 0, std::string(path), &req);
+  return {keys, pairs};
+}
+
+std::tuple<at::Tensor, at::Tensor> shard_sample_lse_cpu(const at::Tensor& hidden, const at::Tensor& weight,
+                                                        const std::optional<at::Tensor>& bias, int64_t vocab_start,
+                                                        int64_t num_valid, const at::Tensor& temperature,
+                                                        int64_t seed, int64_t offset, double scale, double soft_cap,
+                                                        c10::string_view path) {
+  check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
+  check_sample_args(hidden, temperature, offset);
+  check_transform_args(scale, soft_cap);
+  check_temperature_values(temperature);
+  at::Tensor pairs;
+  const PartitionRequest req{static_cast<float>(scale), static_cast<float>(soft_cap), &pairs};
+  at::Tensor keys = reduce_shard(hidden, weight, bias, vocab_start, num_valid, 1, temperature,
+                                 static_cast<uint64_t>(seed), static_cast<uint64_t>(offset), std::string(path), &req);
+  return {keys.view({-1}), pairs};
 }
 
 }  // namespace
@@ -171,6 +256,9 @@ TORCH_LIBRARY_IMPL(localargmax, CPU, m) {
   m.impl("shard_argmax", &cpu::shard_argmax_cpu);
   m.impl("shard_topk", &cpu::shard_topk_cpu);
   m.impl("shard_sample", &cpu::shard_sample_cpu);
+  m.impl("shard_argmax_lse", &cpu::shard_argmax_lse_cpu);
+  m.impl("shard_topk_lse", &cpu::shard_topk_lse_cpu);
+  m.impl("shard_sample_lse", &cpu::shard_sample_lse_cpu);
 }
 
 }  // namespace localargmax

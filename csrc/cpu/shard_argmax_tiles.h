@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "../common/log_partition.h"
+
 namespace localargmax {
 namespace cpu {
 
@@ -32,6 +34,13 @@ struct ShardArgmaxProblem {
                              // rows with temperature 0 are greedy too
   uint64_t seed;           // sampling: Philox key
   uint64_t offset;         // sampling: Philox subsequence of batch row b is offset + b
+  // Log-partition (DESIGN.md, "Log-probabilities"), or nullptr: one state per
+  // (tile, batch row), [num_tiles][batch], tile = local row / kTileRows. With it
+  // every logit is first transformed (transform_logit: soft-cap, then scale)
+  // and the keys carry the transformed values.
+  PartitionState* partition;
+  float scale;             // logit scale (> 0), with partition only
+  float soft_cap;          // soft-cap c (> 0), 0 for none; with partition only
 };
 
 constexpr int kLanes = 8;        // float32 lanes per accumulator
@@ -41,6 +50,9 @@ constexpr int64_t kTileRows = 64;  // vocabulary rows per parallel work item
 // and folds each batch row's keys into best_keys[b * topk, (b + 1) * topk)
 // (the topk largest, descending; key 0 = empty slot). With a temperature the
 // key's value is logit / T + Gumbel noise (common/philox.h) instead of logit.
+// With p.partition, also folds every entry into its tile's PartitionState, in
+// ascending row order per batch row whatever the blocking, so the pairs do
+// not depend on the blocking, the ISA variant or the thread count.
 // scratch: at least 4 * hidden_pad floats, private to the calling thread.
 void shard_argmax_tiles_avx2(const ShardArgmaxProblem& p, int64_t tile_begin,
                              int64_t tile_end, float* scratch, uint64_t* best_keys);

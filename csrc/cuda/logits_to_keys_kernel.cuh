@@ -26,11 +26,27 @@ __device__ __forceinline__ unsigned long long warp_max_key(unsigned long long ke
   return key;
 }
 
+// A PartitionState across the warp: xor butterfly, the same bits on every
+// lane (partition_merge(a, b) and (b, a) add the same two terms).
+__device__ __forceinline__ PartitionState warp_merge_partition(PartitionState s, float t) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const PartitionState other{__shfl_xor_sync(0xFFFFFFFFu, s.best_key, offset),
+                               __shfl_xor_sync(0xFFFFFFFFu, s.ref, offset),
+                               __shfl_xor_sync(0xFFFFFFFFu, s.sum, offset)};
+    partition_merge(s, other, t);
+  }
+  return s;
+}
+
 // grid.x: column blocks of kKeysColumnsPerBlock logits; grid.y walks the
 // batch rows of this chunk (grid-stride, y <= 65535). logits: [rows, ldl],
 // batch rows b0 .. b0 + rows - 1 of p (for out.keys, temperatures and the
-// Philox subsequence); p's hidden and weight are not read.
-template <typename T>
+// Philox subsequence); p's hidden and weight are not read. LSE: also the
+// block's log-partition state per batch row (out.block_partition
+// [gridDim.x, batch]): each thread's columns in ascending order, the warp's
+// threads by butterfly, the block's warps in order.
+template <typename T, bool LSE = false>
 __global__ void __launch_bounds__(kKeysThreads)
     logits_to_keys_kernel(const float* __restrict__ logits, int64_t ldl, int64_t rows, int64_t b0,
                           const ShardArgmaxProblem<T> p) {
@@ -40,11 +56,14 @@ __global__ void __launch_bounds__(kKeysThreads)
   const int64_t vocab_start = p.vocab_start;
   const ShardReduce& out = p.out;
   __shared__ unsigned long long warp_best[kKeysThreads / 32];
+  __shared__ PartitionState warp_partition[LSE ? kKeysThreads / 32 : 1];
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kKeysColumnsPerBlock;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const int64_t b = b0 + r;
     const float* row = logits + r * ldl;
     unsigned long long best = kNoEntryKey;
+    PartitionState part = partition_init();
+    const float t = LSE ? partition_temperature(b, out) : 1.0f;
 #pragma unroll 4
     for (int i = 0; i < kKeysPerThread; ++i) {
       const int64_t col = col0 + i * kKeysThreads + static_cast<int64_t>(threadIdx.x);
@@ -52,13 +71,28 @@ __global__ void __launch_bounds__(kKeysThreads)
         float s = row[col];
         if (bias_f != nullptr) s = __fadd_rn(s, bias_f[col]);
         if (bias_t != nullptr) s = __fadd_rn(s, to_float(bias_t[col]));
+        if constexpr (LSE) s = transform_logit(s, out.scale, out.soft_cap);
         const uint64_t global_index = static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(col);
-        best = max_key(best, key_of(s, b, global_index, out));
+        const unsigned long long key = key_of(s, b, global_index, out);
+        if constexpr (LSE) partition_add(part, s, key, t);
+        best = max_key(best, key);
       }
     }
     best = warp_max_key(best);
     if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
+    if constexpr (LSE) {
+      part = warp_merge_partition(part, t);
+      if (threadIdx.x % 32 == 0) warp_partition[threadIdx.x / 32] = part;
+    }
     __syncthreads();
+    if constexpr (LSE) {
+      if (threadIdx.x == 32) {  // another warp than the keys' fold below
+        PartitionState acc = partition_init();
+#pragma unroll
+        for (int w = 0; w < kKeysThreads / 32; ++w) partition_merge(acc, warp_partition[w], t);
+        out.block_partition[static_cast<int64_t>(blockIdx.x) * p.batch + b] = acc;
+      }
+    }
     if (threadIdx.x < 32) {
       best = threadIdx.x < kKeysThreads / 32 ? warp_best[threadIdx.x] : kNoEntryKey;
       best = warp_max_key(best);

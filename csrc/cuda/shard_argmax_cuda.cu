@@ -33,6 +33,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 #include "../checks.h"
@@ -112,6 +113,12 @@ PathChoice pick_path(const ShardArgmaxProblem<T>& p, const at::Tensor& weight, b
                     "'");
   const bool half = weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kHalf;
   if (path == "simt") return {Path::kSimt, -1};
+  // The log-partition is computed by the CUDA-core kernel and the gemm path's
+  // keys kernel (the tensor-core kernel has no partition states): auto never
+  // takes mma for it.
+  const bool lse = p.out.block_partition != nullptr;
+  TORCH_CHECK_VALUE(!lse || (path != "mma" && variant < 0), "log_partition: path='", path,
+                    "' cannot compute the log-partition on CUDA; use 'auto', 'simt' or 'gemm'");
   if (path != "auto") {
     TORCH_CHECK_VALUE(!topk_mode, "shard_topk: path='", path, "' does not exist for top-k; use 'auto' or 'simt'");
     TORCH_CHECK_VALUE(half, "shard_argmax: path='", path, "' needs bfloat16 or float16 weights, got ",
@@ -132,11 +139,13 @@ PathChoice pick_path(const ShardArgmaxProblem<T>& p, const at::Tensor& weight, b
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, weight.get_device()));
     if (weight.size(0) < kSimtMaxRowsPerSm * sms) return {Path::kSimt, -1};
   }
-  return {mma ? Path::kMma : Path::kSimt, -1};
+  return {mma && !lse ? Path::kMma : Path::kSimt, -1};
 }
 
+// Returns the number of blocks (grid x) of the kernel that wrote the keys:
+// the rows of out.block_partition when the log-partition is on.
 template <typename T>
-void launch_typed(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
+int64_t launch_typed(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias_t,
                   const at::Tensor& bias_f, int64_t vocab_start, int64_t num_valid, const ShardReduce& out,
                   bool topk_mode, const std::string& path) {
   const ShardArgmaxProblem<T> p{reinterpret_cast<const T*>(hidden.data_ptr()),
@@ -152,15 +161,22 @@ void launch_typed(const at::Tensor& hidden, const at::Tensor& weight, const at::
                                 out};
   const PathChoice chosen = pick_path(p, weight, topk_mode, path);  // float32: always kSimt (or it raised)
   if constexpr (!std::is_same_v<T, float>) {
-    if (chosen.path == Path::kGemm) return run_gemm(p, hidden, weight);
-    if (chosen.path == Path::kMma) return run_mma(p, chosen.mma_variant);
+    if (chosen.path == Path::kGemm) {
+      run_gemm(p, hidden, weight);
+      return keys_blocks(p);
+    }
+    if (chosen.path == Path::kMma) {
+      run_mma(p, chosen.mma_variant);
+      return 0;
+    }
   }
   run_simt(p, topk_mode);
+  return simt_blocks(p);
 }
 
 // Runs the fused kernel (or the gemm path, see pick_path) in one mode on the
-// current stream, under a device guard.
-void launch(const at::Tensor& hidden_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+// current stream, under a device guard. Returns launch_typed's block count.
+int64_t launch(const at::Tensor& hidden_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
             int64_t vocab_start, int64_t num_valid, const ShardReduce& out, bool topk_mode, const std::string& path) {
   // The path and the vector width (hence the summation order) may depend on
   // alignment; hidden is small, so a misaligned or oddly strided one is copied
@@ -193,6 +209,7 @@ void launch(const at::Tensor& hidden_in, const at::Tensor& weight, const std::op
                                          path);
     default: TORCH_CHECK_TYPE(false, "shard_argmax: unsupported dtype ", weight.scalar_type());
   }
+  return 0;
 }
 
 unsigned long long* key_ptr(at::Tensor& t) { return reinterpret_cast<unsigned long long*>(t.data_ptr<int64_t>()); }
@@ -245,10 +262,108 @@ at::Tensor shard_topk_cuda(const at::Tensor& hidden, const at::Tensor& weight, c
   return std::get<0>(flipped.topk(kept, 1, true, true)).bitwise_xor(sign);
 }
 
+// The *_lse ops: the same launches with per-block log-partition states
+// (simt or gemm path, see pick_path), merged in block order into pairs.
+static_assert(sizeof(PartitionState) == 16, "PartitionState is 16 bytes: 4 int32 words per state");
+
+struct Partition {
+  at::Tensor pairs;   // [batch, 2] float32
+  at::Tensor states;  // [blocks * batch] PartitionState, as int32 words
+  int64_t blocks;
+
+  Partition(const at::Tensor& hidden, int64_t num_valid)
+      : blocks((num_valid + kRowsPerBlock - 1) / kRowsPerBlock) {
+    const int64_t batch = hidden.size(0);
+    pairs = at::empty({batch, 2}, hidden.options().dtype(at::kFloat));
+    if (batch == 0 || num_valid == 0) {  // an empty shard: (-inf, 0) (fills on the current stream)
+      pairs.select(1, 0).fill_(-std::numeric_limits<float>::infinity());
+      pairs.select(1, 1).fill_(0.0);
+      return;
+    }
+    states = at::empty({blocks * batch * 4}, hidden.options().dtype(at::kInt));
+  }
+  PartitionState* state_ptr() { return reinterpret_cast<PartitionState*>(states.data_ptr<int32_t>()); }
+  // used: the blocks the chosen path wrote (<= blocks: the simt kernel's count, the most of any path)
+  void merge(int64_t batch, const float* temperature, int64_t used) {
+    TORCH_CHECK(used > 0 && used <= blocks, "log_partition: ", used, " blocks of states for ", blocks);
+    launch_merge_partition(state_ptr(), used, batch, temperature, pairs.data_ptr<float>(), CudaLaunch{});
+  }
+};
+
+ShardReduce with_partition(ShardReduce out, Partition& part, double scale, double soft_cap) {
+  out.block_partition = part.state_ptr();
+  out.scale = static_cast<float>(scale);
+  out.soft_cap = static_cast<float>(soft_cap);
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> shard_argmax_lse_cuda(const at::Tensor& hidden, const at::Tensor& weight,
+                                                         const std::optional<at::Tensor>& bias, int64_t vocab_start,
+                                                         int64_t num_valid, double scale, double soft_cap,
+                                                         c10::string_view path) {
+  check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
+  check_transform_args(scale, soft_cap);
+  const c10::cuda::CUDAGuard guard(weight.device());
+  at::Tensor keys = at::zeros({hidden.size(0)}, hidden.options().dtype(at::kLong));
+  Partition part(hidden, num_valid);
+  if (hidden.size(0) == 0 || num_valid == 0) return {keys, part.pairs};
+  const ShardReduce out{key_ptr(keys), nullptr, 1, nullptr, 0, 0};
+  const int64_t used = launch(hidden, weight, bias, vocab_start, num_valid, with_partition(out, part, scale, soft_cap),
+                              false, std::string(path));
+  part.merge(hidden.size(0), nullptr, used);
+  return {keys, part.pairs};
+}
+
+std::tuple<at::Tensor, at::Tensor> shard_sample_lse_cuda(const at::Tensor& hidden, const at::Tensor& weight,
+                                                         const std::optional<at::Tensor>& bias, int64_t vocab_start,
+                                                         int64_t num_valid, const at::Tensor& temperature,
+                                                         int64_t seed, int64_t offset, double scale, double soft_cap,
+                                                         c10::string_view path) {
+  check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
+  check_sample_args(hidden, temperature, offset);
+  check_transform_args(scale, soft_cap);
+  const c10::cuda::CUDAGuard guard(weight.device());
+  at::Tensor keys = at::zeros({hidden.size(0)}, hidden.options().dtype(at::kLong));
+  Partition part(hidden, num_valid);
+  if (hidden.size(0) == 0 || num_valid == 0) return {keys, part.pairs};
+  const at::Tensor t = temperature.contiguous();
+  const ShardReduce out{key_ptr(keys), nullptr, 1, t.data_ptr<float>(), static_cast<uint64_t>(seed),
+                        static_cast<uint64_t>(offset)};
+  const int64_t used = launch(hidden, weight, bias, vocab_start, num_valid, with_partition(out, part, scale, soft_cap),
+                              false, std::string(path));
+  part.merge(hidden.size(0), t.data_ptr<float>(), used);
+  return {keys, part.pairs};
+}
+
+std::tuple<at::Tensor, at::Tensor> shard_topk_lse_cuda(const at::Tensor& hidden, const at::Tensor& weight,
+                                                       const std::optional<at::Tensor>& bias, int64_t vocab_start,
+                                                       int64_t num_valid, int64_t k, double scale, double soft_cap,
+                                                       c10::string_view path) {
+  check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
+  check_topk_arg(k);
+  check_transform_args(scale, soft_cap);
+  const c10::cuda::CUDAGuard guard(weight.device());
+  const int64_t batch = hidden.size(0);
+  Partition part(hidden, num_valid);
+  if (batch == 0 || num_valid == 0) return {at::zeros({batch, k}, hidden.options().dtype(at::kLong)), part.pairs};
+  at::Tensor block_topk = at::empty({part.blocks, batch, k}, hidden.options().dtype(at::kLong));
+  const ShardReduce out{nullptr, key_ptr(block_topk), static_cast<int>(k), nullptr, 0, 0};
+  const int64_t used = launch(hidden, weight, bias, vocab_start, num_valid, with_partition(out, part, scale, soft_cap),
+                              true, std::string(path));
+  part.merge(batch, nullptr, used);
+  const int64_t sign = static_cast<int64_t>(kSignFlip);
+  at::Tensor flipped = block_topk.permute({1, 0, 2}).reshape({batch, part.blocks * k}).bitwise_xor(sign);
+  const int64_t kept = std::min<int64_t>(k, part.blocks * k);
+  return {std::get<0>(flipped.topk(kept, 1, true, true)).bitwise_xor(sign), part.pairs};
+}
+
 }  // namespace
 }  // namespace cuda
 
 TORCH_LIBRARY_IMPL(localargmax, CUDA, m) {
+  m.impl("shard_argmax_lse", &cuda::shard_argmax_lse_cuda);
+  m.impl("shard_topk_lse", &cuda::shard_topk_lse_cuda);
+  m.impl("shard_sample_lse", &cuda::shard_sample_lse_cuda);
   m.impl("shard_argmax", &cuda::shard_argmax_cuda);
   m.impl("shard_topk", &cuda::shard_topk_cuda);
   m.impl("shard_sample", &cuda::shard_sample_cuda);

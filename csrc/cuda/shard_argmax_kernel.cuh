@@ -8,6 +8,7 @@
 
 #include "device_runtime.cuh"
 
+#include "../common/log_partition.h"
 #include "../common/packed_key.h"
 #include "../common/philox.h"
 
@@ -80,6 +81,13 @@ struct ShardReduce {
   const float* temperature;  // sample: [batch], or nullptr; T <= 0 rows are greedy
   uint64_t seed;             // sample: Philox key
   uint64_t offset;           // sample: Philox subsequence of batch row 0
+  // Log-partition (DESIGN.md, "Log-probabilities"), or nullptr: each block's
+  // PartitionState per batch row, [gridDim.x, batch]; merged in block order
+  // by merge_partition_kernel. With it every logit is first transformed
+  // (transform_logit) and the keys carry the transformed values.
+  PartitionState* block_partition = nullptr;
+  float scale = 1.0f;
+  float soft_cap = 0.0f;     // 0: none
 };
 
 // One launch over a weight shard: the operands and what to reduce them to
@@ -118,6 +126,32 @@ __device__ __forceinline__ unsigned long long key_of(float s, int64_t b, uint64_
   return pack_key(s, global_index);
 }
 
+// The temperature of batch row b's log-partition: T for sampling rows with
+// T > 0, else 1 (argmax, top-k, greedy rows).
+__device__ __forceinline__ float partition_temperature(int64_t b, const ShardReduce& out) {
+  if (out.temperature == nullptr) return 1.0f;
+  const float t = out.temperature[b];
+  return t > 0.0f ? t : 1.0f;
+}
+
+// After the block's rows: each warp's lane 0 has put its states in
+// warp_states[warp][.]; thread j < N merges them in warp order and writes the
+// block's state of batch row b0 + j. Barriers around it, for every thread.
+template <int W, int N>
+__device__ __forceinline__ void store_block_partition(const PartitionState (&warp_states)[W][N], int64_t b0,
+                                                      int64_t batch, const ShardReduce& out) {
+  __syncthreads();
+  if (threadIdx.x < N && b0 + threadIdx.x < batch) {
+    const int64_t b = b0 + threadIdx.x;
+    const float t = partition_temperature(b, out);
+    PartitionState acc = partition_init();
+#pragma unroll
+    for (int w = 0; w < W; ++w) partition_merge(acc, warp_states[w][threadIdx.x], t);
+    out.block_partition[static_cast<int64_t>(blockIdx.x) * batch + b] = acc;
+  }
+  __syncthreads();
+}
+
 // NB batch rows per pass; VEC elements per lane per step (16 bytes when the
 // rows are 16-byte aligned, else 1). Products accumulate by fused multiply-add
 // (__fmaf_rn: one instruction where mul + add took two; the kernel is
@@ -125,8 +159,9 @@ __device__ __forceinline__ unsigned long long key_of(float s, int64_t b, uint64_
 // add, since the product of two such values is exact in float32 (bf16 products
 // in float32's subnormal range aside); for fp32 it rounds once instead of twice. TOPK: each block writes the topk best
 // keys of its kRowsPerBlock rows per batch row to out.block_topk instead of
-// folding one key into out.keys with atomicMax.
-template <typename T, int NB, int VEC, bool TOPK>
+// folding one key into out.keys with atomicMax. LSE: also each block's
+// log-partition state per batch row (out.block_partition).
+template <typename T, int NB, int VEC, bool TOPK, bool LSE = false>
 // minBlocksPerSM = 2: without it ptxas spilled a 64-bit value to the stack in
 // some instantiations on sm_80 / sm_100 (tests/test_cuda_build.py checks).
 __global__ void __launch_bounds__(kWarps * 32, 2)
@@ -141,6 +176,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   __shared__ unsigned long long block_best[kWarps][NB];
   __shared__ unsigned long long candidates[TOPK ? kRowsPerBlock : 1][NB];
   __shared__ unsigned long long lists[TOPK ? NB : 1][TOPK ? 64 : 1];
+  __shared__ PartitionState warp_partition[LSE ? kWarps : 1][LSE ? NB : 1];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   // Row indices fit in 32 bits (the launcher checks num_valid < 2**31); 64-bit
@@ -154,6 +190,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     unsigned long long best[NB];
 #pragma unroll
     for (int j = 0; j < NB; ++j) best[j] = kNoEntryKey;
+    PartitionState part[LSE ? NB : 1];
+    if constexpr (LSE) {
+#pragma unroll
+      for (int j = 0; j < NB; ++j) part[j] = partition_init();
+    }
     if constexpr (TOPK) {
       for (int i = threadIdx.x; i < kRowsPerBlock * NB; i += blockDim.x) candidates[i / NB][i % NB] = kNoEntryKey;
       __syncthreads();
@@ -196,7 +237,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
         if (bias_f != nullptr) s = __fadd_rn(s, bias_f[row]);
         if (bias_t != nullptr) s = __fadd_rn(s, to_float(bias_t[row]));
         if (b0 + j < batch) {
+          if constexpr (LSE) s = transform_logit(s, out.scale, out.soft_cap);
           const unsigned long long key = key_of(s, b0 + j, global_index, out);
+          // every lane holds the same s (butterfly): the warp's rows, in ascending order
+          if constexpr (LSE) partition_add(part[j], s, key, partition_temperature(b0 + j, out));
           if constexpr (TOPK) {
             if (lane == 0) candidates[row - row_begin][j] = key;
           } else if (key > best[j]) {
@@ -204,6 +248,13 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
           }
         }
       }
+    }
+    if constexpr (LSE) {
+      if (lane == 0) {
+#pragma unroll
+        for (int j = 0; j < NB; ++j) warp_partition[warp][j] = part[j];
+      }
+      store_block_partition(warp_partition, b0, batch, out);
     }
     if constexpr (TOPK) {
       __syncthreads();
@@ -233,6 +284,19 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       __syncthreads();
     }
   }
+}
+
+// The per-block states [blocks, batch] -> pairs [batch, 2] float32 (ref,
+// sum): thread per batch row, blocks merged in order (deterministic).
+__global__ void merge_partition_kernel(const PartitionState* __restrict__ block_partition, int64_t blocks,
+                                       int64_t batch, const float* __restrict__ temperature, float* __restrict__ pairs) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= batch) return;
+  const float t = temperature == nullptr || !(temperature[b] > 0.0f) ? 1.0f : temperature[b];
+  PartitionState acc = partition_init();
+  for (int64_t i = 0; i < blocks; ++i) partition_merge(acc, block_partition[i * batch + b], t);
+  pairs[2 * b] = acc.ref;
+  pairs[2 * b + 1] = acc.sum;
 }
 
 }  // namespace

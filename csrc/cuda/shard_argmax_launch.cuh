@@ -42,16 +42,40 @@ bool mma_takes(const ShardArgmaxProblem<T>& p) {
   return p.hidden_size % 8 == 0 && p.ldw % 8 == 0 && p.ldh % 8 == 0 && aligned16(p.weight) && aligned16(p.hidden);
 }
 
-template <typename T, int NB, bool TOPK, typename Launch>
-void launch_simt_nb(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_grid_y) {
+// Blocks (grid x) of the CUDA-core kernel: one per kRowsPerBlock rows.
+template <typename T>
+int64_t simt_blocks(const ShardArgmaxProblem<T>& p) {
+  return (p.num_valid + kRowsPerBlock - 1) / kRowsPerBlock;
+}
+
+template <typename T, int NB, bool TOPK, bool LSE, typename Launch>
+void launch_simt_lse(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_grid_y) {
   constexpr int kVec = 16 / sizeof(T);
-  const dim3 grid = grid_of((p.num_valid + kRowsPerBlock - 1) / kRowsPerBlock, (p.batch + NB - 1) / NB, max_grid_y);
+  const dim3 grid = grid_of(simt_blocks(p), (p.batch + NB - 1) / NB, max_grid_y);
   const dim3 block(kWarps * 32);
   if (simt_vectorized(p)) {
-    launch("shard_argmax_kernel", shard_argmax_kernel<T, NB, kVec, TOPK>, grid, block, p);
+    launch("shard_argmax_kernel", shard_argmax_kernel<T, NB, kVec, TOPK, LSE>, grid, block, p);
   } else {
-    launch("shard_argmax_kernel", shard_argmax_kernel<T, NB, 1, TOPK>, grid, block, p);
+    launch("shard_argmax_kernel", shard_argmax_kernel<T, NB, 1, TOPK, LSE>, grid, block, p);
   }
+}
+
+// LSE (the log-partition states) when p.out.block_partition is set.
+template <typename T, int NB, bool TOPK, typename Launch>
+void launch_simt_nb(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_grid_y) {
+  if (p.out.block_partition != nullptr) return launch_simt_lse<T, NB, TOPK, true>(p, launch, max_grid_y);
+  launch_simt_lse<T, NB, TOPK, false>(p, launch, max_grid_y);
+}
+
+constexpr int kPartitionThreads = 128;
+
+// The per-block log-partition states [blocks, batch] -> pairs [batch, 2].
+template <typename Launch>
+void launch_merge_partition(const PartitionState* block_partition, int64_t blocks, int64_t batch,
+                            const float* temperature, float* pairs, Launch&& launch) {
+  const dim3 grid(static_cast<unsigned>((batch + kPartitionThreads - 1) / kPartitionThreads));
+  launch("merge_partition_kernel", merge_partition_kernel, grid, dim3(kPartitionThreads), block_partition, blocks,
+         batch, temperature, pairs);
 }
 
 // The CUDA-core kernel ("simt"): NB batch rows per pass.
@@ -189,13 +213,24 @@ void launch_mma(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gri
   launch_mma_variant(p, id, launch, max_grid_y, std::make_integer_sequence<int, kNumMmaVariants>{});
 }
 
+// Blocks (grid x) of logits_to_keys_kernel: one per kKeysColumnsPerBlock columns.
+template <typename T>
+int64_t keys_blocks(const ShardArgmaxProblem<T>& p) {
+  return (p.num_valid + kKeysColumnsPerBlock - 1) / kKeysColumnsPerBlock;
+}
+
 // The second half of the gemm path: float32 logits [rows, ldl] of batch rows
 // b0 .. b0 + rows - 1 -> keys folded into p.out.keys.
 template <typename T, typename Launch>
 void launch_logits_to_keys(const float* logits, int64_t ldl, int64_t rows, int64_t b0, const ShardArgmaxProblem<T>& p,
                            Launch&& launch, int64_t max_grid_y = kMaxGridY) {
-  const dim3 grid = grid_of((p.num_valid + kKeysColumnsPerBlock - 1) / kKeysColumnsPerBlock, rows, max_grid_y);
-  launch("logits_to_keys_kernel", logits_to_keys_kernel<T>, grid, dim3(kKeysThreads), logits, ldl, rows, b0, p);
+  const dim3 grid = grid_of(keys_blocks(p), rows, max_grid_y);
+  if (p.out.block_partition != nullptr) {
+    launch("logits_to_keys_kernel", logits_to_keys_kernel<T, true>, grid, dim3(kKeysThreads), logits, ldl, rows, b0,
+           p);
+  } else {
+    launch("logits_to_keys_kernel", logits_to_keys_kernel<T>, grid, dim3(kKeysThreads), logits, ldl, rows, b0, p);
+  }
 }
 
 }  // namespace

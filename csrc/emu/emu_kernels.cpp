@@ -41,12 +41,18 @@ void name_typed() {
   simt(shard_argmax_kernel<T, NB, kVec, false>, kernel_name<shard_argmax_kernel<T, NB, kVec, false>>()); \
   simt(shard_argmax_kernel<T, NB, 1, false>, kernel_name<shard_argmax_kernel<T, NB, 1, false>>());       \
   simt(shard_argmax_kernel<T, NB, kVec, true>, kernel_name<shard_argmax_kernel<T, NB, kVec, true>>());   \
-  simt(shard_argmax_kernel<T, NB, 1, true>, kernel_name<shard_argmax_kernel<T, NB, 1, true>>());
+  simt(shard_argmax_kernel<T, NB, 1, true>, kernel_name<shard_argmax_kernel<T, NB, 1, true>>());         \
+  simt(shard_argmax_kernel<T, NB, kVec, false, true>,                                                     \
+       kernel_name<shard_argmax_kernel<T, NB, kVec, false, true>>());                                     \
+  simt(shard_argmax_kernel<T, NB, 1, false, true>, kernel_name<shard_argmax_kernel<T, NB, 1, false, true>>()); \
+  simt(shard_argmax_kernel<T, NB, kVec, true, true>, kernel_name<shard_argmax_kernel<T, NB, kVec, true, true>>()); \
+  simt(shard_argmax_kernel<T, NB, 1, true, true>, kernel_name<shard_argmax_kernel<T, NB, 1, true, true>>());
   LAM_NB(1) LAM_NB(2) LAM_NB(4) LAM_NB(8)
 #undef LAM_NB
   if constexpr (!std::is_same_v<T, float>) {
     name_mma<T>(std::make_integer_sequence<int, kNumMmaVariants>{});
     simt(logits_to_keys_kernel<T>, kernel_name<logits_to_keys_kernel<T>>());
+    simt(logits_to_keys_kernel<T, true>, kernel_name<logits_to_keys_kernel<T, true>>());
   }
 }
 
@@ -64,6 +70,7 @@ void name_all() {
   name_typed<__nv_bfloat16>();
   if constexpr (kAllDtypes) name_typed<__half>();
   emu::name_kernel(reinterpret_cast<const void*>(merge_keys_kernel), kernel_name<merge_keys_kernel>());
+  emu::name_kernel(reinterpret_cast<const void*>(merge_partition_kernel), kernel_name<merge_partition_kernel>());
 }
 
 // The launch functor of shard_argmax_launch.cuh for the emulation.
@@ -144,14 +151,52 @@ int lam_emu_mma_variant(int64_t hidden_size, int64_t num_valid, int64_t batch, i
 }
 int lam_emu_num_mma_variants() { return kNumMmaVariants; }
 
+// lam_emu_shard on the CUDA-core kernel with the log-partition (the *_lse
+// ops): per-block states into `states` [blocks, batch] (then
+// lam_emu_merge_partition, as shard_argmax_cuda.cu does).
+int lam_emu_shard_lse(int dtype, int topk_mode, const void* hidden, int64_t ldh, const void* weight, int64_t ldw,
+                      const void* bias_t, const float* bias_f, int64_t batch, int64_t hidden_size, int64_t num_valid,
+                      int64_t vocab_start, unsigned long long* keys, unsigned long long* block_topk, int topk,
+                      const float* temperature, uint64_t seed, uint64_t offset, int64_t max_grid_y, void* states,
+                      float scale, float soft_cap) {
+  name_all();
+  ShardReduce out{keys, block_topk, topk, temperature, seed, offset};
+  out.block_partition = static_cast<localargmax::PartitionState*>(states);
+  out.scale = scale;
+  out.soft_cap = soft_cap;
+#define LAM_ARGS hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size, num_valid, vocab_start, out
+  int rc = 3;  // path 0 (simt): the SM count and variant do not apply
+  if (dtype == 1) rc = run_shard(0, topk_mode, problem<__nv_bfloat16>(LAM_ARGS), max_grid_y, 1, -1);
+  if constexpr (kAllDtypes) {
+    if (dtype == 0) rc = run_shard(0, topk_mode, problem<float>(LAM_ARGS), max_grid_y, 1, -1);
+    if (dtype == 2) rc = run_shard(0, topk_mode, problem<__half>(LAM_ARGS), max_grid_y, 1, -1);
+  }
+#undef LAM_ARGS
+  return rc;
+}
+
+// merge_partition_kernel over `blocks` rows of states [blocks, batch] -> pairs [batch, 2].
+int lam_emu_merge_partition(const void* states, int64_t blocks, int64_t batch, const float* temperature,
+                            float* pairs) {
+  name_all();
+  bool ok = true;
+  launch_merge_partition(static_cast<const localargmax::PartitionState*>(states), blocks, batch, temperature, pairs,
+                         EmuLaunch{&ok});
+  return ok ? 0 : 1;
+}
+
 // The gemm path's keys kernel over float32 logits [rows, ldl] of batch rows b0..
+// (states: the log-partition states [blocks, batch], or nullptr).
 int lam_emu_logits_to_keys(int dtype, const float* logits, int64_t ldl, int64_t rows, int64_t b0, const void* bias_t,
                            const float* bias_f, int64_t batch, int64_t num_valid, int64_t vocab_start,
                            unsigned long long* keys, const float* temperature, uint64_t seed, uint64_t offset,
-                           int64_t max_grid_y) {
+                           int64_t max_grid_y, void* states, float scale, float soft_cap) {
   name_all();
   bool ok = true;
-  const ShardReduce out{keys, nullptr, 1, temperature, seed, offset};
+  ShardReduce out{keys, nullptr, 1, temperature, seed, offset};
+  out.block_partition = static_cast<localargmax::PartitionState*>(states);
+  out.scale = scale;
+  out.soft_cap = soft_cap;
 #define LAM_ARGS nullptr, 0, nullptr, 0, bias_t, bias_f, batch, 0, num_valid, vocab_start, out
   if (dtype == 1)
     launch_logits_to_keys(logits, ldl, rows, b0, problem<__nv_bfloat16>(LAM_ARGS), EmuLaunch{&ok}, max_grid_y);

@@ -67,6 +67,12 @@ columns (the first line of each is the legend printed under the table):
                       all-reduce: the ring-algorithm ESTIMATE
                       2*(tp-1)/tp*payload (the real traffic depends on the
                       backend's algorithm).
+  vllm_B              {vllm_B}
+                      (JSON bytes_sent_vllm), the same for every method of
+                      a (batch, op): argmax 8*B (get_top_tokens: float32
+                      value + index); topk (itemsize+8)*K*B (values in the
+                      weight dtype + int64 ids: 12*K*B for float32); sample
+                      B*rows*itemsize (vLLM samples from gathered logits).
   speedup             {speedup}.
   agree               {agree},
                       on every rank. The reference: logits of the full unpadded
@@ -102,7 +108,10 @@ columns (the first line of each is the legend printed under the table):
 
 --kernel-only: the local step alone in one process (no ranks) for --op argmax,
 topk or sample, on the rank-0 shard of each --tp (comma list, default 1; e.g.
---tp 1,2,4,8) or on --rows rows, batches 1,2,4,...,256 unless --batch. Rows:
+--tp 1,2,4,8) or on --rows rows, batches 1,2,4,...,256 unless --batch; with
+--log-probs, every row also computes log-probabilities (JSON log_probs: the
+fused log-partition, return_log_probs=True, a logsumexp in the baselines;
+no forced mma / gemm rows). Rows:
   fused-kernel        the fused op (shard_argmax/shard_topk/shard_sample) on
                       the path it picks (JSON cuda_path); lm-head-step: the
                       whole lm_head_* step, world-size-1 group. On CUDA with
@@ -159,6 +168,7 @@ examples:
   torchrun --nproc-per-node 8 -m localargmax.bench --device cuda --model qwen3
   localargmax-bench --kernel-only --model qwen3 --rows 75968 --dtype bfloat16
   localargmax-bench --kernel-only --op sample --model qwen3 --batch 1,64,256 --tp 8
+  localargmax-bench --kernel-only --op topk --k 8 --log-probs --model qwen3 --batch 1,8,64 --tp 8
   localargmax-bench --kernel-only --op sample --device cuda --model llama3-70b --tp 1,2,4,8 --json out.json
   localargmax-bench --smoke --json out.json           # tiny, for tests (or LOCALARGMAX_BENCH_SMOKE=1)
   localargmax-bench --predict                         # PREDICTED H200 table (model, no GPU needed)
@@ -238,6 +248,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--k", type=int, help="--op topk: ids per row, 1..64 (default 8)")
     p.add_argument("--temperature", type=float, help="--op sample: temperature T >= 0 (default 1.0; 0 = greedy)")
+    p.add_argument(
+        "--log-probs",
+        action="store_true",
+        help="--kernel-only: the ops with their fused log-partition (log_partition=True; the lm_head step with "
+        "return_log_probs=True; the torch baseline adds a logsumexp); CUDA: no forced mma / gemm rows",
+    )
     methods_help = "; ".join(f"{op}: {','.join(m)}" for op, m in OP_METHODS.items())
     p.add_argument(
         "--methods", help=f"comma-separated subset of the --op's methods (default: all of them; {methods_help})"
@@ -352,6 +368,8 @@ def make_config(args, command: list[str]):
     temperature = 1.0 if args.temperature is None else args.temperature
     if not 0 <= temperature < float("inf"):
         raise UsageError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if args.log_probs and not args.kernel_only:
+        raise UsageError("--log-probs goes with --kernel-only")
     if op == "sample" and not 0 <= args.seed < 2**63:
         raise UsageError(f"--op sample needs 0 <= --seed < 2**63, got {args.seed}")
     if not args.timeout > 0:
@@ -422,6 +440,7 @@ def make_config(args, command: list[str]):
         temperature=temperature,
         seed=args.seed,
         timeout=args.timeout,
+        log_probs=args.log_probs,
     )
     draft_vocab = 8192 if args.draft_vocab is None else args.draft_vocab
     if draft_vocab < 0:

@@ -157,6 +157,8 @@ def run_kernel_only(
         common["k"] = cfg.k
     if cfg.op == "sample":
         common.update(temperature=cfg.temperature, seed=cfg.seed, offset=SAMPLE_OFFSET)
+    if cfg.log_probs:
+        common["log_probs"] = True
     first_gemm = _gemm_peak(cfg, device, dtype, budget_s, common)
     samplers = _samplers(cfg, compile_baselines, cuda)
     group, own_group = _world_size_1_group(cuda)
@@ -274,22 +276,32 @@ def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, 
         hidden = hidden_all[:batch].to(dtype).to(device)
         temps = torch.full((batch,), float(cfg.temperature), dtype=torch.float32, device=device)
         methods = []  # (name, fn(w) -> ids or keys, forced path, output is keys)
+        lp = cfg.log_probs
+        ids_of = (lambda out: out[0]) if lp else (lambda out: out)  # noqa: E731  (ids / keys of a (x, log-probs) pair)
+        step_kw = {"return_log_probs": True} if lp else {}
         if cfg.op == "argmax":
-            fused = lambda w: shard_argmax(hidden, w)  # noqa: E731
+            fused = lambda w: ids_of(shard_argmax(hidden, w, log_partition=lp))  # noqa: E731
             methods += [
-                ("torch-matmul-max", lambda w: (hidden @ w.T).max(dim=1).indices, None, False),
+                (
+                    "torch-matmul-max",
+                    (lambda w: _torch_best(hidden, w, 1, True)[:, 0])
+                    if lp
+                    else (lambda w: (hidden @ w.T).max(dim=1).indices),
+                    None,
+                    False,
+                ),
                 ("fused-kernel", fused, None, True),
-                ("lm-head-step", lambda w: lm_head_argmax(hidden, w, group=group), None, False),
+                ("lm-head-step", lambda w: ids_of(lm_head_argmax(hidden, w, group=group, **step_kw)), None, False),
             ]
         elif cfg.op == "topk":
-            fused = lambda w: shard_topk(hidden, w, cfg.k)  # noqa: E731
+            fused = lambda w: ids_of(shard_topk(hidden, w, cfg.k, log_partition=lp))  # noqa: E731
             methods += [
-                ("torch-matmul-topk", lambda w: (hidden @ w.T).topk(cfg.k, dim=1).indices, None, False),
+                ("torch-matmul-topk", lambda w: _torch_best(hidden, w, cfg.k, lp), None, False),
                 ("fused-kernel", fused, None, True),
-                ("lm-head-step", lambda w: lm_head_topk(hidden, w, cfg.k, group=group)[0], None, False),
+                ("lm-head-step", lambda w: lm_head_topk(hidden, w, cfg.k, group=group, **step_kw)[0], None, False),
             ]
         else:
-            fused = lambda w: shard_sample(hidden, w, temps, cfg.seed, SAMPLE_OFFSET)  # noqa: E731
+            fused = lambda w: ids_of(shard_sample(hidden, w, temps, cfg.seed, SAMPLE_OFFSET, log_partition=lp))  # noqa: E731
             methods += [
                 ("gumbel-logits", lambda w: gumbel(hidden, w, inv_t), None, False),
                 ("compiled-multinomial", lambda w: multinomial(hidden, w, inv_t), None, False),
@@ -302,14 +314,22 @@ def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, 
                 ("fused-kernel", fused, None, True),
                 (
                     "lm-head-step",
-                    lambda w: lm_head_sample(
-                        hidden, w, temperature=cfg.temperature, seed=cfg.seed, offset=SAMPLE_OFFSET, group=group
+                    lambda w: ids_of(
+                        lm_head_sample(
+                            hidden,
+                            w,
+                            temperature=cfg.temperature,
+                            seed=cfg.seed,
+                            offset=SAMPLE_OFFSET,
+                            group=group,
+                            **step_kw,
+                        )
                     ),
                     None,
                     False,
                 ),
             ]
-        if cuda and dtype in (torch.bfloat16, torch.float16) and cfg.op != "topk":
+        if cuda and dtype in (torch.bfloat16, torch.float16) and cfg.op != "topk" and not lp:
             forced = {
                 "argmax": lambda w, p: shard_argmax(hidden, w, path=p),
                 "sample": lambda w, p: shard_sample(hidden, w, temps, cfg.seed, SAMPLE_OFFSET, path=p),
@@ -338,6 +358,17 @@ def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, 
     stream = min(first[0], second[0], key=lambda r: r["median_us"])
     copy = min(first[1], second[1], key=lambda r: r["median_us"])
     return [stream, copy] + timed
+
+
+def _torch_best(hidden, w, k, log_probs):
+    """The torch baseline: matmul, top-k ids (and, with log_probs, their
+    log-probabilities: a float32 logsumexp over the logits, as vLLM's
+    get_top_k_tokens(return_log_probs=True) computes them)."""
+    logits = hidden @ w.T
+    top = logits.topk(k, dim=1)
+    if log_probs:
+        top.values.float() - torch.logsumexp(logits.float(), dim=1, keepdim=True)
+    return top.indices
 
 
 def annotate(rows: list[dict], op: str) -> None:

@@ -172,6 +172,8 @@ def _multi_columns(rows: list[dict]) -> tuple:
         columns.insert(columns.index(("batch", "batch")) + 1, ("k", "k"))
     if any(r.get("op") == "sample" for r in rows):
         columns.append(("tp_invariance", "tp_inv"))
+    if any("bytes_sent_vllm" in r for r in rows):  # (results recorded before it lack the column)
+        columns.insert(columns.index(("bytes_recv_per_rank", "recv_B")) + 1, ("bytes_sent_vllm", "vllm_B"))
     return tuple(columns)
 
 
@@ -221,6 +223,7 @@ DEFINITIONS = {
     "median_us": "rank 0's step time in µs (median, 90th percentile)",
     "sent_B": "bytes one rank sends per step",
     "recv_B": "bytes one rank receives per step",
+    "vllm_B": "bytes one rank sends per step in vLLM 0.33's own path for the op",
     "speedup": "full-gather's median time / this row's (same shape, batch)",
     "agree": "fraction of rows whose ids equal the float64 reference's",
     "agree_topk": "fraction of rows whose K ids equal the reference's, in order",
@@ -248,6 +251,8 @@ def format_legend(rows: list[dict], kernel_only: bool) -> str:
         }[op]
         first = f"speedup = {d['speedup']}; {agree}"
         second = f"sent_B = {d['sent_B']}; recv_B = {d['recv_B']}"
+        if any("bytes_sent_vllm" in r for r in rows):
+            second += f"; vllm_B = {d['vllm_B']}"
     return f"{first}\n{second} (all columns: --help)"
 
 
@@ -266,6 +271,8 @@ def finish(rows: list[dict], cfg, kernel_only: bool) -> None:
             header += f" op=topk k={first['k']}"
         elif op == "sample":
             header += f" op=sample temperature={first['temperature']:g} seed={first['seed']} offset={first['offset']}"
+        if first.get("log_probs"):
+            header += " log_probs"
         print(header, file=out)
     print(format_table(rows, kernel_only), file=out)
     print(format_legend(rows, kernel_only), file=out, flush=True)

@@ -73,6 +73,7 @@ class RunConfig:
     temperature: float = 1.0
     seed: int = 0
     timeout: float = 60.0
+    log_probs: bool = False
 
 
 def free_port() -> int:
@@ -102,6 +103,20 @@ def comm_bytes(method: str, batch: int, rows: int, itemsize: int, tp: int, k: in
     if method == "fused-allreduce":
         return payload, int(round(2 * (tp - 1) / tp * payload))
     return payload, (tp - 1) * payload
+
+
+def vllm_bytes(op: str, batch: int, rows: int, itemsize: int, k: int = 1) -> int:
+    """Bytes one rank sends per step in vLLM 0.33's own path for ``op``
+    (tests/test_vllm_plugin.py counts them on vLLM's classes): argmax,
+    ``LogitsProcessor.get_top_tokens``: ``8·B`` (float32 value + float32
+    index); topk, ``get_top_k_tokens``: ``(itemsize + 8)·k·B`` (values in the
+    weight dtype, then int64 ids; ``12·k·B`` for float32); sample: vLLM
+    samples from gathered logits, ``B·rows·itemsize``."""
+    if op == "topk":
+        return (itemsize + 8) * k * batch
+    if op == "sample":
+        return batch * rows * itemsize
+    return 8 * batch
 
 
 def make_step(
@@ -293,6 +308,7 @@ def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[
                     p90_us=float(np.percentile(times_us, 90)),
                     bytes_sent_per_rank=sent,
                     bytes_recv_per_rank=recv,
+                    bytes_sent_vllm=vllm_bytes(cfg.op, batch, layout.rows, weight.element_size(), k),
                     speedup_vs_full_gather=None,
                     agree=_fraction_equal(ids_by_rank, reference, batch),
                 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import pathlib
 import shutil
@@ -170,7 +171,32 @@ class Emulator:
             i32,
         ]
         L.lam_emu_mma_variant.argtypes = [i64, i64, i64, i32]
-        L.lam_emu_logits_to_keys.argtypes = [i32, p, i64, i64, i64, p, p, i64, i64, i64, p, p, u64, u64, i64]
+        L.lam_emu_shard_lse.argtypes = [
+            *[i32, i32, p, i64, p, i64, p, p, i64, i64, i64, i64, p, p, i32, p, u64, u64, i64],
+            *[p, ctypes.c_float, ctypes.c_float],
+        ]
+        L.lam_emu_merge_partition.argtypes = [p, i64, i64, p, p]
+        f32 = ctypes.c_float
+        L.lam_emu_logits_to_keys.argtypes = [
+            i32,
+            p,
+            i64,
+            i64,
+            i64,
+            p,
+            p,
+            i64,
+            i64,
+            i64,
+            p,
+            p,
+            u64,
+            u64,
+            i64,
+            p,
+            f32,
+            f32,
+        ]
         L.lam_emu_merge_keys.argtypes = [p, i64, i64, i32, p, i64, p, p]
         self.launched: list[str] = []
 
@@ -239,13 +265,22 @@ class Emulator:
         gemm_chunk=None,
         sm_count=DEFAULT_SM_COUNT,
         variant=None,
-    ) -> torch.Tensor:
+        log_partition=False,
+        scale=1.0,
+        soft_cap=None,
+    ):
         """shard_argmax (k None, temperature None), shard_topk (k) or
         shard_sample (temperature) through the emulated kernel of `path`
         ("simt", "mma", "mma/<variant id>" or "gemm"). weight: a tensor, or a PlacedWeight (a
         view too large to copy, already in the arena). mma: `variant` (an id of
         MmaVariant, shard_argmax_launch.cuh) forces a variant, else launch_mma
-        chooses for a device of `sm_count` SMs."""
+        chooses for a device of `sm_count` SMs. log_partition: the *_lse op
+        (simt or gemm, as on CUDA): returns (keys, pairs [B, 2])."""
+        if log_partition:
+            if path.startswith("mma"):
+                raise ValueError(f"log_partition: path={path!r} cannot compute the log-partition on CUDA")
+            args = (k, temperature, seed, offset, max_grid_y, scramble, order_seed, scale, soft_cap or 0.0)
+            return self._shard_lse(hidden, weight, bias, vocab_start, num_valid, *args, path, gemm_chunk)
         if path.startswith("mma/"):  # "mma/<id>": that variant
             path, variant = "mma", int(path[4:])
         weight_ptr = weight.ptr if isinstance(weight, PlacedWeight) else None
@@ -271,7 +306,7 @@ class Emulator:
             assert not topk and weight.dtype != torch.float32
             keys = self._alloc("keys", batch * 8)
             w32 = weight.float()
-            chunk = gemm_chunk or max(1, (256 << 20) // 4 // weight.size(0))
+            chunk = gemm_chunk or max(1, (1 << 30) // 4 // weight.size(0))  # shard_argmax_gemm.cu
             for b0 in range(0, batch, chunk):
                 rows = min(chunk, batch - b0)
                 logits = hidden[b0 : b0 + rows].float() @ w32.T  # stands in for cuBLAS
@@ -293,6 +328,9 @@ class Emulator:
                         seed,
                         offset,
                         max_grid_y,
+                        None,
+                        1.0,
+                        0.0,
                     )
                 )
             return self._read(keys, (batch,), torch.int64)
@@ -341,6 +379,68 @@ class Emulator:
     def mma_variant(self, hidden_size: int, num_valid: int, batch: int, sm_count: int = DEFAULT_SM_COUNT) -> int:
         """launch_mma's auto choice: an id of MmaVariant (shard_argmax_launch.cuh)."""
         return self.lib.lam_emu_mma_variant(hidden_size, num_valid, batch, sm_count)
+
+    def _shard_lse(
+        self, hidden, weight, bias, vocab_start, num_valid, k, temperature, seed, offset, max_grid_y, scramble,
+        order_seed, scale, soft_cap, path="simt", gemm_chunk=None
+    ):  # fmt: skip
+        """The *_lse ops' CUDA launcher (shard_argmax_cuda.cu) step by step:
+        the simt kernel (or, path "gemm", the logits then the keys kernel)
+        with per-block states, then merge_partition_kernel."""
+        num_valid = weight.size(0) if num_valid is None else num_valid
+        batch = hidden.size(0)
+        topk = k is not None
+        if batch == 0 or num_valid == 0:
+            keys = torch.zeros((batch, k) if topk else (batch,), dtype=torch.int64)
+            return keys, torch.tensor([[-math.inf, 0.0]] * batch).reshape(batch, 2)
+        self._reset(scramble, order_seed)
+        hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
+        bias_t = bias_f = None
+        if bias is not None:
+            if bias.dtype == torch.float32 and weight.dtype != torch.float32:
+                bias_f = bias.contiguous()
+            else:
+                bias_t = bias.contiguous()
+        bt, bf = self._place("bias", bias_t), self._place("bias", bias_f)
+        tp = self._place("temperature", temperature.contiguous() if temperature is not None else None)
+        blocks_x = (num_valid + 63) // 64
+        keys = None if topk else self._alloc("keys", batch * 8)
+        states = self._alloc("partition_states", blocks_x * batch * 16, fill=0xA5)  # at::empty: garbage
+        pairs = self._alloc("pairs", batch * 8, fill=0xA5)
+        if path == "gemm":
+            assert not topk and weight.dtype != torch.float32
+            w32 = weight.float()
+            chunk = gemm_chunk or max(1, (1 << 30) // 4 // weight.size(0))  # shard_argmax_gemm.cu
+            for b0 in range(0, batch, chunk):
+                rows = min(chunk, batch - b0)
+                logits = hidden[b0 : b0 + rows].float() @ w32.T  # stands in for cuBLAS
+                lp = self._place("logits", logits)
+                self._check(
+                    self.lib.lam_emu_logits_to_keys(
+                        *[_DTYPES[weight.dtype], lp, logits.stride(0) if rows > 1 else logits.size(1), rows, b0],
+                        *[bt, bf, batch, num_valid, vocab_start, keys, tp, seed, offset, max_grid_y],
+                        *[states, scale, soft_cap],
+                    )
+                )
+            used = (num_valid + 4095) // 4096  # keys_blocks
+            self._check(self.lib.lam_emu_merge_partition(states, used, batch, tp, pairs))
+            return self._read(keys, (batch,), torch.int64), self._read(pairs, (batch, 2), torch.float32)
+        hp, wp = self._place("hidden", hidden), self._place("weight", weight)
+        block_topk = self._alloc("block_topk", blocks_x * batch * k * 8, fill=0xA5) if topk else None
+        self._check(
+            self.lib.lam_emu_shard_lse(
+                *[_DTYPES[weight.dtype], int(topk), hp, _row_stride(hidden), wp, _row_stride(weight), bt, bf],
+                *[batch, hidden.size(1), num_valid, vocab_start, keys, block_topk, k or 1, tp, seed, offset],
+                *[max_grid_y, states, scale, soft_cap],
+            )
+        )
+        self._check(self.lib.lam_emu_merge_partition(states, blocks_x, batch, tp, pairs))
+        out_pairs = self._read(pairs, (batch, 2), torch.float32)
+        if not topk:
+            return self._read(keys, (batch,), torch.int64), out_pairs
+        lists = self._read(block_topk, (blocks_x, batch, k), torch.int64)
+        flipped = lists.permute(1, 0, 2).reshape(batch, blocks_x * k) ^ SIGN
+        return flipped.topk(k, 1, True, True).values ^ SIGN, out_pairs
 
     def merge_keys(self, keys: torch.Tensor, d2t: torch.Tensor | None = None):
         keys = (keys.unsqueeze(0) if keys.dim() == 1 else keys).contiguous()

@@ -6,6 +6,7 @@ each rank is a cheap fork of it; ``LOCALARGMAX_TEST_START=spawn`` uses fresh
 interpreters) joined in a gloo process group over 127.0.0.1, and returns what
 every rank did. :func:`run_ranks` is the same launch for tests whose ranks must
 all succeed: it returns their values or raises :class:`RankFailure`.
+:func:`run_bench` runs the benchmark CLI (which launches its own ranks).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import multiprocessing
 import os
 import queue
 import socket
+import subprocess
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -239,3 +242,14 @@ def describe(pids) -> str:
             cmd = "?"
         lines.append(f"{pid}: {cmd}")
     return "\n".join(lines)
+
+
+def run_bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python -m localargmax.bench *args`` in a subprocess, offline and never
+    as one rank of an outer torchrun; its output captured as text."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(key, None)
+    return subprocess.run(
+        [sys.executable, "-m", "localargmax.bench", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )

@@ -94,6 +94,21 @@ def poison_cuda_allocator() -> None:
     del junk
 
 
+def each_cpu_path_and_thread_count(threads=(1, 2)) -> Iterator[tuple[str, int]]:
+    """``(path name, threads)`` for every CPU path and torch thread count in
+    turn, that path bound and that many threads set; torch's thread count is
+    restored afterwards."""
+    saved = torch.get_num_threads()
+    try:
+        for path in CPU_PATHS:
+            for n in threads:
+                torch.set_num_threads(n)
+                with use_path(path):
+                    yield str(path), n
+    finally:
+        torch.set_num_threads(saved)
+
+
 def each_cuda_path() -> Iterator[KernelPath]:
     """Every CUDA path in turn (allocator poisoned before each), for tests
     that compute one float64 reference and check all paths against it."""

@@ -154,12 +154,17 @@ def sharded_argmax(hidden, weight, bias=None, tp=1, pad_to=64, d2t=None, pad="hu
 
 def stack_frames(keys, layouts) -> torch.Tensor:
     """What a real all-gather returns in a step's exchange: every simulated
-    rank's payload (its keys plus the 3-word header of
+    rank's payload (its keys, its log-partition pairs if the entry is a
+    ``(keys, pairs)`` tuple, and the 3-word header of
     ``localargmax.collective.frame_keys``), stacked rank-major. ``layouts``:
     each rank's ``(vocab_start, num_valid)``."""
     from localargmax.collective import frame_keys
 
-    return torch.stack([frame_keys(k, int(s) + int(n) if n else 0) for k, (s, n) in zip(keys, layouts)])
+    frames = []
+    for k, (s, n) in zip(keys, layouts):
+        k, pairs = k if isinstance(k, tuple) else (k, None)
+        frames.append(frame_keys(k, int(s) + int(n) if n else 0, pairs))
+    return torch.stack(frames)
 
 
 def _simulate(hidden, shards, shard_op, step, reduce="all_gather"):
@@ -184,6 +189,8 @@ def _simulate(hidden, shards, shard_op, step, reduce="all_gather"):
         result = step(hidden, w, **lay, group=group)
         ids = result[0] if isinstance(result, tuple) else result
         assert out is None or torch.equal(ids, out[0] if isinstance(out, tuple) else out), f"rank {r} disagrees"
+        if out is not None and isinstance(result, tuple):  # values / log-probs: the same bits on every rank
+            assert torch.equal(result[1].view(torch.int32), out[1].view(torch.int32)), f"rank {r}'s values differ"
         out = result
     return out
 
@@ -205,3 +212,47 @@ def simulated_sample(hidden, shards, temperature, seed, offset=0, *, d2t=None):
     shard_op = partial(localargmax.shard_sample, temperature=t, seed=seed, offset=offset)
     step = partial(localargmax.lm_head_sample, temperature=temperature, seed=seed, offset=offset, d2t=d2t)
     return _simulate(hidden, shards, shard_op, step)
+
+
+# The same with return_log_probs=True: (ids, log_probs). ``lp`` holds the
+# transform: logit_scale and soft_cap.
+
+
+def simulated_argmax_log_probs(hidden, shards, *, d2t=None, **lp):
+    """lm_head_argmax(return_log_probs=True) on every simulated rank: (ids, log_probs)."""
+    shard_op = partial(localargmax.shard_argmax, log_partition=True, **_op_transform(lp))
+    step = partial(localargmax.lm_head_argmax, d2t=d2t, return_log_probs=True, **lp)
+    return _simulate(hidden, shards, shard_op, step)
+
+
+def simulated_topk_log_probs(hidden, shards, k, *, d2t=None, **lp):
+    """lm_head_topk(return_log_probs=True) on every simulated rank: (ids, log_probs)."""
+    shard_op = partial(localargmax.shard_topk, k=k, log_partition=True, **_op_transform(lp))
+    step = partial(localargmax.lm_head_topk, k=k, d2t=d2t, return_log_probs=True, **lp)
+    return _simulate(hidden, shards, shard_op, step)
+
+
+def simulated_sample_log_probs(hidden, shards, temperature, seed, offset=0, *, d2t=None, **lp):
+    """lm_head_sample(return_log_probs=True) on every simulated rank: (ids, log_probs)."""
+    shard_op = partial(
+        localargmax.shard_sample,
+        temperature=temperature,
+        seed=seed,
+        offset=offset,
+        log_partition=True,
+        **_op_transform(lp),
+    )
+    step = partial(
+        localargmax.lm_head_sample,
+        temperature=temperature,
+        seed=seed,
+        offset=offset,
+        d2t=d2t,
+        return_log_probs=True,
+        **lp,
+    )
+    return _simulate(hidden, shards, shard_op, step)
+
+
+def _op_transform(lp: dict) -> dict:
+    return {"scale": lp.get("logit_scale", 1.0), "soft_cap": lp.get("soft_cap")}

@@ -132,3 +132,44 @@ def min_gap(hidden, weight, bias=None) -> float:
     """Smallest (top-1 - top-2) / |top-1| over rows of the float64 logits."""
     top = ref_logits(hidden, weight, bias).topk(2, dim=1).values
     return float(((top[:, 0] - top[:, 1]) / top[:, 0].abs()).min())
+
+
+def ref_transform(logits64: torch.Tensor, scale: float = 1.0, soft_cap: float | None = None) -> torch.Tensor:
+    """vLLM's logit transform in float64: soft-cap ``tanh(x / c) * c``, then scale."""
+    x = logits64
+    if soft_cap is not None:
+        x = torch.tanh(x / soft_cap) * soft_cap
+    return x * scale
+
+
+def ref_log_probs(logits64: torch.Tensor, scale=1.0, soft_cap=None, temperature=None) -> torch.Tensor:
+    """``[B, V]`` float64 ``y - logsumexp(y)``, ``y = x / T``, of the transformed
+    logits ``x`` over the full unpadded vocabulary (``T`` per row; ``T == 0``
+    rows and ``None`` use 1): vLLM's formula. A NaN makes the whole row NaN,
+    an all -inf row is NaN, and beside a +inf logit (NaN) the others are -inf
+    (torch.logsumexp is +inf there; torch.log_softmax would make the row NaN)."""
+    x = ref_transform(logits64, scale, soft_cap)
+    if temperature is not None:
+        t = temperature.detach().cpu().double()
+        x = x / torch.where(t > 0, t, 1.0)[:, None]
+    return x - torch.logsumexp(x, dim=1, keepdim=True)
+
+
+def log_prob_tolerance(hidden, weight, bias=None, scale=1.0, soft_cap=None, temperature=None, tp=1) -> float:
+    """A bound on |float32 fused log-probability - float64 reference|: each
+    logit is off by at most :func:`error_bound` (times the scale; the soft-cap
+    is 1-Lipschitz), so ``x - logsumexp(x)`` by at most twice the largest of
+    those (divided by the smallest T), plus the float32 rounding of the
+    transform, the exponentials and the sums (a sequential sum of n terms:
+    relative error (n - 1) u; the CPU kernel sums 64-row tiles and then the
+    tiles, the merge the ranks) and of the final subtraction (|value| u)."""
+    err = float(error_bound(hidden, weight, bias).max()) if hidden.shape[0] and weight.shape[0] else 0.0
+    x = ref_transform(ref_logits(hidden, weight, bias), scale, soft_cap)
+    finite = x[torch.isfinite(x)]
+    mag = float(finite.abs().max()) if finite.numel() else 0.0
+    t_min = 1.0
+    if temperature is not None and bool((temperature > 0).any()):
+        t_min = min(1.0, float(temperature[temperature > 0].min()))
+    n_terms = 64 + weight.shape[0] // 64 + tp + 8
+    u = FLOAT32_UNIT_ROUNDOFF
+    return (2 * err * scale + 4 * mag * u) / t_min + 2 * n_terms * u + 1e-7

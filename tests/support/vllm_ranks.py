@@ -98,7 +98,7 @@ def _argmax_case(plugin, gen, vocab, hsize, batch, dtype, *, bias=False, scale=1
     }
 
 
-def _topk_case(plugin, gen, vocab, hsize, batch, k, dtype, *, bias=False, scale=1.0, soft_cap=None):
+def _topk_case(plugin, gen, vocab, hsize, batch, k, dtype, *, bias=False, scale=1.0, soft_cap=None, log_probs=False):
     full = (torch.randn(vocab, hsize, generator=gen) / hsize**0.5).to(dtype)
     hidden = torch.randn(batch, hsize, generator=gen).to(dtype)
     bias_full = torch.randn(vocab, generator=gen).to(dtype) if bias else None
@@ -106,12 +106,16 @@ def _topk_case(plugin, gen, vocab, hsize, batch, k, dtype, *, bias=False, scale=
     lp = _processor(vocab, scale, soft_cap)
     eb = _shard_bias(head, bias_full) if bias else None
     before = plugin.stats().get("fused", 0)
-    (tid, tval), (oid, oval) = _both(plugin, lp, head, hidden, "get_top_k_tokens", k, eb)
+    (tid, tval), (oid, oval) = _both(plugin, lp, head, hidden, "get_top_k_tokens", k, eb, return_log_probs=log_probs)
     raw = _ref_logits(hidden, full, bias_full)
     rval, rid = raw.topk(k, dim=1)
-    rval = rval * scale  # vLLM's get_top_k_tokens: scale, then soft-cap, on the k values
-    if soft_cap is not None:
-        rval = torch.tanh(rval / soft_cap) * soft_cap
+    if log_probs:  # soft-cap, then scale, over the whole vocabulary; x - logsumexp(x)
+        x = _ref_logits(hidden, full, bias_full, scale, soft_cap)
+        rval = (x - torch.logsumexp(x, dim=1, keepdim=True)).gather(1, rid)
+    else:
+        rval = rval * scale  # vLLM's get_top_k_tokens: scale, then soft-cap, on the k values
+        if soft_cap is not None:
+            rval = torch.tanh(rval / soft_cap) * soft_cap
     return {
         "vllm_ids": tid.tolist(),
         "ours_ids": oid.tolist(),
@@ -215,7 +219,14 @@ def _fallback_cases(plugin, gen):
     run("logits_as_input", _processor(vocab, logits_as_input=True), head, "get_top_tokens")
     run("non_positive_scale", _processor(vocab, scale=-1.0), head, "get_top_tokens")
     run("non_positive_scale_topk", _processor(vocab, scale=0.0), head, "get_top_k_tokens", 3)
-    run("return_log_probs", _processor(vocab), head, "get_top_k_tokens", 3, return_log_probs=True)
+    run(
+        "return_log_probs_logits_as_input",
+        _processor(vocab, logits_as_input=True),
+        head,
+        "get_top_k_tokens",
+        3,
+        return_log_probs=True,
+    )
     bias2d = torch.randn(1, head.weight.shape[0], generator=gen)
     run("bias_other_shape", _processor(vocab), head, "get_top_tokens", bias2d)
     run("k_over_64", _processor(vocab), head, "get_top_k_tokens", 65)
@@ -252,15 +263,20 @@ def _bytes_case(plugin, gen):
             head, lp = _head(full), _processor(1000)
             for batch in (1, 8, 64):
                 hidden = torch.randn(batch, 32, generator=gen).to(dtype)
-                for method, args in (("get_top_tokens", ()), ("get_top_k_tokens", (8,))):
+                for method, args, kw in (
+                    ("get_top_tokens", (), {}),
+                    ("get_top_k_tokens", (8,), {}),
+                    ("get_top_k_tokens", (8,), {"return_log_probs": True}),
+                ):
                     sent.update(vllm=0, ours=0)
-                    _both(plugin, lp, head, hidden, method, *args)
+                    _both(plugin, lp, head, hidden, method, *args, **kw)
                     rows.append(
                         {
                             "dtype": str(dtype).split(".")[1],
                             "batch": batch,
                             "method": method,
                             "k": args[0] if args else 1,
+                            "log_probs": bool(kw),
                             "vllm": sent["vllm"],
                             "ours": sent["ours"],
                         }
@@ -511,6 +527,12 @@ def worker(rank: int, world_size: int, seed: int):
         "f32_k8_bias": _topk_case(plugin, gen, 1000, 32, 6, 8, torch.float32, bias=True),
         "f32_k5_scale_softcap": _topk_case(plugin, gen, 777, 24, 4, 5, torch.float32, scale=2.0, soft_cap=3.0),
         "bf16_k4": _topk_case(plugin, gen, 999, 64, 8, 4, torch.bfloat16),
+        # return_log_probs: log-probabilities over the full vocabulary, fused
+        "f32_k8_logprobs": _topk_case(plugin, gen, 1001, 32, 6, 8, torch.float32, log_probs=True),
+        "f32_k5_bias_scale_softcap_logprobs": _topk_case(
+            plugin, gen, 777, 24, 4, 5, torch.float32, bias=True, scale=2.0, soft_cap=3.0, log_probs=True
+        ),
+        "bf16_k4_scale_logprobs": _topk_case(plugin, gen, 999, 64, 8, 4, torch.bfloat16, scale=0.5, log_probs=True),
     }
     out["past_2_24"] = _past_2_24_case(plugin)
     out["bf16_near_tie"] = _bf16_near_tie_case(plugin)
