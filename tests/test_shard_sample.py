@@ -379,7 +379,10 @@ def test_shard_sample_log_partition(gen):
         x = ref_transform(ref_logits(hidden, weight[:480], bias[:480]), scale, cap)
         tt = torch.where(t > 0, t, 1.0).double()[:, None]
         want = (x / tt - torch.logsumexp(x / tt, dim=1, keepdim=True)).gather(1, ids[:, None])[:, 0]
-        assert float((-pairs[:, 1].double().log() - want).abs().max()) <= 1e-5
+        # float32 logits are off by ~1e-6 of float64's; the log-prob divides that by T
+        tol = 1e-5 * torch.clamp(1.0 / tt[:, 0], min=1.0)
+        err = (-pairs[:, 1].double().log() - want).abs()
+        assert bool((err <= tol).all()), (err, tol)
         greedy = localargmax.shard_argmax(
             hidden[:1], weight, bias=bias, num_valid=480, log_partition=True, scale=scale, soft_cap=cap
         )
