@@ -40,6 +40,9 @@ CPP_SIMT_MAX_BATCH = 0
 :data:`CPP_SIMT_MAX_ROWS_PER_SM` rows per SM (``weight.shape[0]``; 0: never).
 kSimtMaxBatch / kSimtMaxRowsPerSm in csrc/cuda (a test checks they agree)."""
 CPP_SIMT_MAX_ROWS_PER_SM = 256
+MEMO_SIZE = 4096
+"""Cells :meth:`DispatchTable.choose` remembers per table (an engine sees a
+handful of (H, rows, batch) keys; a lookup then costs one dict access)."""
 MMA_VARIANT_IDS = range(13)
 """Ids of the MmaVariant table (``localargmax._validation.NUM_MMA_VARIANTS``)."""
 
@@ -68,6 +71,7 @@ class DispatchTable:
         self.doc = doc
         self.source = doc["source"]
         self._cells = {}
+        self._memo = {}  # (arch, dtype, hidden_size, rows, batch) -> Choice, filled by eager calls
         for t in doc["tables"]:
             edges = t["edges"]
             cells = {}
@@ -81,6 +85,9 @@ class DispatchTable:
         """The cell of (arch, dtype, hidden_size, rows, batch); None when the
         table has no entry for the arch and dtype. ``rows`` is the shard's
         row count (``weight.shape[0]``), not ``num_valid``."""
+        key = (arch, dtype, hidden_size, rows, batch)
+        if not torch.compiler.is_compiling() and key in self._memo:  # eager: one dict lookup per call
+            return self._memo[key]
         found = self._cells.get((arch, dtype))
         if found is None:
             return None
@@ -89,7 +96,10 @@ class DispatchTable:
             if not 0 <= value < LIMIT:
                 raise ValueError(f"choose: {name} must be in [0, 2**31), got {value}")
         h, r, b = _bucket(edges["hidden"], hidden_size), _bucket(edges["rows"], rows), _bucket(edges["batch"], batch)
-        return cells[(h, r, b)]
+        choice = cells[(h, r, b)]
+        if not torch.compiler.is_compiling() and len(self._memo) < MEMO_SIZE:
+            self._memo[key] = choice
+        return choice
 
 
 def _bucket(edges: list, value: int) -> int:

@@ -102,6 +102,25 @@ def test_cells_match_their_buckets_exactly():
                         assert c.variant in pm.mma_candidates(b), (e, b)
 
 
+def test_remembered_cells_are_the_fresh_lookups(monkeypatch):
+    """Eager lookups are remembered per table: a second lookup of a key (a hit)
+    gives the cell a fresh table finds, for random keys and the buckets' edges,
+    and the memo stops growing at MEMO_SIZE."""
+    monkeypatch.setattr(dispatch, "MEMO_SIZE", 64)
+    rng = random.Random()
+    edges = SHIPPED["tables"][0]["edges"]
+    near = lambda k: rng.choice([max(0, e + d) for e in edges[k][:-1] for d in (-1, 0, 1)])  # noqa: E731
+    keys = [(near("hidden"), near("rows"), near("batch")) for _ in range(200)]
+    keys += [(rng.randrange(2**31), rng.randrange(2**31), rng.randrange(2**31)) for _ in range(100)]
+    remembering = dispatch.DispatchTable(SHIPPED)
+    for dtype in ("bfloat16", "float16"):
+        for key in keys * 2:
+            assert remembering.choose("sm_90", dtype, *key) == dispatch.DispatchTable(SHIPPED).choose(
+                "sm_90", dtype, *key
+            ), key
+    assert len(remembering._memo) == 64
+
+
 @pytest.mark.parametrize(
     "mutate, message",
     [
