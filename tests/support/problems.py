@@ -234,23 +234,9 @@ def simulated_topk_log_probs(hidden, shards, k, *, d2t=None, **lp):
 
 def simulated_sample_log_probs(hidden, shards, temperature, seed, offset=0, *, d2t=None, **lp):
     """lm_head_sample(return_log_probs=True) on every simulated rank: (ids, log_probs)."""
-    shard_op = partial(
-        localargmax.shard_sample,
-        temperature=temperature,
-        seed=seed,
-        offset=offset,
-        log_partition=True,
-        **_op_transform(lp),
-    )
-    step = partial(
-        localargmax.lm_head_sample,
-        temperature=temperature,
-        seed=seed,
-        offset=offset,
-        d2t=d2t,
-        return_log_probs=True,
-        **lp,
-    )
+    noise = {"temperature": temperature, "seed": seed, "offset": offset}
+    shard_op = partial(localargmax.shard_sample, log_partition=True, **noise, **_op_transform(lp))
+    step = partial(localargmax.lm_head_sample, d2t=d2t, return_log_probs=True, **noise, **lp)
     return _simulate(hidden, shards, shard_op, step)
 
 
