@@ -259,7 +259,7 @@ TINY_TEMPERATURES = (1e-30, 1e-37, 1e-38, 1e-40, 1e-45)
 
 @pytest.mark.parametrize("temperature", TINY_TEMPERATURES)
 def test_tiny_temperature_gives_the_greedy_id(temperature):
-    """The issue's inputs: logits [10, 20] and [-20, -10] (and their mirrors)
+    """Logits [10, 20] and [-20, -10] (and their mirrors)
     at a temperature so small that logit / T overflows float32."""
     hidden = torch.tensor([[1.0]])
     for logits, want in (

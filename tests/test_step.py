@@ -288,8 +288,8 @@ def test_lm_head_argmax_rejects_bad_d2t(case):
 @pytest.mark.parametrize("short", [1, 3])
 @pytest.mark.parametrize("op", ["argmax", "topk", "sample"])
 def test_short_d2t_refused_on_every_call(gen, op, short):
-    """A d2t shorter than the draft vocabulary is refused whichever id wins
-    (it used to fail only when the winner was among the uncovered rows)."""
+    """A d2t shorter than the draft vocabulary is refused whichever id wins,
+    a winner among the covered rows included."""
     vocab, hsize = 40, 8
     d2t = torch.zeros(vocab - short, dtype=torch.int64)
     for winner in (0, vocab // 2, vocab - 1):
@@ -365,7 +365,7 @@ def test_corrupt_exchange_never_returns_an_out_of_vocabulary_id(gen):
 
 
 def _worker_batch_mismatch(rank, world, op, reduce, debug):
-    """Rank 0 calls with batch 3, rank 1 with batch 2 (the issue's input)."""
+    """Rank 0 calls with batch 3, rank 1 with batch 2."""
     import os
 
     import torch.distributed as dist
@@ -408,7 +408,7 @@ def test_batch_mismatch_with_debug_raises_on_every_rank(op, reduce):
 def test_batch_mismatch_without_debug_never_returns_ids(op, reduce):
     """Without LOCALARGMAX_DEBUG: a rank may die inside gloo (SIGABRT) or raise
     (the collective's error, or the step's "disagree on the size" check), but
-    no rank returns ids (the issue saw [3, 4294967295, 0] from sampling)."""
+    no rank returns ids (such as [3, 4294967295, 0], an id outside the vocabulary)."""
     result = launch(_worker_batch_mismatch, 2, op, reduce, False, pg_timeout=5.0, wall_timeout=120.0)
     for r, o in enumerate(result.ranks):
         print(f"{op}/{reduce} rank {r}: {o.status} exit={o.exitcode} {str(o.value)[:200]}")
