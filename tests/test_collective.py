@@ -434,23 +434,20 @@ def _hang(rank, world):
     time.sleep(1000)
 
 
-def test_launcher_propagates_rank_exception():
+LAUNCHER_FAULTS = {  # id: (worker, world size, launch timeout, RankFailure message, seconds it may take)
+    "propagates_rank_exception": (_raise_on_rank_1, 2, 120, r"(?s)rank 1 error.*ValueError: boom from rank 1", 100),
+    "reports_a_crashed_rank": (_exit_without_reporting, 1, 120, "rank 0 exited with code 3", 120),
+    "times_out_on_hang": (_hang, 1, 4, r"(?s)rank 0 hung.*did not finish within", 40),
+}
+
+
+@pytest.mark.parametrize("case", list(LAUNCHER_FAULTS))
+def test_launcher(case):
+    worker, world, timeout, match, bound = LAUNCHER_FAULTS[case]
     start = time.monotonic()
-    with pytest.raises(RankFailure, match=r"(?s)rank 1 error.*ValueError: boom from rank 1"):
-        run_ranks(_raise_on_rank_1, 2, timeout=120)
-    assert time.monotonic() - start < 100
-
-
-def test_launcher_reports_a_crashed_rank():
-    with pytest.raises(RankFailure, match="rank 0 exited with code 3"):
-        run_ranks(_exit_without_reporting, 1, timeout=120)
-
-
-def test_launcher_times_out_on_hang():
-    start = time.monotonic()
-    with pytest.raises(RankFailure, match=r"(?s)rank 0 hung.*did not finish within"):
-        run_ranks(_hang, 1, timeout=4)
-    assert time.monotonic() - start < 40
+    with pytest.raises(RankFailure, match=match):
+        run_ranks(worker, world, timeout=timeout)
+    assert time.monotonic() - start < bound
 
 
 def test_frame_keys_with_log_partition_pairs(gen):

@@ -194,15 +194,8 @@ BAD_TEMPERATURE = [
 
 @pytest.mark.parametrize("temp", BAD_TEMPERATURE, ids=[f"t{i}" for i in range(len(BAD_TEMPERATURE))])
 def test_lm_head_sample_rejects_bad_temperature(temp):
-    raises_cleanly(
-        ValueError,
-        "temperature",
-        localargmax.lm_head_sample,
-        torch.randn(B, H),
-        torch.randn(ROWS, H),
-        temperature=temp,
-        seed=1,
-    )
+    h, w = torch.randn(B, H), torch.randn(ROWS, H)
+    raises_cleanly(ValueError, "temperature", localargmax.lm_head_sample, h, w, temperature=temp, seed=1)
 
 
 def _sample(entry, **kwargs):

@@ -16,7 +16,7 @@ import torch
 
 import localargmax
 from localargmax.reference import reference_argmax
-from tests.support.checks import raises_cleanly
+from tests.support.checks import BAD_D2T, raises_cleanly
 from tests.support.keys import allreduce_max, unsigned_max
 from tests.support.launch import launch, live_descendants, run_ranks, timed
 from tests.support.paths import cuda_only
@@ -263,15 +263,6 @@ def test_largest_index_accepted_everywhere():
     assert localargmax.lm_head_argmax(h, w, vocab_start=start).tolist() == [big] * B
     assert localargmax.lm_head_topk(h, w, 1, vocab_start=start)[0].flatten().tolist() == [big] * B
     assert localargmax.lm_head_sample(h, w, temperature=0.0, seed=1, vocab_start=start).tolist() == [big] * B
-
-
-BAD_D2T = {
-    "float": (torch.zeros(ROWS), TypeError),
-    "int32": (torch.zeros(ROWS, dtype=torch.int32), TypeError),
-    "2d": (torch.zeros(ROWS, 1, dtype=torch.int64), ValueError),
-    "too_short": (torch.zeros(2, dtype=torch.int64), ValueError),
-    "empty": (torch.empty(0, dtype=torch.int64), ValueError),
-}
 
 
 @pytest.mark.parametrize("case", list(BAD_D2T))
