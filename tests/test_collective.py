@@ -24,7 +24,14 @@ import localargmax
 from tests.conftest import draw_seed
 from tests.support.checks import raises_cleanly
 from tests.support.launch import Launch, RankFailure, RankOutcome, describe, launch, live_descendants, run_ranks, timed
-from tests.support.problems import make_shards, shard_keys, simulated_argmax, simulated_topk, stack_frames
+from tests.support.problems import (
+    layout_kwargs,
+    make_shards,
+    shard_keys,
+    simulated_argmax,
+    simulated_topk,
+    stack_frames,
+)
 from tests.support.reference import ref_argmax
 
 H, ROWS, B = 8, 6, 3
@@ -118,10 +125,8 @@ def test_callable_group_is_an_all_gather(gen):
     weight = torch.randn(900, 16, generator=gen)
     shards = make_shards(weight, None, 3, 64, hidden=hidden)
     keys = stack_frames(shard_keys(hidden, shards), [(s.vocab_start, s.num_valid) for _, _, s in shards])
-    for w, _, s in shards:
-        ids = localargmax.lm_head_argmax(
-            hidden, w, vocab_start=s.vocab_start, num_valid=s.num_valid, group=lambda k: keys
-        )
+    for shard in shards:
+        ids = localargmax.lm_head_argmax(hidden, shard[0], **layout_kwargs(shard), group=lambda k: keys)
         assert torch.equal(ids, ref_argmax(hidden, weight))
 
 
@@ -202,19 +207,10 @@ def _healthy_worker(rank, world, seed):
     for tp in (tp for tp in (2, 3) if rank < tp):
         for batch in sorted({1, 2, tp, tp + 1, 5}):
             hidden, weight, bias, winners = layout_case(seed + 100 * tp + batch, tp, batch)
-            w, b, s = make_shards(weight, bias, tp, 64, hidden=hidden)[rank]
+            shard = make_shards(weight, bias, tp, 64, hidden=hidden)[rank]
             for reduce in ("all_gather", "all_reduce"):
-                out[("layout", tp, batch, reduce)] = timed(
-                    lambda: localargmax.lm_head_argmax(
-                        hidden,
-                        w,
-                        vocab_start=s.vocab_start,
-                        num_valid=s.num_valid,
-                        bias=b,
-                        group=groups[tp],
-                        reduce=reduce,
-                    )
-                )
+                step = dict(layout_kwargs(shard), group=groups[tp], reduce=reduce)
+                out[("layout", tp, batch, reduce)] = timed(lambda: localargmax.lm_head_argmax(hidden, shard[0], **step))
     os.environ["LOCALARGMAX_DEBUG"] = "1"
     localargmax.envs.reload()
     for tp in (tp for tp in (2, 3) if rank < tp):
