@@ -14,6 +14,8 @@ import os
 
 import torch
 
+from tests.support.reference import ref_logits, ref_transform
+
 TP = 2
 
 
@@ -49,16 +51,6 @@ def _processor(vocab: int, scale: float = 1.0, soft_cap=None, logits_as_input: b
     return LogitsProcessor(vocab, scale=scale, soft_cap=soft_cap, logits_as_input=logits_as_input)
 
 
-def _ref_logits(hidden, full, bias_full=None, scale=1.0, soft_cap=None):
-    """float64 logits on the full, unsharded matrix (then soft-cap, scale)."""
-    logits = hidden.double() @ full.double().T
-    if bias_full is not None:
-        logits = logits + bias_full.double()
-    if soft_cap is not None:
-        logits = torch.tanh(logits / soft_cap) * soft_cap
-    return logits * scale
-
-
 def _shard_bias(head, bias_full):
     """This rank's ``[rows]`` embedding bias (zeros on padding rows), as vLLM lays it out."""
     idx = head.shard_indices
@@ -92,7 +84,7 @@ def _argmax_case(plugin, gen, vocab, hsize, batch, dtype, *, bias=False, scale=1
         lp.head_dtype = head_dtype
     before = plugin.stats().get("fused", 0)
     theirs, ours = _both(plugin, lp, head, hidden, "get_top_tokens", eb)
-    ref = _ref_logits(hidden, full, bias_full, scale, soft_cap)
+    ref = ref_transform(ref_logits(hidden, full, bias_full), scale, soft_cap)
     top2 = ref.topk(2, dim=1).values
     return {
         "vllm": theirs.tolist(),
@@ -108,10 +100,10 @@ def _topk_case(plugin, gen, vocab, hsize, batch, k, dtype, *, bias=False, scale=
     full, hidden, bias_full, head, lp, eb = _random_case(gen, vocab, hsize, batch, dtype, bias, scale, soft_cap)
     before = plugin.stats().get("fused", 0)
     (tid, tval), (oid, oval) = _both(plugin, lp, head, hidden, "get_top_k_tokens", k, eb, return_log_probs=log_probs)
-    raw = _ref_logits(hidden, full, bias_full)
+    raw = ref_logits(hidden, full, bias_full)
     rval, rid = raw.topk(k, dim=1)
     if log_probs:  # soft-cap, then scale, over the whole vocabulary; x - logsumexp(x)
-        x = _ref_logits(hidden, full, bias_full, scale, soft_cap)
+        x = ref_transform(raw, scale, soft_cap)
         rval = (x - torch.logsumexp(x, dim=1, keepdim=True)).gather(1, rid)
     else:
         rval = rval * scale  # vLLM's get_top_k_tokens: scale, then soft-cap, on the k values
@@ -169,7 +161,7 @@ def _bf16_near_tie_case(plugin):
     lp = _processor(vocab)
     theirs, ours = _both(plugin, lp, head, hidden, "get_top_tokens")
     (tid, tval), (oid, oval) = _both(plugin, lp, head, hidden, "get_top_k_tokens", 2)
-    ref = _ref_logits(hidden, full)
+    ref = ref_logits(hidden, full)
     return {
         "vllm": theirs.tolist(),
         "ours": ours.tolist(),
@@ -451,7 +443,7 @@ def _agreement_sweep(plugin, gen, batch=256, vocab=4000, hsize=64):
         hidden = torch.randn(batch, hsize, generator=gen).to(dtype)
         head, lp = _head(full), _processor(vocab)
         theirs, ours = _both(plugin, lp, head, hidden, "get_top_tokens")
-        logits = _ref_logits(hidden, full)
+        logits = ref_logits(hidden, full)
         ref, top2 = logits.argmax(dim=1), logits.topk(2, dim=1).values
         clear = (top2[:, 0] - top2[:, 1]) > 1e-4  # rows away from float32-accumulation near-ties
         out[str(dtype).split(".")[1]] = {
