@@ -17,6 +17,33 @@ import torch
 from tests.support.reference import ref_logits, ref_transform
 
 TP = 2
+ARGMAX_CASES = {  # name: (vocab, hidden size, batch, dtype, keywords of _argmax_case)
+    "f32": (1000, 32, 7, torch.float32, {}),
+    "f32_bias": (1000, 32, 7, torch.float32, {"bias": True}),
+    "f32_scale_softcap": (777, 24, 6, torch.float32, {"scale": 0.5, "soft_cap": 30.0}),
+    "bf16": (999, 64, 8, torch.bfloat16, {}),
+    "bf16_head_fp32": (999, 64, 8, torch.bfloat16, {"head_dtype": torch.float32}),
+    "f16_bias": (515, 48, 5, torch.float16, {"bias": True}),
+    "tiny_vocab": (70, 8, 3, torch.float32, {}),
+    "batch_zero": (300, 8, 0, torch.float32, {}),
+}
+TOPK_CASES = {  # name: (vocab, hidden size, batch, k, dtype, keywords of _topk_case); logprobs: fused log-probabilities
+    "f32_k1": (1000, 32, 6, 1, torch.float32, {}),
+    "f32_k8": (1000, 32, 6, 8, torch.float32, {}),
+    "f32_k8_bias": (1000, 32, 6, 8, torch.float32, {"bias": True}),
+    "f32_k5_scale_softcap": (777, 24, 4, 5, torch.float32, {"scale": 2.0, "soft_cap": 3.0}),
+    "bf16_k4": (999, 64, 8, 4, torch.bfloat16, {}),
+    "f32_k8_logprobs": (1001, 32, 6, 8, torch.float32, {"log_probs": True}),
+    "f32_k5_bias_scale_softcap_logprobs": (
+        777,
+        24,
+        4,
+        5,
+        torch.float32,
+        {"bias": True, "scale": 2.0, "soft_cap": 3.0, "log_probs": True},
+    ),
+    "bf16_k4_scale_logprobs": (999, 64, 8, 4, torch.bfloat16, {"scale": 0.5, "log_probs": True}),
+}
 
 
 def _vllm_setup(rank: int, world_size: int):
@@ -503,29 +530,8 @@ def worker(rank: int, world_size: int, seed: int):
     if not out["active_after_vllm_loader"]:
         plugin.install()  # still exercise the methods; the test reports the missing entry point
     gen = torch.Generator().manual_seed(seed)
-    out["argmax"] = {
-        "f32": _argmax_case(plugin, gen, 1000, 32, 7, torch.float32),
-        "f32_bias": _argmax_case(plugin, gen, 1000, 32, 7, torch.float32, bias=True),
-        "f32_scale_softcap": _argmax_case(plugin, gen, 777, 24, 6, torch.float32, scale=0.5, soft_cap=30.0),
-        "bf16": _argmax_case(plugin, gen, 999, 64, 8, torch.bfloat16),
-        "bf16_head_fp32": _argmax_case(plugin, gen, 999, 64, 8, torch.bfloat16, head_dtype=torch.float32),
-        "f16_bias": _argmax_case(plugin, gen, 515, 48, 5, torch.float16, bias=True),
-        "tiny_vocab": _argmax_case(plugin, gen, 70, 8, 3, torch.float32),
-        "batch_zero": _argmax_case(plugin, gen, 300, 8, 0, torch.float32),
-    }
-    out["topk"] = {
-        "f32_k1": _topk_case(plugin, gen, 1000, 32, 6, 1, torch.float32),
-        "f32_k8": _topk_case(plugin, gen, 1000, 32, 6, 8, torch.float32),
-        "f32_k8_bias": _topk_case(plugin, gen, 1000, 32, 6, 8, torch.float32, bias=True),
-        "f32_k5_scale_softcap": _topk_case(plugin, gen, 777, 24, 4, 5, torch.float32, scale=2.0, soft_cap=3.0),
-        "bf16_k4": _topk_case(plugin, gen, 999, 64, 8, 4, torch.bfloat16),
-        # return_log_probs: log-probabilities over the full vocabulary, fused
-        "f32_k8_logprobs": _topk_case(plugin, gen, 1001, 32, 6, 8, torch.float32, log_probs=True),
-        "f32_k5_bias_scale_softcap_logprobs": _topk_case(
-            plugin, gen, 777, 24, 4, 5, torch.float32, bias=True, scale=2.0, soft_cap=3.0, log_probs=True
-        ),
-        "bf16_k4_scale_logprobs": _topk_case(plugin, gen, 999, 64, 8, 4, torch.bfloat16, scale=0.5, log_probs=True),
-    }
+    out["argmax"] = {name: _argmax_case(plugin, gen, *args, **kw) for name, (*args, kw) in ARGMAX_CASES.items()}
+    out["topk"] = {name: _topk_case(plugin, gen, *args, **kw) for name, (*args, kw) in TOPK_CASES.items()}
     out["past_2_24"] = _past_2_24_case(plugin)
     out["bf16_near_tie"] = _bf16_near_tie_case(plugin)
     out["fallback"] = _fallback_cases(plugin, gen)
