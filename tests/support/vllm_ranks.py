@@ -17,6 +17,7 @@ import torch
 from tests.support.reference import ref_logits, ref_transform
 
 TP = 2
+SCALE_SOFTCAP, LOG_PROBS = {"scale": 2.0, "soft_cap": 3.0}, {"log_probs": True}
 ARGMAX_CASES = {  # name: (vocab, hidden size, batch, dtype, keywords of _argmax_case)
     "f32": (1000, 32, 7, torch.float32, {}),
     "f32_bias": (1000, 32, 7, torch.float32, {"bias": True}),
@@ -31,17 +32,10 @@ TOPK_CASES = {  # name: (vocab, hidden size, batch, k, dtype, keywords of _topk_
     "f32_k1": (1000, 32, 6, 1, torch.float32, {}),
     "f32_k8": (1000, 32, 6, 8, torch.float32, {}),
     "f32_k8_bias": (1000, 32, 6, 8, torch.float32, {"bias": True}),
-    "f32_k5_scale_softcap": (777, 24, 4, 5, torch.float32, {"scale": 2.0, "soft_cap": 3.0}),
+    "f32_k5_scale_softcap": (777, 24, 4, 5, torch.float32, SCALE_SOFTCAP),
     "bf16_k4": (999, 64, 8, 4, torch.bfloat16, {}),
-    "f32_k8_logprobs": (1001, 32, 6, 8, torch.float32, {"log_probs": True}),
-    "f32_k5_bias_scale_softcap_logprobs": (
-        777,
-        24,
-        4,
-        5,
-        torch.float32,
-        {"bias": True, "scale": 2.0, "soft_cap": 3.0, "log_probs": True},
-    ),
+    "f32_k8_logprobs": (1001, 32, 6, 8, torch.float32, LOG_PROBS),
+    "f32_k5_bias_scale_softcap_logprobs": (777, 24, 4, 5, torch.float32, {"bias": True, **LOG_PROBS, **SCALE_SOFTCAP}),
     "bf16_k4_scale_logprobs": (999, 64, 8, 4, torch.bfloat16, {"scale": 0.5, "log_probs": True}),
 }
 
