@@ -6,7 +6,7 @@
 #   timeout_s: 590
 #   carry:     []   (nothing: the extension is built there, from source, for sm_90a)
 # then give_back at once, and commit what came back under bench/results/gpu_<date>/
-# with the commit it ran on (issue #11). The whole script is bounded by
+# with the commit it ran on. The whole script is bounded by
 # GPU_CHECK_BUDGET_S (default 560 s; 30 s under timeout_s for the kill margin).
 #
 # Steps, in this order; each one's timeout is its own cap or what is left of the
@@ -207,7 +207,7 @@ step_smoke() {
 }
 
 # label model rows batches [op] (rows: the rank-0 shard, shard_vocab(V, 0, tp, pad_to=64).rows;
-# op: argmax unless named). qwen3_sample: FlashSampling's side-by-side cells (issue #19): the
+# op: argmax unless named). qwen3_sample: FlashSampling's side-by-side cells: the
 # full Qwen3 head (its published H200 table is for tp 1) against Gumbel-max on cuBLAS logits and
 # compiled softmax + multinomial, each row with the published ratio beside ours.
 BENCH_SHAPES="qwen3_tp8:qwen3:18992:1,8,32,64,96,128,256,1024

@@ -235,7 +235,7 @@ class LocalArgmaxMixin:
         lm_head = getattr(self, "lm_head", None)
         if lm_head is None:
             raise AttributeError(f"{type(self).__name__} uses LocalArgmaxMixin but has no attribute 'lm_head'")
-        weight, bias, vocab_start, num_valid, group = _lm_head_layout(lm_head)
+        weight, bias, start, valid, group = _lm_head_layout(lm_head)
         if group is None:
             group = getattr(self, "local_argmax_group", None)
         scale = getattr(self, "logit_scale", None)
@@ -246,12 +246,5 @@ class LocalArgmaxMixin:
         d2t = getattr(self, "draft_id_to_target_id", None)
         reduce = getattr(lm_head, "reduce", "all_gather")
         return lm_head_argmax(
-            hidden_states,
-            weight,
-            vocab_start=vocab_start,
-            num_valid=num_valid,
-            bias=bias,
-            d2t=d2t,
-            group=group,
-            reduce=reduce,
+            hidden_states, weight, vocab_start=start, num_valid=valid, bias=bias, d2t=d2t, group=group, reduce=reduce
         )

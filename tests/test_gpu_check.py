@@ -85,7 +85,7 @@ def test_dry_run_walks_every_step_and_a_timed_out_step_leaves_the_others_files(t
     assert {p.name for p in out.iterdir()} == FILES, log[-3000:]
     assert all(p.is_file() for p in out.iterdir())
 
-    # every step ran, in the issue's order; only the tests step timed out
+    # every step ran, in the order of STEPS; only the tests step timed out
     text = (out / "gpu_check.log").read_text()
     starts = [text.index(f"== {step} (cap") for step in STEPS]
     assert starts == sorted(starts)
@@ -121,7 +121,7 @@ def test_dry_run_walks_every_step_and_a_timed_out_step_leaves_the_others_files(t
     assert "SKIPPED" in (out / "sanitizer.txt").read_text()
     assert "sanitize workload: ok" in (out / "sanitizer.txt").read_text()
     assert "qwen3_tp8" in (out / "summary.txt").read_text()
-    # the rival sampling rows (issue #19): ours beside both torch baselines, per batch, in the summary
+    # the rival sampling rows: ours beside both torch baselines, per batch, in the summary
     methods = {(r["method"], r["batch"]) for r in sample_rows if r["op"] == "sample"}
     assert {(m, b) for m in ("fused-kernel", "gumbel-logits", "compiled-multinomial") for b in (1, 8)} <= methods
     rival = (out / "summary.txt").read_text().split("sampling beside FlashSampling")[1].splitlines()

@@ -259,7 +259,7 @@ def test_refused_at_construction_or_first_forward(case):
 
 
 def test_module_keeps_a_float32_bias_exact():
-    """The issue's input: an fp32 bias on a bf16 head through the module gives
+    """An fp32 bias on a bf16 head through the module gives
     the op's answer (the bias is held in float32, never rounded to bf16)."""
     weight = torch.ones(3, 2, dtype=torch.bfloat16)
     hidden = torch.ones(1, 2, dtype=torch.bfloat16)

@@ -767,7 +767,7 @@ def test_cuda_batch_past_grid_y_limit(gen, path_name, batch):
 def test_cuda_columns_past_2_to_the_31(gen, path_name):
     """A shard of 2**31 + 200 rows (the limit is 2**31 - 64; this one is cut
     to num_valid = 2**31 - 100): column indexes past 2**31 - 1 overflow 32-bit
-    arithmetic (logits_to_keys_kernel once had an int column). The winner is
+    arithmetic (an int column index in logits_to_keys_kernel would). The winner is
     planted in the last block; needs ~36 GiB of device memory (H200 has 139)."""
     free, _ = torch.cuda.mem_get_info()
     if free < 40 * 2**30:

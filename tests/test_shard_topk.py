@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import localargmax
-from tests.support.checks import raises_cleanly
+from tests.support.checks import BAD_D2T, raises_cleanly
 from tests.support.paths import CPU_PATHS, on, path_keyword, use_path
 from tests.support.problems import (
     full_bias,
@@ -117,14 +117,6 @@ def test_lm_head_topk_k_past_valid_vocabulary():
     raises_cleanly(
         ValueError, "exceeds the valid vocabulary", localargmax.lm_head_topk, h, w, 4, num_valid=1, group=lambda k: keys
     )
-
-
-BAD_D2T = {
-    "float": (torch.zeros(ROWS), TypeError),
-    "int32": (torch.zeros(ROWS, dtype=torch.int32), TypeError),
-    "2d": (torch.zeros(ROWS, 1, dtype=torch.int64), ValueError),
-    "too_short": (torch.zeros(2, dtype=torch.int64), ValueError),
-}
 
 
 @pytest.mark.parametrize("case", list(BAD_D2T))

@@ -16,7 +16,7 @@ import torch
 
 import localargmax
 from localargmax.reference import reference_argmax
-from tests.support.checks import raises_cleanly
+from tests.support.checks import BAD_D2T, raises_cleanly
 from tests.support.keys import allreduce_max, unsigned_max
 from tests.support.launch import launch, live_descendants, run_ranks, timed
 from tests.support.paths import cuda_only
@@ -226,9 +226,7 @@ def test_empty_batch_everywhere(gen, dtype):
     assert localargmax.lm_head_sample(h, w, temperature=1.0, seed=1).shape == (0,)
     ids, values = localargmax.lm_head_topk(h, w, 2)
     assert ids.shape == values.shape == (0, 2)
-    for shape in [(0,), (3, 0), (0, 0)]:
-        ids, values = localargmax.merge_keys(torch.empty(shape, dtype=torch.int64))
-        assert ids.shape == values.shape == (0,) and ids.dtype == torch.int64 and values.dtype == torch.float32
+    # merge_keys of empty keys: test_merge_keys.py::test_empty_batch
     assert localargmax.decode_keys(torch.empty(0, dtype=torch.int64))[0].shape == (0,)
 
 
@@ -265,15 +263,6 @@ def test_largest_index_accepted_everywhere():
     assert localargmax.lm_head_sample(h, w, temperature=0.0, seed=1, vocab_start=start).tolist() == [big] * B
 
 
-BAD_D2T = {
-    "float": (torch.zeros(ROWS), TypeError),
-    "int32": (torch.zeros(ROWS, dtype=torch.int32), TypeError),
-    "2d": (torch.zeros(ROWS, 1, dtype=torch.int64), ValueError),
-    "too_short": (torch.zeros(2, dtype=torch.int64), ValueError),
-    "empty": (torch.empty(0, dtype=torch.int64), ValueError),
-}
-
-
 @pytest.mark.parametrize("case", list(BAD_D2T))
 def test_lm_head_argmax_rejects_bad_d2t(case):
     d2t, exc = BAD_D2T[case]
@@ -288,8 +277,8 @@ def test_lm_head_argmax_rejects_bad_d2t(case):
 @pytest.mark.parametrize("short", [1, 3])
 @pytest.mark.parametrize("op", ["argmax", "topk", "sample"])
 def test_short_d2t_refused_on_every_call(gen, op, short):
-    """A d2t shorter than the draft vocabulary is refused whichever id wins
-    (it used to fail only when the winner was among the uncovered rows)."""
+    """A d2t shorter than the draft vocabulary is refused whichever id wins,
+    a winner among the covered rows included."""
     vocab, hsize = 40, 8
     d2t = torch.zeros(vocab - short, dtype=torch.int64)
     for winner in (0, vocab // 2, vocab - 1):
@@ -365,7 +354,7 @@ def test_corrupt_exchange_never_returns_an_out_of_vocabulary_id(gen):
 
 
 def _worker_batch_mismatch(rank, world, op, reduce, debug):
-    """Rank 0 calls with batch 3, rank 1 with batch 2 (the issue's input)."""
+    """Rank 0 calls with batch 3, rank 1 with batch 2."""
     import os
 
     import torch.distributed as dist
@@ -386,12 +375,8 @@ def _worker_batch_mismatch(rank, world, op, reduce, debug):
 
 
 CASES = [
-    ("argmax", "all_gather"),
-    ("argmax", "all_reduce"),
-    ("topk", "all_gather"),
-    ("sample", "all_gather"),
-    ("sample", "all_reduce"),
-]
+    (op, r) for op in ("argmax", "topk", "sample") for r in REDUCES if (op, r) != ("topk", "all_reduce")
+]  # top-k gathers
 
 
 @pytest.mark.parametrize("op,reduce", CASES)
@@ -408,7 +393,7 @@ def test_batch_mismatch_with_debug_raises_on_every_rank(op, reduce):
 def test_batch_mismatch_without_debug_never_returns_ids(op, reduce):
     """Without LOCALARGMAX_DEBUG: a rank may die inside gloo (SIGABRT) or raise
     (the collective's error, or the step's "disagree on the size" check), but
-    no rank returns ids (the issue saw [3, 4294967295, 0] from sampling)."""
+    no rank returns ids (such as [3, 4294967295, 0], an id outside the vocabulary)."""
     result = launch(_worker_batch_mismatch, 2, op, reduce, False, pg_timeout=5.0, wall_timeout=120.0)
     for r, o in enumerate(result.ranks):
         print(f"{op}/{reduce} rank {r}: {o.status} exit={o.exitcode} {str(o.value)[:200]}")

@@ -26,6 +26,7 @@ from tests.support.launch import launch, live_descendants, timed
 from tests.support.problems import (
     PAD_KINDS,
     full_bias,
+    layout_kwargs,
     make_shards,
     random_problem,
     shard_keys,
@@ -250,30 +251,17 @@ def _gloo_worker(rank, world, seed):
         if rank >= tp:
             continue
         for i, (hidden, _weight, _bias, shards, _offset, d2t, _exact, _faults) in enumerate(cases):
-            w, b, s = shards[rank]
+            w, layout = shards[rank][0], dict(layout_kwargs(shards[rank]), group=groups[tp])
             for reduce in ("all_gather", "all_reduce"):
                 out[(tp, i, reduce)] = timed(
-                    lambda: localargmax.lm_head_argmax(
-                        hidden,
-                        w,
-                        vocab_start=s.vocab_start,
-                        num_valid=s.num_valid,
-                        bias=b,
-                        d2t=d2t,
-                        group=groups[tp],
-                        reduce=reduce,
-                    )
+                    lambda: localargmax.lm_head_argmax(hidden, w, d2t=d2t, reduce=reduce, **layout)
                 )
             if tp > 1 and i % 10 == 0:  # a rank with another batch size, caught by the debug check
                 os.environ["LOCALARGMAX_DEBUG"] = "1"
                 localargmax.envs.reload()
                 try:
                     h = hidden if rank != tp - 1 else torch.cat([hidden, hidden[:1]])
-                    out[(tp, i, "debug")] = timed(
-                        lambda: localargmax.lm_head_argmax(
-                            h, w, vocab_start=s.vocab_start, num_valid=s.num_valid, bias=b, group=groups[tp]
-                        )
-                    )
+                    out[(tp, i, "debug")] = timed(lambda: localargmax.lm_head_argmax(h, w, **layout))
                 finally:
                     del os.environ["LOCALARGMAX_DEBUG"]
                     localargmax.envs.reload()

@@ -16,32 +16,14 @@ import random
 
 import pytest
 
+from tests.support.vllm_ranks import ARGMAX_CASES, TOPK_CASES
+
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
     reason="vLLM is not installed (README 'Use it in vLLM': pip install --no-deps vllm==0.33.0, "
     "then the vllm-test extra)",
 )
 
-ARGMAX_CASES = (
-    "f32",
-    "f32_bias",
-    "f32_scale_softcap",
-    "bf16",
-    "bf16_head_fp32",
-    "f16_bias",
-    "tiny_vocab",
-    "batch_zero",
-)
-TOPK_CASES = (
-    "f32_k1",
-    "f32_k8",
-    "f32_k8_bias",
-    "f32_k5_scale_softcap",
-    "bf16_k4",
-    "f32_k8_logprobs",
-    "f32_k5_bias_scale_softcap_logprobs",
-    "bf16_k4_scale_logprobs",
-)
 FALLBACKS = {
     "logits_as_input": "logits_as_input",
     "non_positive_scale": "non-positive or non-finite scale",

@@ -1,5 +1,6 @@
 """The bad-input check: a call raises, naming the argument, and leaves its
-tensor inputs bit-for-bit unmodified (nothing half-written)."""
+tensor inputs bit-for-bit unmodified (nothing half-written); the bad ``d2t``
+tables every step op refuses."""
 
 from __future__ import annotations
 
@@ -18,6 +19,15 @@ def _tensors(x, out):
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1).contiguous().view(torch.uint8) if t.numel() else t
+
+
+BAD_D2T = {  # id: (d2t for a 6-row vocabulary, exception); every step op refuses them naming d2t
+    "float": (torch.zeros(6), TypeError),
+    "int32": (torch.zeros(6, dtype=torch.int32), TypeError),
+    "2d": (torch.zeros(6, 1, dtype=torch.int64), ValueError),
+    "too_short": (torch.zeros(2, dtype=torch.int64), ValueError),
+    "empty": (torch.empty(0, dtype=torch.int64), ValueError),
+}
 
 
 def raises_cleanly(exc, match, fn, *args, **kwargs):

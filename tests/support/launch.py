@@ -6,11 +6,13 @@ each rank is a cheap fork of it; ``LOCALARGMAX_TEST_START=spawn`` uses fresh
 interpreters) joined in a gloo process group over 127.0.0.1, and returns what
 every rank did. :func:`run_ranks` is the same launch for tests whose ranks must
 all succeed: it returns their values or raises :class:`RankFailure`.
-:func:`run_bench` runs the benchmark CLI (which launches its own ranks).
+:func:`run_bench` runs the benchmark CLI (which launches its own ranks),
+:func:`kernel_smoke` its ``--kernel-only --smoke`` run.
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import queue
@@ -253,3 +255,12 @@ def run_bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "localargmax.bench", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
+
+
+def kernel_smoke(tmp_path, *args: str):
+    """A successful ``--kernel-only --smoke`` run of ``args`` writing JSON under
+    ``tmp_path``: ``(process, its rows, the JSON path)``."""
+    out = tmp_path / "k.json"
+    proc = run_bench("--kernel-only", "--smoke", "--no-progress", "--json", str(out), *args, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc, json.loads(out.read_text())["rows"], out

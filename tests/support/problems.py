@@ -122,6 +122,13 @@ def make_shards(weight, bias, tp, pad_to=64, *, hidden=None, pad="huge"):
     return shards
 
 
+def layout_kwargs(shard) -> dict:
+    """The layout keywords every op takes for one ``(weight, bias, VocabShard)``
+    of :func:`make_shards`: ``vocab_start``, ``num_valid`` and ``bias``."""
+    _, b, s = shard
+    return {"vocab_start": s.vocab_start, "num_valid": s.num_valid, "bias": b}
+
+
 def full_bias(bias, shards, vocab):
     """The bias of the unpadded vocabulary as the shards see it (zeros where
     make_shards created a bias for the padding)."""
@@ -173,7 +180,7 @@ def _simulate(hidden, shards, shard_op, step, reduce="all_gather"):
     (``shard_op(hidden, w, **layout)``) and returns the keys of every shard
     (all-gather) or their emulated all-reduce MAX ``[1, B]``. Checks that all
     ranks agree; returns rank 0's result."""
-    layouts = [dict(vocab_start=s.vocab_start, num_valid=s.num_valid, bias=b) for _, b, s in shards]
+    layouts = [layout_kwargs(sh) for sh in shards]
     keys = stack_frames(
         [shard_op(hidden, w, **lay) for (w, _, _), lay in zip(shards, layouts)],
         [(s.vocab_start, s.num_valid) for _, _, s in shards],
@@ -234,23 +241,9 @@ def simulated_topk_log_probs(hidden, shards, k, *, d2t=None, **lp):
 
 def simulated_sample_log_probs(hidden, shards, temperature, seed, offset=0, *, d2t=None, **lp):
     """lm_head_sample(return_log_probs=True) on every simulated rank: (ids, log_probs)."""
-    shard_op = partial(
-        localargmax.shard_sample,
-        temperature=temperature,
-        seed=seed,
-        offset=offset,
-        log_partition=True,
-        **_op_transform(lp),
-    )
-    step = partial(
-        localargmax.lm_head_sample,
-        temperature=temperature,
-        seed=seed,
-        offset=offset,
-        d2t=d2t,
-        return_log_probs=True,
-        **lp,
-    )
+    noise = {"temperature": temperature, "seed": seed, "offset": offset}
+    shard_op = partial(localargmax.shard_sample, log_partition=True, **noise, **_op_transform(lp))
+    step = partial(localargmax.lm_head_sample, d2t=d2t, return_log_probs=True, **noise, **lp)
     return _simulate(hidden, shards, shard_op, step)
 
 

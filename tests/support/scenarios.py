@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from tests.support.problems import make_shards, planted_problem, random_problem
+from tests.support.problems import layout_kwargs, make_shards, planted_problem, random_problem
 from tests.support.reference import check_against_reference, ref_argmax
 
 WORLD = 4
@@ -119,8 +119,8 @@ def worker(rank: int, world: int, path: str) -> dict:
     results = {}
     for tp in (tp for tp in TPS if rank < tp):
         for sc in scenarios:
-            w, b, s = make_shards(sc.weight, sc.bias, tp, sc.pad_to, hidden=sc.hidden, pad=sc.pad)[rank]
-            common = dict(vocab_start=s.vocab_start, num_valid=s.num_valid, bias=b, d2t=sc.d2t, group=groups[tp])
+            shard = make_shards(sc.weight, sc.bias, tp, sc.pad_to, hidden=sc.hidden, pad=sc.pad)[rank]
+            w, common = shard[0], dict(layout_kwargs(shard), d2t=sc.d2t, group=groups[tp])
             for reduce in REDUCES:
                 results[(tp, sc.name, reduce)] = _call(
                     lambda: localargmax.lm_head_argmax(sc.hidden, w, reduce=reduce, **common)

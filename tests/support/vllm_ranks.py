@@ -14,7 +14,30 @@ import os
 
 import torch
 
+from tests.support.reference import ref_logits, ref_transform
+
 TP = 2
+SCALE_SOFTCAP, LOG_PROBS = {"scale": 2.0, "soft_cap": 3.0}, {"log_probs": True}
+ARGMAX_CASES = {  # name: (vocab, hidden size, batch, dtype, keywords of _argmax_case)
+    "f32": (1000, 32, 7, torch.float32, {}),
+    "f32_bias": (1000, 32, 7, torch.float32, {"bias": True}),
+    "f32_scale_softcap": (777, 24, 6, torch.float32, {"scale": 0.5, "soft_cap": 30.0}),
+    "bf16": (999, 64, 8, torch.bfloat16, {}),
+    "bf16_head_fp32": (999, 64, 8, torch.bfloat16, {"head_dtype": torch.float32}),
+    "f16_bias": (515, 48, 5, torch.float16, {"bias": True}),
+    "tiny_vocab": (70, 8, 3, torch.float32, {}),
+    "batch_zero": (300, 8, 0, torch.float32, {}),
+}
+TOPK_CASES = {  # name: (vocab, hidden size, batch, k, dtype, keywords of _topk_case); logprobs: fused log-probabilities
+    "f32_k1": (1000, 32, 6, 1, torch.float32, {}),
+    "f32_k8": (1000, 32, 6, 8, torch.float32, {}),
+    "f32_k8_bias": (1000, 32, 6, 8, torch.float32, {"bias": True}),
+    "f32_k5_scale_softcap": (777, 24, 4, 5, torch.float32, SCALE_SOFTCAP),
+    "bf16_k4": (999, 64, 8, 4, torch.bfloat16, {}),
+    "f32_k8_logprobs": (1001, 32, 6, 8, torch.float32, LOG_PROBS),
+    "f32_k5_bias_scale_softcap_logprobs": (777, 24, 4, 5, torch.float32, {"bias": True, **LOG_PROBS, **SCALE_SOFTCAP}),
+    "bf16_k4_scale_logprobs": (999, 64, 8, 4, torch.bfloat16, {"scale": 0.5, "log_probs": True}),
+}
 
 
 def _vllm_setup(rank: int, world_size: int):
@@ -49,16 +72,6 @@ def _processor(vocab: int, scale: float = 1.0, soft_cap=None, logits_as_input: b
     return LogitsProcessor(vocab, scale=scale, soft_cap=soft_cap, logits_as_input=logits_as_input)
 
 
-def _ref_logits(hidden, full, bias_full=None, scale=1.0, soft_cap=None):
-    """float64 logits on the full, unsharded matrix (then soft-cap, scale)."""
-    logits = hidden.double() @ full.double().T
-    if bias_full is not None:
-        logits = logits + bias_full.double()
-    if soft_cap is not None:
-        logits = torch.tanh(logits / soft_cap) * soft_cap
-    return logits * scale
-
-
 def _shard_bias(head, bias_full):
     """This rank's ``[rows]`` embedding bias (zeros on padding rows), as vLLM lays it out."""
     idx = head.shard_indices
@@ -75,18 +88,24 @@ def _both(plugin, lp, head, hidden, method, *args, **kwargs):
     return theirs, ours
 
 
-def _argmax_case(plugin, gen, vocab, hsize, batch, dtype, *, bias=False, scale=1.0, soft_cap=None, head_dtype=None):
+def _random_case(gen, vocab, hsize, batch, dtype, bias, scale, soft_cap):
+    """A random head ``full [V, H]``, ``hidden [B, H]``, the full bias (or None), vLLM's head and
+    processor over them, and this rank's embedding-bias shard (or None)."""
     full = (torch.randn(vocab, hsize, generator=gen) / hsize**0.5).to(dtype)
     hidden = torch.randn(batch, hsize, generator=gen).to(dtype)
     bias_full = torch.randn(vocab, generator=gen).to(dtype) if bias else None
     head = _head(full)
-    lp = _processor(vocab, scale, soft_cap)
+    eb = _shard_bias(head, bias_full) if bias else None
+    return full, hidden, bias_full, head, _processor(vocab, scale, soft_cap), eb
+
+
+def _argmax_case(plugin, gen, vocab, hsize, batch, dtype, *, bias=False, scale=1.0, soft_cap=None, head_dtype=None):
+    full, hidden, bias_full, head, lp, eb = _random_case(gen, vocab, hsize, batch, dtype, bias, scale, soft_cap)
     if head_dtype is not None:
         lp.head_dtype = head_dtype
-    eb = _shard_bias(head, bias_full) if bias else None
     before = plugin.stats().get("fused", 0)
     theirs, ours = _both(plugin, lp, head, hidden, "get_top_tokens", eb)
-    ref = _ref_logits(hidden, full, bias_full, scale, soft_cap)
+    ref = ref_transform(ref_logits(hidden, full, bias_full), scale, soft_cap)
     top2 = ref.topk(2, dim=1).values
     return {
         "vllm": theirs.tolist(),
@@ -99,18 +118,13 @@ def _argmax_case(plugin, gen, vocab, hsize, batch, dtype, *, bias=False, scale=1
 
 
 def _topk_case(plugin, gen, vocab, hsize, batch, k, dtype, *, bias=False, scale=1.0, soft_cap=None, log_probs=False):
-    full = (torch.randn(vocab, hsize, generator=gen) / hsize**0.5).to(dtype)
-    hidden = torch.randn(batch, hsize, generator=gen).to(dtype)
-    bias_full = torch.randn(vocab, generator=gen).to(dtype) if bias else None
-    head = _head(full)
-    lp = _processor(vocab, scale, soft_cap)
-    eb = _shard_bias(head, bias_full) if bias else None
+    full, hidden, bias_full, head, lp, eb = _random_case(gen, vocab, hsize, batch, dtype, bias, scale, soft_cap)
     before = plugin.stats().get("fused", 0)
     (tid, tval), (oid, oval) = _both(plugin, lp, head, hidden, "get_top_k_tokens", k, eb, return_log_probs=log_probs)
-    raw = _ref_logits(hidden, full, bias_full)
+    raw = ref_logits(hidden, full, bias_full)
     rval, rid = raw.topk(k, dim=1)
     if log_probs:  # soft-cap, then scale, over the whole vocabulary; x - logsumexp(x)
-        x = _ref_logits(hidden, full, bias_full, scale, soft_cap)
+        x = ref_transform(raw, scale, soft_cap)
         rval = (x - torch.logsumexp(x, dim=1, keepdim=True)).gather(1, rid)
     else:
         rval = rval * scale  # vLLM's get_top_k_tokens: scale, then soft-cap, on the k values
@@ -168,7 +182,7 @@ def _bf16_near_tie_case(plugin):
     lp = _processor(vocab)
     theirs, ours = _both(plugin, lp, head, hidden, "get_top_tokens")
     (tid, tval), (oid, oval) = _both(plugin, lp, head, hidden, "get_top_k_tokens", 2)
-    ref = _ref_logits(hidden, full)
+    ref = ref_logits(hidden, full)
     return {
         "vllm": theirs.tolist(),
         "ours": ours.tolist(),
@@ -179,6 +193,27 @@ def _bf16_near_tie_case(plugin):
         "ours_topk_values": oval.tolist(),
         "ref_topk_values": ref.topk(2, dim=1).values.tolist(),
     }
+
+
+class _Target(torch.nn.Module):
+    """A target model with its own lm_head (what the proposer's _maybe_share_lm_head inspects)."""
+
+    def __init__(self, gen, vocab, hsize):
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.lm_head = _head(torch.randn(vocab, hsize, generator=gen))
+
+
+def _proposer(draft, target):
+    """vLLM's EagleProposer methods around ``draft`` (none of its GPU set-up), the switch on, the head check run."""
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    proposer = EagleProposer.__new__(EagleProposer)
+    proposer.vllm_config = _Stub(speculative_config=None)
+    proposer.use_local_argmax_reduction = True
+    proposer.model = draft
+    proposer._maybe_share_lm_head(target)
+    return proposer
 
 
 class _FakeQuantMethod:
@@ -294,7 +329,6 @@ def _proposer_case(plugin, gen):
     ``_greedy_sample`` (which calls model.get_top_tokens) run unmodified."""
     from vllm.config import SpeculativeConfig
     from vllm.model_executor.models.interfaces import LocalArgmaxMixin
-    from vllm.v1.spec_decode.eagle import EagleProposer
 
     import localargmax
 
@@ -313,18 +347,8 @@ def _proposer_case(plugin, gen):
     class NoTopTokens(torch.nn.Module):
         has_own_lm_head = True
 
-    class Target(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = torch.nn.Module()
-            self.lm_head = _head(torch.randn(target_vocab, hsize, generator=gen))
-
     draft = Draft()
-    proposer = EagleProposer.__new__(EagleProposer)  # vLLM's methods, none of its GPU set-up
-    proposer.vllm_config = type("Cfg", (), {"speculative_config": None})()
-    proposer.use_local_argmax_reduction = True
-    proposer.model = draft
-    proposer._maybe_share_lm_head(Target())
+    proposer = _proposer(draft, _Target(gen, target_vocab, hsize))
     out = {"switch_field_default": SpeculativeConfig.__dataclass_fields__["use_local_argmax_reduction"].default}
 
     hidden = torch.randn(batch, hsize, generator=gen)
@@ -346,7 +370,7 @@ def _proposer_case(plugin, gen):
     proposer.model = NoTopTokens()
     proposer.model.lm_head = draft.lm_head
     try:
-        proposer._maybe_share_lm_head(Target())
+        proposer._maybe_share_lm_head(_Target(gen, target_vocab, hsize))
         out["missing_check"] = "no error"
     except ValueError as e:
         out["missing_check"] = str(e)
@@ -376,7 +400,6 @@ def _eagle3_case(plugin, gen, cfg):
     hidden states are random."""
     from transformers import LlamaConfig
     from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
-    from vllm.v1.spec_decode.eagle import EagleProposer
 
     import localargmax
 
@@ -415,17 +438,7 @@ def _eagle3_case(plugin, gen, cfg):
     model.load_weights([("lm_head.weight", full), ("d2t", d2t)])
     model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
 
-    class Target(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = torch.nn.Module()
-            self.lm_head = _head(torch.randn(target_vocab, hsize, generator=gen))
-
-    proposer = EagleProposer.__new__(EagleProposer)
-    proposer.vllm_config = _Stub(speculative_config=None)
-    proposer.use_local_argmax_reduction = True
-    proposer.model = model
-    proposer._maybe_share_lm_head(Target())
+    proposer = _proposer(model, _Target(gen, target_vocab, hsize))
     hidden = torch.randn(6, hsize, generator=gen)
     before = plugin.stats().get("fused", 0)
     ours = proposer._greedy_sample(hidden)
@@ -451,7 +464,7 @@ def _agreement_sweep(plugin, gen, batch=256, vocab=4000, hsize=64):
         hidden = torch.randn(batch, hsize, generator=gen).to(dtype)
         head, lp = _head(full), _processor(vocab)
         theirs, ours = _both(plugin, lp, head, hidden, "get_top_tokens")
-        logits = _ref_logits(hidden, full)
+        logits = ref_logits(hidden, full)
         ref, top2 = logits.argmax(dim=1), logits.topk(2, dim=1).values
         clear = (top2[:, 0] - top2[:, 1]) > 1e-4  # rows away from float32-accumulation near-ties
         out[str(dtype).split(".")[1]] = {
@@ -511,29 +524,8 @@ def worker(rank: int, world_size: int, seed: int):
     if not out["active_after_vllm_loader"]:
         plugin.install()  # still exercise the methods; the test reports the missing entry point
     gen = torch.Generator().manual_seed(seed)
-    out["argmax"] = {
-        "f32": _argmax_case(plugin, gen, 1000, 32, 7, torch.float32),
-        "f32_bias": _argmax_case(plugin, gen, 1000, 32, 7, torch.float32, bias=True),
-        "f32_scale_softcap": _argmax_case(plugin, gen, 777, 24, 6, torch.float32, scale=0.5, soft_cap=30.0),
-        "bf16": _argmax_case(plugin, gen, 999, 64, 8, torch.bfloat16),
-        "bf16_head_fp32": _argmax_case(plugin, gen, 999, 64, 8, torch.bfloat16, head_dtype=torch.float32),
-        "f16_bias": _argmax_case(plugin, gen, 515, 48, 5, torch.float16, bias=True),
-        "tiny_vocab": _argmax_case(plugin, gen, 70, 8, 3, torch.float32),
-        "batch_zero": _argmax_case(plugin, gen, 300, 8, 0, torch.float32),
-    }
-    out["topk"] = {
-        "f32_k1": _topk_case(plugin, gen, 1000, 32, 6, 1, torch.float32),
-        "f32_k8": _topk_case(plugin, gen, 1000, 32, 6, 8, torch.float32),
-        "f32_k8_bias": _topk_case(plugin, gen, 1000, 32, 6, 8, torch.float32, bias=True),
-        "f32_k5_scale_softcap": _topk_case(plugin, gen, 777, 24, 4, 5, torch.float32, scale=2.0, soft_cap=3.0),
-        "bf16_k4": _topk_case(plugin, gen, 999, 64, 8, 4, torch.bfloat16),
-        # return_log_probs: log-probabilities over the full vocabulary, fused
-        "f32_k8_logprobs": _topk_case(plugin, gen, 1001, 32, 6, 8, torch.float32, log_probs=True),
-        "f32_k5_bias_scale_softcap_logprobs": _topk_case(
-            plugin, gen, 777, 24, 4, 5, torch.float32, bias=True, scale=2.0, soft_cap=3.0, log_probs=True
-        ),
-        "bf16_k4_scale_logprobs": _topk_case(plugin, gen, 999, 64, 8, 4, torch.bfloat16, scale=0.5, log_probs=True),
-    }
+    out["argmax"] = {name: _argmax_case(plugin, gen, *args, **kw) for name, (*args, kw) in ARGMAX_CASES.items()}
+    out["topk"] = {name: _topk_case(plugin, gen, *args, **kw) for name, (*args, kw) in TOPK_CASES.items()}
     out["past_2_24"] = _past_2_24_case(plugin)
     out["bf16_near_tie"] = _bf16_near_tie_case(plugin)
     out["fallback"] = _fallback_cases(plugin, gen)
