@@ -380,6 +380,11 @@ def _words(text: str) -> str:
     return re.sub(r"\s+", " ", text)
 
 
+def kernel_rows(name: str) -> list:
+    """The rows of a committed --kernel-only run (bench/results/<name>.json)."""
+    return json.loads((Path(__file__).resolve().parents[1] / "bench" / "results" / f"{name}.json").read_text())["rows"]
+
+
 @pytest.mark.parametrize(
     "op,kernel_only,names",
     [
@@ -390,13 +395,24 @@ def _words(text: str) -> str:
     ],
 )
 def test_legend_is_two_lines_in_the_words_of_help(op, kernel_only, names):
-    legend = report.format_legend([step_row(op=op)], kernel_only)
+    rows = kernel_rows("cpu_kernel_qwen3_bf16") if kernel_only else [step_row(op=op)]
+    legend = report.format_legend(rows, kernel_only)
     help_text = _words(build_parser("localargmax-bench").format_help())
     assert len(legend.splitlines()) == 2
     for name in names:
         definition = report.DEFINITIONS[name]
         assert definition in legend
         assert _words(definition) in help_text, f"--help lacks the definition of {name}: {definition!r}"
+
+
+@pytest.mark.parametrize("name", ["cpu_kernel_qwen3_bf16", "cpu_kernel_sample_qwen3_tp1"])
+def test_kernel_legend_defines_only_columns_the_table_has(name):
+    """The legend under a --kernel-only table (argmax: vs_torch; sample:
+    vs_gumbel, vs_multinom, no vs_torch) names only columns of that table."""
+    rows = kernel_rows(name)
+    titles = {title for _, title in report.table_columns(rows, True)}
+    named = re.findall(r"(?:^|; )(\w+) = ", report.format_legend(rows, True).splitlines()[0])
+    assert named and set(named) <= titles, (named, titles)
 
 
 def test_legend_follows_the_printed_table(capsys):
