@@ -19,6 +19,7 @@
 
 #include "../checks.h"
 #include "../common/philox.h"
+#include "../impl_shard_ops.h"
 #include "shard_argmax_tiles.h"
 
 namespace localargmax {
@@ -252,13 +253,6 @@ int64_t parallel_workers(int64_t n) {
 
 }  // namespace cpu
 
-TORCH_LIBRARY_IMPL(localargmax, CPU, m) {
-  m.impl("shard_argmax", &cpu::shard_argmax_cpu);
-  m.impl("shard_topk", &cpu::shard_topk_cpu);
-  m.impl("shard_sample", &cpu::shard_sample_cpu);
-  m.impl("shard_argmax_lse", &cpu::shard_argmax_lse_cpu);
-  m.impl("shard_topk_lse", &cpu::shard_topk_lse_cpu);
-  m.impl("shard_sample_lse", &cpu::shard_sample_lse_cpu);
-}
+TORCH_LIBRARY_IMPL(localargmax, CPU, m) { LOCALARGMAX_IMPL_SHARD_OPS(m, cpu, cpu); }
 
 }  // namespace localargmax

@@ -37,6 +37,7 @@
 #include <type_traits>
 
 #include "../checks.h"
+#include "../impl_shard_ops.h"
 
 #include "shard_argmax_launch.cuh"
 #include "shard_argmax_paths.h"
@@ -360,13 +361,6 @@ std::tuple<at::Tensor, at::Tensor> shard_topk_lse_cuda(const at::Tensor& hidden,
 }  // namespace
 }  // namespace cuda
 
-TORCH_LIBRARY_IMPL(localargmax, CUDA, m) {
-  m.impl("shard_argmax_lse", &cuda::shard_argmax_lse_cuda);
-  m.impl("shard_topk_lse", &cuda::shard_topk_lse_cuda);
-  m.impl("shard_sample_lse", &cuda::shard_sample_lse_cuda);
-  m.impl("shard_argmax", &cuda::shard_argmax_cuda);
-  m.impl("shard_topk", &cuda::shard_topk_cuda);
-  m.impl("shard_sample", &cuda::shard_sample_cuda);
-}
+TORCH_LIBRARY_IMPL(localargmax, CUDA, m) { LOCALARGMAX_IMPL_SHARD_OPS(m, cuda, cuda); }
 
 }  // namespace localargmax
