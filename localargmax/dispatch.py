@@ -40,7 +40,7 @@ CPP_SIMT_MAX_BATCH = 0
 :data:`CPP_SIMT_MAX_ROWS_PER_SM` rows per SM (``weight.shape[0]``; 0: never).
 kSimtMaxBatch / kSimtMaxRowsPerSm in csrc/cuda (a test checks they agree)."""
 CPP_SIMT_MAX_ROWS_PER_SM = 256
-MMA_VARIANT_IDS = range(13)
+MMA_VARIANT_IDS = range(15)
 """Ids of the MmaVariant table (``localargmax._validation.NUM_MMA_VARIANTS``)."""
 
 
