@@ -173,12 +173,13 @@ def test_pipelined_mma_kernel_fits_its_blocks_per_sm():
     pipe = []
     for name, reg, _, shared, _ in usage:
         if "shard_argmax_mma_pipe_kernel" in name:
+            shared = int(shared)
             template = tuple(map(int, re.findall(r"Li(\d+)E", name)[-7:]))
             nt, mt, wm, sk, kc, st, minb = template
             dynamic = st * kc * (wm * mt * 16 + 8 * nt) * 64
             assert template in by_template and by_template[template].dynamic_smem == dynamic, name
             assert by_template[template].smem == shared - 1024 + dynamic, name
-            pipe.append((name, int(reg), int(shared), dynamic, wm * sk * 32, minb))
+            pipe.append((name, int(reg), shared, dynamic, wm * sk * 32, minb))
     assert len(pipe) == 22, out[:2000]
     for name, reg, shared, dynamic, threads, minb in pipe:
         print(f"{name}: REG {reg} SHARED {shared} + {dynamic} dynamic, threads {threads} min blocks/SM {minb}")

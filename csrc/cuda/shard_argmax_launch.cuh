@@ -95,12 +95,18 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
 // "split": shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST, MINB>
 // (cp.async stages; rows = WM * MT * 16 per block, WM * SK warps, SK-way
 // split-K inside the tile, KC 32-element chunks per stage and partial sums per
-// logit, ST stages, __launch_bounds__ minimum of MINB blocks per SM). Static
-// shared memory: ST * KC * (rows + 8 NT) * 64 bytes of stages + 8 NT * WM * 8
-// of block_best, under the 48 KiB static limit (no dynamic shared memory
-// attribute needed). Registers (ptxas, sm_90a / sm_80, bf16 and fp16 alike;
-// no spills: tests/test_build.py) and the weight bytes in flight per block
-// ((ST - 1) * KC * rows * 64):
+// logit, ST stages, __launch_bounds__ minimum of MINB blocks per SM). Shared
+// memory per block ("smem B", MmaVariant::kSmem): reg the static block_best
+// (8 NT * 4 warps * 8 bytes); pipe the stages in dynamic shared memory
+// (kDynamicSmem = ST * KC * (rows + 8 NT) * 64, pipe_stage_bytes, the
+// launch's size; past 48 KiB the CUDA launcher raises the kernel's
+// cudaFuncAttributeMaxDynamicSharedMemorySize) + the static block_best (8 NT *
+// WM * 8). It must fit the device's opt-in limit per block
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB H100 / H200, 163 KiB A100,
+// 99 KiB sm_86 / sm_89): auto never picks a variant that does not, a forced
+// one raises ValueError. Registers (ptxas, sm_90a / sm_80, bf16 and fp16
+// alike; no spills: tests/test_build.py) and the weight bytes in flight per
+// block ((ST - 1) * KC * rows * 64):
 //
 // id  kind   NT  batch   rows thr  SK KC ST MINB  smem B  regs 90a/80  in flight  order class
 //  0  reg     1  1-8      128 128   -  -  -   -     256   150 / 162    4 KiB    reg
@@ -116,10 +122,14 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
 // 10  pipe    8  33-64    128 128   1  1  3   3   38912   148 / 140    16 KiB    KC=1
 // 11  pipe   16  65-128    64 128   1  1  3   4   40960   126 / 124    8 KiB    KC=1 (MT = 1)
 // 12  pipe    8  33-64     64  64   1  1  4   6   33792   146 / 138    12 KiB    KC=1 (= 10)
+// 13  pipe    4  17-32    128 128   1  2  3   3   62464   162 / 154    32 KiB    KC=2 (= 6)
+// 14  pipe    8  33-64    256 128   1  1  4   2   83968   242 / 242    48 KiB    KC=1 (= 10, MT = 4)
 //
 // Batches past a variant's 8 NT rows run in passes (grid y), each streaming
 // the weight again; auto takes 11 past 64 (the op's C++ auto takes the gemm
-// path from batch 65 on CUDA). The ops force one variant with path="mma/<id>".
+// path from batch 65 on CUDA), 13 at 17-32 and 14 at 33-64 where the device's
+// opt-in shared memory holds them. The ops force one variant with
+// path="mma/<id>".
 template <int ID>
 struct MmaVariant;
 

@@ -343,7 +343,7 @@ DEFAULT_REGISTERS = {
     "mma/11": 126,
     "mma/12": 146,
     "mma/13": 162,
-    "mma/14": 128,
+    "mma/14": 242,
     "simt(nb=1)": 54,
     "simt(nb=2)": 48,
     "simt(nb=4)": 48,
