@@ -224,9 +224,11 @@ def test_todays_variants_follow_the_launcher_boundaries():
     assert [pm.cpp_mma_variant(151936, b) for b in batches] == [4, 4, 5, 5, 13, 13, 14, 14, 11, 11, 11]
     assert [pm.cpp_mma_variant(18992, b) for b in batches] == [7, 7, 8, 8, 13, 13, 14, 14, 11, 11, 11]
     assert pm.todays_variant("mma", 20, num_valid=18992).name == "mma/13"
-    # a device whose opt-in shared memory per block holds only the <= 41 KiB variants (the same sums)
-    small = 48 * 1024
-    assert [pm.cpp_mma_variant(151936, b, smem_limit=small) for b in batches] == [4, 4, 5, 5, 6, 6, 10, 10, 11, 11, 11]
+    # devices whose opt-in shared memory per block holds 10 (50 KiB) but not 13 / 14, or only the
+    # <= 41 KiB variants: the same sums
+    mid, small = 56 * 1024, 48 * 1024
+    assert [pm.cpp_mma_variant(151936, b, smem_limit=mid) for b in batches] == [4, 4, 5, 5, 6, 6, 10, 10, 11, 11, 11]
+    assert [pm.cpp_mma_variant(151936, b, smem_limit=small) for b in batches] == [4, 4, 5, 5, 6, 6, 12, 12, 11, 11, 11]
     assert [pm.cpp_mma_variant(18992, b, smem_limit=small) for b in batches] == [7, 7, 8, 8, 9, 9, 12, 12, 11, 11, 11]
     assert pm.todays_variant("mma/3", 1).mma.kind == "reg"
     # the table's candidates: C++ auto's summation-order class at that batch

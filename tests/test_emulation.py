@@ -85,7 +85,7 @@ PIPE_VARIANTS = [
     (1, 2, 2, 2, 2, 4, 4),
     (2, 2, 2, 2, 2, 4, 4),
     (4, 2, 2, 2, 2, 3, 4),
-    (8, 2, 4, 1, 1, 3, 3),
+    (8, 2, 4, 1, 1, 4, 3),
     (16, 1, 4, 1, 1, 3, 4),
     (8, 2, 2, 1, 1, 4, 6),
     (4, 2, 4, 1, 2, 3, 3),
@@ -130,7 +130,8 @@ def test_every_instantiation_the_launchers_pick_runs(emu, gen):
                     assert_keys_equal(emu.shard(h, w, path="gemm"), want, f"gemm {dtype} B={batch}")
                     assert_keys_equal(emu.shard(h, w, path="gemm", log_partition=True)[0], want, "gemm, lse")
     # mma: auto's choices at every NT boundary, split (few blocks per SM) or not, with the
-    # dynamic-shared-memory variants or (48 KiB opt-in limit) without; then every other
+    # dynamic-shared-memory variants, with 10 (50 KiB) but not 13 / 14, or (48 KiB opt-in limit)
+    # with none of them; then every other
     # variant of the table forced (the register-double-buffered kernel is forced only).
     auto = set()
     for dtype in HALF:
@@ -139,7 +140,7 @@ def test_every_instantiation_the_launchers_pick_runs(emu, gen):
             want = cpu_keys(h, w, None, 0, 300)
             # 5 tiles of 64 rows: >= 4 per SM on 1 SM; on 132 a small grid (split K, 64-row tiles at NT = 8)
             for sm_count in (1, 132):
-                for limit in (emulation.DEFAULT_SMEM_LIMIT, 48 * 1024):
+                for limit in (emulation.DEFAULT_SMEM_LIMIT, 56 * 1024, 48 * 1024):
                     auto.add(emu.mma_variant(8, 300, batch, sm_count, limit))
                     got = emu.shard(h, w, path="mma", sm_count=sm_count, smem_limit=limit)
                     assert_keys_equal(got, want, f"mma {dtype} B={batch}")

@@ -119,7 +119,7 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
 //  7  split   1  1-8       64 128   2  2  4   4   36992     88 / 86    24 KiB    KC=2 (= 4)
 //  8  split   2  9-16      64 128   2  2  4   4   41216     82 / 78    24 KiB    KC=2 (= 5)
 //  9  split   4  17-32     64 128   2  2  3   4   37376     90 / 86    16 KiB    KC=2 (= 6)
-// 10  pipe    8  33-64    128 128   1  1  3   3   38912   148 / 140    16 KiB    KC=1
+// 10  pipe    8  33-64    128 128   1  1  4   3   51200   146 / 138    24 KiB    KC=1
 // 11  pipe   16  65-128    64 128   1  1  3   4   40960   126 / 124    8 KiB    KC=1 (MT = 1)
 // 12  pipe    8  33-64     64  64   1  1  4   6   33792   146 / 138    12 KiB    KC=1 (= 10)
 // 13  pipe    4  17-32    128 128   1  2  3   3   62464   162 / 154    32 KiB    KC=2 (= 6)
@@ -171,7 +171,7 @@ LAM_MMA_PIPE(6, 4, 2, 2, 1, 2, 3, 6)
 LAM_MMA_PIPE(7, 1, 2, 2, 2, 2, 4, 4)
 LAM_MMA_PIPE(8, 2, 2, 2, 2, 2, 4, 4)
 LAM_MMA_PIPE(9, 4, 2, 2, 2, 2, 3, 4)
-LAM_MMA_PIPE(10, 8, 2, 4, 1, 1, 3, 3)
+LAM_MMA_PIPE(10, 8, 2, 4, 1, 1, 4, 3)
 LAM_MMA_PIPE(11, 16, 1, 4, 1, 1, 3, 4)
 LAM_MMA_PIPE(12, 8, 2, 2, 1, 1, 4, 6)
 LAM_MMA_PIPE(13, 4, 2, 4, 1, 2, 3, 3)
@@ -228,7 +228,7 @@ int choose_mma_variant(int64_t hidden_size, int64_t num_valid, int64_t batch, in
   if (batch > 64) return 11;
   if (batch > 32) {
     if (fits(14)) return 14;  // 256-row tiles, 4 stages in dynamic shared memory
-    return small_grid ? 12 : 10;
+    return small_grid || !fits(10) ? 12 : 10;
   }
   if (batch > 16 && fits(13)) return 13;  // 128-row tiles, 4 warps, 3 stages in dynamic shared memory
   const int nt = batch <= 8 ? 0 : batch <= 16 ? 1 : 2;

@@ -201,7 +201,7 @@ MMA_VARIANTS = (
     MmaSpec(7, "pipe", nt=1, mt=2, wm=2, sk=2, kc=2, st=4, minb=4),
     MmaSpec(8, "pipe", nt=2, mt=2, wm=2, sk=2, kc=2, st=4, minb=4),
     MmaSpec(9, "pipe", nt=4, mt=2, wm=2, sk=2, kc=2, st=3, minb=4),
-    MmaSpec(10, "pipe", nt=8, mt=2, wm=4, sk=1, kc=1, st=3, minb=3),
+    MmaSpec(10, "pipe", nt=8, mt=2, wm=4, sk=1, kc=1, st=4, minb=3),
     MmaSpec(11, "pipe", nt=16, mt=1, wm=4, sk=1, kc=1, st=3, minb=4),
     MmaSpec(12, "pipe", nt=8, mt=2, wm=2, sk=1, kc=1, st=4, minb=6),
     MmaSpec(13, "pipe", nt=4, mt=2, wm=4, sk=1, kc=2, st=3, minb=3),
@@ -229,7 +229,7 @@ def cpp_mma_variant(
     if batch > 32:
         if fits(14):
             return 14
-        return 12 if small_grid else 10
+        return 12 if small_grid or not fits(10) else 10
     if batch > 16 and fits(13):
         return 13
     nt = 0 if batch <= 8 else 1 if batch <= 16 else 2
@@ -339,7 +339,7 @@ DEFAULT_REGISTERS = {
     "mma/7": 88,
     "mma/8": 82,
     "mma/9": 90,
-    "mma/10": 148,
+    "mma/10": 146,
     "mma/11": 126,
     "mma/12": 146,
     "mma/13": 162,
