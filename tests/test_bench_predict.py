@@ -221,13 +221,19 @@ def test_todays_variants_follow_the_launcher_boundaries():
     # checks cpp_mma_variant against the emulation's choose_mma_variant)
     assert [pm.todays_variant("simt", b).get("nb") for b in (1, 2, 3, 4, 5, 9)] == [1, 2, 4, 4, 8, 8]
     batches = (1, 8, 9, 16, 17, 32, 33, 64, 65, 128, 200)
-    assert [pm.cpp_mma_variant(151936, b) for b in batches] == [4, 4, 5, 5, 6, 6, 10, 10, 11, 11, 11]
-    assert [pm.cpp_mma_variant(18992, b) for b in batches] == [7, 7, 8, 8, 9, 9, 12, 12, 11, 11, 11]
-    assert pm.todays_variant("mma", 20, num_valid=18992).name == "mma/9"
+    assert [pm.cpp_mma_variant(151936, b) for b in batches] == [4, 4, 5, 5, 13, 13, 14, 14, 11, 11, 11]
+    assert [pm.cpp_mma_variant(18992, b) for b in batches] == [7, 7, 8, 8, 13, 13, 14, 14, 11, 11, 11]
+    assert pm.todays_variant("mma", 20, num_valid=18992).name == "mma/13"
+    # devices whose opt-in shared memory per block holds 10 (50 KiB) but not 13 / 14, or only the
+    # <= 41 KiB variants: the same sums
+    mid, small = 56 * 1024, 48 * 1024
+    assert [pm.cpp_mma_variant(151936, b, smem_limit=mid) for b in batches] == [4, 4, 5, 5, 6, 6, 10, 10, 11, 11, 11]
+    assert [pm.cpp_mma_variant(151936, b, smem_limit=small) for b in batches] == [4, 4, 5, 5, 6, 6, 12, 12, 11, 11, 11]
+    assert [pm.cpp_mma_variant(18992, b, smem_limit=small) for b in batches] == [7, 7, 8, 8, 9, 9, 12, 12, 11, 11, 11]
     assert pm.todays_variant("mma/3", 1).mma.kind == "reg"
     # the table's candidates: C++ auto's summation-order class at that batch
-    assert pm.mma_candidates(1) == pm.mma_candidates(32) == (4, 5, 6, 7, 8, 9)
-    assert pm.mma_candidates(33) == pm.mma_candidates(1024) == (10, 11, 12)
+    assert pm.mma_candidates(1) == pm.mma_candidates(32) == (4, 5, 6, 7, 8, 9, 13)
+    assert pm.mma_candidates(33) == pm.mma_candidates(1024) == (10, 11, 12, 14)
     for b in batches:
         assert pm.cpp_mma_variant(18992, b) in pm.mma_candidates(b)
         assert pm.cpp_mma_variant(151936, b) in pm.mma_candidates(b)
@@ -372,7 +378,7 @@ def test_predict_cli_prints_and_writes_predicted_rows(tmp_path):
     paths = {r["variant"] for r in doc["rows"] if r["batch"] == 1 and r["built"]}
     assert paths == {"simt(nb=1)", "gemm", *(f"mma/{i}" for i in range(len(pm.MMA_VARIANTS)))}
     roles = {r["variant"]: r["role"] for r in doc["rows"] if r["batch"] == 64 and r["built"]}
-    assert roles["mma/12"] == ["auto"]  # choose_mma_variant on the tp-8 shard: 64-row tiles
+    assert roles["mma/14"] == ["auto", "table"]  # choose_mma_variant on the tp-8 shard, and the table: 256-row tiles
     assert sum("table" in r for r in roles.values()) == 1
     assert "mma/10" in proc.stdout and "pred_us" in proc.stdout
     for r in doc["rows"]:

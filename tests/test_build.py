@@ -145,7 +145,7 @@ def test_pipelined_mma_kernel_streams_by_cp_async(arch):
     if arch not in set(re.findall(r"\.(sm_\w+)\.cubin", _cuobjdump("--list-elf"))):
         pytest.skip(f"this build carries no {arch} code (LOCALARGMAX_CUDA_ARCH)")
     pipe = {n: f for n, f in _sass_functions(arch).items() if "shard_argmax_mma_pipe_kernel" in n}
-    assert len(pipe) == 18, f"{len(pipe)} pipelined instantiations in the {arch} code (9 variants x 2 dtypes)"
+    assert len(pipe) == 22, f"{len(pipe)} pipelined instantiations in the {arch} code (11 variants x 2 dtypes)"
     for name, sass in pipe.items():
         wanted = ["LDGSTS", "LDGDEPBAR", "DEPBAR", "HMMA"] + (["ACQBULK"] if arch == "sm_90a" else [])
         missing = [op for op in wanted if not re.search(rf"\b{op}\b", sass)]
@@ -158,21 +158,33 @@ def test_pipelined_mma_kernel_streams_by_cp_async(arch):
 def test_pipelined_mma_kernel_fits_its_blocks_per_sm():
     """Each pipelined variant's MINB blocks (__launch_bounds__) fit on an SM by
     registers (65536 per SM) and by shared memory (228 KiB per SM; SHARED here
-    includes the 1 KiB the system reserves per block), its static arrays under
-    the 48 KiB static limit; 4+ blocks of 128 threads mean at most 128
-    registers. Prints each variant's registers and shared memory (sm_90a)."""
+    is the static block_best plus the 1 KiB the system reserves per block, the
+    stages are dynamic: ST * KC * (rows + 8 NT) * 64 bytes, pipe_stage_bytes),
+    its static arrays under the 48 KiB static limit and static + dynamic under
+    the 227 KiB opt-in limit of sm_90 (MmaVariant::kSmem, the model's
+    MmaSpec.smem); 4+ blocks of 128 threads mean at most 128 registers. Prints
+    each variant's registers and shared memory (sm_90a)."""
+    from localargmax.bench import predict as pm
+
     out = _cuobjdump("--dump-resource-usage", "--gpu-architecture", "sm_90a")
     usage = re.findall(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
     # mangled template arguments: ...ILi<NT>ELi<MT>ELi<WM>ELi<SK>ELi<KC>ELi<ST>ELi<MINB>EEv...
+    by_template = {m.template: m for m in pm.MMA_VARIANTS}
     pipe = []
     for name, reg, _, shared, _ in usage:
         if "shard_argmax_mma_pipe_kernel" in name:
-            nt, mt, wm, sk, kc, st, minb = map(int, re.findall(r"Li(\d+)E", name)[-7:])
-            pipe.append((name, int(reg), int(shared), wm * sk * 32, minb))
-    assert len(pipe) == 18, out[:2000]
-    for name, reg, shared, threads, minb in pipe:
-        print(f"{name}: REG {reg} SHARED {shared} threads {threads} min blocks/SM {minb}")
-        assert shared - 1024 <= 48 * 1024 and minb * shared <= 228 * 1024, name
+            shared = int(shared)
+            template = tuple(map(int, re.findall(r"Li(\d+)E", name)[-7:]))
+            nt, mt, wm, sk, kc, st, minb = template
+            dynamic = st * kc * (wm * mt * 16 + 8 * nt) * 64
+            assert template in by_template and by_template[template].dynamic_smem == dynamic, name
+            assert by_template[template].smem == shared - 1024 + dynamic, name
+            pipe.append((name, int(reg), shared, dynamic, wm * sk * 32, minb))
+    assert len(pipe) == 22, out[:2000]
+    for name, reg, shared, dynamic, threads, minb in pipe:
+        print(f"{name}: REG {reg} SHARED {shared} + {dynamic} dynamic, threads {threads} min blocks/SM {minb}")
+        assert shared - 1024 <= 48 * 1024 and shared - 1024 + dynamic <= 227 * 1024, name
+        assert minb * (shared + dynamic) <= 228 * 1024, name
         assert minb * threads * ((reg + 7) // 8 * 8) <= 65536, name
 
 

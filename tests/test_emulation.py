@@ -77,7 +77,7 @@ def decode(keys):
 # --- every instantiation, and the same kernel text in both builds ---
 
 
-# MmaVariant 4..12 of shard_argmax_launch.cuh: (NT, MT, WM, SK, KC, ST, MINB).
+# MmaVariant 4..14 of shard_argmax_launch.cuh: (NT, MT, WM, SK, KC, ST, MINB).
 PIPE_VARIANTS = [
     (1, 2, 2, 1, 2, 4, 6),
     (2, 2, 2, 1, 2, 4, 5),
@@ -85,13 +85,15 @@ PIPE_VARIANTS = [
     (1, 2, 2, 2, 2, 4, 4),
     (2, 2, 2, 2, 2, 4, 4),
     (4, 2, 2, 2, 2, 3, 4),
-    (8, 2, 4, 1, 1, 3, 3),
+    (8, 2, 4, 1, 1, 4, 3),
     (16, 1, 4, 1, 1, 3, 4),
     (8, 2, 2, 1, 1, 4, 6),
+    (4, 2, 4, 1, 2, 3, 3),
+    (8, 4, 4, 1, 1, 4, 2),
 ]
 MMA_VARIANTS = [f"mma/{v}" for v in range(emulation.NUM_MMA_VARIANTS)]
 # Variants that sum in the same order (same NT class and KC): bit-identical keys.
-SAME_ORDER = [(4, 7), (5, 8), (6, 9), (10, 12)]
+SAME_ORDER = [(4, 7), (5, 8), (6, 9), (10, 12), (6, 13), (10, 14)]
 
 
 def _instantiations():
@@ -127,7 +129,9 @@ def test_every_instantiation_the_launchers_pick_runs(emu, gen):
                 if dtype in HALF and hidden_size == 8:
                     assert_keys_equal(emu.shard(h, w, path="gemm"), want, f"gemm {dtype} B={batch}")
                     assert_keys_equal(emu.shard(h, w, path="gemm", log_partition=True)[0], want, "gemm, lse")
-    # mma: auto's choices at every NT boundary, split (few blocks per SM) or not; then every other
+    # mma: auto's choices at every NT boundary, split (few blocks per SM) or not, with the
+    # dynamic-shared-memory variants, with 10 (50 KiB) but not 13 / 14, or (48 KiB opt-in limit)
+    # with none of them; then every other
     # variant of the table forced (the register-double-buffered kernel is forced only).
     auto = set()
     for dtype in HALF:
@@ -136,8 +140,10 @@ def test_every_instantiation_the_launchers_pick_runs(emu, gen):
             want = cpu_keys(h, w, None, 0, 300)
             # 5 tiles of 64 rows: >= 4 per SM on 1 SM; on 132 a small grid (split K, 64-row tiles at NT = 8)
             for sm_count in (1, 132):
-                auto.add(emu.mma_variant(8, 300, batch, sm_count))
-                assert_keys_equal(emu.shard(h, w, path="mma", sm_count=sm_count), want, f"mma {dtype} B={batch}")
+                for limit in (emulation.DEFAULT_SMEM_LIMIT, 56 * 1024, 48 * 1024):
+                    auto.add(emu.mma_variant(8, 300, batch, sm_count, limit))
+                    got = emu.shard(h, w, path="mma", sm_count=sm_count, smem_limit=limit)
+                    assert_keys_equal(got, want, f"mma {dtype} B={batch}")
         for v in range(emulation.NUM_MMA_VARIANTS):
             h, w, _ = exact_problem(gen, 3, 3, 8, dtype)
             assert_keys_equal(emu.shard(h, w, path=f"mma/{v}"), cpu_keys(h, w, None, 0, 3), f"mma/{v} {dtype}")
@@ -315,6 +321,47 @@ def test_identical_rows_give_identical_bits_in_every_place_and_variant(emu, gen,
         assert (decode(won) == 5).all()
         later = emu.shard(h, w[6:], bias[6:], 6, rows - 6, path=f"mma/{v}")  # row 5 cut away: copy 17 wins
         assert (decode(later) == 17).all() and torch.equal(later >> 32, won >> 32)
+
+
+# Opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin): H100 / H200, A100, sm_86 / sm_89,
+# and the 48 KiB without opt-in.
+SMEM_LIMITS = (227 * 1024, 163 * 1024, 99 * 1024, 48 * 1024)
+
+
+@pytest.mark.parametrize("smem_limit", SMEM_LIMITS)
+def test_auto_never_picks_a_variant_past_the_shared_memory_limit(emu, gen, smem_limit):
+    """choose_mma_variant under the device's opt-in limit: the variant it picks fits, sums in the
+    order class of the batch (KC = 2 up to 32, KC = 1 past it) whatever the limit, and gives the
+    bits of the unlimited choice."""
+    from localargmax.bench import predict as pm
+
+    for batch in (1, 9, 17, 32, 33, 64, 65):
+        for num_valid in (300, 151936):
+            for sm_count in (1, 132):
+                vid = emu.mma_variant(4096, num_valid, batch, sm_count, smem_limit)
+                assert 0 < emu.mma_variant_smem(vid) <= smem_limit, (vid, smem_limit)
+                unlimited = emu.mma_variant(4096, num_valid, batch, sm_count)
+                assert pm.MMA_VARIANTS[vid].order == pm.MMA_VARIANTS[unlimited].order
+                assert pm.cpp_mma_variant(num_valid, batch, sm_count, smem_limit) == vid
+    h = torch.randn(40, 264, generator=gen).to(torch.bfloat16)
+    w = torch.randn(300, 264, generator=gen).to(torch.bfloat16)
+    assert torch.equal(emu.shard(h, w, path="mma", smem_limit=smem_limit), emu.shard(h, w, path="mma"))
+
+
+def test_forced_variant_past_the_shared_memory_limit_raises(emu, gen):
+    """path="mma/<id>" whose shared memory exceeds the device's opt-in limit: ValueError naming the
+    variant, its bytes and the limit (run_mma's TORCH_CHECK_VALUE); the header's bytes = the model's."""
+    from localargmax.bench import predict as pm
+
+    h, w, _ = exact_problem(gen, 3, 3, 8, torch.bfloat16)
+    for m in pm.MMA_VARIANTS:
+        assert emu.mma_variant_smem(m.id) == m.smem, m
+    assert emu.mma_variant_smem(emulation.NUM_MMA_VARIANTS) == -1
+    big = max(pm.MMA_VARIANTS, key=lambda m: m.smem)
+    assert big.smem > 48 * 1024
+    with pytest.raises(ValueError, match=rf"path='mma/{big.id}' needs {big.smem} bytes .* allows {48 * 1024}"):
+        emu.shard(h, w, path=f"mma/{big.id}", smem_limit=48 * 1024)
+    assert_keys_equal(emu.shard(h, w, path=f"mma/{big.id}", smem_limit=big.smem), cpu_keys(h, w, None, 0, 3), "fits")
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)

@@ -1,7 +1,8 @@
 """Mutation check of the host emulation suite: deliberately broken copies of
 the kernel source (a missing barrier, off-by-one tails, a wrong shuffle mask,
 32-bit offsets, a cp.async stage read before its wait or refilled before
-every thread is done with it, a split-K partial dropped, ...) are built with the emulation and run through a slice of
+every thread is done with it, a split-K partial dropped, a launch passing one
+stage too few bytes of dynamic shared memory, ...) are built with the emulation and run through a slice of
 tests/test_emulation.py; each must be caught (a checked failure or a wrong
 answer), and the same slice must pass on the real source."""
 
@@ -192,6 +193,13 @@ MUTANTS = [
         "#pragma unroll\n    for (int st = 0; st < ST - 1; ++st) {\n"
         "      if (st < num_steps) load_hidden(st, st);\n      cp_async_commit();\n    }\n"
         "    grid_dependency_wait();\n",
+    ),
+    (
+        "pipe_dynamic_smem_one_stage_short",
+        r"past the launch's \d+ bytes of dynamic shared memory",
+        "shard_argmax_launch.cuh",
+        "kDynamicSmem = pipe_stage_bytes<NT, MT, WM, KC, ST>();",
+        "kDynamicSmem = pipe_stage_bytes<NT, MT, WM, KC, ST - 1>();",
     ),
     (
         "simt_lse_missing_barrier",

@@ -822,7 +822,7 @@ def test_cuda_path_arg_is_checked(gen):
 
 
 MMA_VARIANT_IDS = list(range(localargmax._validation.NUM_MMA_VARIANTS))
-SAME_ORDER_MMA_PAIRS = [(4, 7, 8), (5, 8, 16), (6, 9, 32), (10, 12, 64)]
+SAME_ORDER_MMA_PAIRS = [(4, 7, 8), (5, 8, 16), (6, 9, 32), (10, 12, 64), (6, 13, 32), (10, 14, 64)]
 """DESIGN.md rule 5: (variant, variant, a batch of their class) that sum in the same order."""
 
 
@@ -836,11 +836,11 @@ def test_mma_variant_path_is_checked_before_the_kernel():
     for v in MMA_VARIANT_IDS:
         check_path_arg(f"mma/{v}", cuda)
         assert mma_variant_of(f"mma/{v}") == v
-    for bad in ("mma/13", "mma/-1", "mma/07", "mma/", "mma/x", "mma/ 1", "mma/1 ", "mma/٣", "MMA/4", "mma4", 4):
+    for bad in ("mma/15", "mma/-1", "mma/07", "mma/", "mma/x", "mma/ 1", "mma/1 ", "mma/٣", "MMA/4", "mma4", 4):
         assert mma_variant_of(bad) is None
         with pytest.raises(ValueError, match=f"path must be one of .* on cuda, got {bad!r}"):
             check_path_arg(bad, cuda)
-    with pytest.raises(ValueError, match=r"mma/<0\.\.12>"):
+    with pytest.raises(ValueError, match=r"mma/<0\.\.14>"):
         check_path_arg("mma/99", cuda)
     with pytest.raises(ValueError, match="path must be one of .* on cpu, got 'mma/4'"):
         check_path_arg("mma/4", cpu)
@@ -870,8 +870,8 @@ def test_cuda_mma_variant_path_refusals(gen):
     the inputs (H not a multiple of 8, float32, top-k), naming the path."""
     hidden, weight, _ = random_problem(gen, 2, 64, 32, torch.bfloat16)
     h, w = hidden.cuda(), weight.cuda()
-    with pytest.raises(ValueError, match="path='mma/13' names no tensor-core variant"):
-        torch.ops.localargmax.shard_argmax.default(h, w, None, 0, 64, "mma/13")
+    with pytest.raises(ValueError, match="path='mma/15' names no tensor-core variant"):
+        torch.ops.localargmax.shard_argmax.default(h, w, None, 0, 64, "mma/15")
     with pytest.raises(ValueError, match="path must be 'auto', 'simt', 'mma', 'mma/<id>' or 'gemm'"):
         torch.ops.localargmax.shard_argmax.default(h, w, None, 0, 64, "mma/x")
     with pytest.raises(ValueError, match="path='mma/7' needs sm_80\\+"):
@@ -909,7 +909,7 @@ def test_every_cuda_mma_variant_against_the_reference(gen, variant, dtype):
 @pytest.mark.parametrize("pair", SAME_ORDER_MMA_PAIRS, ids=lambda p: f"{p[0]}-{p[1]}")
 @pytest.mark.parametrize("dtype", HALF, ids=["bf16", "f16"])
 def test_cuda_same_order_mma_variants_give_identical_keys(gen, pair, dtype):
-    """DESIGN.md rule 5: variants of one order class (4/7, 5/8, 6/9, 10/12)
+    """DESIGN.md rule 5: variants of one order class (4/7, 5/8, 6/9, 10/12, 6/13, 10/14)
     give bit-identical keys on random floats, with a bias and padding."""
     a, b, batch = pair
     for hsize in (4096, 1032):

@@ -7,6 +7,8 @@
 //     cp.async.commit_group / wait_group: the weight pipeline (sm_80+),
 //     emulated as per-thread copy groups whose bytes are "in flight" (any
 //     access is an error) until the thread's wait covers them;
+//   the dynamic shared memory base (extern __shared__), emulated as a region
+//     of the launch's size (an access past it is an error);
 //   griddepcontrol.wait / launch_dependents (programmatic dependent launch,
 //     sm_90+; no-ops without the launch attribute and below sm_90); emulated:
 //     in a programmatic launch a thread that touches a global tensor other
@@ -92,7 +94,14 @@ __device__ __forceinline__ void allow_dependent_launch() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
+// The block's dynamic shared memory (the size the launch gives), 16-byte
+// aligned: extern __shared__ arrays start at the dynamic region's base.
+__device__ __forceinline__ uint4* dynamic_shared_memory() {
+  extern __shared__ uint4 lam_dynamic_shared[];
+  return lam_dynamic_shared;
+}
 #else
+inline uint4* dynamic_shared_memory() { return static_cast<uint4*>(emu::dynamic_shared()); }
 inline void cp_async16(void* smem, const void* gmem, bool valid, int line = __builtin_LINE()) {
   uint4 data = make_uint4(0u, 0u, 0u, 0u);
   if (valid) data = *static_cast<const uint4*>(gmem);  // the checked global load

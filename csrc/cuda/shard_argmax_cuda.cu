@@ -56,7 +56,7 @@ int64_t row_stride(const at::Tensor& t) { return t.size(0) > 1 ? t.stride(0) : t
 // `localargmax-bench --predict`); localargmax/dispatch.py mirrors them (CPP_GEMM_MIN_BATCH,
 // CPP_SIMT_MAX_BATCH, CPP_SIMT_MAX_ROWS_PER_SM; tests/test_dispatch.py reads these lines).
 // gemm from this batch (the model's crossover against choose_mma_variant's pipelined variants
-// with the smallest worst slowdown over the engine shapes, 1.13x at worst; predict.cpp_defaults):
+// with the smallest worst slowdown over the engine shapes, 1.00x; predict.cpp_defaults):
 constexpr int64_t kDefaultGemmMinBatch = 65;
 // simt at batch <= kSimtMaxBatch on shards of fewer than kSimtMaxRowsPerSm rows per SM
 // (weight.size(0), padding included: equal on every rank). 0 = never: the model puts the

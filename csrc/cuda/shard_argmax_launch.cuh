@@ -95,12 +95,18 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
 // "split": shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST, MINB>
 // (cp.async stages; rows = WM * MT * 16 per block, WM * SK warps, SK-way
 // split-K inside the tile, KC 32-element chunks per stage and partial sums per
-// logit, ST stages, __launch_bounds__ minimum of MINB blocks per SM). Static
-// shared memory: ST * KC * (rows + 8 NT) * 64 bytes of stages + 8 NT * WM * 8
-// of block_best, under the 48 KiB static limit (no dynamic shared memory
-// attribute needed). Registers (ptxas, sm_90a / sm_80, bf16 and fp16 alike;
-// no spills: tests/test_build.py) and the weight bytes in flight per block
-// ((ST - 1) * KC * rows * 64):
+// logit, ST stages, __launch_bounds__ minimum of MINB blocks per SM). Shared
+// memory per block ("smem B", MmaVariant::kSmem): reg the static block_best
+// (8 NT * 4 warps * 8 bytes); pipe the stages in dynamic shared memory
+// (kDynamicSmem = ST * KC * (rows + 8 NT) * 64, pipe_stage_bytes, the
+// launch's size; past 48 KiB the CUDA launcher raises the kernel's
+// cudaFuncAttributeMaxDynamicSharedMemorySize) + the static block_best (8 NT *
+// WM * 8). It must fit the device's opt-in limit per block
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB H100 / H200, 163 KiB A100,
+// 99 KiB sm_86 / sm_89): auto never picks a variant that does not, a forced
+// one raises ValueError. Registers (ptxas, sm_90a / sm_80, bf16 and fp16
+// alike; no spills: tests/test_build.py) and the weight bytes in flight per
+// block ((ST - 1) * KC * rows * 64):
 //
 // id  kind   NT  batch   rows thr  SK KC ST MINB  smem B  regs 90a/80  in flight  order class
 //  0  reg     1  1-8      128 128   -  -  -   -     256   150 / 162    4 KiB    reg
@@ -113,13 +119,17 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
 //  7  split   1  1-8       64 128   2  2  4   4   36992     88 / 86    24 KiB    KC=2 (= 4)
 //  8  split   2  9-16      64 128   2  2  4   4   41216     82 / 78    24 KiB    KC=2 (= 5)
 //  9  split   4  17-32     64 128   2  2  3   4   37376     90 / 86    16 KiB    KC=2 (= 6)
-// 10  pipe    8  33-64    128 128   1  1  3   3   38912   148 / 140    16 KiB    KC=1
+// 10  pipe    8  33-64    128 128   1  1  4   3   51200   146 / 138    24 KiB    KC=1
 // 11  pipe   16  65-128    64 128   1  1  3   4   40960   126 / 124    8 KiB    KC=1 (MT = 1)
 // 12  pipe    8  33-64     64  64   1  1  4   6   33792   146 / 138    12 KiB    KC=1 (= 10)
+// 13  pipe    4  17-32    128 128   1  2  3   3   62464   162 / 154    32 KiB    KC=2 (= 6)
+// 14  pipe    8  33-64    256 128   1  1  4   2   83968   242 / 242    48 KiB    KC=1 (= 10, MT = 4)
 //
 // Batches past a variant's 8 NT rows run in passes (grid y), each streaming
 // the weight again; auto takes 11 past 64 (the op's C++ auto takes the gemm
-// path from batch 65 on CUDA). The ops force one variant with path="mma/<id>".
+// path from batch 65 on CUDA), 13 at 17-32 and 14 at 33-64 where the device's
+// opt-in shared memory holds them. The ops force one variant with
+// path="mma/<id>".
 template <int ID>
 struct MmaVariant;
 
@@ -128,25 +138,28 @@ struct MmaVariant;
 constexpr const char* kMmaRegFamily = "shard_argmax_mma_kernel";
 constexpr const char* kMmaPipeFamily = "shard_argmax_mma_pipe_kernel";
 
-#define LAM_MMA_REG(ID, NT, KV)                                          \
-  template <>                                                            \
-  struct MmaVariant<ID> {                                                \
-    static constexpr int kNT = NT, kRows = kMmaRowsPerBlock, kThreads = kMmaWarps * 32; \
-    static constexpr const char* kFamily = kMmaRegFamily;                \
-    template <typename T>                                                \
-    static constexpr auto kernel() {                                     \
-      return shard_argmax_mma_kernel<T, NT, KV>;                         \
-    }                                                                    \
+#define LAM_MMA_REG(ID, NT, KV)                                                            \
+  template <>                                                                              \
+  struct MmaVariant<ID> {                                                                  \
+    static constexpr int kNT = NT, kRows = kMmaRowsPerBlock, kThreads = kMmaWarps * 32;   \
+    static constexpr int kDynamicSmem = 0, kSmem = kMmaWarps * NT * 8 * 8;                 \
+    static constexpr const char* kFamily = kMmaRegFamily;                                  \
+    template <typename T>                                                                  \
+    static constexpr auto kernel() {                                                       \
+      return shard_argmax_mma_kernel<T, NT, KV>;                                           \
+    }                                                                                      \
   };
-#define LAM_MMA_PIPE(ID, NT, MT, WM, SK, KC, ST, MINB)                                      \
-  template <>                                                                           \
-  struct MmaVariant<ID> {                                                               \
-    static constexpr int kNT = NT, kRows = WM * MT * 16, kThreads = WM * SK * 32;      \
-    static constexpr const char* kFamily = kMmaPipeFamily;                              \
-    template <typename T>                                                               \
-    static constexpr auto kernel() {                                                    \
-      return shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST, MINB>;             \
-    }                                                                                   \
+#define LAM_MMA_PIPE(ID, NT, MT, WM, SK, KC, ST, MINB)                                     \
+  template <>                                                                              \
+  struct MmaVariant<ID> {                                                                  \
+    static constexpr int kNT = NT, kRows = WM * MT * 16, kThreads = WM * SK * 32;         \
+    static constexpr int kDynamicSmem = pipe_stage_bytes<NT, MT, WM, KC, ST>();            \
+    static constexpr int kSmem = kDynamicSmem + WM * NT * 8 * 8; /* + block_best */        \
+    static constexpr const char* kFamily = kMmaPipeFamily;                                 \
+    template <typename T>                                                                  \
+    static constexpr auto kernel() {                                                       \
+      return shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST, MINB>;                \
+    }                                                                                      \
   };
 LAM_MMA_REG(0, 1, 2)
 LAM_MMA_REG(1, 2, 2)
@@ -158,34 +171,74 @@ LAM_MMA_PIPE(6, 4, 2, 2, 1, 2, 3, 6)
 LAM_MMA_PIPE(7, 1, 2, 2, 2, 2, 4, 4)
 LAM_MMA_PIPE(8, 2, 2, 2, 2, 2, 4, 4)
 LAM_MMA_PIPE(9, 4, 2, 2, 2, 2, 3, 4)
-LAM_MMA_PIPE(10, 8, 2, 4, 1, 1, 3, 3)
+LAM_MMA_PIPE(10, 8, 2, 4, 1, 1, 4, 3)
 LAM_MMA_PIPE(11, 16, 1, 4, 1, 1, 3, 4)
 LAM_MMA_PIPE(12, 8, 2, 2, 1, 1, 4, 6)
+LAM_MMA_PIPE(13, 4, 2, 4, 1, 2, 3, 3)
+LAM_MMA_PIPE(14, 8, 4, 4, 1, 1, 4, 2)
 #undef LAM_MMA_REG
 #undef LAM_MMA_PIPE
-constexpr int kNumMmaVariants = 13;
+constexpr int kNumMmaVariants = 15;
+
+// The dynamic shared memory bytes a launch passes (the launch functors'
+// fifth argument; 0 for the kernels that take none).
+struct DynamicSmem {
+  int bytes;
+};
+
+// Shared memory per block (static + dynamic) of variant `id`, or -1 for an id
+// not in the table: what must fit under the device's opt-in limit
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+template <int... I>
+constexpr int mma_variant_smem_of(int id, std::integer_sequence<int, I...>) {
+  int bytes = -1;
+  ((bytes = id == I ? MmaVariant<I>::kSmem : bytes), ...);
+  return bytes;
+}
+constexpr int mma_variant_smem(int id) {
+  return mma_variant_smem_of(id, std::make_integer_sequence<int, kNumMmaVariants>{});
+}
+
+// The opt-in shared memory per block the launchers assume when they do not
+// pass the device's: 227 KiB (H100 / H200; A100 163 KiB, sm_86 / sm_89 99 KiB).
+constexpr int kDefaultSmemLimit = 227 * 1024;
 
 // SM count the launchers assume when they do not pass the device's (H200).
 constexpr int kDefaultSmCount = 132;
 
 // The variant auto picks: a pure function of shared arguments (dtype, hidden
 // size, batch) and of the grid the shard gives (num_valid) on a device of
-// sm_count SMs. The summation order (DESIGN.md rule 5, and rule 1 across
-// ranks) may depend on the batch only: variants 4-6 and 7-9 sum alike, so a
-// rank whose num_valid is smaller (vocab padding on the last rank) and so
-// gets the split-K variant gives the same bits for the same row. Never
-// decided by pointers.
+// sm_count SMs whose blocks may take smem_limit bytes of shared memory
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin). The summation order (DESIGN.md
+// rule 5, and rule 1 across ranks) may depend on the batch only: variants
+// 4-6, 7-9 and 13 sum alike (KC = 2), and 10, 12 and 14 (KC = 1), so a rank
+// whose num_valid is smaller (vocab padding on the last rank) and so gets the
+// split-K variant, or a device with less shared memory, gives the same bits
+// for the same row. Never decided by pointers. Never a variant whose shared
+// memory exceeds smem_limit.
 template <typename T>
-int choose_mma_variant(int64_t hidden_size, int64_t num_valid, int64_t batch, int sm_count) {
+int choose_mma_variant(int64_t hidden_size, int64_t num_valid, int64_t batch, int sm_count,
+                       int smem_limit = kDefaultSmemLimit) {
   (void)hidden_size;  // (a dispatch table may use it; the pipeline takes any H % 8 == 0)
   // Fewer than 4 blocks of 64 rows per SM (e.g. tp = 8): NT <= 4 split K
   // (4 warps per 64-row tile instead of 2, the same sums); NT = 8 takes
   // 64-row tiles (twice the blocks, the same sums as 128-row ones).
   const bool small_grid = (num_valid + 63) / 64 < 4 * static_cast<int64_t>(sm_count);
+  const auto fits = [&](int id) { return mma_variant_smem(id) <= smem_limit; };
   if (batch > 64) return 11;
-  if (batch > 32) return small_grid ? 12 : 10;
+  if (batch > 32) {
+    if (fits(14)) return 14;  // 256-row tiles, 4 stages in dynamic shared memory
+    return small_grid || !fits(10) ? 12 : 10;
+  }
+  if (batch > 16 && fits(13)) return 13;  // 128-row tiles, 4 warps, 3 stages in dynamic shared memory
   const int nt = batch <= 8 ? 0 : batch <= 16 ? 1 : 2;
   return (small_grid ? 7 : 4) + nt;
+}
+
+// Whether the device takes variant `id` (its shared memory under smem_limit).
+inline bool mma_variant_fits(int id, int smem_limit) {
+  const int bytes = mma_variant_smem(id);
+  return bytes >= 0 && bytes <= smem_limit;
 }
 
 template <int ID, typename T, typename Launch>
@@ -193,8 +246,8 @@ void launch_mma_id(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_
   using V = MmaVariant<ID>;
   const dim3 grid =
       grid_of((p.num_valid + V::kRows - 1) / V::kRows, (p.batch + V::kNT * 8 - 1) / (V::kNT * 8), max_grid_y);
-  launch(V::kFamily, V::template kernel<T>(), grid, dim3(V::kThreads), p.hidden, p.ldh, p.weight,
-         p.ldw, p.bias_t, p.bias_f, p.batch, static_cast<int>(p.hidden_size), static_cast<int>(p.num_valid),
+  launch(V::kFamily, V::template kernel<T>(), grid, dim3(V::kThreads), DynamicSmem{V::kDynamicSmem}, p.hidden, p.ldh,
+         p.weight, p.ldw, p.bias_t, p.bias_f, p.batch, static_cast<int>(p.hidden_size), static_cast<int>(p.num_valid),
          p.vocab_start, p.out);
 }
 
@@ -205,11 +258,14 @@ void launch_mma_variant(const ShardArgmaxProblem<T>& p, int id, Launch&& launch,
 }
 
 // The tensor-core kernel ("mma"; T = __half or __nv_bfloat16, mma_takes(p)):
-// variant `variant` of the table above, or the auto choice when < 0.
+// variant `variant` of the table above, or the auto choice when < 0, on a
+// device of sm_count SMs and smem_limit bytes of opt-in shared memory per
+// block. The caller checks that a forced variant fits (mma_variant_fits).
 template <typename T, typename Launch>
 void launch_mma(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_grid_y = kMaxGridY,
-                int sm_count = kDefaultSmCount, int variant = -1) {
-  const int id = variant >= 0 ? variant : choose_mma_variant<T>(p.hidden_size, p.num_valid, p.batch, sm_count);
+                int sm_count = kDefaultSmCount, int variant = -1, int smem_limit = kDefaultSmemLimit) {
+  const int id =
+      variant >= 0 ? variant : choose_mma_variant<T>(p.hidden_size, p.num_valid, p.batch, sm_count, smem_limit);
   launch_mma_variant(p, id, launch, max_grid_y, std::make_integer_sequence<int, kNumMmaVariants>{});
 }
 

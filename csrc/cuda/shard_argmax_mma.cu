@@ -9,8 +9,15 @@
 // earlier kernel writes (hidden, bias, temperature, keys), so the weight
 // streams while the kernel before them (the keys' zero fill, or the copy of a
 // misaligned hidden) drains. The register-double-buffered variants do not
-// wait, so they are launched plainly.
+// wait, so they are launched without the attribute. The pipelined variants'
+// stages are dynamic shared memory (MmaVariant::kDynamicSmem bytes): past 48
+// KiB the launcher raises the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize
+// once per device and instantiation; auto never picks a variant over the
+// device's opt-in limit, and a forced one raises ValueError.
 #include <cstring>
+#include <mutex>
+#include <set>
+#include <utility>
 
 #include "shard_argmax_launch.cuh"
 #include "shard_argmax_paths.h"
@@ -19,21 +26,36 @@ namespace localargmax {
 namespace cuda {
 namespace {
 
+// cudaFuncAttributeMaxDynamicSharedMemorySize of a kernel that takes more
+// than the 48 KiB default, set once per (device, instantiation).
+void allow_dynamic_smem(const void* kernel, int bytes, int device) {
+  static std::mutex mutex;
+  static std::set<std::pair<int, const void*>> done;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!done.insert({device, kernel}).second) return;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err != cudaSuccess) done.erase({device, kernel});
+  C10_CUDA_CHECK(err);
+}
+
 struct MmaLaunch {
   bool pdl;  // sm_90+
+  int device;
   template <typename... P, typename... Args>
-  void operator()(const char* family, void (*kernel)(P...), dim3 grid, dim3 block, const Args&... args) const {
-    if (!pdl || std::strcmp(family, kMmaPipeFamily) != 0) return CudaLaunch{}(family, kernel, grid, block, args...);
+  void operator()(const char* family, void (*kernel)(P...), dim3 grid, dim3 block, DynamicSmem smem,
+                  const Args&... args) const {
+    if (smem.bytes > 48 * 1024) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem.bytes, device);
+    const bool pipe = std::strcmp(family, kMmaPipeFamily) == 0;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t config = {};
     config.gridDim = grid;
     config.blockDim = block;
-    config.dynamicSmemBytes = 0;
+    config.dynamicSmemBytes = static_cast<size_t>(smem.bytes);
     config.stream = c10::cuda::getCurrentCUDAStream();
     config.attrs = attr;
-    config.numAttrs = 1;
+    config.numAttrs = pdl && pipe ? 1 : 0;
     C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<P>(args)...));
   }
 };
@@ -42,11 +64,15 @@ struct MmaLaunch {
 
 template <typename T>
 void run_mma(const ShardArgmaxProblem<T>& p, int variant) {
-  int device = 0, sms = 0, major = 0;
+  int device = 0, sms = 0, major = 0, smem_limit = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  launch_mma(p, MmaLaunch{major >= 9}, kMaxGridY, sms, variant);
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  TORCH_CHECK_VALUE(variant < 0 || mma_variant_fits(variant, smem_limit), "shard_argmax: path='mma/", variant,
+                    "' needs ", mma_variant_smem(variant), " bytes of shared memory per block; this device (",
+                    device, ") allows ", smem_limit, " (cudaDevAttrMaxSharedMemoryPerBlockOptin)");
+  launch_mma(p, MmaLaunch{major >= 9, device}, kMaxGridY, sms, variant, smem_limit);
 }
 
 template void run_mma<__half>(const ShardArgmaxProblem<__half>&, int);

@@ -232,6 +232,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   }
 }
 
+// Bytes of dynamic shared memory shard_argmax_mma_pipe_kernel's stages take
+// (its launch passes exactly this): ST stages of KC chunks of the tile's
+// weight rows and hidden rows, 64 bytes per row and chunk.
+template <int NT, int MT, int WM, int KC, int ST>
+constexpr int pipe_stage_bytes() {
+  return ST * KC * (WM * MT * 16 + 8 * NT) * 64;
+}
+
 // The pipelined tensor-core kernel. A block owns kRows = WM * MT * 16 weight
 // rows (WM warps along the rows, each MT m-tiles of 16) and 8 * NT batch rows
 // per pass (more batch rows: blockIdx.y, grid-stride). K goes in 32-element
@@ -271,8 +279,12 @@ __global__ void __launch_bounds__(WM * SK * 32, MINB)
   static_assert(KC % SK == 0 && ST >= 2 && 8 * NT <= kThreads, "pipeline shape");
   static_assert(KC * WM * MT * NT * 4 * 32 * 4 <= ST * KC * kTileRows * 64, "split-K partials fit in the stages");
   // stages[st][c][r][q]: 16 bytes (k = 32 * chunk + 8 q ..) of tile row r
-  // (weight rows, then hidden rows) of chunk slot c of the step in stage st.
-  __shared__ uint4 stages[ST][KC][kTileRows][4];
+  // (weight rows, then hidden rows) of chunk slot c of the step in stage st,
+  // in the block's dynamic shared memory: the launch passes
+  // pipe_stage_bytes<NT, MT, WM, KC, ST>() (16-byte aligned; past the 48 KiB
+  // static limit for the 256-row and deep variants).
+  using Stage = uint4[KC][kTileRows][4];
+  Stage* const stages = reinterpret_cast<Stage*>(dynamic_shared_memory());
   __shared__ unsigned long long block_best[WM][NT * 8];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;

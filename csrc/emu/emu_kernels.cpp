@@ -73,23 +73,30 @@ void name_all() {
   emu::name_kernel(reinterpret_cast<const void*>(merge_partition_kernel), kernel_name<merge_partition_kernel>());
 }
 
-// The launch functor of shard_argmax_launch.cuh for the emulation.
+// The launch functor of shard_argmax_launch.cuh for the emulation (the
+// launches without dynamic shared memory, and the tensor-core ones with it).
 struct EmuLaunch {
   bool* ok;
   template <typename... P, typename... Args>
-  void operator()(const char* family, void (*kernel)(P...), dim3 grid, dim3 block, const Args&... args) const {
+  void operator()(const char* family, void (*kernel)(P...), dim3 grid, dim3 block, DynamicSmem smem,
+                  const Args&... args) const {
     auto call = [&] { kernel(args...); };
     using Call = decltype(call);
     emu::note_launch(reinterpret_cast<const void*>(kernel), family);
     // as shard_argmax_mma.cu launches it on sm_90+ (the emulation checks the stricter case)
     emu::set_programmatic_launch(std::string(family) == kMmaPipeFamily);
-    *ok = *ok && emu::launch(family, [](void* c) { (*static_cast<Call*>(c))(); }, &call, grid, block);
+    *ok = *ok && emu::launch(family, [](void* c) { (*static_cast<Call*>(c))(); }, &call, grid, block,
+                             static_cast<size_t>(smem.bytes));
+  }
+  template <typename... P, typename... Args>
+  void operator()(const char* family, void (*kernel)(P...), dim3 grid, dim3 block, const Args&... args) const {
+    (*this)(family, kernel, grid, block, DynamicSmem{0}, args...);
   }
 };
 
 template <typename T>
 int run_shard(int path, int topk_mode, const ShardArgmaxProblem<T>& p, int64_t max_grid_y, int sm_count,
-              int variant) {
+              int variant, int smem_limit) {
   bool ok = true;
   if (path == 1) {
     if constexpr (std::is_same_v<T, float>) {
@@ -97,7 +104,8 @@ int run_shard(int path, int topk_mode, const ShardArgmaxProblem<T>& p, int64_t m
     } else {
       if (!mma_takes(p)) return 2;
       if (variant >= kNumMmaVariants) return 4;
-      launch_mma(p, EmuLaunch{&ok}, max_grid_y, sm_count, variant);
+      if (variant >= 0 && !mma_variant_fits(variant, smem_limit)) return 5;  // run_mma's ValueError
+      launch_mma(p, EmuLaunch{&ok}, max_grid_y, sm_count, variant, smem_limit);
     }
   } else if (topk_mode) {
     launch_simt<T, true>(p, EmuLaunch{&ok}, max_grid_y);
@@ -125,30 +133,36 @@ extern "C" {
 
 // dtype: 0 float32, 1 bfloat16, 2 float16. path: 0 CUDA-core ("simt"), 1
 // tensor-core ("mma"). Returns 0, 1 (a checked failure: lam_emu_last_error),
-// 2 (the mma kernel does not take this problem), 3 (dtype not built) or 4
-// (no such mma variant). mma: variant < 0 is launch_mma's choice for a device
-// of sm_count SMs, else that variant of its table.
+// 2 (the mma kernel does not take this problem), 3 (dtype not built), 4
+// (no such mma variant) or 5 (the forced variant's shared memory exceeds
+// smem_limit). mma: variant < 0 is launch_mma's choice for a device of
+// sm_count SMs and smem_limit bytes of opt-in shared memory per block, else
+// that variant of its table.
 int lam_emu_shard(int dtype, int path, int topk_mode, const void* hidden, int64_t ldh, const void* weight,
                   int64_t ldw, const void* bias_t, const float* bias_f, int64_t batch, int64_t hidden_size,
                   int64_t num_valid, int64_t vocab_start, unsigned long long* keys, unsigned long long* block_topk,
                   int topk, const float* temperature, uint64_t seed, uint64_t offset, int64_t max_grid_y,
-                  int sm_count, int variant) {
+                  int sm_count, int variant, int smem_limit) {
   name_all();
   const ShardReduce out{keys, block_topk, topk, temperature, seed, offset};
 #define LAM_ARGS hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size, num_valid, vocab_start, out
-  if (dtype == 1) return run_shard(path, topk_mode, problem<__nv_bfloat16>(LAM_ARGS), max_grid_y, sm_count, variant);
+#define LAM_LAUNCH max_grid_y, sm_count, variant, smem_limit
+  if (dtype == 1) return run_shard(path, topk_mode, problem<__nv_bfloat16>(LAM_ARGS), LAM_LAUNCH);
   if constexpr (kAllDtypes) {
-    if (dtype == 0) return run_shard(path, topk_mode, problem<float>(LAM_ARGS), max_grid_y, sm_count, variant);
-    return run_shard(path, topk_mode, problem<__half>(LAM_ARGS), max_grid_y, sm_count, variant);
+    if (dtype == 0) return run_shard(path, topk_mode, problem<float>(LAM_ARGS), LAM_LAUNCH);
+    return run_shard(path, topk_mode, problem<__half>(LAM_ARGS), LAM_LAUNCH);
   }
   return 3;
+#undef LAM_LAUNCH
 #undef LAM_ARGS
 }
 
-// launch_mma's auto choice (an id of MmaVariant) and the kernel name of a variant.
-int lam_emu_mma_variant(int64_t hidden_size, int64_t num_valid, int64_t batch, int sm_count) {
-  return choose_mma_variant<__nv_bfloat16>(hidden_size, num_valid, batch, sm_count);
+// launch_mma's auto choice (an id of MmaVariant), the number of variants and
+// a variant's shared memory per block (static + dynamic; -1: no such id).
+int lam_emu_mma_variant(int64_t hidden_size, int64_t num_valid, int64_t batch, int sm_count, int smem_limit) {
+  return choose_mma_variant<__nv_bfloat16>(hidden_size, num_valid, batch, sm_count, smem_limit);
 }
+int lam_emu_mma_variant_smem(int id) { return mma_variant_smem(id); }
 int lam_emu_num_mma_variants() { return kNumMmaVariants; }
 
 // lam_emu_shard on the CUDA-core kernel with the log-partition (the *_lse
@@ -166,10 +180,10 @@ int lam_emu_shard_lse(int dtype, int topk_mode, const void* hidden, int64_t ldh,
   out.soft_cap = soft_cap;
 #define LAM_ARGS hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size, num_valid, vocab_start, out
   int rc = 3;  // path 0 (simt): the SM count and variant do not apply
-  if (dtype == 1) rc = run_shard(0, topk_mode, problem<__nv_bfloat16>(LAM_ARGS), max_grid_y, 1, -1);
+  if (dtype == 1) rc = run_shard(0, topk_mode, problem<__nv_bfloat16>(LAM_ARGS), max_grid_y, 1, -1, 0);
   if constexpr (kAllDtypes) {
-    if (dtype == 0) rc = run_shard(0, topk_mode, problem<float>(LAM_ARGS), max_grid_y, 1, -1);
-    if (dtype == 2) rc = run_shard(0, topk_mode, problem<__half>(LAM_ARGS), max_grid_y, 1, -1);
+    if (dtype == 0) rc = run_shard(0, topk_mode, problem<float>(LAM_ARGS), max_grid_y, 1, -1, 0);
+    if (dtype == 2) rc = run_shard(0, topk_mode, problem<__half>(LAM_ARGS), max_grid_y, 1, -1, 0);
   }
 #undef LAM_ARGS
   return rc;

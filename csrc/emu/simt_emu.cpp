@@ -133,8 +133,12 @@ struct State_ {
   bool programmatic = false;  // the launch's kernel may start before the previous one ends
   bool failed = false;
   std::string error;
+  // Shared memory as one index space: the static section's bytes, then the
+  // dynamic region's (kMaxDynamicShared, the launch's dynamic_bytes of it usable).
   std::vector<Shadow> shadow;
-  size_t touched_lo = SIZE_MAX, touched_hi = 0;  // shared bytes accessed since the last reset
+  char* dynamic = nullptr;
+  size_t dynamic_bytes = 0;
+  size_t touched_lo = SIZE_MAX, touched_hi = 0;  // shared indices accessed since the last reset
   uint64_t blocks_run = 0, barriers = 0, collectives = 0;
 };
 State_ S;
@@ -150,6 +154,27 @@ void switch_to(Context& from, Context& to) {
 char* shared_lo() { return __start_lam_emu_shared; }
 size_t shared_bytes() {
   return __start_lam_emu_shared == nullptr ? 0 : static_cast<size_t>(__stop_lam_emu_shared - __start_lam_emu_shared);
+}
+// The bytes at shared index i (static section, then the dynamic region).
+char* shared_at(size_t i) { return i < shared_bytes() ? shared_lo() + i : S.dynamic + (i - shared_bytes()); }
+// The shared index of address a, or false when a is not shared memory.
+bool shared_index(uintptr_t a, size_t* i) {
+  if (a - reinterpret_cast<uintptr_t>(shared_lo()) < shared_bytes()) {
+    *i = a - reinterpret_cast<uintptr_t>(shared_lo());
+    return true;
+  }
+  if (S.dynamic != nullptr && a - reinterpret_cast<uintptr_t>(S.dynamic) < kMaxDynamicShared) {
+    *i = shared_bytes() + (a - reinterpret_cast<uintptr_t>(S.dynamic));
+    return true;
+  }
+  return false;
+}
+// Poison (0xA5...) the shared indices [lo, hi): the data and the shadow.
+void poison(size_t lo, size_t hi) {
+  const size_t sb = shared_bytes();
+  if (lo < std::min(hi, sb)) std::memset(shared_lo() + lo, 0xA5, std::min(hi, sb) - lo);
+  if (std::max(lo, sb) < hi) std::memset(S.dynamic + (std::max(lo, sb) - sb), 0xA5, hi - std::max(lo, sb));
+  std::memset(S.shadow.data() + lo, 0, (hi - lo) * sizeof(Shadow));
 }
 
 std::string where() {
@@ -243,10 +268,7 @@ bool run_block() {
   // a key, a float, an index; and forget its shadow. Resetting only the
   // touched range keeps a block cheap however many kernels' __shared__
   // arrays the section holds.
-  if (S.touched_lo < S.touched_hi) {
-    std::memset(shared_lo() + S.touched_lo, 0xA5, S.touched_hi - S.touched_lo);
-    std::memset(S.shadow.data() + S.touched_lo, 0, (S.touched_hi - S.touched_lo) * sizeof(Shadow));
-  }
+  if (S.touched_lo < S.touched_hi) poison(S.touched_lo, S.touched_hi);
   S.touched_lo = SIZE_MAX;
   S.touched_hi = 0;
   for (int t = 0; t < n; ++t) {
@@ -419,7 +441,17 @@ void mma_m16n8k16(MmaInput input, float (&c)[4], unsigned int a0, unsigned int a
 
 // ---- cp.async: issue, commit, wait (per thread, like the PTX groups) ----
 
-static void check_shared(uintptr_t a, size_t n, bool write);
+static void check_shared(size_t off, size_t n, bool write);
+
+// An access of n bytes at shared index off inside the launch's dynamic shared
+// memory (when it falls in the dynamic region).
+static void check_dynamic_extent(size_t off, size_t n, const char* what) {
+  if (off < shared_bytes()) return;
+  const size_t d = off - shared_bytes();
+  if (d + n > S.dynamic_bytes)
+    abort_block(format("%s: %s of %zu bytes at dynamic shared offset %zu, past the launch's %zu bytes of dynamic "
+                       "shared memory", where().c_str(), what, n, d, S.dynamic_bytes));
+}
 
 // The race checks of a write, without recording it: a cp.async may land any
 // time between its issue and the wait, so at issue its bytes must be free of
@@ -443,9 +475,10 @@ static void check_async_issue(size_t off, int line) {
 
 void cp_async(int line, void* smem_dst, const uint4& data) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(smem_dst);
-  const size_t off = a - reinterpret_cast<uintptr_t>(shared_lo());
-  if (off >= shared_bytes() || off + 16 > shared_bytes())
+  size_t off = 0;
+  if (!shared_index(a, &off) || (off < shared_bytes() && off + 16 > shared_bytes()))
     abort_block(format("%s: line %d: cp.async destination is not shared memory", where().c_str(), line));
+  check_dynamic_extent(off, 16, "cp.async");
   if (a % 16 != 0)
     abort_block(format("%s: line %d: cp.async destination at shared offset %zu is not 16-byte aligned",
                        where().c_str(), line, off));
@@ -474,16 +507,16 @@ void cp_async_wait(int, int pending) {
       continue;
     }
     for (size_t i = 0; i < 16; ++i) S.shadow[c.offset + i].inflight = 0;
-    check_shared(reinterpret_cast<uintptr_t>(shared_lo()) + c.offset, 16, true);
-    std::memcpy(shared_lo() + c.offset, &c.data, 16);
+    check_shared(c.offset, 16, true);
+    std::memcpy(shared_at(c.offset), &c.data, 16);
   }
   f.pending.swap(keep);
 }
 
 // ---- the memory checker (called by the hooks below) ----
 
-static void check_shared(uintptr_t a, size_t n, bool write) {
-  const size_t off = a - reinterpret_cast<uintptr_t>(shared_lo());
+static void check_shared(size_t off, size_t n, bool write) {
+  check_dynamic_extent(off, n, write ? "shared write" : "shared read");
   const uint16_t me = static_cast<uint16_t>(g_thread->tid + 1);
   S.touched_lo = std::min(S.touched_lo, off);
   S.touched_hi = std::max(S.touched_hi, off + n);
@@ -549,7 +582,8 @@ static void check_global(uintptr_t a, size_t n, bool write) {
 static inline void check(const void* p, size_t n, bool write) {
   if (!S.in_kernel) return;
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  if (a - reinterpret_cast<uintptr_t>(shared_lo()) < shared_bytes()) return check_shared(a, n, write);
+  size_t off = 0;
+  if (shared_index(a, &off)) return check_shared(off, n, write);
   if (a - reinterpret_cast<uintptr_t>(S.arena) < kArenaSlot * (kArenaSlots + 1)) return check_global(a, n, write);
 }
 
@@ -588,7 +622,9 @@ void configure(bool scramble, uint64_t seed) {
 const char* last_error() { return S.error.c_str(); }
 uint64_t shared_size() { return shared_bytes(); }
 
-bool launch(const char* kernel, void (*entry)(void*), void* closure, dim3 grid, dim3 block) {
+void* dynamic_shared() { return S.dynamic; }
+
+bool launch(const char* kernel, void (*entry)(void*), void* closure, dim3 grid, dim3 block, size_t dynamic_smem) {
   S.kernel = kernel;
   S.entry = entry;
   S.closure = closure;
@@ -601,6 +637,18 @@ bool launch(const char* kernel, void (*entry)(void*), void* closure, dim3 grid, 
                      block.y, block.z);
     return false;
   }
+  if (dynamic_smem > kMaxDynamicShared) {
+    S.failed = true;
+    S.error = format("%s: invalid launch: %zu bytes of dynamic shared memory (at most %zu)", kernel, dynamic_smem,
+                     kMaxDynamicShared);
+    return false;
+  }
+  if (S.dynamic == nullptr) {  // poisoned from the start, like the static section (zeros there: touched first)
+    S.dynamic = static_cast<char*>(mmap(nullptr, kMaxDynamicShared, PROT_READ | PROT_WRITE,
+                                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    std::memset(S.dynamic, 0xA5, kMaxDynamicShared);
+  }
+  S.dynamic_bytes = dynamic_smem;
   if (S.stacks == nullptr) {
     S.stacks = static_cast<char*>(mmap(nullptr, kStackBytes * kMaxThreads, PROT_READ | PROT_WRITE,
                                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
@@ -608,7 +656,7 @@ bool launch(const char* kernel, void (*entry)(void*), void* closure, dim3 grid, 
   }
   S.nthreads = n;
   S.warps.assign((n + 31) / 32, WarpSync{});
-  S.shadow.resize(shared_bytes());
+  S.shadow.resize(shared_bytes() + kMaxDynamicShared);
   g_launch.block_dim = block;
   g_launch.grid_dim = grid;
   std::vector<uint3> blocks;

@@ -13,8 +13,9 @@
 // Checked memory (csrc/emu/simt_emu.cpp): the kernel translation unit is built
 // with -fsanitize=thread instrumentation whose hooks are ours: every global
 // load / store is checked against the extent of the tensor it falls next to,
-// shared memory (the __shared__ statics, moved into section lam_emu_shared) is
-// poisoned before each block and every shared access is checked for a read
+// shared memory (the __shared__ statics, moved into section lam_emu_shared,
+// and the dynamic shared memory of the launch's size) is poisoned before each
+// block and every shared access is checked for a read
 // of never-written data and for a race (another thread wrote / read the bytes
 // since the last barrier). A failure aborts the launch with the kernel, block,
 // thread, source line and offset. Driven by tests/test_emulation.py.
@@ -110,6 +111,9 @@ void mma_m16n8k16(MmaInput input, float (&c)[4], unsigned int a0, unsigned int a
 void cp_async(int line, void* smem_dst, const uint4& data);
 void cp_async_commit(int line);
 void cp_async_wait(int line, int pending);
+// The base of the block's dynamic shared memory (extern __shared__): a region
+// of the size the launch gives (emu::launch); an access past it is an error.
+void* dynamic_shared();
 // griddepcontrol.wait: in a launch marked programmatic (set_programmatic_launch),
 // a thread may touch no global tensor but the one named "weight" before it.
 void grid_dependency_wait(int line);

@@ -15,9 +15,12 @@ namespace emu {
 void* arena_alloc(const char* name, size_t bytes, size_t align_offset, bool writable);
 void arena_reset();
 void configure(bool scramble, uint64_t seed);
-// Runs entry(closure) as every thread of every block of the grid; false (and
-// last_error()) on the first checked failure, deadlock or divergence.
-bool launch(const char* kernel, void (*entry)(void*), void* closure, dim3 grid, dim3 block);
+// Runs entry(closure) as every thread of every block of the grid with
+// dynamic_smem bytes of dynamic shared memory (at most kMaxDynamicShared);
+// false (and last_error()) on the first checked failure, deadlock or
+// divergence.
+constexpr size_t kMaxDynamicShared = 227 * 1024;  // the largest opt-in limit (sm_90, sm_100)
+bool launch(const char* kernel, void (*entry)(void*), void* closure, dim3 grid, dim3 block, size_t dynamic_smem);
 const char* last_error();
 uint64_t shared_size();
 void stats(uint64_t out[4]);

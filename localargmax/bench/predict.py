@@ -141,7 +141,7 @@ class MmaSpec:
     """One row of the ``MmaVariant`` table (csrc/cuda/shard_argmax_launch.cuh):
     ``reg`` = shard_argmax_mma_kernel<T, NT, KV> (ids 0-3, forced only),
     ``pipe`` = shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST, MINB>
-    (ids 4-12). tests/test_bench_predict.py checks this mirror against the
+    (ids 4-14). tests/test_bench_predict.py checks this mirror against the
     header (parameters, shared memory, registers, kNumMmaVariants)."""
 
     id: int
@@ -165,10 +165,17 @@ class MmaSpec:
 
     @property
     def smem(self) -> int:
-        """Static shared memory (bytes), as the header's table gives it."""
+        """Shared memory per block (bytes), as the header's table gives it (MmaVariant::kSmem):
+        reg: the static block_best; pipe: the stages (dynamic shared memory, :attr:`dynamic_smem`)
+        + the static block_best."""
         if self.kind == "reg":
             return 4 * 8 * self.nt * 8
-        return self.st * self.kc * (self.rows + 8 * self.nt) * 64 + 8 * self.nt * self.wm * 8
+        return self.dynamic_smem + 8 * self.nt * self.wm * 8
+
+    @property
+    def dynamic_smem(self) -> int:
+        """Dynamic shared memory the launch passes (pipe_stage_bytes: the stages), 0 for reg."""
+        return 0 if self.kind == "reg" else self.st * self.kc * (self.rows + 8 * self.nt) * 64
 
     @property
     def order(self) -> str:
@@ -194,23 +201,37 @@ MMA_VARIANTS = (
     MmaSpec(7, "pipe", nt=1, mt=2, wm=2, sk=2, kc=2, st=4, minb=4),
     MmaSpec(8, "pipe", nt=2, mt=2, wm=2, sk=2, kc=2, st=4, minb=4),
     MmaSpec(9, "pipe", nt=4, mt=2, wm=2, sk=2, kc=2, st=3, minb=4),
-    MmaSpec(10, "pipe", nt=8, mt=2, wm=4, sk=1, kc=1, st=3, minb=3),
+    MmaSpec(10, "pipe", nt=8, mt=2, wm=4, sk=1, kc=1, st=4, minb=3),
     MmaSpec(11, "pipe", nt=16, mt=1, wm=4, sk=1, kc=1, st=3, minb=4),
     MmaSpec(12, "pipe", nt=8, mt=2, wm=2, sk=1, kc=1, st=4, minb=6),
+    MmaSpec(13, "pipe", nt=4, mt=2, wm=4, sk=1, kc=2, st=3, minb=3),
+    MmaSpec(14, "pipe", nt=8, mt=4, wm=4, sk=1, kc=1, st=4, minb=2),
 )
 """The MmaVariant table by id (a mirror of the header; a test checks it)."""
 
 DEFAULT_SM_COUNT = 132  # kDefaultSmCount
+DEFAULT_SMEM_LIMIT = 227 * KiB  # kDefaultSmemLimit: opt-in shared memory per block (H100 / H200)
 
 
-def cpp_mma_variant(num_valid: int, batch: int, sms: int = DEFAULT_SM_COUNT) -> int:
+def cpp_mma_variant(
+    num_valid: int, batch: int, sms: int = DEFAULT_SM_COUNT, smem_limit: int = DEFAULT_SMEM_LIMIT
+) -> int:
     """choose_mma_variant (shard_argmax_launch.cuh): the id C++ runs for path
-    ``"mma"`` / ``"auto"`` (small grid: fewer than 4 blocks of 64 rows per SM)."""
+    ``"mma"`` / ``"auto"`` (small grid: fewer than 4 blocks of 64 rows per SM;
+    never a variant whose shared memory exceeds ``smem_limit``)."""
     small_grid = -(-num_valid // 64) < 4 * sms
+
+    def fits(vid: int) -> bool:
+        return MMA_VARIANTS[vid].smem <= smem_limit
+
     if batch > 64:
         return 11
     if batch > 32:
-        return 12 if small_grid else 10
+        if fits(14):
+            return 14
+        return 12 if small_grid or not fits(10) else 10
+    if batch > 16 and fits(13):
+        return 13
     nt = 0 if batch <= 8 else 1 if batch <= 16 else 2
     return (7 if small_grid else 4) + nt
 
@@ -318,9 +339,11 @@ DEFAULT_REGISTERS = {
     "mma/7": 88,
     "mma/8": 82,
     "mma/9": 90,
-    "mma/10": 148,
+    "mma/10": 146,
     "mma/11": 126,
     "mma/12": 146,
+    "mma/13": 162,
+    "mma/14": 242,
     "simt(nb=1)": 54,
     "simt(nb=2)": 48,
     "simt(nb=4)": 48,
@@ -574,7 +597,7 @@ PIPE_STEP_INSTRUCTIONS = 12
 
 
 def _pipe_geometry(spec: DeviceSpec, m: MmaSpec, rows: int, hidden: int, batch: int, elem: int) -> Geometry:
-    """shard_argmax_mma_pipe_kernel (ids 4-12): a CTA owns ``m.rows`` weight rows and ``8 NT`` batch rows
+    """shard_argmax_mma_pipe_kernel (ids 4-14): a CTA owns ``m.rows`` weight rows and ``8 NT`` batch rows
     (further rows: more passes, grid y); ST stages of KC chunks of (rows + 8 NT) x 64 bytes; the
     weight of ST - 1 steps in flight; SK warp groups split each step's chunks (partials added through
     shared memory at the end: no extra CTAs); launched with PDL (sm_90+), after the keys' zero fill."""

@@ -26,7 +26,8 @@ CSRC = ROOT / "csrc"
 BUILD = ROOT / "build" / "emu"
 MAX_GRID_Y = 65535
 DEFAULT_SM_COUNT = 132  # kDefaultSmCount of shard_argmax_launch.cuh (H200)
-NUM_MMA_VARIANTS = 13  # kNumMmaVariants
+NUM_MMA_VARIANTS = 15  # kNumMmaVariants
+DEFAULT_SMEM_LIMIT = 227 * 1024  # kDefaultSmemLimit: opt-in shared memory per block (H100 / H200)
 _KERNEL_FLAGS = ["-O1", "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0"]
 _COMMON_FLAGS = [
     "-std=c++20",
@@ -41,6 +42,39 @@ _COMMON_FLAGS = [
 ]
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 SIGN = -(2**63)
+
+# The C ABI of csrc/emu (emu_kernels.cpp, simt_emu.cpp): entry point -> (restype, argtypes).
+_p, _i64, _u64, _i32, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int, ctypes.c_float
+_ENTRY_POINTS = {
+    "lam_emu_alloc": (_p, [ctypes.c_char_p, _u64, _u64, _i32]),
+    "lam_emu_reset": (None, [_i32, _u64]),
+    "lam_emu_last_error": (ctypes.c_char_p, []),
+    "lam_emu_launched": (ctypes.c_char_p, []),
+    "lam_emu_stats": (None, [ctypes.POINTER(_u64)]),
+    # dtype, path, topk_mode, hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size, num_valid,
+    # vocab_start, keys, block_topk, topk, temperature, seed, offset, max_grid_y, sm_count, variant, smem_limit
+    "lam_emu_shard": (
+        _i32,
+        [_i32, _i32, _i32, _p, _i64, _p, _i64, _p, _p, *[_i64] * 4, _p, _p, _i32, _p, _u64, _u64]
+        + [_i64, _i32, _i32, _i32],
+    ),
+    "lam_emu_mma_variant": (_i32, [_i64, _i64, _i64, _i32, _i32]),
+    "lam_emu_mma_variant_smem": (_i32, [_i32]),
+    "lam_emu_num_mma_variants": (_i32, []),
+    # ... as lam_emu_shard to max_grid_y, then states, scale, soft_cap
+    "lam_emu_shard_lse": (
+        _i32,
+        [_i32, _i32, _p, _i64, _p, _i64, _p, _p, *[_i64] * 4, _p, _p, _i32, _p, _u64, _u64] + [_i64, _p, _f32, _f32],
+    ),
+    "lam_emu_merge_partition": (_i32, [_p, _i64, _i64, _p, _p]),
+    # dtype, logits, ldl, rows, b0, bias_t, bias_f, batch, num_valid, vocab_start, keys, temperature, seed,
+    # offset, max_grid_y, states, scale, soft_cap
+    "lam_emu_logits_to_keys": (
+        _i32,
+        [_i32, _p, _i64, _i64, _i64, _p, _p, _i64, _i64, _i64, _p, _p, _u64, _u64] + [_i64, _p, _f32, _f32],
+    ),
+    "lam_emu_merge_keys": (_i32, [_p, _i64, _i64, _i32, _p, _i64, _p, _p]),
+}
 
 
 class EmuError(AssertionError):
@@ -139,65 +173,9 @@ class Emulator:
     def __init__(self, lib: pathlib.Path):
         self.path = lib
         self.lib = ctypes.CDLL(str(lib))
-        L, p, i64, u64, i32 = self.lib, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int
-        L.lam_emu_alloc.restype = p
-        L.lam_emu_alloc.argtypes = [ctypes.c_char_p, u64, u64, i32]
-        L.lam_emu_reset.argtypes = [i32, u64]
-        L.lam_emu_last_error.restype = ctypes.c_char_p
-        L.lam_emu_launched.restype = ctypes.c_char_p
-        L.lam_emu_stats.argtypes = [ctypes.POINTER(u64)]
-        L.lam_emu_shard.argtypes = [
-            i32,
-            i32,
-            i32,
-            p,
-            i64,
-            p,
-            i64,
-            p,
-            p,
-            i64,
-            i64,
-            i64,
-            i64,
-            p,
-            p,
-            i32,
-            p,
-            u64,
-            u64,
-            i64,
-            i32,
-            i32,
-        ]
-        L.lam_emu_mma_variant.argtypes = [i64, i64, i64, i32]
-        L.lam_emu_shard_lse.argtypes = [
-            *[i32, i32, p, i64, p, i64, p, p, i64, i64, i64, i64, p, p, i32, p, u64, u64, i64],
-            *[p, ctypes.c_float, ctypes.c_float],
-        ]
-        L.lam_emu_merge_partition.argtypes = [p, i64, i64, p, p]
-        f32 = ctypes.c_float
-        L.lam_emu_logits_to_keys.argtypes = [
-            i32,
-            p,
-            i64,
-            i64,
-            i64,
-            p,
-            p,
-            i64,
-            i64,
-            i64,
-            p,
-            p,
-            u64,
-            u64,
-            i64,
-            p,
-            f32,
-            f32,
-        ]
-        L.lam_emu_merge_keys.argtypes = [p, i64, i64, i32, p, i64, p, p]
+        for name, (restype, argtypes) in _ENTRY_POINTS.items():
+            fn = getattr(self.lib, name)
+            fn.restype, fn.argtypes = restype, argtypes
         self.launched: list[str] = []
 
     # -- arena --
@@ -242,6 +220,8 @@ class Emulator:
             raise ValueError("this emulation build has no kernels for the dtype (bf16_only)")
         if rc == 4:
             raise ValueError("no such mma variant")
+        if rc == 5:
+            raise ValueError("the forced mma variant's shared memory exceeds the device's limit")
         if rc != 0:
             raise EmuError(self.lib.lam_emu_last_error().decode())
 
@@ -265,6 +245,7 @@ class Emulator:
         gemm_chunk=None,
         sm_count=DEFAULT_SM_COUNT,
         variant=None,
+        smem_limit=DEFAULT_SMEM_LIMIT,
         log_partition=False,
         scale=1.0,
         soft_cap=None,
@@ -274,7 +255,9 @@ class Emulator:
         ("simt", "mma", "mma/<variant id>" or "gemm"). weight: a tensor, or a PlacedWeight (a
         view too large to copy, already in the arena). mma: `variant` (an id of
         MmaVariant, shard_argmax_launch.cuh) forces a variant, else launch_mma
-        chooses for a device of `sm_count` SMs. log_partition: the *_lse op
+        chooses for a device of `sm_count` SMs and `smem_limit` bytes of opt-in
+        shared memory per block (a forced variant past it raises ValueError
+        naming it, its bytes and the limit, as run_mma does). log_partition: the *_lse op
         (simt or gemm, as on CUDA): returns (keys, pairs [B, 2])."""
         if log_partition:
             if path.startswith("mma"):
@@ -283,6 +266,11 @@ class Emulator:
             return self._shard_lse(hidden, weight, bias, vocab_start, num_valid, *args, path, gemm_chunk)
         if path.startswith("mma/"):  # "mma/<id>": that variant
             path, variant = "mma", int(path[4:])
+        if variant is not None and 0 <= variant < NUM_MMA_VARIANTS and self.mma_variant_smem(variant) > smem_limit:
+            raise ValueError(
+                f"shard_argmax: path='mma/{variant}' needs {self.mma_variant_smem(variant)} bytes of shared memory "
+                f"per block; this device allows {smem_limit} (cudaDevAttrMaxSharedMemoryPerBlockOptin)"
+            )
         weight_ptr = weight.ptr if isinstance(weight, PlacedWeight) else None
         num_valid = weight.size(0) if num_valid is None else num_valid
         batch = hidden.size(0)
@@ -367,6 +355,7 @@ class Emulator:
                 max_grid_y,
                 sm_count,
                 -1 if variant is None else variant,
+                smem_limit,
             )
         )
         if not topk:
@@ -376,9 +365,20 @@ class Emulator:
         flipped = lists.permute(1, 0, 2).reshape(batch, blocks_x * k) ^ SIGN
         return flipped.topk(k, 1, True, True).values ^ SIGN
 
-    def mma_variant(self, hidden_size: int, num_valid: int, batch: int, sm_count: int = DEFAULT_SM_COUNT) -> int:
+    def mma_variant(
+        self,
+        hidden_size: int,
+        num_valid: int,
+        batch: int,
+        sm_count: int = DEFAULT_SM_COUNT,
+        smem_limit: int = DEFAULT_SMEM_LIMIT,
+    ) -> int:
         """launch_mma's auto choice: an id of MmaVariant (shard_argmax_launch.cuh)."""
-        return self.lib.lam_emu_mma_variant(hidden_size, num_valid, batch, sm_count)
+        return self.lib.lam_emu_mma_variant(hidden_size, num_valid, batch, sm_count, smem_limit)
+
+    def mma_variant_smem(self, vid: int) -> int:
+        """Shared memory per block (static + dynamic bytes) of MmaVariant ``vid``; -1: no such id."""
+        return self.lib.lam_emu_mma_variant_smem(vid)
 
     def _shard_lse(
         self, hidden, weight, bias, vocab_start, num_valid, k, temperature, seed, offset, max_grid_y, scramble,
