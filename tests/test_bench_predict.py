@@ -288,8 +288,9 @@ def test_proposed_variant_meeting_the_bar_exists_and_is_reported():
 MMA1 = "_ZN11localargmax4cuda12_GLOBAL__N_123shard_argmax_mma_kernelI13__nv_bfloat16Li1ELi2EEEvPKT_lS6_lS6_PKfliilNS0_11ShardReduceE"  # noqa: E501
 MMA8_HALF = "_ZN11localargmax4cuda12_GLOBAL__N_123shard_argmax_mma_kernelI6__halfLi8ELi1EEEvPKT_lS6_lS6_PKfliilNS0_11ShardReduceE"  # noqa: E501
 PIPE7 = "_ZN11localargmax4cuda12_GLOBAL__N_128shard_argmax_mma_pipe_kernelI13__nv_bfloat16Li1ELi2ELi2ELi2ELi2ELi4ELi4EEEvPKT_lS6_lS6_PKfliilNS0_11ShardReduceE"  # noqa: E501
-SIMT1 = "_ZN11localargmax4cuda12_GLOBAL__N_119shard_argmax_kernelI13__nv_bfloat16Li1ELi8ELb0EEEvNS0_18ShardArgmaxProblemIT_EE"  # noqa: E501
-SIMT1_TOPK = SIMT1.replace("Lb0E", "Lb1E")
+SIMT1 = "_ZN11localargmax4cuda12_GLOBAL__N_119shard_argmax_kernelI13__nv_bfloat16Li1ELi8ELb0ELb0EEEvNS0_18ShardArgmaxProblemIT_EE"  # noqa: E501
+SIMT1_TOPK = SIMT1.replace("Lb0ELb0E", "Lb1ELb0E")  # <T, NB, kVec, TOPK, LSE>
+SIMT1_LSE = SIMT1.replace("Lb0ELb0E", "Lb0ELb1E")  # the log-partition build: not argmax's registers
 
 CUOBJDUMP = f"""
 Fatbin elf code:
@@ -312,6 +313,7 @@ Resource usage:
  REG:77 STACK:0 SHARED:36992 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
  Function {SIMT1}:REG:40 STACK:0 SHARED:64 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
  Function {SIMT1_TOPK}:REG:90 STACK:0 SHARED:640 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
+ Function {SIMT1_LSE}:REG:99 STACK:0 SHARED:640 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
 """
 
 PTXAS_LOG = f"""
@@ -346,6 +348,15 @@ def test_read_registers_falls_back_to_defaults_and_says_so(tmp_path):
     dump = tmp_path / "dump.txt"
     dump.write_text(CUOBJDUMP)
     assert pm.read_registers(path=str(dump)).by_variant["simt(nb=1)"] == 40
+
+
+def test_the_built_kernels_have_the_default_registers():
+    """DEFAULT_REGISTERS (the model's figures without a CUDA build) are what
+    this checkout's CUDA build reports on sm_90a, simt rows included."""
+    regs = pm.read_registers()
+    if not regs.source.startswith(("cuobjdump", "ptxas")):
+        pytest.skip(f"no CUDA build of localargmax to read ({regs.source})")
+    assert regs.by_variant == pm.DEFAULT_REGISTERS, regs.source
 
 
 def test_built_registers_change_the_prediction():

@@ -346,8 +346,8 @@ DEFAULT_REGISTERS = {
     "mma/14": 242,
     "simt(nb=1)": 54,
     "simt(nb=2)": 48,
-    "simt(nb=4)": 48,
-    "simt(nb=8)": 56,
+    "simt(nb=4)": 47,
+    "simt(nb=8)": 62,
 }
 
 
@@ -368,7 +368,7 @@ class Registers:
 
 _MMA_NAME = re.compile(r"shard_argmax_mma_kernelI(?:13__nv_bfloat16|6__half)Li(\d+)ELi(\d+)E")
 _PIPE_NAME = re.compile(r"shard_argmax_mma_pipe_kernelI(?:13__nv_bfloat16|6__half)((?:Li\d+E){7})")
-_SIMT_NAME = re.compile(r"shard_argmax_kernelI13__nv_bfloat16Li(\d+)ELi8ELb0E")
+_SIMT_NAME = re.compile(r"shard_argmax_kernelI13__nv_bfloat16Li(\d+)ELi8ELb0ELb0E")  # <T, NB, kVec, TOPK, LSE>: argmax
 _MMA_BY_TEMPLATE = {m.template: m.id for m in MMA_VARIANTS}
 
 
