@@ -1,5 +1,5 @@
 """The CUDA kernels' own source, run on the CPU by the host SIMT emulation
-(csrc/emu/, driven by tests/emulation.py): every kernel family and every
+(csrc/emu/, driven by tests/support/emulation.py): every kernel family and every
 template instantiation the launchers pick, on shapes covering the tails, the
 grid-y loop, padding rows, empty shards, ties across blocks and NaN / -0.0 /
 -inf rows. Each launch runs with checked global memory, poisoned shared memory
