@@ -212,6 +212,37 @@ class Emulator:
         ctypes.memmove(out.data_ptr(), ptr, out.numel() * out.element_size())
         return out
 
+    def _place_bias_and_temperature(self, bias, weight, temperature):
+        """The bias (as ``bias_t`` in the weight dtype or ``bias_f`` float32, as the
+        CUDA launcher splits it) and the temperature, placed in the arena."""
+        bias_t = bias_f = None
+        if bias is not None:
+            if bias.dtype == torch.float32 and weight.dtype != torch.float32:
+                bias_f = bias.contiguous()
+            else:
+                bias_t = bias.contiguous()
+        temp = temperature.contiguous() if temperature is not None else None
+        return self._place("bias", bias_t), self._place("bias", bias_f), self._place("temperature", temp)
+
+    def _gemm_keys(self, hidden, weight, gemm_chunk, keys_args, partition_args):
+        """The gemm path: float32 logits per batch chunk (torch matmul stands in
+        for cuBLAS; chunk as shard_argmax_gemm.cu), then logits_to_keys_kernel on
+        each: ``keys_args`` = (bias_t, bias_f, batch, num_valid, vocab_start,
+        keys, temperature, seed, offset, max_grid_y), ``partition_args`` =
+        (states or None, scale, soft_cap)."""
+        batch, w32 = hidden.size(0), weight.float()
+        chunk = gemm_chunk or max(1, (1 << 30) // 4 // weight.size(0))
+        for b0 in range(0, batch, chunk):
+            rows = min(chunk, batch - b0)
+            logits = hidden[b0 : b0 + rows].float() @ w32.T
+            lp = self._place("logits", logits)
+            stride = logits.stride(0) if rows > 1 else logits.size(1)
+            self._check(
+                self.lib.lam_emu_logits_to_keys(
+                    _DTYPES[weight.dtype], lp, stride, rows, b0, *keys_args, *partition_args
+                )
+            )
+
     def _check(self, rc: int) -> None:
         self.launched += [s for s in self.lib.lam_emu_launched().decode().split(";") if s]
         if rc == 2:
@@ -281,46 +312,12 @@ class Emulator:
             self._reset(scramble, order_seed)
         hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
         dtype = _DTYPES[weight.dtype]
-        bias_t = bias_f = None
-        if bias is not None:
-            if bias.dtype == torch.float32 and weight.dtype != torch.float32:
-                bias_f = bias.contiguous()
-            else:
-                bias_t = bias.contiguous()
-        temp = temperature.contiguous() if temperature is not None else None
-        bt, bf = self._place("bias", bias_t), self._place("bias", bias_f)
-        tp = self._place("temperature", temp)
+        bt, bf, tp = self._place_bias_and_temperature(bias, weight, temperature)
         if path == "gemm":
             assert not topk and weight.dtype != torch.float32
             keys = self._alloc("keys", batch * 8)
-            w32 = weight.float()
-            chunk = gemm_chunk or max(1, (1 << 30) // 4 // weight.size(0))  # shard_argmax_gemm.cu
-            for b0 in range(0, batch, chunk):
-                rows = min(chunk, batch - b0)
-                logits = hidden[b0 : b0 + rows].float() @ w32.T  # stands in for cuBLAS
-                lp = self._place("logits", logits)
-                self._check(
-                    self.lib.lam_emu_logits_to_keys(
-                        dtype,
-                        lp,
-                        logits.stride(0) if rows > 1 else logits.size(1),
-                        rows,
-                        b0,
-                        bt,
-                        bf,
-                        batch,
-                        num_valid,
-                        vocab_start,
-                        keys,
-                        tp,
-                        seed,
-                        offset,
-                        max_grid_y,
-                        None,
-                        1.0,
-                        0.0,
-                    )
-                )
+            keys_args = [bt, bf, batch, num_valid, vocab_start, keys, tp, seed, offset, max_grid_y]
+            self._gemm_keys(hidden, weight, gemm_chunk, keys_args, [None, 1.0, 0.0])
             return self._read(keys, (batch,), torch.int64)
         hp = self._place("hidden", hidden)
         wp = weight_ptr if weight_ptr is not None else self._place("weight", weight)
@@ -395,33 +392,15 @@ class Emulator:
             return keys, torch.tensor([[-math.inf, 0.0]] * batch).reshape(batch, 2)
         self._reset(scramble, order_seed)
         hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
-        bias_t = bias_f = None
-        if bias is not None:
-            if bias.dtype == torch.float32 and weight.dtype != torch.float32:
-                bias_f = bias.contiguous()
-            else:
-                bias_t = bias.contiguous()
-        bt, bf = self._place("bias", bias_t), self._place("bias", bias_f)
-        tp = self._place("temperature", temperature.contiguous() if temperature is not None else None)
+        bt, bf, tp = self._place_bias_and_temperature(bias, weight, temperature)
         blocks_x = (num_valid + 63) // 64
         keys = None if topk else self._alloc("keys", batch * 8)
         states = self._alloc("partition_states", blocks_x * batch * 16, fill=0xA5)  # at::empty: garbage
         pairs = self._alloc("pairs", batch * 8, fill=0xA5)
         if path == "gemm":
             assert not topk and weight.dtype != torch.float32
-            w32 = weight.float()
-            chunk = gemm_chunk or max(1, (1 << 30) // 4 // weight.size(0))  # shard_argmax_gemm.cu
-            for b0 in range(0, batch, chunk):
-                rows = min(chunk, batch - b0)
-                logits = hidden[b0 : b0 + rows].float() @ w32.T  # stands in for cuBLAS
-                lp = self._place("logits", logits)
-                self._check(
-                    self.lib.lam_emu_logits_to_keys(
-                        *[_DTYPES[weight.dtype], lp, logits.stride(0) if rows > 1 else logits.size(1), rows, b0],
-                        *[bt, bf, batch, num_valid, vocab_start, keys, tp, seed, offset, max_grid_y],
-                        *[states, scale, soft_cap],
-                    )
-                )
+            keys_args = [bt, bf, batch, num_valid, vocab_start, keys, tp, seed, offset, max_grid_y]
+            self._gemm_keys(hidden, weight, gemm_chunk, keys_args, [states, scale, soft_cap])
             used = (num_valid + 4095) // 4096  # keys_blocks
             self._check(self.lib.lam_emu_merge_partition(states, used, batch, tp, pairs))
             return self._read(keys, (batch,), torch.int64), self._read(pairs, (batch, 2), torch.float32)
