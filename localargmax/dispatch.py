@@ -86,7 +86,8 @@ class DispatchTable:
         table has no entry for the arch and dtype. ``rows`` is the shard's
         row count (``weight.shape[0]``), not ``num_valid``."""
         key = (arch, dtype, hidden_size, rows, batch)
-        if not torch.compiler.is_compiling() and key in self._memo:  # eager: one dict lookup per call
+        eager = not torch.compiler.is_compiling()  # traced calls remember nothing
+        if eager and key in self._memo:  # one dict lookup per repeated call
             return self._memo[key]
         found = self._cells.get((arch, dtype))
         if found is None:
@@ -97,7 +98,7 @@ class DispatchTable:
                 raise ValueError(f"choose: {name} must be in [0, 2**31), got {value}")
         h, r, b = _bucket(edges["hidden"], hidden_size), _bucket(edges["rows"], rows), _bucket(edges["batch"], batch)
         choice = cells[(h, r, b)]
-        if not torch.compiler.is_compiling() and len(self._memo) < MEMO_SIZE:
+        if eager and len(self._memo) < MEMO_SIZE:
             self._memo[key] = choice
         return choice
 
