@@ -222,18 +222,23 @@ def test_todays_variants_follow_the_launcher_boundaries():
     assert [pm.todays_variant("simt", b).get("nb") for b in (1, 2, 3, 4, 5, 9)] == [1, 2, 4, 4, 8, 8]
     batches = (1, 8, 9, 16, 17, 32, 33, 64, 65, 128, 200)
     assert [pm.cpp_mma_variant(151936, b) for b in batches] == [4, 4, 5, 5, 13, 13, 14, 14, 11, 11, 11]
-    assert [pm.cpp_mma_variant(18992, b) for b in batches] == [7, 7, 8, 8, 13, 13, 14, 14, 11, 11, 11]
+    assert [pm.cpp_mma_variant(18992, b) for b in batches] == [7, 7, 8, 8, 13, 13, 15, 15, 11, 11, 11]
+    # batch 33-64: 256-row tiles only where they give every SM a block (132 x 256 rows), else 192-row ones
+    assert [pm.cpp_mma_variant(n, 64) for n in (132 * 256 - 255, 131 * 256)] == [14, 15]
+    assert pm.cpp_mma_variant(18992, 64, sms=74) == 14
     assert pm.todays_variant("mma", 20, num_valid=18992).name == "mma/13"
-    # devices whose opt-in shared memory per block holds 10 (50 KiB) but not 13 / 14, or only the
+    # devices whose opt-in shared memory per block holds 10 (50 KiB) but not 13 / 14 / 15, or only the
     # <= 41 KiB variants: the same sums
     mid, small = 56 * 1024, 48 * 1024
     assert [pm.cpp_mma_variant(151936, b, smem_limit=mid) for b in batches] == [4, 4, 5, 5, 6, 6, 10, 10, 11, 11, 11]
     assert [pm.cpp_mma_variant(151936, b, smem_limit=small) for b in batches] == [4, 4, 5, 5, 6, 6, 12, 12, 11, 11, 11]
     assert [pm.cpp_mma_variant(18992, b, smem_limit=small) for b in batches] == [7, 7, 8, 8, 9, 9, 12, 12, 11, 11, 11]
+    # one that holds 14 (84 KiB) but not 15 (100 KiB): 14 on the tp-8 shard too
+    assert pm.cpp_mma_variant(18992, 64, smem_limit=96 * 1024) == 14
     assert pm.todays_variant("mma/3", 1).mma.kind == "reg"
     # the table's candidates: C++ auto's summation-order class at that batch
     assert pm.mma_candidates(1) == pm.mma_candidates(32) == (4, 5, 6, 7, 8, 9, 13)
-    assert pm.mma_candidates(33) == pm.mma_candidates(1024) == (10, 11, 12, 14)
+    assert pm.mma_candidates(33) == pm.mma_candidates(1024) == (10, 11, 12, 14, 15)
     for b in batches:
         assert pm.cpp_mma_variant(18992, b) in pm.mma_candidates(b)
         assert pm.cpp_mma_variant(151936, b) in pm.mma_candidates(b)
@@ -389,7 +394,8 @@ def test_predict_cli_prints_and_writes_predicted_rows(tmp_path):
     paths = {r["variant"] for r in doc["rows"] if r["batch"] == 1 and r["built"]}
     assert paths == {"simt(nb=1)", "gemm", *(f"mma/{i}" for i in range(len(pm.MMA_VARIANTS)))}
     roles = {r["variant"]: r["role"] for r in doc["rows"] if r["batch"] == 64 and r["built"]}
-    assert roles["mma/14"] == ["auto", "table"]  # choose_mma_variant on the tp-8 shard, and the table: 256-row tiles
+    assert "auto" in roles["mma/15"]  # choose_mma_variant on the tp-8 shard: 192-row tiles
+    assert sum("auto" in r for r in roles.values()) == 1
     assert sum("table" in r for r in roles.values()) == 1
     assert "mma/10" in proc.stdout and "pred_us" in proc.stdout
     for r in doc["rows"]:

@@ -59,7 +59,7 @@ def test_tune_times_each_path_once_and_skips_slow_simt():
     want = [(p, 18992, 4096, b) for b in (1, 64) for p in tune.candidates(b) if p != "simt" or b <= tune.SIMT_MAX_BATCH]
     assert sorted(gpu.calls) == sorted(want)
     assert {p for p, _, _, b in want if b == 1} == {"simt", "gemm", *(f"mma/{i}" for i in (4, 5, 6, 7, 8, 9, 13))}
-    assert {p for p, _, _, b in want if b == 64} == {"gemm", "mma/10", "mma/11", "mma/12", "mma/14"}
+    assert {p for p, _, _, b in want if b == 64} == {"gemm", "mma/10", "mma/11", "mma/12", "mma/14", "mma/15"}
     got = {(m["path"] if m["variant"] is None else f"mma/{m['variant']}", m["batch"]) for m in doc["measurements"]}
     assert got == {(p, b) for p, _, _, b in gpu.calls}
 

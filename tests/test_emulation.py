@@ -93,7 +93,7 @@ PIPE_VARIANTS = [
 ]
 MMA_VARIANTS = [f"mma/{v}" for v in range(emulation.NUM_MMA_VARIANTS)]
 # Variants that sum in the same order (same NT class and KC): bit-identical keys.
-SAME_ORDER = [(4, 7), (5, 8), (6, 9), (10, 12), (6, 13), (10, 14)]
+SAME_ORDER = [(4, 7), (5, 8), (6, 9), (10, 12), (6, 13), (10, 14), (10, 15)]
 
 
 def _instantiations():

@@ -124,11 +124,13 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
 // 12  pipe    8  33-64     64  64   1  1  4   6   33792   146 / 138    12 KiB    KC=1 (= 10)
 // 13  pipe    4  17-32    128 128   1  2  3   3   62464   162 / 154    32 KiB    KC=2 (= 6)
 // 14  pipe    8  33-64    256 128   1  1  4   2   83968   242 / 242    48 KiB    KC=1 (= 10, MT = 4)
+// 15  pipe    8  33-64    192 128   1  1  6   2  100352   REGS15       60 KiB    KC=1 (= 10, MT = 3)
 //
 // Batches past a variant's 8 NT rows run in passes (grid y), each streaming
 // the weight again; auto takes 11 past 64 (the op's C++ auto takes the gemm
-// path from batch 65 on CUDA), 13 at 17-32 and 14 at 33-64 where the device's
-// opt-in shared memory holds them. The ops force one variant with
+// path from batch 65 on CUDA), 13 at 17-32, and at 33-64 14 where its
+// 256-row tiles give every SM a block, else 15 (192-row tiles: 4/3 the blocks,
+// for the tp-8 shards), where the device's opt-in shared memory holds them. The ops force one variant with
 // path="mma/<id>".
 template <int ID>
 struct MmaVariant;
@@ -176,9 +178,10 @@ LAM_MMA_PIPE(11, 16, 1, 4, 1, 1, 3, 4)
 LAM_MMA_PIPE(12, 8, 2, 2, 1, 1, 4, 6)
 LAM_MMA_PIPE(13, 4, 2, 4, 1, 2, 3, 3)
 LAM_MMA_PIPE(14, 8, 4, 4, 1, 1, 4, 2)
+LAM_MMA_PIPE(15, 8, 3, 4, 1, 1, 6, 2)
 #undef LAM_MMA_REG
 #undef LAM_MMA_PIPE
-constexpr int kNumMmaVariants = 15;
+constexpr int kNumMmaVariants = 16;
 
 // The dynamic shared memory bytes a launch passes (the launch functors'
 // fifth argument; 0 for the kernels that take none).
@@ -199,6 +202,12 @@ constexpr int mma_variant_smem(int id) {
   return mma_variant_smem_of(id, std::make_integer_sequence<int, kNumMmaVariants>{});
 }
 
+// Whether the device takes variant `id` (its shared memory under smem_limit).
+inline bool mma_variant_fits(int id, int smem_limit) {
+  const int bytes = mma_variant_smem(id);
+  return bytes >= 0 && bytes <= smem_limit;
+}
+
 // The opt-in shared memory per block the launchers assume when they do not
 // pass the device's: 227 KiB (H100 / H200; A100 163 KiB, sm_86 / sm_89 99 KiB).
 constexpr int kDefaultSmemLimit = 227 * 1024;
@@ -211,9 +220,9 @@ constexpr int kDefaultSmCount = 132;
 // sm_count SMs whose blocks may take smem_limit bytes of shared memory
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin). The summation order (DESIGN.md
 // rule 5, and rule 1 across ranks) may depend on the batch only: variants
-// 4-6, 7-9 and 13 sum alike (KC = 2), and 10, 12 and 14 (KC = 1), so a rank
-// whose num_valid is smaller (vocab padding on the last rank) and so gets the
-// split-K variant, or a device with less shared memory, gives the same bits
+// 4-6, 7-9 and 13 sum alike (KC = 2), and 10, 12, 14 and 15 (KC = 1), so a
+// rank whose num_valid is smaller (vocab padding on the last rank) and so gets
+// another tile size, or a device with less shared memory, gives the same bits
 // for the same row. Never decided by pointers. Never a variant whose shared
 // memory exceeds smem_limit.
 template <typename T>
@@ -224,21 +233,22 @@ int choose_mma_variant(int64_t hidden_size, int64_t num_valid, int64_t batch, in
   // (4 warps per 64-row tile instead of 2, the same sums); NT = 8 takes
   // 64-row tiles (twice the blocks, the same sums as 128-row ones).
   const bool small_grid = (num_valid + 63) / 64 < 4 * static_cast<int64_t>(sm_count);
-  const auto fits = [&](int id) { return mma_variant_smem(id) <= smem_limit; };
+  const auto fits = [&](int id) { return mma_variant_fits(id, smem_limit); };
   if (batch > 64) return 11;
   if (batch > 32) {
-    if (fits(14)) return 14;  // 256-row tiles, 4 stages in dynamic shared memory
+    // 256-row tiles when they give every SM a block; fewer (the tp-8 shards:
+    // 63-75 tiles on 132 SMs) leave the kernel bound by the active SMs'
+    // mma.sync rate, and 192-row tiles (4/3 the blocks) fix that while their
+    // hidden re-reads stay within the L2 bandwidth (128-row ones do not).
+    const bool fills = (num_valid + 255) / 256 >= static_cast<int64_t>(sm_count);
+    if (fills && fits(14)) return 14;
+    if (fits(15)) return 15;
+    if (fits(14)) return 14;
     return small_grid || !fits(10) ? 12 : 10;
   }
   if (batch > 16 && fits(13)) return 13;  // 128-row tiles, 4 warps, 3 stages in dynamic shared memory
   const int nt = batch <= 8 ? 0 : batch <= 16 ? 1 : 2;
   return (small_grid ? 7 : 4) + nt;
-}
-
-// Whether the device takes variant `id` (its shared memory under smem_limit).
-inline bool mma_variant_fits(int id, int smem_limit) {
-  const int bytes = mma_variant_smem(id);
-  return bytes >= 0 && bytes <= smem_limit;
 }
 
 template <int ID, typename T, typename Launch>

@@ -15,6 +15,7 @@
 // once per device and instantiation; auto never picks a variant over the
 // device's opt-in limit, and a forced one raises ValueError.
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -60,19 +61,36 @@ struct MmaLaunch {
   }
 };
 
+// What launch_mma needs of a device (SM count, compute capability major,
+// opt-in shared memory per block), asked of the runtime once per device.
+struct MmaDevice {
+  int sms = 0, major = 0, smem_limit = 0;
+};
+MmaDevice mma_device(int device) {
+  static std::mutex mutex;
+  static std::map<int, MmaDevice> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto found = known.find(device);
+  if (found != known.end()) return found->second;
+  MmaDevice d;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  known.emplace(device, d);
+  return d;
+}
+
 }  // namespace
 
 template <typename T>
 void run_mma(const ShardArgmaxProblem<T>& p, int variant) {
-  int device = 0, sms = 0, major = 0, smem_limit = 0;
+  int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  TORCH_CHECK_VALUE(variant < 0 || mma_variant_fits(variant, smem_limit), "shard_argmax: path='mma/", variant,
+  const MmaDevice d = mma_device(device);
+  TORCH_CHECK_VALUE(variant < 0 || mma_variant_fits(variant, d.smem_limit), "shard_argmax: path='mma/", variant,
                     "' needs ", mma_variant_smem(variant), " bytes of shared memory per block; this device (",
-                    device, ") allows ", smem_limit, " (cudaDevAttrMaxSharedMemoryPerBlockOptin)");
-  launch_mma(p, MmaLaunch{major >= 9, device}, kMaxGridY, sms, variant, smem_limit);
+                    device, ") allows ", d.smem_limit, " (cudaDevAttrMaxSharedMemoryPerBlockOptin)");
+  launch_mma(p, MmaLaunch{d.major >= 9, device}, kMaxGridY, d.sms, variant, d.smem_limit);
 }
 
 template void run_mma<__half>(const ShardArgmaxProblem<__half>&, int);

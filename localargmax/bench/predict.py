@@ -141,7 +141,7 @@ class MmaSpec:
     """One row of the ``MmaVariant`` table (csrc/cuda/shard_argmax_launch.cuh):
     ``reg`` = shard_argmax_mma_kernel<T, NT, KV> (ids 0-3, forced only),
     ``pipe`` = shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST, MINB>
-    (ids 4-14). tests/test_bench_predict.py checks this mirror against the
+    (ids 4-15). tests/test_bench_predict.py checks this mirror against the
     header (parameters, shared memory, registers, kNumMmaVariants)."""
 
     id: int
@@ -206,6 +206,7 @@ MMA_VARIANTS = (
     MmaSpec(12, "pipe", nt=8, mt=2, wm=2, sk=1, kc=1, st=4, minb=6),
     MmaSpec(13, "pipe", nt=4, mt=2, wm=4, sk=1, kc=2, st=3, minb=3),
     MmaSpec(14, "pipe", nt=8, mt=4, wm=4, sk=1, kc=1, st=4, minb=2),
+    MmaSpec(15, "pipe", nt=8, mt=3, wm=4, sk=1, kc=1, st=6, minb=2),
 )
 """The MmaVariant table by id (a mirror of the header; a test checks it)."""
 
@@ -218,7 +219,8 @@ def cpp_mma_variant(
 ) -> int:
     """choose_mma_variant (shard_argmax_launch.cuh): the id C++ runs for path
     ``"mma"`` / ``"auto"`` (small grid: fewer than 4 blocks of 64 rows per SM;
-    never a variant whose shared memory exceeds ``smem_limit``)."""
+    at batch 33-64 256-row tiles where they give every SM a block, else
+    192-row ones; never a variant whose shared memory exceeds ``smem_limit``)."""
     small_grid = -(-num_valid // 64) < 4 * sms
 
     def fits(vid: int) -> bool:
@@ -227,6 +229,11 @@ def cpp_mma_variant(
     if batch > 64:
         return 11
     if batch > 32:
+        fills = -(-num_valid // 256) >= sms  # 256-row tiles give every SM a block
+        if fills and fits(14):
+            return 14
+        if fits(15):
+            return 15
         if fits(14):
             return 14
         return 12 if small_grid or not fits(10) else 10
@@ -344,6 +351,7 @@ DEFAULT_REGISTERS = {
     "mma/12": 146,
     "mma/13": 162,
     "mma/14": 242,
+    "mma/15": 200,
     "simt(nb=1)": 54,
     "simt(nb=2)": 48,
     "simt(nb=4)": 47,
@@ -597,7 +605,7 @@ PIPE_STEP_INSTRUCTIONS = 12
 
 
 def _pipe_geometry(spec: DeviceSpec, m: MmaSpec, rows: int, hidden: int, batch: int, elem: int) -> Geometry:
-    """shard_argmax_mma_pipe_kernel (ids 4-14): a CTA owns ``m.rows`` weight rows and ``8 NT`` batch rows
+    """shard_argmax_mma_pipe_kernel (ids 4-15): a CTA owns ``m.rows`` weight rows and ``8 NT`` batch rows
     (further rows: more passes, grid y); ST stages of KC chunks of (rows + 8 NT) x 64 bytes; the
     weight of ST - 1 steps in flight; SK warp groups split each step's chunks (partials added through
     shared memory at the end: no extra CTAs); launched with PDL (sm_90+), after the keys' zero fill."""

@@ -3,7 +3,7 @@ PREDICTED everywhere (text, JSON, README).
 
 Per shape and batch, one row per built variant: ``simt`` (the NB its
 launcher runs at that batch), every tensor-core variant of the MmaVariant
-table (``mma/0`` .. ``mma/14``: 0-3 the register-buffered kernel, 4-14 the
+table (``mma/0`` .. ``mma/15``: 0-3 the register-buffered kernel, 4-15 the
 cp.async-pipelined one; the ops run each as ``path="mma/<id>"``) and
 ``gemm``; then the fastest not-built design point of the model's search space
 (``proposed-best``) and the cheapest one that meets the bar

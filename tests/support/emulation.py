@@ -26,7 +26,7 @@ CSRC = ROOT / "csrc"
 BUILD = ROOT / "build" / "emu"
 MAX_GRID_Y = 65535
 DEFAULT_SM_COUNT = 132  # kDefaultSmCount of shard_argmax_launch.cuh (H200)
-NUM_MMA_VARIANTS = 15  # kNumMmaVariants
+NUM_MMA_VARIANTS = 16  # kNumMmaVariants
 DEFAULT_SMEM_LIMIT = 227 * 1024  # kDefaultSmemLimit: opt-in shared memory per block (H100 / H200)
 _KERNEL_FLAGS = ["-O1", "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0"]
 _COMMON_FLAGS = [
