@@ -90,6 +90,7 @@ PIPE_VARIANTS = [
     (8, 2, 2, 1, 1, 4, 6),
     (4, 2, 4, 1, 2, 3, 3),
     (8, 4, 4, 1, 1, 4, 2),
+    (8, 3, 4, 1, 1, 6, 2),
 ]
 MMA_VARIANTS = [f"mma/{v}" for v in range(emulation.NUM_MMA_VARIANTS)]
 # Variants that sum in the same order (same NT class and KC): bit-identical keys.

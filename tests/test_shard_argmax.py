@@ -827,8 +827,8 @@ SAME_ORDER_MMA_PAIRS = [(4, 7, 8), (5, 8, 16), (6, 9, 32), (10, 12, 64), (6, 13,
 
 
 def test_mma_variant_path_is_checked_before_the_kernel():
-    """``"mma/<id>"`` names a tensor-core variant on CUDA only: ids 0 to 12
-    (decimal, no sign or leading zero); anything else, and any ``"mma/..."``
+    """``"mma/<id>"`` names a tensor-core variant on CUDA only: ids 0 to
+    NUM_MMA_VARIANTS - 1 (decimal, no sign or leading zero); anything else, and any ``"mma/..."``
     on the CPU, is a ValueError naming the path (no GPU needed)."""
     from localargmax._validation import check_path_arg, mma_variant_of
 
@@ -836,11 +836,12 @@ def test_mma_variant_path_is_checked_before_the_kernel():
     for v in MMA_VARIANT_IDS:
         check_path_arg(f"mma/{v}", cuda)
         assert mma_variant_of(f"mma/{v}") == v
-    for bad in ("mma/15", "mma/-1", "mma/07", "mma/", "mma/x", "mma/ 1", "mma/1 ", "mma/٣", "MMA/4", "mma4", 4):
+    past = f"mma/{len(MMA_VARIANT_IDS)}"
+    for bad in (past, "mma/-1", "mma/07", "mma/", "mma/x", "mma/ 1", "mma/1 ", "mma/٣", "MMA/4", "mma4", 4):
         assert mma_variant_of(bad) is None
         with pytest.raises(ValueError, match=f"path must be one of .* on cuda, got {bad!r}"):
             check_path_arg(bad, cuda)
-    with pytest.raises(ValueError, match=r"mma/<0\.\.14>"):
+    with pytest.raises(ValueError, match=rf"mma/<0\.\.{len(MMA_VARIANT_IDS) - 1}>"):
         check_path_arg("mma/99", cuda)
     with pytest.raises(ValueError, match="path must be one of .* on cpu, got 'mma/4'"):
         check_path_arg("mma/4", cpu)
@@ -870,8 +871,9 @@ def test_cuda_mma_variant_path_refusals(gen):
     the inputs (H not a multiple of 8, float32, top-k), naming the path."""
     hidden, weight, _ = random_problem(gen, 2, 64, 32, torch.bfloat16)
     h, w = hidden.cuda(), weight.cuda()
-    with pytest.raises(ValueError, match="path='mma/15' names no tensor-core variant"):
-        torch.ops.localargmax.shard_argmax.default(h, w, None, 0, 64, "mma/15")
+    past = f"mma/{len(MMA_VARIANT_IDS)}"
+    with pytest.raises(ValueError, match=f"path='{past}' names no tensor-core variant"):
+        torch.ops.localargmax.shard_argmax.default(h, w, None, 0, 64, past)
     with pytest.raises(ValueError, match="path must be 'auto', 'simt', 'mma', 'mma/<id>' or 'gemm'"):
         torch.ops.localargmax.shard_argmax.default(h, w, None, 0, 64, "mma/x")
     with pytest.raises(ValueError, match="path='mma/7' needs sm_80\\+"):

@@ -124,7 +124,7 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
 // 12  pipe    8  33-64     64  64   1  1  4   6   33792   146 / 138    12 KiB    KC=1 (= 10)
 // 13  pipe    4  17-32    128 128   1  2  3   3   62464   162 / 154    32 KiB    KC=2 (= 6)
 // 14  pipe    8  33-64    256 128   1  1  4   2   83968   242 / 242    48 KiB    KC=1 (= 10, MT = 4)
-// 15  pipe    8  33-64    192 128   1  1  6   2  100352   REGS15       60 KiB    KC=1 (= 10, MT = 3)
+// 15  pipe    8  33-64    192 128   1  1  6   2  100352   206 / 198    60 KiB    KC=1 (= 10, MT = 3)
 //
 // Batches past a variant's 8 NT rows run in passes (grid y), each streaming
 // the weight again; auto takes 11 past 64 (the op's C++ auto takes the gemm

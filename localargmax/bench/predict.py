@@ -351,7 +351,7 @@ DEFAULT_REGISTERS = {
     "mma/12": 146,
     "mma/13": 162,
     "mma/14": 242,
-    "mma/15": 200,
+    "mma/15": 206,
     "simt(nb=1)": 54,
     "simt(nb=2)": 48,
     "simt(nb=4)": 47,
