@@ -77,7 +77,7 @@ def decode(keys):
 # --- every instantiation, and the same kernel text in both builds ---
 
 
-# MmaVariant 4..14 of shard_argmax_launch.cuh: (NT, MT, WM, SK, KC, ST, MINB).
+# MmaVariant 4..15 of shard_argmax_launch.cuh: (NT, MT, WM, SK, KC, ST, MINB).
 PIPE_VARIANTS = [
     (1, 2, 2, 1, 2, 4, 6),
     (2, 2, 2, 1, 2, 4, 5),
@@ -90,10 +90,16 @@ PIPE_VARIANTS = [
     (8, 2, 2, 1, 1, 4, 6),
     (4, 2, 4, 1, 2, 3, 3),
     (8, 4, 4, 1, 1, 4, 2),
+    (8, 3, 4, 1, 1, 6, 2),
 ]
+# MmaVariant 16..20: the TMA twins of 4, 5, 13, 14, 15 (shard_argmax_mma_pipe_kernel<..., MINB, true>).
+TMA_TWINS = {16: 4, 17: 5, 18: 13, 19: 14, 20: 15}
 MMA_VARIANTS = [f"mma/{v}" for v in range(emulation.NUM_MMA_VARIANTS)]
-# Variants that sum in the same order (same NT class and KC): bit-identical keys.
-SAME_ORDER = [(4, 7), (5, 8), (6, 9), (10, 12), (6, 13), (10, 14), (10, 15)]
+# Variants that sum in the same order (same NT class and KC): bit-identical keys; each TMA
+# variant with its cp.async twin (the copy mechanism differs, not the data or the order).
+SAME_ORDER = [(4, 7), (5, 8), (6, 9), (10, 12), (6, 13), (10, 14), (10, 15)] + [
+    (twin, tma) for tma, twin in TMA_TWINS.items()
+]
 
 
 def _instantiations():
@@ -107,6 +113,10 @@ def _instantiations():
         if t != "float":
             names += [f"shard_argmax_mma_kernel<{t}, {nt}, {kv}>" for nt, kv in ((1, 2), (2, 2), (4, 1), (8, 1))]
             names += [f"shard_argmax_mma_pipe_kernel<{t}, {', '.join(map(str, v))}>" for v in PIPE_VARIANTS]
+            names += [
+                f"shard_argmax_mma_pipe_kernel<{t}, {', '.join(map(str, PIPE_VARIANTS[twin - 4]))}, true>"
+                for twin in TMA_TWINS.values()
+            ]
             names.append(f"logits_to_keys_kernel<{t}>")
             names.append(f"logits_to_keys_kernel<{t}, true>")
     return names + ["merge_keys_kernel", "merge_partition_kernel"]
@@ -147,10 +157,30 @@ def test_every_instantiation_the_launchers_pick_runs(emu, gen):
         for v in range(emulation.NUM_MMA_VARIANTS):
             h, w, _ = exact_problem(gen, 3, 3, 8, dtype)
             assert_keys_equal(emu.shard(h, w, path=f"mma/{v}"), cpu_keys(h, w, None, 0, 3), f"mma/{v} {dtype}")
-    assert auto == set(range(4, emulation.NUM_MMA_VARIANTS)), auto
+    # auto: every pipelined cp.async variant, never a TMA one (sm_90+ only; a GPU --tune decides)
+    assert auto == {v for v in range(4, emulation.NUM_MMA_VARIANTS) if v not in TMA_TWINS}, auto
     keys = torch.stack([ops.shard_argmax(*exact_problem(gen, 4, 5, 8, torch.float32)[:2], None, 0, 5)])
     emu.merge_keys(keys)
     assert set(_instantiations()) == set(emu.launched), set(_instantiations()) ^ set(emu.launched)
+
+
+def test_tma_variants_are_forced_only_twins(emu):
+    """Ids 16-20 copy the weight by TMA (the header's kTma; the model's kind "tma"), each the twin of
+    a cp.async variant with the same parameters (so the same sums); their dynamic shared memory is
+    the twin's plus ST 8-byte mbarriers; auto never picks them (test above) nor does a dispatch
+    table (predict.mma_candidates)."""
+    from localargmax.bench import predict as pm
+
+    for v in range(emulation.NUM_MMA_VARIANTS):
+        m = pm.MMA_VARIANTS[v]
+        assert emu.mma_variant_tma(v) == (v in TMA_TWINS) == (m.kind == "tma"), v
+        if v in TMA_TWINS:
+            twin = pm.MMA_VARIANTS[TMA_TWINS[v]]
+            assert m.twin == twin.id and m.template == twin.template and m.order == twin.order
+            assert emu.mma_variant_smem(v) == twin.smem + 8 * m.st
+            assert all(v not in pm.mma_candidates(b) for b in (1, 16, 32, 33, 64, 128))
+            assert v in pm.mma_tma_twins(8 if m.kc == 2 else 64)
+    assert not emu.mma_variant_tma(emulation.NUM_MMA_VARIANTS)
 
 
 def _split_device_host(body: str) -> tuple[str, str]:
@@ -297,7 +327,7 @@ def test_identical_rows_give_identical_bits_in_every_place_and_variant(emu, gen,
     positions, give bit-identical keys (value bits) wherever they sit; the
     variants of one summation order (split-K or not, a choice by grid size)
     and shards cut at another row (another num_valid / vocab_start) agree bit for bit."""
-    batch = {4: 8, 5: 16, 6: 32, 10: 64}[pair[0]]
+    batch = {4: 8, 5: 16, 6: 32, 10: 64, 13: 32, 14: 64, 15: 64}[pair[0]]
     rows, hidden_size = 300, 264
     h = torch.randn(batch, hidden_size, generator=gen).to(dtype)
     w = (torch.randn(rows, hidden_size, generator=gen)).to(dtype)
@@ -452,7 +482,7 @@ def test_merge_keys_with_d2t_and_an_empty_shard(emu, gen):
 # --- the grid-y loop, padding rows, ties across blocks, special values ---
 
 
-@pytest.mark.parametrize("path", ["simt", "mma", "gemm", "mma/0", "mma/4", "mma/10", "mma/11"])
+@pytest.mark.parametrize("path", ["simt", "mma", "gemm", "mma/0", "mma/4", "mma/10", "mma/11", "mma/16", "mma/19"])
 @pytest.mark.parametrize("max_grid_y", [1, 2])
 def test_grid_y_loop(emu, gen, path, max_grid_y):
     h, w, b = exact_problem(gen, 130, 150, 24, torch.bfloat16, "f")
@@ -530,7 +560,8 @@ def test_nan_negative_zero_and_infinite_rows(emu, gen, path, dtype):
 @pytest.mark.parametrize(
     "path,dtype",
     [("simt", torch.float32), ("simt", torch.bfloat16), ("mma", torch.bfloat16), ("mma/4", torch.float16)]
-    + [(f"mma/{v}", torch.bfloat16) for v in (7, 10, 11)],
+    + [(f"mma/{v}", torch.bfloat16) for v in (7, 10, 11)]
+    + [(f"mma/{v}", (torch.bfloat16, torch.float16)[v % 2]) for v in TMA_TWINS],
 )
 def test_random_floats_against_the_float64_reference(emu, gen, path, dtype):
     for batch, rows, hidden_size in ((3, 300, 4104), (20, 129, 40)):
@@ -548,7 +579,7 @@ def test_random_floats_against_the_float64_reference(emu, gen, path, dtype):
         assert ((values.double() - top2[:, 0]).abs() <= 2 * bound).all()
 
 
-@pytest.mark.parametrize("path", ["simt", "mma", "mma/0", "mma/4", "mma/10", "mma/11"])
+@pytest.mark.parametrize("path", ["simt", "mma", "mma/0", "mma/4", "mma/10", "mma/11", "mma/16", "mma/19"])
 def test_weight_offsets_beyond_2_31_elements(emu, gen, path):
     """A weight view whose rows lie 2**23 + 8 elements apart: rows >= 256 sit
     past element 2**31 (4 GiB of bf16 address space, mostly never touched)."""
