@@ -158,6 +158,9 @@ def test_pipelined_mma_kernel_streams_by_cp_async(arch):
     want = 2 * (kinds.count("pipe") + kinds.count("tma"))
     assert len(pipe) == want, f"{len(pipe)} pipelined instantiations in the {arch} code ({want // 2} variants x 2)"
     for name, sass in pipe.items():
+        if name.endswith(_TMA_SUFFIX) and arch == "sm_80":  # the TMA wrappers trap below sm_90 (never launched)
+            assert re.search(r"\bBPT\.TRAP\b", sass) and not re.search(r"\bUTMALDG\b", sass), name
+            continue
         # LDGSTS: the hidden rows (and the weight but for TMA) by cp.async in every pipelined variant
         wanted = ["LDGSTS", "LDGDEPBAR", "DEPBAR", "HMMA"] + (["ACQBULK"] if arch == "sm_90a" else [])
         missing = [op for op in wanted if not re.search(rf"\b{op}\b", sass)]

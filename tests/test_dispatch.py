@@ -130,7 +130,7 @@ def test_remembered_cells_are_the_fresh_lookups(monkeypatch):
         (lambda t: t["entries"][3].__setitem__("batch", [0, 3]), "one bucket"),
         (lambda t: t["entries"][0].__setitem__("path", "wgmma"), "path"),
         (lambda t: t["entries"][0].update(path="mma", variant=None), "variant"),
-        (lambda t: t["entries"][0].update(path="mma", variant=15), "variant"),
+        (lambda t: t["entries"][0].update(path="mma", variant=len(dispatch.MMA_VARIANT_IDS)), "variant"),
         (lambda t: t["entries"][0].update(path="mma", variant=True), "variant"),
         (lambda t: t["entries"][0].update(path="gemm", variant=4), "variant"),
     ],

@@ -207,10 +207,14 @@ def test_host_and_cuda_builds_compile_the_same_kernel_text(emu):
     assert body.count("emu::mma_m16n8k16(") == 2
     device, host = _split_device_host(body)
     wrappers = ("cp_async16", "cp_async_commit", "cp_async_wait", "grid_dependency_wait", "allow_dependent_launch")
+    # ... and the TMA variants' mbarrier, proxy fence and bulk tensor copy
+    wrappers += ("mbarrier_init", "mbarrier_init_fence", "mbarrier_arrive_expect_tx", "mbarrier_wait_parity")
+    wrappers += ("fence_proxy_async_shared", "tma_load_2d")
     for name in wrappers:
         assert re.search(rf"__device__ __forceinline__ void {name}\(", device), name
         assert re.search(rf"inline void {name}\(", host), name
     assert "emu::cp_async(" in host and "emu::cp_async_wait(" in host and "emu::cp_async_commit(" in host
+    assert all(f"emu::{f}(" in host for f in ("mbarrier_init", "mbarrier_wait_parity", "tma_load_2d"))
     # The emulation translation unit reads every kernel header from csrc/cuda itself (no copy) ...
     deps = subprocess.run(
         ["g++", "-std=c++20", f"-I{CSRC}", "-MM", str(CSRC / "emu" / "emu_kernels.cpp")],

@@ -131,12 +131,14 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
 // 12  pipe    8  33-64     64  64   1  1  4   6   33792   146 / 138    12 KiB    KC=1 (= 10)
 // 13  pipe    4  17-32    128 128   1  2  3   3   62464   162 / 154    32 KiB    KC=2 (= 6)
 // 14  pipe    8  33-64    256 128   1  1  4   2   83968   242 / 242    48 KiB    KC=1 (= 10, MT = 4)
-// 15  pipe    8  33-64    192 128   1  1  6   2  100352   REGS15       60 KiB    KC=1 (= 10, MT = 3)
-// 16  tma     1  1-8       64  64   1  2  4   6   37024   REGS16       24 KiB    KC=2 (= 4, TMA twin)
-// 17  tma     2  9-16      64  64   1  2  4   5   41248   REGS17       24 KiB    KC=2 (= 5, TMA twin)
-// 18  tma     4  17-32    128 128   1  2  3   3   62488   REGS18       32 KiB    KC=2 (= 13, TMA twin)
-// 19  tma     8  33-64    256 128   1  1  4   2   84000   REGS19       48 KiB    KC=1 (= 14, TMA twin)
-// 20  tma     8  33-64    192 128   1  1  6   2  100400   REGS20       60 KiB    KC=1 (= 15, TMA twin)
+// 15  pipe    8  33-64    192 128   1  1  6   2  100352   206 / 198    60 KiB    KC=1 (= 10, MT = 3)
+// 16  tma     1  1-8       64  64   1  2  4   6   37024   108 / 78     24 KiB    KC=2 (= 4, TMA twin)
+// 17  tma     2  9-16      64  64   1  2  4   5   41248   124 / 66     24 KiB    KC=2 (= 5, TMA twin)
+// 18  tma     4  17-32    128 128   1  2  3   3   62488   160 / 113    32 KiB    KC=2 (= 13, TMA twin)
+// 19  tma     8  33-64    256 128   1  1  4   2   84000   240 / 237    48 KiB    KC=1 (= 14, TMA twin)
+// 20  tma     8  33-64    192 128   1  1  6   2  100400   204 / 191    60 KiB    KC=1 (= 15, TMA twin)
+// (the TMA rows' sm_80 registers are those of a body whose copies trap: they
+// never run there; sm_100: 118 / 128 / 144 / 216 / 201)
 //
 // Batches past a variant's 8 NT rows run in passes (grid y), each streaming
 // the weight again; auto takes 11 past 64 (the op's C++ auto takes the gemm
