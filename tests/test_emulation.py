@@ -112,7 +112,8 @@ def _instantiations():
                     names.append(f"shard_argmax_kernel<{t}, {nb}, {v}, {topk}, true>")  # LSE: the *_lse ops
         if t != "float":
             names += [f"shard_argmax_mma_kernel<{t}, {nt}, {kv}>" for nt, kv in ((1, 2), (2, 2), (4, 1), (8, 1))]
-            names += [f"shard_argmax_mma_pipe_kernel<{t}, {', '.join(map(str, v))}>" for v in PIPE_VARIANTS]
+            # <..., MINB, TMA>: the cp.async variants, then their TMA twins
+            names += [f"shard_argmax_mma_pipe_kernel<{t}, {', '.join(map(str, v))}, false>" for v in PIPE_VARIANTS]
             names += [
                 f"shard_argmax_mma_pipe_kernel<{t}, {', '.join(map(str, PIPE_VARIANTS[twin - 4]))}, true>"
                 for twin in TMA_TWINS.values()
