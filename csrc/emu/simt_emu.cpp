@@ -266,11 +266,13 @@ void start_fiber(Fiber& f, char* stack, size_t bytes) {
 
 std::string describe_states() {
   std::string s;
+  // (the block's threads only: S.fibers keeps the stacks of kMaxThreads)
   int exited = 0;
-  for (const Fiber& f : S.fibers) exited += f.state == State::kExited;
+  for (int t = 0; t < S.nthreads; ++t) exited += S.fibers[t].state == State::kExited;
   s += format("%d of %d threads exited", exited, S.nthreads);
   int shown = 0;
-  for (const Fiber& f : S.fibers) {
+  for (int t = 0; t < S.nthreads; ++t) {
+    const Fiber& f = S.fibers[t];
     if (f.state == State::kExited || shown >= 6) continue;
     s += format("; thread %d waits at %s line %d", f.thread.tid,
                 f.state == State::kAtBarrier     ? "__syncthreads"
@@ -566,8 +568,10 @@ void mbarrier_maybe_complete(size_t slot) {
   if (m.pending != 0 || m.tx != 0) return;
   ++m.phase;
   m.pending = m.count;
-  for (Fiber& f : S.fibers)
+  for (int t = 0; t < S.nthreads; ++t) {
+    Fiber& f = S.fibers[t];
     if (f.state == State::kAtMbarrier && f.wait_slot == static_cast<int>(slot)) f.state = State::kRunnable;
+  }
 }
 
 void mbarrier_observe(size_t slot, uint32_t phases) {
