@@ -19,7 +19,7 @@ PATHS = {"cpu": ("auto", "generic", "avx2"), "cuda": ("auto", "simt", "mma", "ge
 """The kernel paths the ops' ``path`` argument names, per device type (CUDA
 also takes ``"mma/<id>"``, :data:`NUM_MMA_VARIANTS`)."""
 
-NUM_MMA_VARIANTS = 16
+NUM_MMA_VARIANTS = 21
 """Variants of the tensor-core kernel that ``path="mma/<id>"`` forces on CUDA:
 ids ``0 .. NUM_MMA_VARIANTS - 1`` of the ``MmaVariant`` table
 (csrc/cuda/shard_argmax_launch.cuh, ``kNumMmaVariants``; tests/test_dispatch.py

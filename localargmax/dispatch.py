@@ -43,7 +43,7 @@ CPP_SIMT_MAX_ROWS_PER_SM = 256
 MEMO_SIZE = 4096
 """Cells :meth:`DispatchTable.choose` remembers per table (an engine sees a
 handful of (H, rows, batch) keys; a lookup then costs one dict access)."""
-MMA_VARIANT_IDS = range(16)
+MMA_VARIANT_IDS = range(21)
 """Ids of the MmaVariant table (``localargmax._validation.NUM_MMA_VARIANTS``)."""
 
 

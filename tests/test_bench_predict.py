@@ -162,6 +162,20 @@ def test_pipelined_variant_geometry_by_hand():
     assert gap == pytest.approx(0.5e-6 + 3e-6)
 
 
+def test_tma_variant_geometry_by_hand():
+    # mma/16 = mma/4 with the weight tiles by TMA: the same CTAs and bytes in flight, shared memory + 4
+    # mbarriers (8 B each). Per step (KC = 2, 64 rows, NT = 1, 2 warps), mma/4: (64 + 8) x 64 x 2 / 16 / 32
+    # = 18 warp-wide cp.async x 4 + 2 x 12 = 96 instructions; mma/16: only the hidden rows, 8 x 64 x 2 / 16
+    # / 32 = 2 x 4 + 2 x 12, + 2 boxes x 6 + 2 warps x 4 (mbarrier wait) = 52. H = 4096: 64 steps.
+    m, t = pm.MMA_VARIANTS[4], pm.MMA_VARIANTS[16]
+    assert (t.kind, t.twin, t.rows, t.threads, t.order) == ("tma", 4, m.rows, m.threads, m.order)
+    assert t.smem == m.smem + 4 * 8 and t.dynamic_smem == m.dynamic_smem + 4 * 8
+    a = pm.geometry(TOY, pm.mma_variant(4), 64 * 48, 4096, 1, 2)
+    b = pm.geometry(TOY, pm.mma_variant(16), 64 * 48, 4096, 1, 2)
+    assert (a.ctas, a.cta_bytes, a.cta_in_flight) == (b.ctas, b.cta_bytes, b.cta_in_flight)
+    assert a.cta_instructions - b.cta_instructions == pytest.approx(64 * (96 - 52))
+
+
 def test_hidden_rereads_bind_at_l2():
     # each CTA streams its 8 NT hidden rows from L2: at batch 32 on 64-row tiles (mma/6) that is half the
     # weight bytes again; with a slow L2 the round is L2-bound at (weight + hidden) / L2 bandwidth
@@ -239,6 +253,9 @@ def test_todays_variants_follow_the_launcher_boundaries():
     # the table's candidates: C++ auto's summation-order class at that batch
     assert pm.mma_candidates(1) == pm.mma_candidates(32) == (4, 5, 6, 7, 8, 9, 13)
     assert pm.mma_candidates(33) == pm.mma_candidates(1024) == (10, 11, 12, 14, 15)
+    # the TMA twins (sm_90+): timed by --tune, never a table's candidates
+    assert pm.mma_tma_twins(1) == pm.mma_tma_twins(32) == (16, 17, 18)
+    assert pm.mma_tma_twins(33) == pm.mma_tma_twins(1024) == (19, 20)
     for b in batches:
         assert pm.cpp_mma_variant(18992, b) in pm.mma_candidates(b)
         assert pm.cpp_mma_variant(151936, b) in pm.mma_candidates(b)
@@ -248,14 +265,14 @@ def _header_table():
     """The MmaVariant table of csrc/cuda/shard_argmax_launch.cuh: the LAM_MMA_* lines, the comment rows."""
     src = (ROOT / "csrc" / "cuda" / "shard_argmax_launch.cuh").read_text()
     reg = {int(a[0]): tuple(map(int, a[1:])) for a in re.findall(r"^LAM_MMA_REG\((\d+), (\d+), (\d+)\)", src, re.M)}
-    pipe = {
+    pipe = {  # LAM_MMA_PIPE and LAM_MMA_TMA (the TMA twins) take the same parameters
         int(a[0]): tuple(map(int, a[1:]))
-        for a in re.findall(r"^LAM_MMA_PIPE\((\d+), " + ", ".join([r"(\d+)"] * 7) + r"\)", src, re.M)
+        for a in re.findall(r"^LAM_MMA_(?:PIPE|TMA)\((\d+), " + ", ".join([r"(\d+)"] * 7) + r"\)", src, re.M)
     }
     rows = {
         int(m[0]): (m[1], int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]))
         for m in re.findall(
-            r"^//\s+(\d+)\s+(reg|pipe|split)\s+(\d+)\s+\S+\s+(\d+)\s+(\d+)\s+.*?\s(\d+)\s+(\d+) / \d+", src, re.M
+            r"^//\s+(\d+)\s+(reg|pipe|split|tma)\s+(\d+)\s+\S+\s+(\d+)\s+(\d+)\s+.*?\s(\d+)\s+(\d+) / \d+", src, re.M
         )
     }
     count = int(re.search(r"constexpr int kNumMmaVariants = (\d+);", src).group(1))
@@ -269,12 +286,14 @@ def test_mma_variant_mirror_matches_the_header():
     from localargmax._validation import NUM_MMA_VARIANTS
 
     reg, pipe, rows, count = _header_table()
+    src = (ROOT / "csrc" / "cuda" / "shard_argmax_launch.cuh").read_text()
     assert count == len(pm.MMA_VARIANTS) == NUM_MMA_VARIANTS == len(dispatch.MMA_VARIANT_IDS)
     assert sorted({**reg, **pipe}) == list(range(count)) == sorted(rows)
     for m in pm.MMA_VARIANTS:
         assert m.template == (reg if m.kind == "reg" else pipe)[m.id], m
         kind, nt, tile_rows, threads, smem, regs = rows[m.id]
         assert (kind == "reg") == (m.kind == "reg") and (kind == "split") == (m.sk > 1), m
+        assert (kind == "tma") == (m.kind == "tma") == bool(re.search(rf"^LAM_MMA_TMA\({m.id},", src, re.M)), m
         assert (m.nt, m.rows, m.threads, m.smem) == (nt, tile_rows, threads, smem), m
         assert pm.DEFAULT_REGISTERS[f"mma/{m.id}"] == regs, m
 

@@ -56,10 +56,14 @@ def test_tune_picks_the_fastest_measured_path_per_engine_cell():
 def test_tune_times_each_path_once_and_skips_slow_simt():
     gpu = FakeGPU()
     doc = tune.tune(pm.H200, gpu, REGS, shapes=pm.engine_shapes([("qwen3", 8)]), batches=(1, 64))
-    want = [(p, 18992, 4096, b) for b in (1, 64) for p in tune.candidates(b) if p != "simt" or b <= tune.SIMT_MAX_BATCH]
+    want = [(p, 18992, 4096, b) for b in (1, 64) for p in tune.timed(b) if p != "simt" or b <= tune.SIMT_MAX_BATCH]
     assert sorted(gpu.calls) == sorted(want)
-    assert {p for p, _, _, b in want if b == 1} == {"simt", "gemm", *(f"mma/{i}" for i in (4, 5, 6, 7, 8, 9, 13))}
-    assert {p for p, _, _, b in want if b == 64} == {"gemm", "mma/10", "mma/11", "mma/12", "mma/14", "mma/15"}
+    # the candidates, then the TMA twins (timed, never chosen)
+    tma_1, tma_64 = {"mma/16", "mma/17", "mma/18"}, {"mma/19", "mma/20"}
+    cands_1 = {"simt", "gemm", *(f"mma/{i}" for i in (4, 5, 6, 7, 8, 9, 13))}
+    assert {p for p, _, _, b in want if b == 1} == cands_1 | tma_1
+    assert {p for p, _, _, b in want if b == 64} == {"gemm", "mma/10", "mma/11", "mma/12", "mma/14", "mma/15"} | tma_64
+    assert not (tma_1 | tma_64) & {p for b in (1, 64) for p in tune.candidates(b)}
     got = {(m["path"] if m["variant"] is None else f"mma/{m['variant']}", m["batch"]) for m in doc["measurements"]}
     assert got == {(p, b) for p, _, _, b in gpu.calls}
 

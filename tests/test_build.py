@@ -128,17 +128,17 @@ def test_mma_kernel_runs_on_tensor_cores():
     assert simt and not any("HMMA" in f for f in simt)
 
 
+# The mangled name of a TMA instantiation: ...ELi<MINB>ELb1EEEv... (shard_argmax_mma_pipe_kernel<..., true>)
+_TMA_SUFFIX_RE = re.compile(r"Lb1EEEv")
+_TMA_SUFFIX = "<tma>"
+
+
 def _sass_functions(arch: str) -> dict[str, str]:
     """Mangled kernel name -> its SASS, for one architecture of the library."""
     chunks = re.split(r"\n\s*Function : ", _cuobjdump("--dump-sass", "--gpu-architecture", arch))[1:]
-    return {c.split("\n", 1)[0].strip(): c for c in chunks}
-
-
-def _pipe_variants():
-    """The pipelined rows of the MmaVariant table (the model's mirror, checked against the header)."""
-    from localargmax.bench.predict import MMA_VARIANTS
-
-    return [m for m in MMA_VARIANTS if m.kind == "pipe"]
+    named = {c.split("\n", 1)[0].strip(): c for c in chunks}
+    # (the pipelined TMA instantiations are marked by a suffix: tests pick them by name)
+    return {n + (_TMA_SUFFIX if _TMA_SUFFIX_RE.search(n) else ""): c for n, c in named.items()}
 
 
 @needs_cuda_build
@@ -151,13 +151,28 @@ def test_pipelined_mma_kernel_streams_by_cp_async(arch):
     next to PREEXIT for launch_dependents in nvcc 13.0's sm_90a code)."""
     if arch not in set(re.findall(r"\.(sm_\w+)\.cubin", _cuobjdump("--list-elf"))):
         pytest.skip(f"this build carries no {arch} code (LOCALARGMAX_CUDA_ARCH)")
+    from localargmax.bench import predict as pm
+
     pipe = {n: f for n, f in _sass_functions(arch).items() if "shard_argmax_mma_pipe_kernel" in n}
-    want = 2 * len(_pipe_variants())
-    assert len(pipe) == want, f"{len(pipe)} pipelined instantiations in the {arch} code, want {want} (2 dtypes)"
+    kinds = [m.kind for m in pm.MMA_VARIANTS]
+    want = 2 * (kinds.count("pipe") + kinds.count("tma"))
+    assert len(pipe) == want, f"{len(pipe)} pipelined instantiations in the {arch} code ({want // 2} variants x 2)"
     for name, sass in pipe.items():
+        if name.endswith(_TMA_SUFFIX) and arch == "sm_80":  # the TMA wrappers trap below sm_90 (never launched)
+            assert re.search(r"\bBPT\.TRAP\b", sass) and not re.search(r"\bUTMALDG\b", sass), name
+            continue
+        # LDGSTS: the hidden rows (and the weight but for TMA) by cp.async in every pipelined variant
         wanted = ["LDGSTS", "LDGDEPBAR", "DEPBAR", "HMMA"] + (["ACQBULK"] if arch == "sm_90a" else [])
         missing = [op for op in wanted if not re.search(rf"\b{op}\b", sass)]
         assert not missing, f"{name} ({arch}) lacks {missing}"
+        tma_ops = ["UTMALDG", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "FENCE.VIEW.ASYNC.S"]
+        found = [op for op in tma_ops if re.search(rf"\b{re.escape(op)}\b", sass)]
+        if name.endswith(_TMA_SUFFIX) and arch == "sm_90a":
+            # the bulk tensor copy (cp.async.bulk.tensor.2d: UTMALDG), the mbarrier's arrive.expect_tx and
+            # try_wait.parity (SYNCS...), fence.proxy.async (FENCE.VIEW.ASYNC.S)
+            assert found == tma_ops, f"{name} ({arch}) lacks {sorted(set(tma_ops) - set(found))}"
+        elif not name.endswith(_TMA_SUFFIX):
+            assert not found, f"{name} ({arch}): a cp.async variant holds {found}"
     reg = {n: f for n, f in _sass_functions(arch).items() if "shard_argmax_mma_kernel" in n}
     assert reg and not any("LDGSTS" in f for f in reg.values())  # the register-double-buffered kernel
 
@@ -176,19 +191,23 @@ def test_pipelined_mma_kernel_fits_its_blocks_per_sm():
 
     out = _cuobjdump("--dump-resource-usage", "--gpu-architecture", "sm_90a")
     usage = re.findall(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
-    # mangled template arguments: ...ILi<NT>ELi<MT>ELi<WM>ELi<SK>ELi<KC>ELi<ST>ELi<MINB>EEv...
-    by_template = {m.template: m for m in pm.MMA_VARIANTS}
+    # mangled template arguments: ...ILi<NT>ELi<MT>ELi<WM>ELi<SK>ELi<KC>ELi<ST>ELi<MINB>ELb<TMA>EEv...
+    by_template = {(m.template, m.kind == "tma"): m for m in pm.MMA_VARIANTS}
     pipe = []
-    for name, reg, _, shared, _ in usage:
+    for name, reg, stack, shared, local in usage:
         if "shard_argmax_mma_pipe_kernel" in name:
             shared = int(shared)
             template = tuple(map(int, re.findall(r"Li(\d+)E", name)[-7:]))
+            tma = re.search(r"Lb([01])EEEv", name).group(1) == "1"
             nt, mt, wm, sk, kc, st, minb = template
-            dynamic = st * kc * (wm * mt * 16 + 8 * nt) * 64
-            assert template in by_template and by_template[template].dynamic_smem == dynamic, name
-            assert by_template[template].smem == shared - 1024 + dynamic, name
-            pipe.append((name, int(reg), shared, dynamic, wm * sk * 32, minb))
-    assert len(pipe) == 2 * len(_pipe_variants()), out[:2000]
+            dynamic = st * kc * (wm * mt * 16 + 8 * nt) * 64 + (8 * st if tma else 0)  # + the TMA mbarriers
+            m = by_template.get((template, tma))
+            assert m is not None and m.dynamic_smem == dynamic, name
+            assert m.smem == shared - 1024 + dynamic, name
+            assert int(stack) == 0 and int(local) == 0, name  # no spills (also test_hot_kernels_use_no_local_memory)
+            pipe.append((f"mma/{m.id} {name}", int(reg), shared, dynamic, wm * sk * 32, minb))
+    kinds = [m.kind for m in pm.MMA_VARIANTS]
+    assert len(pipe) == 2 * (kinds.count("pipe") + kinds.count("tma")), out[:2000]
     for name, reg, shared, dynamic, threads, minb in pipe:
         print(f"{name}: REG {reg} SHARED {shared} + {dynamic} dynamic, threads {threads} min blocks/SM {minb}")
         assert shared - 1024 <= 48 * 1024 and shared - 1024 + dynamic <= 227 * 1024, name

@@ -77,7 +77,7 @@ def decode(keys):
 # --- every instantiation, and the same kernel text in both builds ---
 
 
-# MmaVariant 4..14 of shard_argmax_launch.cuh: (NT, MT, WM, SK, KC, ST, MINB).
+# MmaVariant 4..15 of shard_argmax_launch.cuh: (NT, MT, WM, SK, KC, ST, MINB).
 PIPE_VARIANTS = [
     (1, 2, 2, 1, 2, 4, 6),
     (2, 2, 2, 1, 2, 4, 5),
@@ -92,9 +92,14 @@ PIPE_VARIANTS = [
     (8, 4, 4, 1, 1, 4, 2),
     (8, 3, 4, 1, 1, 6, 2),
 ]
+# MmaVariant 16..20: the TMA twins of 4, 5, 13, 14, 15 (shard_argmax_mma_pipe_kernel<..., MINB, true>).
+TMA_TWINS = {16: 4, 17: 5, 18: 13, 19: 14, 20: 15}
 MMA_VARIANTS = [f"mma/{v}" for v in range(emulation.NUM_MMA_VARIANTS)]
-# Variants that sum in the same order (same NT class and KC): bit-identical keys.
-SAME_ORDER = [(4, 7), (5, 8), (6, 9), (10, 12), (6, 13), (10, 14), (10, 15)]
+# Variants that sum in the same order (same NT class and KC): bit-identical keys; each TMA
+# variant with its cp.async twin (the copy mechanism differs, not the data or the order).
+SAME_ORDER = [(4, 7), (5, 8), (6, 9), (10, 12), (6, 13), (10, 14), (10, 15)] + [
+    (twin, tma) for tma, twin in TMA_TWINS.items()
+]
 
 
 def _instantiations():
@@ -107,7 +112,12 @@ def _instantiations():
                     names.append(f"shard_argmax_kernel<{t}, {nb}, {v}, {topk}, true>")  # LSE: the *_lse ops
         if t != "float":
             names += [f"shard_argmax_mma_kernel<{t}, {nt}, {kv}>" for nt, kv in ((1, 2), (2, 2), (4, 1), (8, 1))]
-            names += [f"shard_argmax_mma_pipe_kernel<{t}, {', '.join(map(str, v))}>" for v in PIPE_VARIANTS]
+            # <..., MINB, TMA>: the cp.async variants, then their TMA twins
+            names += [f"shard_argmax_mma_pipe_kernel<{t}, {', '.join(map(str, v))}, false>" for v in PIPE_VARIANTS]
+            names += [
+                f"shard_argmax_mma_pipe_kernel<{t}, {', '.join(map(str, PIPE_VARIANTS[twin - 4]))}, true>"
+                for twin in TMA_TWINS.values()
+            ]
             names.append(f"logits_to_keys_kernel<{t}>")
             names.append(f"logits_to_keys_kernel<{t}, true>")
     return names + ["merge_keys_kernel", "merge_partition_kernel"]
@@ -148,10 +158,30 @@ def test_every_instantiation_the_launchers_pick_runs(emu, gen):
         for v in range(emulation.NUM_MMA_VARIANTS):
             h, w, _ = exact_problem(gen, 3, 3, 8, dtype)
             assert_keys_equal(emu.shard(h, w, path=f"mma/{v}"), cpu_keys(h, w, None, 0, 3), f"mma/{v} {dtype}")
-    assert auto == set(range(4, emulation.NUM_MMA_VARIANTS)), auto
+    # auto: every pipelined cp.async variant, never a TMA one (sm_90+ only; a GPU --tune decides)
+    assert auto == {v for v in range(4, emulation.NUM_MMA_VARIANTS) if v not in TMA_TWINS}, auto
     keys = torch.stack([ops.shard_argmax(*exact_problem(gen, 4, 5, 8, torch.float32)[:2], None, 0, 5)])
     emu.merge_keys(keys)
     assert set(_instantiations()) == set(emu.launched), set(_instantiations()) ^ set(emu.launched)
+
+
+def test_tma_variants_are_forced_only_twins(emu):
+    """Ids 16-20 copy the weight by TMA (the header's kTma; the model's kind "tma"), each the twin of
+    a cp.async variant with the same parameters (so the same sums); their dynamic shared memory is
+    the twin's plus ST 8-byte mbarriers; auto never picks them (test above) nor does a dispatch
+    table (predict.mma_candidates)."""
+    from localargmax.bench import predict as pm
+
+    for v in range(emulation.NUM_MMA_VARIANTS):
+        m = pm.MMA_VARIANTS[v]
+        assert emu.mma_variant_tma(v) == (v in TMA_TWINS) == (m.kind == "tma"), v
+        if v in TMA_TWINS:
+            twin = pm.MMA_VARIANTS[TMA_TWINS[v]]
+            assert m.twin == twin.id and m.template == twin.template and m.order == twin.order
+            assert emu.mma_variant_smem(v) == twin.smem + 8 * m.st
+            assert all(v not in pm.mma_candidates(b) for b in (1, 16, 32, 33, 64, 128))
+            assert v in pm.mma_tma_twins(8 if m.kc == 2 else 64)
+    assert not emu.mma_variant_tma(emulation.NUM_MMA_VARIANTS)
 
 
 def _split_device_host(body: str) -> tuple[str, str]:
@@ -178,10 +208,14 @@ def test_host_and_cuda_builds_compile_the_same_kernel_text(emu):
     assert body.count("emu::mma_m16n8k16(") == 2
     device, host = _split_device_host(body)
     wrappers = ("cp_async16", "cp_async_commit", "cp_async_wait", "grid_dependency_wait", "allow_dependent_launch")
+    # ... and the TMA variants' mbarrier, proxy fence and bulk tensor copy
+    wrappers += ("mbarrier_init", "mbarrier_init_fence", "mbarrier_arrive_expect_tx", "mbarrier_wait_parity")
+    wrappers += ("fence_proxy_async_shared", "tma_load_2d")
     for name in wrappers:
         assert re.search(rf"__device__ __forceinline__ void {name}\(", device), name
         assert re.search(rf"inline void {name}\(", host), name
     assert "emu::cp_async(" in host and "emu::cp_async_wait(" in host and "emu::cp_async_commit(" in host
+    assert all(f"emu::{f}(" in host for f in ("mbarrier_init", "mbarrier_wait_parity", "tma_load_2d"))
     # The emulation translation unit reads every kernel header from csrc/cuda itself (no copy) ...
     deps = subprocess.run(
         ["g++", "-std=c++20", f"-I{CSRC}", "-MM", str(CSRC / "emu" / "emu_kernels.cpp")],
@@ -298,7 +332,7 @@ def test_identical_rows_give_identical_bits_in_every_place_and_variant(emu, gen,
     positions, give bit-identical keys (value bits) wherever they sit; the
     variants of one summation order (split-K or not, a choice by grid size)
     and shards cut at another row (another num_valid / vocab_start) agree bit for bit."""
-    batch = {4: 8, 5: 16, 6: 32, 10: 64}[pair[0]]
+    batch = {4: 8, 5: 16, 6: 32, 10: 64, 13: 32, 14: 64, 15: 64}[pair[0]]
     rows, hidden_size = 300, 264
     h = torch.randn(batch, hidden_size, generator=gen).to(dtype)
     w = (torch.randn(rows, hidden_size, generator=gen)).to(dtype)
@@ -453,7 +487,7 @@ def test_merge_keys_with_d2t_and_an_empty_shard(emu, gen):
 # --- the grid-y loop, padding rows, ties across blocks, special values ---
 
 
-@pytest.mark.parametrize("path", ["simt", "mma", "gemm", "mma/0", "mma/4", "mma/10", "mma/11"])
+@pytest.mark.parametrize("path", ["simt", "mma", "gemm", "mma/0", "mma/4", "mma/10", "mma/11", "mma/16", "mma/19"])
 @pytest.mark.parametrize("max_grid_y", [1, 2])
 def test_grid_y_loop(emu, gen, path, max_grid_y):
     h, w, b = exact_problem(gen, 130, 150, 24, torch.bfloat16, "f")
@@ -531,7 +565,8 @@ def test_nan_negative_zero_and_infinite_rows(emu, gen, path, dtype):
 @pytest.mark.parametrize(
     "path,dtype",
     [("simt", torch.float32), ("simt", torch.bfloat16), ("mma", torch.bfloat16), ("mma/4", torch.float16)]
-    + [(f"mma/{v}", torch.bfloat16) for v in (7, 10, 11)],
+    + [(f"mma/{v}", torch.bfloat16) for v in (7, 10, 11)]
+    + [(f"mma/{v}", (torch.bfloat16, torch.float16)[v % 2]) for v in TMA_TWINS],
 )
 def test_random_floats_against_the_float64_reference(emu, gen, path, dtype):
     for batch, rows, hidden_size in ((3, 300, 4104), (20, 129, 40)):
@@ -549,7 +584,7 @@ def test_random_floats_against_the_float64_reference(emu, gen, path, dtype):
         assert ((values.double() - top2[:, 0]).abs() <= 2 * bound).all()
 
 
-@pytest.mark.parametrize("path", ["simt", "mma", "mma/0", "mma/4", "mma/10", "mma/11"])
+@pytest.mark.parametrize("path", ["simt", "mma", "mma/0", "mma/4", "mma/10", "mma/11", "mma/16", "mma/19"])
 def test_weight_offsets_beyond_2_31_elements(emu, gen, path):
     """A weight view whose rows lie 2**23 + 8 elements apart: rows >= 256 sit
     past element 2**31 (4 GiB of bf16 address space, mostly never touched)."""

@@ -2,7 +2,8 @@
 the kernel source (a missing barrier, off-by-one tails, a wrong shuffle mask,
 32-bit offsets, a cp.async stage read before its wait or refilled before
 every thread is done with it, a split-K partial dropped, a launch passing one
-stage too few bytes of dynamic shared memory, ...) are built with the emulation and run through a slice of
+stage too few bytes of dynamic shared memory, a TMA weight stage read before
+its mbarrier wait or refilled without the proxy fence, ...) are built with the emulation and run through a slice of
 tests/test_emulation.py; each must be caught (a checked failure or a wrong
 answer), and the same slice must pass on the real source."""
 
@@ -198,8 +199,44 @@ MUTANTS = [
         "pipe_dynamic_smem_one_stage_short",
         r"past the launch's \d+ bytes of dynamic shared memory",
         "shard_argmax_launch.cuh",
-        "kDynamicSmem = pipe_stage_bytes<NT, MT, WM, KC, ST>();",
-        "kDynamicSmem = pipe_stage_bytes<NT, MT, WM, KC, ST - 1>();",
+        "kDynamicSmem = pipe_stage_bytes<NT, MT, WM, KC, ST, TMA>();",
+        "kDynamicSmem = pipe_stage_bytes<NT, MT, WM, KC, ST - 1, TMA>();",
+    ),
+    # the TMA variants' weight stages (bulk tensor copy + mbarrier)
+    (
+        "tma_stage_read_before_its_mbarrier_wait",
+        "before this thread observed the completion of the bulk tensor copy",
+        "shard_argmax_mma_kernel.cuh",
+        "        mbarrier_wait_parity(&weight_full[step % ST], (weight_parity >> (step % ST)) & 1u);\n",
+        "",
+    ),
+    (
+        "tma_wait_for_the_wrong_parity",
+        "before this thread observed the completion of the bulk tensor copy|deadlock",
+        "shard_argmax_mma_kernel.cuh",
+        "(weight_parity >> (step % ST)) & 1u);",
+        "((weight_parity >> (step % ST)) & 1u) ^ 1u);",
+    ),
+    (
+        "tma_refill_without_the_proxy_fence",
+        "without a fence.proxy.async",
+        "shard_argmax_mma_kernel.cuh",
+        "          fence_proxy_async_shared();\n",
+        "",
+    ),
+    (
+        "tma_expect_tx_one_box_short",
+        r"expects only \d+ more",
+        "shard_argmax_mma_kernel.cuh",
+        "mbarrier_arrive_expect_tx(&weight_full[st], KC * kRows * 64);",
+        "mbarrier_arrive_expect_tx(&weight_full[st], (KC - 1) * kRows * 64 + 64);",
+    ),
+    (
+        "tma_mbarrier_init_not_synchronised",
+        "initialised after the last __syncthreads|uninitialised mbarrier",
+        "shard_argmax_mma_kernel.cuh",
+        "    __syncthreads();  // ... and to every thread\n",
+        "",
     ),
     (
         "simt_lse_missing_barrier",
@@ -244,6 +281,9 @@ SLICE = [
     (suite.test_every_mma_variant_against_the_cpu_kernel, dict(dtype=B16, path="mma/0")),
     (suite.test_every_mma_variant_against_the_cpu_kernel, dict(dtype=B16, path="mma/7")),
     (suite.test_every_mma_variant_against_the_cpu_kernel, dict(dtype=B16, path="mma/11")),
+    (suite.test_every_mma_variant_against_the_cpu_kernel, dict(dtype=B16, path="mma/16")),
+    (suite.test_every_mma_variant_against_the_cpu_kernel, dict(dtype=B16, path="mma/19")),
+    (suite.test_grid_y_loop, dict(path="mma/16", max_grid_y=1)),
     (suite.test_grid_y_loop, dict(path="simt", max_grid_y=1)),
     (suite.test_grid_y_loop, dict(path="mma", max_grid_y=1)),
     (suite.test_grid_y_loop, dict(path="mma/0", max_grid_y=1)),

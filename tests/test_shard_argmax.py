@@ -822,14 +822,23 @@ def test_cuda_path_arg_is_checked(gen):
 
 
 MMA_VARIANT_IDS = list(range(localargmax._validation.NUM_MMA_VARIANTS))
-SAME_ORDER_MMA_PAIRS = [(4, 7, 8), (5, 8, 16), (6, 9, 32), (10, 12, 64), (6, 13, 32), (10, 14, 64), (10, 15, 64)]
+TMA_TWINS = {16: 4, 17: 5, 18: 13, 19: 14, 20: 15}
+"""The TMA variants (weight tiles by bulk tensor copy, sm_90+) and their cp.async twins."""
+SAME_ORDER_MMA_PAIRS = [(4, 7, 8), (5, 8, 16), (6, 9, 32), (10, 12, 64), (6, 13, 32), (10, 14, 64), (10, 15, 64)] + [
+    (twin, tma, {4: 8, 5: 16, 13: 32, 14: 64, 15: 64}[twin]) for tma, twin in TMA_TWINS.items()
+]
 """DESIGN.md rule 5: (variant, variant, a batch of their class) that sum in the same order."""
+
+
+def _tma_unsupported(variant: int) -> bool:
+    """A TMA variant on a device below compute capability 9.0 (run_mma refuses it)."""
+    return variant in TMA_TWINS and torch.cuda.get_device_capability()[0] < 9
 
 
 def test_mma_variant_path_is_checked_before_the_kernel():
     """``"mma/<id>"`` names a tensor-core variant on CUDA only: ids 0 to
-    NUM_MMA_VARIANTS - 1 (decimal, no sign or leading zero); anything else, and any ``"mma/..."``
-    on the CPU, is a ValueError naming the path (no GPU needed)."""
+    NUM_MMA_VARIANTS - 1 (decimal, no sign or leading zero); anything else, and
+    any ``"mma/..."`` on the CPU, is a ValueError naming the path (no GPU needed)."""
     from localargmax._validation import check_path_arg, mma_variant_of
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
@@ -874,6 +883,10 @@ def test_cuda_mma_variant_path_refusals(gen):
     past = f"mma/{len(MMA_VARIANT_IDS)}"
     with pytest.raises(ValueError, match=f"path='{past}' names no tensor-core variant"):
         torch.ops.localargmax.shard_argmax.default(h, w, None, 0, 64, past)
+    if torch.cuda.get_device_capability()[0] < 9:  # the TMA variants: sm_90+
+        for v in TMA_TWINS:
+            with pytest.raises(ValueError, match=f"path='mma/{v}' copies the weight by TMA .* compute capability 9"):
+                torch.ops.localargmax.shard_argmax.default(h, w, None, 0, 64, f"mma/{v}")
     with pytest.raises(ValueError, match="path must be 'auto', 'simt', 'mma', 'mma/<id>' or 'gemm'"):
         torch.ops.localargmax.shard_argmax.default(h, w, None, 0, 64, "mma/x")
     with pytest.raises(ValueError, match="path='mma/7' needs sm_80\\+"):
@@ -891,7 +904,13 @@ def test_every_cuda_mma_variant_against_the_reference(gen, variant, dtype):
     """path='mma/<id>' runs that variant: planted winners (a wide gap) give the
     float64 reference's ids at batches below, at and past the variant's batch
     rows (extra passes), with padding rows and a k tail; argmax and sample
-    (temperature 0 is greedy)."""
+    (temperature 0 is greedy). A TMA variant below sm_90 is refused instead
+    (test_cuda_mma_variant_path_refusals)."""
+    if _tma_unsupported(variant):
+        with pytest.raises(ValueError, match="compute capability 9"):
+            hidden, weight, _ = random_problem(gen, 2, 64, 32, dtype)
+            localargmax.shard_argmax(hidden.cuda(), weight.cuda(), path=f"mma/{variant}")
+        return
     for batch, hsize in ((1, 4104), (9, 136), (33, 520), (70, 4096), (129, 264)):
         hidden, weight, _ = random_problem(gen, batch, 9000, hsize, dtype)
         winners = torch.randint(0, 8900, (batch,), generator=gen)
@@ -911,9 +930,12 @@ def test_every_cuda_mma_variant_against_the_reference(gen, variant, dtype):
 @pytest.mark.parametrize("pair", SAME_ORDER_MMA_PAIRS, ids=lambda p: f"{p[0]}-{p[1]}")
 @pytest.mark.parametrize("dtype", HALF, ids=["bf16", "f16"])
 def test_cuda_same_order_mma_variants_give_identical_keys(gen, pair, dtype):
-    """DESIGN.md rule 5: variants of one order class (4/7, 5/8, 6/9, 10/12, 6/13, 10/14, 10/15)
-    give bit-identical keys on random floats, with a bias and padding."""
+    """DESIGN.md rule 5: variants of one order class (4/7, 5/8, 6/9, 10/12, 6/13, 10/14, 10/15, and
+    each TMA variant with its cp.async twin: 4/16, 5/17, 13/18, 14/19, 15/20) give bit-identical
+    keys on random floats, with a bias and padding (the TMA ones on sm_90+)."""
     a, b, batch = pair
+    if _tma_unsupported(b):
+        pytest.skip(f"mma/{b} copies by TMA: sm_90+ (its refusal below: test_cuda_mma_variant_path_refusals)")
     for hsize in (4096, 1032):
         hidden, weight, _ = random_problem(gen, batch, 20000, hsize, dtype)
         bias = (torch.randn(20000, generator=gen) * 0.1).cuda()

@@ -7,6 +7,7 @@
 #pragma once
 
 #if defined(__CUDACC__)
+#include <cuda.h>  // CUtensorMap (a type only: the encode goes through cudaGetDriverEntryPointByVersion)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #else

@@ -12,7 +12,18 @@
 //   griddepcontrol.wait / launch_dependents (programmatic dependent launch,
 //     sm_90+; no-ops without the launch attribute and below sm_90); emulated:
 //     in a programmatic launch a thread that touches a global tensor other
-//     than the weight before its wait is an error.
+//     than the weight before its wait is an error;
+//   the bulk tensor copy (TMA, sm_90+): cp.async.bulk.tensor.2d ... mbarrier::
+//     complete_tx::bytes of one box of a tensor map (WeightTensorMap: the
+//     driver's CUtensorMap, encoded on the host) into shared memory, completing
+//     on an mbarrier (mbarrier.init / arrive.expect_tx / try_wait.parity),
+//     fence.mbarrier_init and fence.proxy.async; emulated: the box lands at
+//     issue (zero fill out of bounds, the global reads checked), but no thread
+//     may touch its bytes before it has observed the completion of the
+//     mbarrier phase the copy completes, a copy into bytes that the generic
+//     proxy accessed needs the issuing thread's fence.proxy.async after the
+//     last barrier, and every copy's phase must be observed before the block
+//     exits. Below sm_90 these trap (the launcher never runs a TMA variant there).
 #pragma once
 
 #include "device_runtime.cuh"
@@ -94,11 +105,91 @@ __device__ __forceinline__ void allow_dependent_launch() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
-// The block's dynamic shared memory (the size the launch gives), 16-byte
-// aligned: extern __shared__ arrays start at the dynamic region's base.
+// The block's dynamic shared memory (the size the launch gives), 128-byte
+// aligned (a bulk tensor copy's destination must be; the pipe kernels'
+// static block_best sizes are multiples of 128 bytes, so the alignment moves
+// nothing): extern __shared__ arrays start at the dynamic region's base.
 __device__ __forceinline__ uint4* dynamic_shared_memory() {
-  extern __shared__ uint4 lam_dynamic_shared[];
+  extern __shared__ __align__(128) uint4 lam_dynamic_shared[];
   return lam_dynamic_shared;
+}
+
+// The bulk tensor copy (TMA) of the weight tiles (sm_90+). A CUtensorMap is
+// passed as a const __grid_constant__ kernel parameter; its generic address is
+// what the copy names (PTX ISA, "Tensor-map": a tensor map in the .param space
+// of a kernel, accessed through its generic address).
+using WeightTensorMap = CUtensorMap;
+__device__ __forceinline__ unsigned int shared_address(const void* p) {
+  return static_cast<unsigned int>(__cvta_generic_to_shared(p));
+}
+// mbarrier.init: `count` arrivals complete a phase (with the pending
+// transaction bytes at zero).
+__device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned int count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count) : "memory");
+#else
+  __trap();  // the launcher never runs a TMA variant below sm_90
+#endif
+}
+// Makes the mbarrier inits visible to the asynchronous proxy (the bulk copies'
+// complete_tx) before any copy names them (PTX ISA, "membar / fence":
+// fence.mbarrier_init); a __syncthreads after it makes them visible to the
+// block's threads.
+__device__ __forceinline__ void mbarrier_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// One arrival that also adds `bytes` to the phase's expected transaction count.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+// Waits until the phase of parity `parity` has completed (try_wait.parity in a
+// loop; its acquire makes the bulk copies' writes of that phase visible).
+__device__ __forceinline__ void mbarrier_wait_parity(unsigned long long* bar, unsigned int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned int done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(shared_address(bar)), "r"(parity)
+        : "memory");
+  }
+#else
+  __trap();
+#endif
+}
+// Orders this thread's (and, after a barrier, the block's) generic-proxy
+// accesses of shared memory before later async-proxy ones (a bulk copy into
+// the same bytes): PTX ISA, "Memory Consistency Model" / "Proxies" and
+// "membar / fence" (fence.proxy.async).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+// The box of `map` at coordinates (x innermost, y) into shared memory at
+// `smem` (128-byte aligned), out-of-bounds elements zero, completing its
+// bytes on the mbarrier `bar` (complete_tx).
+__device__ __forceinline__ void tma_load_2d(void* smem, const WeightTensorMap* map, int x, int y,
+                                            unsigned long long* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(shared_address(smem)),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(shared_address(bar))
+      : "memory");
+#else
+  __trap();
+#endif
 }
 #else
 inline uint4* dynamic_shared_memory() { return static_cast<uint4*>(emu::dynamic_shared()); }
@@ -114,6 +205,22 @@ inline void cp_async_wait(int line = __builtin_LINE()) {
 }
 inline void grid_dependency_wait(int line = __builtin_LINE()) { emu::grid_dependency_wait(line); }
 inline void allow_dependent_launch() {}
+using WeightTensorMap = emu::TensorMap2d;
+inline void mbarrier_init(unsigned long long* bar, unsigned int count, int line = __builtin_LINE()) {
+  emu::mbarrier_init(line, bar, count);
+}
+inline void mbarrier_init_fence() {}
+inline void mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned int bytes, int line = __builtin_LINE()) {
+  emu::mbarrier_arrive_expect_tx(line, bar, bytes);
+}
+inline void mbarrier_wait_parity(unsigned long long* bar, unsigned int parity, int line = __builtin_LINE()) {
+  emu::mbarrier_wait_parity(line, bar, parity);
+}
+inline void fence_proxy_async_shared(int line = __builtin_LINE()) { emu::fence_proxy_async(line); }
+inline void tma_load_2d(void* smem, const WeightTensorMap* map, int x, int y, unsigned long long* bar,
+                        int line = __builtin_LINE()) {
+  emu::tma_load_2d(line, smem, *map, x, y, bar);
+}
 #endif
 
 }  // namespace

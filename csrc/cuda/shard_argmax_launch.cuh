@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "device_runtime.cuh"
@@ -95,7 +96,13 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
 // "split": shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST, MINB>
 // (cp.async stages; rows = WM * MT * 16 per block, WM * SK warps, SK-way
 // split-K inside the tile, KC 32-element chunks per stage and partial sums per
-// logit, ST stages, __launch_bounds__ minimum of MINB blocks per SM). Shared
+// logit, ST stages, __launch_bounds__ minimum of MINB blocks per SM). "tma":
+// shard_argmax_mma_pipe_kernel<..., MINB, true>, the twin of a pipe variant
+// (same parameters, so the same sums, bit for bit) whose weight tiles come by
+// bulk tensor copy (TMA) on an mbarrier per stage instead of cp.async; the
+// dynamic shared memory also holds the ST mbarriers (+ 8 ST bytes). sm_90+
+// only: run_mma refuses them below (ValueError), auto never picks them (a
+// GPU --tune run decides whether a dispatch table should). Shared
 // memory per block ("smem B", MmaVariant::kSmem): reg the static block_best
 // (8 NT * 4 warps * 8 bytes); pipe the stages in dynamic shared memory
 // (kDynamicSmem = ST * KC * (rows + 8 NT) * 64, pipe_stage_bytes, the
@@ -125,6 +132,13 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
 // 13  pipe    4  17-32    128 128   1  2  3   3   62464   162 / 154    32 KiB    KC=2 (= 6)
 // 14  pipe    8  33-64    256 128   1  1  4   2   83968   242 / 242    48 KiB    KC=1 (= 10, MT = 4)
 // 15  pipe    8  33-64    192 128   1  1  6   2  100352   206 / 198    60 KiB    KC=1 (= 10, MT = 3)
+// 16  tma     1  1-8       64  64   1  2  4   6   37024   108 / 78     24 KiB    KC=2 (= 4, TMA twin)
+// 17  tma     2  9-16      64  64   1  2  4   5   41248   124 / 66     24 KiB    KC=2 (= 5, TMA twin)
+// 18  tma     4  17-32    128 128   1  2  3   3   62488   160 / 113    32 KiB    KC=2 (= 13, TMA twin)
+// 19  tma     8  33-64    256 128   1  1  4   2   84000   240 / 237    48 KiB    KC=1 (= 14, TMA twin)
+// 20  tma     8  33-64    192 128   1  1  6   2  100400   204 / 191    60 KiB    KC=1 (= 15, TMA twin)
+// (the TMA rows' sm_80 registers are those of a body whose copies trap: they
+// never run there; sm_100: 118 / 128 / 144 / 216 / 201)
 //
 // Batches past a variant's 8 NT rows run in passes (grid y), each streaming
 // the weight again; auto takes 11 past 64 (the op's C++ auto takes the gemm
@@ -145,24 +159,28 @@ constexpr const char* kMmaPipeFamily = "shard_argmax_mma_pipe_kernel";
   struct MmaVariant<ID> {                                                                  \
     static constexpr int kNT = NT, kRows = kMmaRowsPerBlock, kThreads = kMmaWarps * 32;   \
     static constexpr int kDynamicSmem = 0, kSmem = kMmaWarps * NT * 8 * 8;                 \
+    static constexpr bool kPipe = false, kTma = false;                                     \
     static constexpr const char* kFamily = kMmaRegFamily;                                  \
     template <typename T>                                                                  \
     static constexpr auto kernel() {                                                       \
       return shard_argmax_mma_kernel<T, NT, KV>;                                           \
     }                                                                                      \
   };
-#define LAM_MMA_PIPE(ID, NT, MT, WM, SK, KC, ST, MINB)                                     \
+#define LAM_MMA_PIPE_OF(ID, NT, MT, WM, SK, KC, ST, MINB, TMA)                             \
   template <>                                                                              \
   struct MmaVariant<ID> {                                                                  \
     static constexpr int kNT = NT, kRows = WM * MT * 16, kThreads = WM * SK * 32;         \
-    static constexpr int kDynamicSmem = pipe_stage_bytes<NT, MT, WM, KC, ST>();            \
+    static constexpr int kDynamicSmem = pipe_stage_bytes<NT, MT, WM, KC, ST, TMA>();       \
     static constexpr int kSmem = kDynamicSmem + WM * NT * 8 * 8; /* + block_best */        \
+    static constexpr bool kPipe = true, kTma = TMA;                                        \
     static constexpr const char* kFamily = kMmaPipeFamily;                                 \
     template <typename T>                                                                  \
     static constexpr auto kernel() {                                                       \
-      return shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST, MINB>;                \
+      return shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST, MINB, TMA>;           \
     }                                                                                      \
   };
+#define LAM_MMA_PIPE(ID, NT, MT, WM, SK, KC, ST, MINB) LAM_MMA_PIPE_OF(ID, NT, MT, WM, SK, KC, ST, MINB, false)
+#define LAM_MMA_TMA(ID, NT, MT, WM, SK, KC, ST, MINB) LAM_MMA_PIPE_OF(ID, NT, MT, WM, SK, KC, ST, MINB, true)
 LAM_MMA_REG(0, 1, 2)
 LAM_MMA_REG(1, 2, 2)
 LAM_MMA_REG(2, 4, 1)
@@ -179,9 +197,16 @@ LAM_MMA_PIPE(12, 8, 2, 2, 1, 1, 4, 6)
 LAM_MMA_PIPE(13, 4, 2, 4, 1, 2, 3, 3)
 LAM_MMA_PIPE(14, 8, 4, 4, 1, 1, 4, 2)
 LAM_MMA_PIPE(15, 8, 3, 4, 1, 1, 6, 2)
+LAM_MMA_TMA(16, 1, 2, 2, 1, 2, 4, 6)
+LAM_MMA_TMA(17, 2, 2, 2, 1, 2, 4, 5)
+LAM_MMA_TMA(18, 4, 2, 4, 1, 2, 3, 3)
+LAM_MMA_TMA(19, 8, 4, 4, 1, 1, 4, 2)
+LAM_MMA_TMA(20, 8, 3, 4, 1, 1, 6, 2)
 #undef LAM_MMA_REG
 #undef LAM_MMA_PIPE
-constexpr int kNumMmaVariants = 16;
+#undef LAM_MMA_TMA
+#undef LAM_MMA_PIPE_OF
+constexpr int kNumMmaVariants = 21;
 
 // The dynamic shared memory bytes a launch passes (the launch functors'
 // fifth argument; 0 for the kernels that take none).
@@ -200,6 +225,18 @@ constexpr int mma_variant_smem_of(int id, std::integer_sequence<int, I...>) {
 }
 constexpr int mma_variant_smem(int id) {
   return mma_variant_smem_of(id, std::make_integer_sequence<int, kNumMmaVariants>{});
+}
+
+// Whether variant `id` copies its weight by TMA (sm_90+ only; false for an id
+// not in the table).
+template <int... I>
+constexpr bool mma_variant_tma_of(int id, std::integer_sequence<int, I...>) {
+  bool tma = false;
+  ((tma = id == I ? MmaVariant<I>::kTma : tma), ...);
+  return tma;
+}
+constexpr bool mma_variant_tma(int id) {
+  return mma_variant_tma_of(id, std::make_integer_sequence<int, kNumMmaVariants>{});
 }
 
 // Whether the device takes variant `id` (its shared memory under smem_limit).
@@ -251,14 +288,49 @@ int choose_mma_variant(int64_t hidden_size, int64_t num_valid, int64_t batch, in
   return (small_grid ? 7 : 4) + nt;
 }
 
+// The fields of the weight's tensor map a TMA variant of `rows`-row tiles
+// copies its boxes from (innermost first): the CUDA launcher encodes a
+// CUtensorMap from them (cuTensorMapEncodeTiled: bf16 / fp16, no interleave,
+// no swizzle, out-of-bounds elements zero), the emulation its TensorMap2d.
+// dims {hidden_size, num_valid}: k past hidden_size and rows past num_valid
+// read as zeros (the cp.async variants' zero fill); the row stride ldw *
+// sizeof(T) bytes and the base are multiples of 16 (mma_takes); a box is one
+// 32-element chunk of the tile's rows, 64 bytes per row: stages[st][c].
+struct WeightTiles {
+  const void* base;
+  uint64_t dims[2];
+  uint64_t row_stride_bytes;
+  uint32_t box[2];
+  uint32_t elem_bytes;
+};
+template <typename T>
+WeightTiles weight_tiles(const ShardArgmaxProblem<T>& p, int rows) {
+  return WeightTiles{p.weight,
+                     {static_cast<uint64_t>(p.hidden_size), static_cast<uint64_t>(p.num_valid)},
+                     static_cast<uint64_t>(p.ldw) * sizeof(T),
+                     {static_cast<uint32_t>(kMmaChunkK), static_cast<uint32_t>(rows)},
+                     static_cast<uint32_t>(sizeof(T))};
+}
+
+// A pipe variant's last argument is the weight's tensor map: encoded by the
+// launch functor (launch.weight_map(tiles, dtype is bf16)) for the TMA
+// variants, zeros (unused) for the others.
 template <int ID, typename T, typename Launch>
 void launch_mma_id(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_grid_y) {
   using V = MmaVariant<ID>;
   const dim3 grid =
       grid_of((p.num_valid + V::kRows - 1) / V::kRows, (p.batch + V::kNT * 8 - 1) / (V::kNT * 8), max_grid_y);
-  launch(V::kFamily, V::template kernel<T>(), grid, dim3(V::kThreads), DynamicSmem{V::kDynamicSmem}, p.hidden, p.ldh,
-         p.weight, p.ldw, p.bias_t, p.bias_f, p.batch, static_cast<int>(p.hidden_size), static_cast<int>(p.num_valid),
-         p.vocab_start, p.out);
+  if constexpr (!V::kPipe) {
+    launch(V::kFamily, V::template kernel<T>(), grid, dim3(V::kThreads), DynamicSmem{V::kDynamicSmem}, p.hidden,
+           p.ldh, p.weight, p.ldw, p.bias_t, p.bias_f, p.batch, static_cast<int>(p.hidden_size),
+           static_cast<int>(p.num_valid), p.vocab_start, p.out);
+  } else {
+    WeightTensorMap map{};
+    if constexpr (V::kTma) map = launch.weight_map(weight_tiles(p, V::kRows), std::is_same_v<T, __nv_bfloat16>);
+    launch(V::kFamily, V::template kernel<T>(), grid, dim3(V::kThreads), DynamicSmem{V::kDynamicSmem}, p.hidden,
+           p.ldh, p.weight, p.ldw, p.bias_t, p.bias_f, p.batch, static_cast<int>(p.hidden_size),
+           static_cast<int>(p.num_valid), p.vocab_start, p.out, map);
+  }
 }
 
 template <typename T, typename Launch, int... I>

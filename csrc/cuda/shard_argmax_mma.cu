@@ -13,7 +13,9 @@
 // stages are dynamic shared memory (MmaVariant::kDynamicSmem bytes): past 48
 // KiB the launcher raises the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize
 // once per device and instantiation; auto never picks a variant over the
-// device's opt-in limit, and a forced one raises ValueError.
+// device's opt-in limit, and a forced one raises ValueError. The TMA variants
+// (sm_90+; forced only) get the weight's tensor map encoded per call, and a
+// forced one below sm_90 raises ValueError.
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -42,6 +44,34 @@ void allow_dynamic_smem(const void* kernel, int bytes, int device) {
 struct MmaLaunch {
   bool pdl;  // sm_90+
   int device;
+  // The weight's tensor map for a TMA variant (sm_90+), encoded per call from
+  // weight_tiles' fields with the driver's cuTensorMapEncodeTiled, reached
+  // through the runtime (cudaGetDriverEntryPointByVersion) so that nothing
+  // links libcuda.
+  CUtensorMap weight_map(const WeightTiles& t, bool bf16) const {
+    using Encode = decltype(&cuTensorMapEncodeTiled);
+    static const Encode encode = [] {
+      void* fn = nullptr;
+      cudaDriverEntryPointQueryResult found{};
+      C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+      TORCH_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
+                  "shard_argmax: the CUDA driver has no cuTensorMapEncodeTiled (needed by the TMA mma variants)");
+      return reinterpret_cast<Encode>(fn);
+    }();
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {t.dims[0], t.dims[1]};
+    const cuuint64_t strides[1] = {t.row_stride_bytes};  // (the innermost stride is the element)
+    const cuuint32_t box[2] = {t.box[0], t.box[1]};
+    const cuuint32_t element_strides[2] = {1, 1};
+    const CUresult r = encode(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                              const_cast<void*>(t.base), dims, strides, box, element_strides,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    TORCH_CHECK(r == CUDA_SUCCESS, "shard_argmax: cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r),
+                ") for the weight's tensor map: dims {", t.dims[0], ", ", t.dims[1], "}, row stride ",
+                t.row_stride_bytes, " bytes, box {", t.box[0], ", ", t.box[1], "}, base ", t.base);
+    return map;
+  }
   template <typename... P, typename... Args>
   void operator()(const char* family, void (*kernel)(P...), dim3 grid, dim3 block, DynamicSmem smem,
                   const Args&... args) const {
@@ -87,6 +117,9 @@ void run_mma(const ShardArgmaxProblem<T>& p, int variant) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   const MmaDevice d = mma_device(device);
+  TORCH_CHECK_VALUE(!mma_variant_tma(variant) || d.major >= 9, "shard_argmax: path='mma/", variant,
+                    "' copies the weight by TMA (bulk tensor copy), which needs compute capability 9.0 or newer; "
+                    "this device (", device, ") is ", d.major, ".x");
   TORCH_CHECK_VALUE(variant < 0 || mma_variant_fits(variant, d.smem_limit), "shard_argmax: path='mma/", variant,
                     "' needs ", mma_variant_smem(variant), " bytes of shared memory per block; this device (",
                     device, ") allows ", d.smem_limit, " (cudaDevAttrMaxSharedMemoryPerBlockOptin)");

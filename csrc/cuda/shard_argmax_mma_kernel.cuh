@@ -234,10 +234,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 
 // Bytes of dynamic shared memory shard_argmax_mma_pipe_kernel's stages take
 // (its launch passes exactly this): ST stages of KC chunks of the tile's
-// weight rows and hidden rows, 64 bytes per row and chunk.
-template <int NT, int MT, int WM, int KC, int ST>
+// weight rows and hidden rows, 64 bytes per row and chunk; with TMA, the ST
+// 8-byte mbarriers of the weight stages after them.
+template <int NT, int MT, int WM, int KC, int ST, bool TMA = false>
 constexpr int pipe_stage_bytes() {
-  return ST * KC * (WM * MT * 16 + 8 * NT) * 64;
+  return ST * KC * (WM * MT * 16 + 8 * NT) * 64 + (TMA ? 8 * ST : 0);
 }
 
 // The pipelined tensor-core kernel. A block owns kRows = WM * MT * 16 weight
@@ -267,24 +268,44 @@ constexpr int pipe_stage_bytes() {
 // griddepcontrol.wait (programmatic dependent launch: with the launch
 // attribute the weight streams while the previous kernel finishes) and the
 // hidden rows after it, one group per step.
-template <typename T, int NT, int MT, int WM, int SK, int KC, int ST, int MINB>
+//
+// TMA (sm_90+; the launcher never runs it below): the weight of a step is KC
+// bulk tensor copies (cp.async.bulk.tensor.2d, one box of 32 k-elements x
+// kRows rows of weight_map per chunk slot: no swizzle, so the box lands in
+// exactly the stages[st][c] layout; rows past num_valid and k past
+// hidden_size are zero-filled by the tensor map's bounds), issued by thread
+// 0, completing on the stage's mbarrier (weight_full[st], after the stages;
+// arrive.expect_tx of the KC boxes' bytes, zero-filled ones included). Every
+// thread waits for the stage's phase before the step's barrier; the hidden
+// rows stay on cp.async (the batch-row predicate). Same sums as the cp.async
+// twin: the copy mechanism changes, not the data or the order. weight_map is
+// unused (zeros) without TMA.
+template <typename T, int NT, int MT, int WM, int SK, int KC, int ST, int MINB, bool TMA = false>
 __global__ void __launch_bounds__(WM * SK * 32, MINB)
     shard_argmax_mma_pipe_kernel(const T* __restrict__ hidden, int64_t ldh, const T* __restrict__ weight, int64_t ldw,
                                  const T* __restrict__ bias_t, const float* __restrict__ bias_f, int64_t batch,
-                                 int hidden_size, int num_valid, int64_t vocab_start, ShardReduce out) {
+                                 int hidden_size, int num_valid, int64_t vocab_start, ShardReduce out,
+                                 const __grid_constant__ WeightTensorMap weight_map) {
   constexpr int kThreads = WM * SK * 32;
   constexpr int kRows = WM * MT * 16;       // weight rows of the tile
   constexpr int kTileRows = kRows + 8 * NT;  // + hidden rows
   constexpr int kAcc = KC / SK;             // accumulator sets per warp
   static_assert(KC % SK == 0 && ST >= 2 && 8 * NT <= kThreads, "pipeline shape");
   static_assert(KC * WM * MT * NT * 4 * 32 * 4 <= ST * KC * kTileRows * 64, "split-K partials fit in the stages");
+  static_assert(!TMA || (kRows <= 256 && ST <= 32), "TMA: a box dimension is at most 256; one parity bit per stage");
   // stages[st][c][r][q]: 16 bytes (k = 32 * chunk + 8 q ..) of tile row r
   // (weight rows, then hidden rows) of chunk slot c of the step in stage st,
   // in the block's dynamic shared memory: the launch passes
-  // pipe_stage_bytes<NT, MT, WM, KC, ST>() (16-byte aligned; past the 48 KiB
-  // static limit for the 256-row and deep variants).
+  // pipe_stage_bytes<NT, MT, WM, KC, ST, TMA>() (128-byte aligned, as a bulk
+  // tensor copy's destination must be: every stage and chunk slot is
+  // kTileRows * 64 bytes, kTileRows even; past the 48 KiB static limit for the
+  // 256-row and deep variants).
   using Stage = uint4[KC][kTileRows][4];
   Stage* const stages = reinterpret_cast<Stage*>(dynamic_shared_memory());
+  // TMA: the mbarrier of each stage's weight (after the stages) and, bit st,
+  // the parity of the phase of stage st that the next wait waits for.
+  unsigned long long* const weight_full = reinterpret_cast<unsigned long long*>(stages + ST);
+  unsigned int weight_parity = 0;
   __shared__ unsigned long long block_best[WM][NT * 8];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -296,18 +317,43 @@ __global__ void __launch_bounds__(WM * SK * 32, MINB)
   const int row_base = tile_row0 + wm * MT * 16;
   const int num_steps = (hidden_size + KC * kMmaChunkK - 1) / (KC * kMmaChunkK);
   const int64_t num_batch_chunks = (batch + NT * 8 - 1) / (NT * 8);
+  if constexpr (TMA) {
+    if (threadIdx.x == 0) {
+      // (shared addresses keep their offset's low bits in the generic window)
+      if (reinterpret_cast<uintptr_t>(stages) % 128 != 0) __trap();  // a box copy's destination: 128-byte aligned
+      for (int st = 0; st < ST; ++st) mbarrier_init(&weight_full[st], 1);  // one arrival: thread 0's expect_tx
+      mbarrier_init_fence();  // the inits visible to the async proxy (the copies' complete_tx)
+    }
+    __syncthreads();  // ... and to every thread
+  }
 
   for (int64_t chunk = blockIdx.y; chunk < num_batch_chunks; chunk += gridDim.y) {
     const int64_t b0 = chunk * NT * 8;
-    // cp.async of step `step` into stage `st`: the weight rows / the hidden rows.
+    // Step `step` into stage `st`: the weight rows (cp.async, or TMA) / the hidden rows (cp.async).
     const auto load_weight = [&](int st, int step) {
+      if constexpr (TMA) {
+        if (threadIdx.x == 0) {
+          // Every earlier generic-proxy access of the stage (the mma operand
+          // reads of step - 1, the split-K partials and epilogue of the previous
+          // batch chunk) is ordered before this thread by the last barrier; the
+          // proxy fence orders them before the async proxy's writes (PTX ISA,
+          // Memory Consistency Model, "Proxy-preserved base causality order": a
+          // proxy fence on the causality path between accesses through
+          // different proxies).
+          fence_proxy_async_shared();
+          mbarrier_arrive_expect_tx(&weight_full[st], KC * kRows * 64);
+          for (int c = 0; c < KC; ++c)
+            tma_load_2d(&stages[st][c][0][0], &weight_map, (step * KC + c) * kMmaChunkK, tile_row0, &weight_full[st]);
+        }
+      } else {
 #pragma unroll 1
-      for (int i = threadIdx.x; i < KC * kRows * 4; i += kThreads) {
-        const int c = i / (kRows * 4), r = i / 4 % kRows, q = i % 4;
-        const int k = (step * KC + c) * kMmaChunkK + 8 * q;
-        const int row = tile_row0 + r;
-        const bool ok = k < hidden_size && row < num_valid;
-        cp_async16(&stages[st][c][r][q], weight + (ok ? static_cast<int64_t>(row) * ldw + k : 0), ok);
+        for (int i = threadIdx.x; i < KC * kRows * 4; i += kThreads) {
+          const int c = i / (kRows * 4), r = i / 4 % kRows, q = i % 4;
+          const int k = (step * KC + c) * kMmaChunkK + 8 * q;
+          const int row = tile_row0 + r;
+          const bool ok = k < hidden_size && row < num_valid;
+          cp_async16(&stages[st][c][r][q], weight + (ok ? static_cast<int64_t>(row) * ldw + k : 0), ok);
+        }
       }
     };
     const auto load_hidden = [&](int st, int step) {
@@ -341,6 +387,10 @@ __global__ void __launch_bounds__(WM * SK * 32, MINB)
           for (int r = 0; r < 4; ++r) acc[a][mt][nt][r] = 0.0f;
 
     for (int step = 0; step < num_steps; ++step) {
+      if constexpr (TMA) {  // the step's weight: its stage's phase complete (and its bytes visible to this thread)
+        mbarrier_wait_parity(&weight_full[step % ST], (weight_parity >> (step % ST)) & 1u);
+        weight_parity ^= 1u << (step % ST);
+      }
       cp_async_wait<ST - 2>();
       __syncthreads();
       const int next = step + ST - 1;
@@ -375,6 +425,8 @@ __global__ void __launch_bounds__(WM * SK * 32, MINB)
     }
     cp_async_wait<0>();
     allow_dependent_launch();
+    // (TMA: every copy issued, step < num_steps, was waited for by every thread
+    // in the loop: none is in flight when the stages take the partials)
     __syncthreads();  // every stage read: free for the partials and the next batch chunk
 
     // logit = ((p_0 + p_1) + ...) + p_{KC-1}; p_c sits in group c % SK, set c / SK.

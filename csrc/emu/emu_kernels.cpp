@@ -91,6 +91,10 @@ struct EmuLaunch {
   template <typename... P, typename... Args>
   void operator()(const char* family, void (*kernel)(P...), dim3 grid, dim3 block, const Args&... args) const {
     (*this)(family, kernel, grid, block, DynamicSmem{0}, args...);
+  }  // The TMA variants' tensor map, from the fields the CUDA launcher encodes
+  // its CUtensorMap from (shard_argmax_launch.cuh, weight_tiles).
+  emu::TensorMap2d weight_map(const WeightTiles& t, bool /*bf16*/) const {
+    return emu::TensorMap2d{t.base, {t.dims[0], t.dims[1]}, t.row_stride_bytes, {t.box[0], t.box[1]}, t.elem_bytes};
   }
 };
 
@@ -157,13 +161,15 @@ int lam_emu_shard(int dtype, int path, int topk_mode, const void* hidden, int64_
 #undef LAM_ARGS
 }
 
-// launch_mma's auto choice (an id of MmaVariant), the number of variants and
-// a variant's shared memory per block (static + dynamic; -1: no such id).
+// launch_mma's auto choice (an id of MmaVariant), the number of variants, a
+// variant's shared memory per block (static + dynamic; -1: no such id) and
+// whether it copies the weight by TMA (sm_90+ only on the GPU).
 int lam_emu_mma_variant(int64_t hidden_size, int64_t num_valid, int64_t batch, int sm_count, int smem_limit) {
   return choose_mma_variant<__nv_bfloat16>(hidden_size, num_valid, batch, sm_count, smem_limit);
 }
 int lam_emu_mma_variant_smem(int id) { return mma_variant_smem(id); }
 int lam_emu_num_mma_variants() { return kNumMmaVariants; }
+int lam_emu_mma_variant_tma(int id) { return mma_variant_tma(id) ? 1 : 0; }
 
 // lam_emu_shard on the CUDA-core kernel with the log-partition (the *_lse
 // ops): per-block states into `states` [blocks, batch] (then

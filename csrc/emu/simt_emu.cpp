@@ -61,7 +61,7 @@ constexpr int kMaxThreads = 1024;
 constexpr uint64_t kArenaSlot = uint64_t{64} << 30;  // 64 GiB of address space per tensor
 constexpr int kArenaSlots = 15;
 
-enum class State { kRunnable, kAtBarrier, kAtWarp, kExited };
+enum class State { kRunnable, kAtBarrier, kAtWarp, kAtMbarrier, kExited };
 
 struct Context {
 #if defined(__x86_64__)
@@ -86,6 +86,23 @@ struct Fiber {
   std::vector<PendingCopy> pending;
   int commits;  // cp.async.commit_group calls so far in this block
   bool dependency_waited;  // griddepcontrol.wait done
+  std::vector<uint32_t> observed;  // per mbarrier slot: phases [0, n) whose completion this thread observed
+  int64_t fence_epoch;             // the barrier epoch of its last fence.proxy.async (-1: none)
+  int wait_slot;                   // kAtMbarrier: the mbarrier slot and parity it waits for
+  unsigned int wait_parity;
+};
+
+// An mbarrier of this block (its 8 bytes in shared memory hold nothing here).
+struct MBarrier {
+  size_t offset;         // shared index of its 8 bytes
+  int init_tid;          // the thread that initialised it, in barrier epoch init_epoch
+  uint32_t init_epoch;
+  uint32_t count;        // arrivals per phase
+  uint32_t pending;      // arrivals the current phase still needs
+  int64_t tx;            // transaction bytes the current phase still expects
+  uint32_t phase;        // phases completed
+  int64_t copied_phase;  // the last phase a bulk copy completes on (-1: none)
+  int copy_line;
 };
 
 struct WarpSync {
@@ -110,7 +127,11 @@ struct Shadow {  // per shared byte, for this block
   uint32_t write_epoch, read_epoch;
   bool many_readers;
   uint16_t inflight;  // tid + 1 of the thread whose cp.async into this byte is not waited for yet
+  uint16_t tma_bar;   // slot + 1 of the mbarrier whose phase tma_phase a bulk copy of this byte completes, 0: none
+  uint32_t tma_phase;
 };
+constexpr uint16_t kAsyncProxy = 0xFFFF;        // Shadow::writer of bytes a bulk copy wrote
+constexpr uint32_t kNoEpoch = 0xFFFFFFFFu;       // their write_epoch: ordered by the mbarrier, not a barrier
 
 struct State_ {
   // configuration
@@ -129,6 +150,7 @@ struct State_ {
   int nthreads = 0, live = 0, at_barrier = 0, barrier_line = -1;
   uint32_t epoch = 0;
   std::vector<WarpSync> warps;
+  std::vector<MBarrier> mbarriers;  // this block's, by slot
   bool in_kernel = false;
   bool programmatic = false;  // the launch's kernel may start before the previous one ends
   bool failed = false;
@@ -244,14 +266,19 @@ void start_fiber(Fiber& f, char* stack, size_t bytes) {
 
 std::string describe_states() {
   std::string s;
+  // (the block's threads only: S.fibers keeps the stacks of kMaxThreads)
   int exited = 0;
-  for (const Fiber& f : S.fibers) exited += f.state == State::kExited;
+  for (int t = 0; t < S.nthreads; ++t) exited += S.fibers[t].state == State::kExited;
   s += format("%d of %d threads exited", exited, S.nthreads);
   int shown = 0;
-  for (const Fiber& f : S.fibers) {
+  for (int t = 0; t < S.nthreads; ++t) {
+    const Fiber& f = S.fibers[t];
     if (f.state == State::kExited || shown >= 6) continue;
     s += format("; thread %d waits at %s line %d", f.thread.tid,
-                f.state == State::kAtBarrier ? "__syncthreads" : "a warp collective", f.line);
+                f.state == State::kAtBarrier     ? "__syncthreads"
+                : f.state == State::kAtMbarrier ? "an mbarrier wait (phase never completes)"
+                                                : "a warp collective",
+                f.line);
     ++shown;
   }
   return s;
@@ -264,6 +291,7 @@ bool run_block() {
   S.barrier_line = -1;
   S.epoch = 0;
   for (WarpSync& w : S.warps) w = WarpSync{};
+  S.mbarriers.clear();
   // Poison what the previous block touched (the rest still is): 0xA5A5... as
   // a key, a float, an index; and forget its shadow. Resetting only the
   // touched range keeps a block cheap however many kernels' __shared__
@@ -282,6 +310,9 @@ bool run_block() {
     f.pending.clear();
     f.commits = 0;
     f.dependency_waited = false;
+    f.observed.clear();
+    f.fence_epoch = -1;
+    f.wait_slot = -1;
     start_fiber(f, S.stacks + static_cast<size_t>(t) * kStackBytes, kStackBytes);
   }
   std::vector<int> order(n);
@@ -308,6 +339,20 @@ bool run_block() {
   }
   S.in_kernel = false;
   g_thread = nullptr;
+  // A bulk copy whose phase no thread observed may still be writing the
+  // block's shared memory when the block exits on the GPU.
+  for (size_t slot = 0; slot < S.mbarriers.size() && !S.failed; ++slot) {
+    const MBarrier& m = S.mbarriers[slot];
+    uint32_t seen = 0;
+    for (int t = 0; t < n; ++t)
+      if (slot < S.fibers[t].observed.size()) seen = std::max(seen, S.fibers[t].observed[slot]);
+    if (m.copied_phase >= 0 && seen <= m.copied_phase) {
+      S.failed = true;
+      S.error = format("%s block (%u,%u): exits with a bulk tensor copy (line %d) whose mbarrier (shared offset %zu) "
+                       "phase %lld no thread waited for", S.kernel, g_launch.block_idx.x, g_launch.block_idx.y,
+                       m.copy_line, m.offset, static_cast<long long>(m.copied_phase));
+    }
+  }
   ++S.blocks_run;
   return !S.failed;
 }
@@ -493,6 +538,180 @@ void cp_async(int line, void* smem_dst, const uint4& data) {
 void grid_dependency_wait(int) { S.fibers[g_thread->tid].dependency_waited = true; }
 void set_programmatic_launch(bool on) { S.programmatic = on; }
 
+// ---- mbarrier and the bulk tensor copy (TMA) ----
+
+static void check_global(uintptr_t a, size_t n, bool write);
+
+namespace {
+
+// The slot of the mbarrier at `bar` (initialised, and visible to this thread).
+size_t mbarrier_slot(int line, void* bar, const char* what) {
+  size_t off = 0;
+  if (!shared_index(reinterpret_cast<uintptr_t>(bar), &off))
+    abort_block(format("%s: line %d: %s: the mbarrier is not in shared memory", where().c_str(), line, what));
+  for (size_t slot = 0; slot < S.mbarriers.size(); ++slot) {
+    const MBarrier& m = S.mbarriers[slot];
+    if (m.offset != off) continue;
+    if (m.init_tid != g_thread->tid && m.init_epoch == S.epoch)
+      abort_block(format("%s: line %d: %s on the mbarrier at shared offset %zu that thread %d initialised after the "
+                         "last __syncthreads (its init is not visible here)", where().c_str(), line, what, off,
+                         m.init_tid));
+    return slot;
+  }
+  abort_block(format("%s: line %d: %s on an uninitialised mbarrier (shared offset %zu)", where().c_str(), line, what,
+                     off));
+}
+
+// The current phase completes when every arrival and every expected byte is in.
+void mbarrier_maybe_complete(size_t slot) {
+  MBarrier& m = S.mbarriers[slot];
+  if (m.pending != 0 || m.tx != 0) return;
+  ++m.phase;
+  m.pending = m.count;
+  for (int t = 0; t < S.nthreads; ++t) {
+    Fiber& f = S.fibers[t];
+    if (f.state == State::kAtMbarrier && f.wait_slot == static_cast<int>(slot)) f.state = State::kRunnable;
+  }
+}
+
+void mbarrier_observe(size_t slot, uint32_t phases) {
+  std::vector<uint32_t>& seen = S.fibers[g_thread->tid].observed;
+  if (seen.size() <= slot) seen.resize(slot + 1, 0);
+  seen[slot] = std::max(seen[slot], phases);
+}
+
+}  // namespace
+
+void mbarrier_init(int line, void* bar, unsigned int count) {
+  size_t off = 0;
+  if (!shared_index(reinterpret_cast<uintptr_t>(bar), &off) || reinterpret_cast<uintptr_t>(bar) % 8 != 0)
+    abort_block(format("%s: line %d: mbarrier.init of an object that is not 8-byte aligned shared memory",
+                       where().c_str(), line));
+  if (count == 0) abort_block(format("%s: line %d: mbarrier.init with a count of 0", where().c_str(), line));
+  check_dynamic_extent(off, 8, "mbarrier.init");
+  const MBarrier fresh{off, g_thread->tid, S.epoch, count, count, 0, 0, -1, line};
+  for (size_t slot = 0; slot < S.mbarriers.size(); ++slot) {
+    if (S.mbarriers[slot].offset != off) continue;
+    S.mbarriers[slot] = fresh;  // re-initialised: the phases start again
+    for (Fiber& f : S.fibers)
+      if (slot < f.observed.size()) f.observed[slot] = 0;
+    return;
+  }
+  S.mbarriers.push_back(fresh);
+}
+
+void mbarrier_arrive_expect_tx(int line, void* bar, unsigned int bytes) {
+  const size_t slot = mbarrier_slot(line, bar, "mbarrier.arrive.expect_tx");
+  MBarrier& m = S.mbarriers[slot];
+  m.tx += bytes;
+  if (m.pending == 0)  // (cannot happen: a phase completes as its last arrival comes in)
+    abort_block(format("%s: line %d: mbarrier arrival past its count", where().c_str(), line));
+  --m.pending;
+  mbarrier_maybe_complete(slot);
+}
+
+void mbarrier_wait_parity(int line, void* bar, unsigned int parity) {
+  for (;;) {
+    const size_t slot = mbarrier_slot(line, bar, "mbarrier.try_wait.parity");
+    const MBarrier& m = S.mbarriers[slot];
+    // try_wait.parity(P) succeeds when the current phase's parity is not P: the
+    // latest phase of parity P has completed (and with it every earlier one).
+    if ((m.phase & 1u) != (parity & 1u)) {
+      mbarrier_observe(slot, m.phase);
+      return;
+    }
+    Fiber& f = S.fibers[g_thread->tid];
+    f.wait_slot = static_cast<int>(slot);
+    f.wait_parity = parity;
+    yield(State::kAtMbarrier, line);
+    f.wait_slot = -1;
+  }
+}
+
+void fence_proxy_async(int) { S.fibers[g_thread->tid].fence_epoch = S.epoch; }
+
+void tma_load_2d(int line, void* smem_dst, const TensorMap2d& map, int x, int y, void* bar) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(smem_dst);
+  const size_t row_bytes = static_cast<size_t>(map.box[0]) * map.elem_bytes;
+  const size_t n = row_bytes * map.box[1];
+  size_t off = 0;
+  if (!shared_index(a, &off) || (off < shared_bytes() && off + n > shared_bytes()))
+    abort_block(format("%s: line %d: bulk tensor copy destination is not shared memory", where().c_str(), line));
+  if (a % 128 != 0)
+    abort_block(format("%s: line %d: bulk tensor copy destination at shared offset %zu is not 128-byte aligned",
+                       where().c_str(), line, off));
+  if (map.box[0] == 0 || map.box[1] == 0 || map.box[0] > 256 || map.box[1] > 256 || row_bytes % 16 != 0 ||
+      map.row_stride_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(map.base) % 16 != 0 || map.dims[0] == 0 ||
+      map.dims[1] == 0)
+    abort_block(format("%s: line %d: invalid tensor map (box %u x %u, stride %llu bytes, dims %llu x %llu)",
+                       where().c_str(), line, map.box[0], map.box[1],
+                       static_cast<unsigned long long>(map.row_stride_bytes),
+                       static_cast<unsigned long long>(map.dims[0]), static_cast<unsigned long long>(map.dims[1])));
+  check_dynamic_extent(off, n, "bulk tensor copy");
+  const size_t slot = mbarrier_slot(line, bar, "bulk tensor copy");
+  MBarrier& m = S.mbarriers[slot];
+  // At issue, as for cp.async: no other thread may have touched the bytes since
+  // the last barrier, no copy into them may still be pending, and generic-proxy
+  // accesses before the barrier need this thread's fence.proxy.async after it.
+  const Fiber& me_f = S.fibers[g_thread->tid];
+  const uint16_t me = static_cast<uint16_t>(g_thread->tid + 1);
+  bool generic = false;
+  for (size_t i = 0; i < n; ++i) {
+    const Shadow& s = S.shadow[off + i];
+    if (s.inflight)
+      abort_block(format("%s: line %d: bulk tensor copy into shared offset %zu while thread %d's cp.async into it is "
+                         "in flight", where().c_str(), line, off + i, s.inflight - 1));
+    if (s.tma_bar != 0 && S.mbarriers[s.tma_bar - 1u].phase <= s.tma_phase)
+      abort_block(format("%s: line %d: bulk tensor copy into shared offset %zu while an earlier bulk copy into it "
+                         "has not completed", where().c_str(), line, off + i));
+    if (s.writer != 0 && s.writer != kAsyncProxy && s.writer != me && s.write_epoch == S.epoch)
+      abort_block(format("%s: line %d: shared race: bulk tensor copy into shared offset %zu, written by thread %d "
+                         "since the last __syncthreads", where().c_str(), line, off + i, s.writer - 1));
+    if (s.read_epoch == S.epoch && s.reader != 0 && (s.many_readers || s.reader != me))
+      abort_block(format("%s: line %d: shared race: bulk tensor copy into shared offset %zu, read by thread %d since "
+                         "the last __syncthreads (a stage refilled before every thread is done with it)",
+                         where().c_str(), line, off + i, s.reader - 1));
+    generic = generic || (s.writer != 0 && s.writer != kAsyncProxy) || s.reader != 0;
+  }
+  if (generic && me_f.fence_epoch != static_cast<int64_t>(S.epoch))
+    abort_block(format("%s: line %d: bulk tensor copy (async proxy) into shared offset %zu, which the generic proxy "
+                       "accessed, without a fence.proxy.async by this thread after the last __syncthreads",
+                       where().c_str(), line, off));
+  // The box: element (x + i, y + j) of the tensor, zero outside [0, dims).
+  std::vector<char> box(n, 0);
+  for (uint32_t j = 0; j < map.box[1]; ++j) {
+    const int64_t gy = static_cast<int64_t>(y) + j;
+    if (gy < 0 || static_cast<uint64_t>(gy) >= map.dims[1]) continue;
+    const int64_t lo = std::max<int64_t>(x, 0);
+    const int64_t hi = std::min<int64_t>(static_cast<int64_t>(x) + map.box[0], static_cast<int64_t>(map.dims[0]));
+    if (lo >= hi) continue;
+    const char* src = static_cast<const char*>(map.base) + gy * map.row_stride_bytes + lo * map.elem_bytes;
+    const size_t bytes = static_cast<size_t>(hi - lo) * map.elem_bytes;
+    check_global(reinterpret_cast<uintptr_t>(src), bytes, false);
+    std::memcpy(box.data() + j * row_bytes + (lo - x) * map.elem_bytes, src, bytes);
+  }
+  std::memcpy(shared_at(off), box.data(), n);
+  S.touched_lo = std::min(S.touched_lo, off);
+  S.touched_hi = std::max(S.touched_hi, off + n);
+  for (size_t i = 0; i < n; ++i) {
+    Shadow& s = S.shadow[off + i];
+    s.writer = kAsyncProxy;
+    s.write_epoch = kNoEpoch;
+    s.reader = 0;
+    s.many_readers = false;
+    s.tma_bar = static_cast<uint16_t>(slot + 1);
+    s.tma_phase = m.phase;
+  }
+  m.copied_phase = m.phase;
+  m.copy_line = line;
+  // complete_tx: the emulation wants the bytes expected (arrive.expect_tx) first.
+  if (m.tx < static_cast<int64_t>(n))
+    abort_block(format("%s: line %d: bulk tensor copy of %zu bytes completes on an mbarrier phase that expects only "
+                       "%lld more (arrive.expect_tx)", where().c_str(), line, n, static_cast<long long>(m.tx)));
+  m.tx -= static_cast<int64_t>(n);
+  mbarrier_maybe_complete(slot);
+}
+
 void cp_async_commit(int) { ++S.fibers[g_thread->tid].commits; }
 
 // cp.async.wait_group `pending`: every copy of this thread's committed groups
@@ -526,6 +745,16 @@ static void check_shared(size_t off, size_t n, bool write) {
       abort_block(format("%s: shared %s of %zu bytes at shared offset %zu while thread %d's cp.async into it is in "
                          "flight (its cp.async.wait_group has not covered the copy)", where().c_str(),
                          write ? "write" : "read", n, off, s.inflight - 1));
+    if (s.tma_bar != 0) {
+      const std::vector<uint32_t>& seen = S.fibers[g_thread->tid].observed;
+      const size_t slot = s.tma_bar - 1u;
+      if (slot >= seen.size() || seen[slot] <= s.tma_phase)
+        abort_block(format("%s: shared %s of %zu bytes at shared offset %zu before this thread observed the "
+                           "completion of the bulk tensor copy into it (mbarrier at shared offset %zu, phase %u: no "
+                           "mbarrier wait)", where().c_str(), write ? "write" : "read", n, off,
+                           S.mbarriers[slot].offset, s.tma_phase));
+      if (write) s.tma_bar = 0;
+    }
     if (!write) {
       if (s.writer == 0)
         abort_block(format("%s: shared read of %zu bytes at shared offset %zu: never written in this block "

@@ -8,7 +8,11 @@
 // thread; the shared bytes stay "in flight" until the issuing thread's
 // cp.async.wait_group covers them: any access before that is an error, and
 // the copy lands as a write by the issuing thread at its wait, so a reader in
-// another thread needs a __syncthreads after it).
+// another thread needs a __syncthreads after it), mbarriers and the 2-D bulk
+// tensor copy (TMA) that completes on them (the box lands at issue, but a
+// thread may touch its bytes only after it has observed the completion of the
+// mbarrier phase the copy completes: the phase is the synchronisation that
+// makes the copy's writes visible).
 //
 // Checked memory (csrc/emu/simt_emu.cpp): the kernel translation unit is built
 // with -fsanitize=thread instrumentation whose hooks are ours: every global
@@ -30,6 +34,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __grid_constant__
 // Function-local statics of the kernel translation unit; the build moves its
 // .bss (nothing else lives there) into section lam_emu_shared.
 #define __shared__ static
@@ -118,6 +123,32 @@ void* dynamic_shared();
 // a thread may touch no global tensor but the one named "weight" before it.
 void grid_dependency_wait(int line);
 void set_programmatic_launch(bool on);
+
+// The emulated tensor map of a 2-D bulk tensor copy (the CUtensorMap the
+// CUDA launcher encodes with cuTensorMapEncodeTiled from the same fields:
+// shard_argmax_launch.cuh, WeightTiles): dims and box innermost first, the
+// row stride in bytes, no swizzle, no interleave, out-of-bounds elements zero.
+struct alignas(64) TensorMap2d {
+  const void* base;
+  uint64_t dims[2];
+  uint64_t row_stride_bytes;
+  uint32_t box[2];
+  uint32_t elem_bytes;
+};
+// mbarrier (an 8-byte shared object; the emulation keeps its state aside,
+// keyed by its shared offset): init, one arrival that expects `bytes` of
+// transactions, and a blocking wait for the completion of the phase of
+// parity `parity` (try_wait.parity in a loop; the fiber yields while the
+// phase is not complete, so a phase that never completes is a deadlock).
+void mbarrier_init(int line, void* bar, unsigned int count);
+void mbarrier_arrive_expect_tx(int line, void* bar, unsigned int bytes);
+void mbarrier_wait_parity(int line, void* bar, unsigned int parity);
+// fence.proxy.async.shared::cta: this thread's generic accesses (and the
+// block's, before the last barrier) ordered before its later bulk copies.
+void fence_proxy_async(int line);
+// cp.async.bulk.tensor.2d ... mbarrier::complete_tx::bytes: box (x, y) of map
+// into shared memory at smem_dst (128-byte aligned), complete_tx on bar.
+void tma_load_2d(int line, void* smem_dst, const TensorMap2d& map, int x, int y, void* bar);
 
 template <typename V>
 inline uint64_t to_bits(V v) {

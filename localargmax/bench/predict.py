@@ -141,11 +141,15 @@ class MmaSpec:
     """One row of the ``MmaVariant`` table (csrc/cuda/shard_argmax_launch.cuh):
     ``reg`` = shard_argmax_mma_kernel<T, NT, KV> (ids 0-3, forced only),
     ``pipe`` = shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST, MINB>
-    (ids 4-15). tests/test_bench_predict.py checks this mirror against the
-    header (parameters, shared memory, registers, kNumMmaVariants)."""
+    (ids 4-15), ``tma`` = the same kernel with its weight tiles copied by TMA
+    (``<..., MINB, true>``, ids 16-20: the twins of 4, 5, 13, 14, 15, the same
+    sums; sm_90+ only, forced only: neither C++ auto nor :func:`mma_candidates`
+    takes them, ``--tune`` times them beside their twins).
+    tests/test_bench_predict.py checks this mirror against the header
+    (parameters, shared memory, registers, kNumMmaVariants)."""
 
     id: int
-    kind: str  # "reg" | "pipe"
+    kind: str  # "reg" | "pipe" | "tma"
     nt: int  # 8-row n-tiles: 8 NT batch rows per pass
     kv: int = 0  # reg: 32-element k chunks per load step
     mt: int = 0  # pipe: 16-row m-tiles per warp
@@ -174,8 +178,11 @@ class MmaSpec:
 
     @property
     def dynamic_smem(self) -> int:
-        """Dynamic shared memory the launch passes (pipe_stage_bytes: the stages), 0 for reg."""
-        return 0 if self.kind == "reg" else self.st * self.kc * (self.rows + 8 * self.nt) * 64
+        """Dynamic shared memory the launch passes (pipe_stage_bytes: the stages; tma: + the ST
+        8-byte mbarriers), 0 for reg."""
+        if self.kind == "reg":
+            return 0
+        return self.st * self.kc * (self.rows + 8 * self.nt) * 64 + (8 * self.st if self.kind == "tma" else 0)
 
     @property
     def order(self) -> str:
@@ -184,10 +191,18 @@ class MmaSpec:
 
     @property
     def template(self) -> tuple:
-        """The kernel's template parameters after T (the mangled name's integers)."""
+        """The kernel's integer template parameters after T (the mangled name's integers; a
+        pipe / tma kernel's bool TMA follows them: :attr:`kind`)."""
         if self.kind == "reg":
             return (self.nt, self.kv)
         return (self.nt, self.mt, self.wm, self.sk, self.kc, self.st, self.minb)
+
+    @property
+    def twin(self) -> int | None:
+        """tma: the id of the cp.async variant with the same parameters (the same bits)."""
+        if self.kind != "tma":
+            return None
+        return next(m.id for m in MMA_VARIANTS if m.kind == "pipe" and m.template == self.template)
 
 
 MMA_VARIANTS = (
@@ -207,6 +222,11 @@ MMA_VARIANTS = (
     MmaSpec(13, "pipe", nt=4, mt=2, wm=4, sk=1, kc=2, st=3, minb=3),
     MmaSpec(14, "pipe", nt=8, mt=4, wm=4, sk=1, kc=1, st=4, minb=2),
     MmaSpec(15, "pipe", nt=8, mt=3, wm=4, sk=1, kc=1, st=6, minb=2),
+    MmaSpec(16, "tma", nt=1, mt=2, wm=2, sk=1, kc=2, st=4, minb=6),
+    MmaSpec(17, "tma", nt=2, mt=2, wm=2, sk=1, kc=2, st=4, minb=5),
+    MmaSpec(18, "tma", nt=4, mt=2, wm=4, sk=1, kc=2, st=3, minb=3),
+    MmaSpec(19, "tma", nt=8, mt=4, wm=4, sk=1, kc=1, st=4, minb=2),
+    MmaSpec(20, "tma", nt=8, mt=3, wm=4, sk=1, kc=1, st=6, minb=2),
 )
 """The MmaVariant table by id (a mirror of the header; a test checks it)."""
 
@@ -251,6 +271,14 @@ def mma_candidates(batch: int) -> tuple[int, ...]:
     alignment, passes ``"auto"``)."""
     kc = 2 if batch <= 32 else 1
     return tuple(m.id for m in MMA_VARIANTS if m.kind == "pipe" and m.kc == kc)
+
+
+def mma_tma_twins(batch: int) -> tuple[int, ...]:
+    """The TMA variants of :func:`mma_candidates`' order class at ``batch`` (the twins of some
+    of them): ``--tune`` times them beside the candidates, but no table cell names them (they
+    run on sm_90+ only, and a table variant must run wherever the op takes the cell)."""
+    kc = 2 if batch <= 32 else 1
+    return tuple(m.id for m in MMA_VARIANTS if m.kind == "tma" and m.kc == kc)
 
 
 @dataclass(frozen=True)
@@ -352,6 +380,11 @@ DEFAULT_REGISTERS = {
     "mma/13": 162,
     "mma/14": 242,
     "mma/15": 206,
+    "mma/16": 108,
+    "mma/17": 124,
+    "mma/18": 160,
+    "mma/19": 240,
+    "mma/20": 204,
     "simt(nb=1)": 54,
     "simt(nb=2)": 48,
     "simt(nb=4)": 47,
@@ -375,9 +408,9 @@ class Registers:
 
 
 _MMA_NAME = re.compile(r"shard_argmax_mma_kernelI(?:13__nv_bfloat16|6__half)Li(\d+)ELi(\d+)E")
-_PIPE_NAME = re.compile(r"shard_argmax_mma_pipe_kernelI(?:13__nv_bfloat16|6__half)((?:Li\d+E){7})")
+_PIPE_NAME = re.compile(r"shard_argmax_mma_pipe_kernelI(?:13__nv_bfloat16|6__half)((?:Li\d+E){7})(?:Lb([01])E)?")
 _SIMT_NAME = re.compile(r"shard_argmax_kernelI13__nv_bfloat16Li(\d+)ELi8ELb0ELb0E")  # <T, NB, kVec, TOPK, LSE>: argmax
-_MMA_BY_TEMPLATE = {m.template: m.id for m in MMA_VARIANTS}
+_MMA_BY_TEMPLATE = {(m.template, m.kind == "tma"): m.id for m in MMA_VARIANTS}  # (integers, TMA)
 
 
 def parse_registers(text: str, arch: str = "sm_90") -> dict:
@@ -416,10 +449,10 @@ def _record(out: dict, mangled: str, found_arch: str | None, arch: str, regs: in
     if found_arch is None or not found_arch.startswith(arch):
         return
     m = _PIPE_NAME.search(mangled)
-    template = tuple(int(x) for x in re.findall(r"Li(\d+)E", m.group(1))) if m else None
+    template = (tuple(int(x) for x in re.findall(r"Li(\d+)E", m.group(1))), m.group(2) == "1") if m else None
     if m is None:
         m = _MMA_NAME.search(mangled)
-        template = (int(m.group(1)), int(m.group(2))) if m else None
+        template = ((int(m.group(1)), int(m.group(2))), False) if m else None
     if m is not None:
         vid = _MMA_BY_TEMPLATE.get(template)
         if vid is not None and ("bfloat16" in mangled or f"mma/{vid}" not in out):
@@ -564,7 +597,7 @@ def geometry(spec: DeviceSpec, v: Variant, rows: int, hidden: int, batch: int, e
     if v.path != "mma":
         raise ValueError(f"geometry: {v.path} is not a Little's-law variant")
     m = v.mma
-    if m is not None and m.kind == "pipe":
+    if m is not None and m.kind in ("pipe", "tma"):
         return _pipe_geometry(spec, m, rows, hidden, batch, elem)
     instructions = 0.0
     if m is not None:  # reg (ids 0-3): 4 warps x 32 rows, register double buffer, KV x 2 KiB per warp in flight
@@ -602,10 +635,17 @@ def geometry(spec: DeviceSpec, v: Variant, rows: int, hidden: int, batch: int, e
 # kernel text, not from SASS.
 PIPE_COPY_INSTRUCTIONS = 4
 PIPE_STEP_INSTRUCTIONS = 12
+# The TMA variants (kind "tma") copy only the hidden rows by cp.async; the weight of a step is KC
+# bulk tensor copies that one thread issues (coordinates, UTMALDG: PIPE_TMA_BOX_INSTRUCTIONS
+# per box, in one warp) after a proxy fence and the mbarrier's arrive.expect_tx, and every warp
+# waits on the stage's mbarrier (try_wait, parity): PIPE_TMA_STEP_INSTRUCTIONS per warp and step
+# on top of PIPE_STEP_INSTRUCTIONS. Estimates from the kernel text, not from SASS.
+PIPE_TMA_BOX_INSTRUCTIONS = 6
+PIPE_TMA_STEP_INSTRUCTIONS = 4
 
 
 def _pipe_geometry(spec: DeviceSpec, m: MmaSpec, rows: int, hidden: int, batch: int, elem: int) -> Geometry:
-    """shard_argmax_mma_pipe_kernel (ids 4-15): a CTA owns ``m.rows`` weight rows and ``8 NT`` batch rows
+    """shard_argmax_mma_pipe_kernel (ids 4-20): a CTA owns ``m.rows`` weight rows and ``8 NT`` batch rows
     (further rows: more passes, grid y); ST stages of KC chunks of (rows + 8 NT) x 64 bytes; the
     weight of ST - 1 steps in flight; SK warp groups split each step's chunks (partials added through
     shared memory at the end: no extra CTAs); launched with PDL (sm_90+), after the keys' zero fill."""
@@ -613,11 +653,13 @@ def _pipe_geometry(spec: DeviceSpec, m: MmaSpec, rows: int, hidden: int, batch: 
     warps = m.threads // 32
     chunks = -(-hidden // 32)
     steps = -(-chunks // m.kc)
-    copies = (m.rows + 8 * m.nt) * 64 * m.kc / 16 / 32  # warp-wide 16-byte cp.async per step
+    tma = m.kind == "tma"  # the weight by bulk tensor copy: only the hidden rows by cp.async
+    copies = ((0 if tma else m.rows) + 8 * m.nt) * 64 * m.kc / 16 / 32  # warp-wide 16-byte cp.async per step
     per_chunk = m.mt * m.nt * 2 + 2 * m.mt + m.nt  # per computing warp: mma + shared loads
-    instructions = chunks * m.wm * per_chunk + steps * (
-        copies * PIPE_COPY_INSTRUCTIONS + warps * PIPE_STEP_INSTRUCTIONS
-    )
+    per_step = copies * PIPE_COPY_INSTRUCTIONS + warps * PIPE_STEP_INSTRUCTIONS
+    if tma:
+        per_step += m.kc * PIPE_TMA_BOX_INSTRUCTIONS + warps * PIPE_TMA_STEP_INSTRUCTIONS
+    instructions = chunks * m.wm * per_chunk + steps * per_step
     return Geometry(
         ctas=tiles * passes,
         threads=m.threads,

@@ -52,6 +52,13 @@ def candidates(batch: int) -> tuple[str, ...]:
     return ("simt", *(f"mma/{i}" for i in pm.mma_candidates(batch)), "gemm")
 
 
+def timed(batch: int) -> tuple[str, ...]:
+    """What ``--tune`` times at ``batch``: the :func:`candidates`, then the TMA twins of their
+    order class (:func:`localargmax.bench.predict.mma_tma_twins`, sm_90+): timed and recorded in
+    the measurements (the GPU run decides whether a table should name them), never chosen."""
+    return (*candidates(batch), *(f"mma/{i}" for i in pm.mma_tma_twins(batch)))
+
+
 def _path_and_variant(candidate: str) -> tuple[str, int | None]:
     return ("mma", int(candidate[4:])) if candidate.startswith("mma/") else (candidate, None)
 
@@ -283,7 +290,7 @@ def tune(
                 cut = f"{s.label} B={b}: {seconds:g} s spent"
             if cut is not None:
                 continue
-            for p in candidates(b):
+            for p in timed(b):
                 if p == "simt" and b > SIMT_MAX_BATCH:
                     continue
                 if progress:

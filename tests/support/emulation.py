@@ -26,7 +26,7 @@ CSRC = ROOT / "csrc"
 BUILD = ROOT / "build" / "emu"
 MAX_GRID_Y = 65535
 DEFAULT_SM_COUNT = 132  # kDefaultSmCount of shard_argmax_launch.cuh (H200)
-NUM_MMA_VARIANTS = 16  # kNumMmaVariants
+NUM_MMA_VARIANTS = 21  # kNumMmaVariants
 DEFAULT_SMEM_LIMIT = 227 * 1024  # kDefaultSmemLimit: opt-in shared memory per block (H100 / H200)
 _KERNEL_FLAGS = ["-O1", "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0"]
 _COMMON_FLAGS = [
@@ -61,6 +61,7 @@ _ENTRY_POINTS = {
     "lam_emu_mma_variant": (_i32, [_i64, _i64, _i64, _i32, _i32]),
     "lam_emu_mma_variant_smem": (_i32, [_i32]),
     "lam_emu_num_mma_variants": (_i32, []),
+    "lam_emu_mma_variant_tma": (_i32, [_i32]),
     # ... as lam_emu_shard to max_grid_y, then states, scale, soft_cap
     "lam_emu_shard_lse": (
         _i32,
@@ -376,6 +377,10 @@ class Emulator:
     def mma_variant_smem(self, vid: int) -> int:
         """Shared memory per block (static + dynamic bytes) of MmaVariant ``vid``; -1: no such id."""
         return self.lib.lam_emu_mma_variant_smem(vid)
+
+    def mma_variant_tma(self, vid: int) -> bool:
+        """Whether MmaVariant ``vid`` copies its weight tiles by TMA (sm_90+ only on a GPU)."""
+        return bool(self.lib.lam_emu_mma_variant_tma(vid))
 
     def _shard_lse(
         self, hidden, weight, bias, vocab_start, num_valid, k, temperature, seed, offset, max_grid_y, scramble,
