@@ -79,11 +79,12 @@ def shard_argmax(
             (``csrc/cuda/shard_argmax_cuda.cu`` picks): ``"mma"``, the tensor-core
             fused kernel (bf16 / fp16, sm_80+, ``H`` and row strides multiples
             of 8, 16-byte aligned data), with ``"mma/<id>"`` forcing variant
-            ``id`` (0-15) of its ``MmaVariant`` table
+            ``id`` (0-20) of its ``MmaVariant`` table
             (``csrc/cuda/shard_argmax_launch.cuh``: 0-3 the register-buffered
-            kernel, 4-15 the cp.async-pipelined one; same inputs as ``"mma"``,
-            an unknown id, or one whose shared memory exceeds the device's
-            opt-in limit, is a ValueError); ``"gemm"``, cuBLAS float32 logits of
+            kernel, 4-15 the cp.async-pipelined one, 16-20 their TMA twins,
+            sm_90+; same inputs as ``"mma"``, an unknown id, one whose shared
+            memory exceeds the device's opt-in limit, or a TMA id below
+            sm_90, is a ValueError); ``"gemm"``, cuBLAS float32 logits of
             a batch chunk then a keys kernel (bf16 / fp16); ``"simt"``, the
             CUDA-core fused kernel (every dtype). On CUDA, ``"auto"`` takes
             the path of the dispatch table shipped with the package

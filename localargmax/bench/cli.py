@@ -182,7 +182,7 @@ every figure is PREDICTED. Per shape (default: the engine shapes of issue
 #15: qwen3 tp 1/4/8, llama3 tp 8, deepseek-v3 tp 8, rank 0's shard; or
 --model with --tp) and batch (default 1,2,4,...,256, or --batch), one row per
 variant: simt (the NB its launcher runs at that batch), every tensor-core
-variant of the MmaVariant table (mma/0 .. mma/15; the ops run one as
+variant of the MmaVariant table (mma/0 .. mma/20; the ops run one as
 path="mma/<id>"), gemm, and the fastest and the cheapest not-built design
 points of the model's search space meeting the bar (>= 0.88 of copy at
 batch <= 64). Per call: CTAs per SM from

@@ -3,8 +3,9 @@ PREDICTED everywhere (text, JSON, README).
 
 Per shape and batch, one row per built variant: ``simt`` (the NB its
 launcher runs at that batch), every tensor-core variant of the MmaVariant
-table (``mma/0`` .. ``mma/15``: 0-3 the register-buffered kernel, 4-15 the
-cp.async-pipelined one; the ops run each as ``path="mma/<id>"``) and
+table (``mma/0`` .. ``mma/20``: 0-3 the register-buffered kernel, 4-15 the
+cp.async-pipelined one, 16-20 their TMA twins; the ops run each as
+``path="mma/<id>"``) and
 ``gemm``; then the fastest not-built design point of the model's search space
 (``proposed-best``) and the cheapest one that meets the bar
 (``proposed-min``: fewest stages, no PDL when possible, smallest split-K).
