@@ -263,22 +263,25 @@ def cpp_mma_variant(
     return (7 if small_grid else 4) + nt
 
 
+def _order_kc(batch: int) -> int:
+    """KC of the summation-order class C++ auto runs at ``batch`` (2 up to 32, 1 past it)."""
+    return 2 if batch <= 32 else 1
+
+
 def mma_candidates(batch: int) -> tuple[int, ...]:
     """The pipelined variants a dispatch table may name at ``batch``: those of
     the summation-order class C++ ``auto`` runs there (KC = 2 up to batch 32,
     KC = 1 past it), so a table variant changes the speed, never the bits,
     against C++'s own choice (torch.compile, which cannot read the weight's
     alignment, passes ``"auto"``)."""
-    kc = 2 if batch <= 32 else 1
-    return tuple(m.id for m in MMA_VARIANTS if m.kind == "pipe" and m.kc == kc)
+    return tuple(m.id for m in MMA_VARIANTS if m.kind == "pipe" and m.kc == _order_kc(batch))
 
 
 def mma_tma_twins(batch: int) -> tuple[int, ...]:
     """The TMA variants of :func:`mma_candidates`' order class at ``batch`` (the twins of some
     of them): ``--tune`` times them beside the candidates, but no table cell names them (they
     run on sm_90+ only, and a table variant must run wherever the op takes the cell)."""
-    kc = 2 if batch <= 32 else 1
-    return tuple(m.id for m in MMA_VARIANTS if m.kind == "tma" and m.kc == kc)
+    return tuple(m.id for m in MMA_VARIANTS if m.kind == "tma" and m.kc == _order_kc(batch))
 
 
 @dataclass(frozen=True)
