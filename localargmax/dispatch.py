@@ -26,6 +26,8 @@ from typing import NamedTuple
 
 import torch
 
+from ._validation import NUM_MMA_VARIANTS
+
 TABLE_PATH = Path(__file__).resolve().parent / "dispatch_table.json"
 SCHEMA = "localargmax.dispatch_table/2"
 PATHS = ("simt", "mma", "gemm")
@@ -43,8 +45,8 @@ CPP_SIMT_MAX_ROWS_PER_SM = 256
 MEMO_SIZE = 4096
 """Cells :meth:`DispatchTable.choose` remembers per table (an engine sees a
 handful of (H, rows, batch) keys; a lookup then costs one dict access)."""
-MMA_VARIANT_IDS = range(21)
-"""Ids of the MmaVariant table (``localargmax._validation.NUM_MMA_VARIANTS``)."""
+MMA_VARIANT_IDS = range(NUM_MMA_VARIANTS)
+"""Ids of the MmaVariant table (:data:`localargmax._validation.NUM_MMA_VARIANTS`)."""
 
 
 class Choice(NamedTuple):

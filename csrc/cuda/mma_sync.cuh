@@ -69,13 +69,18 @@ __device__ __forceinline__ void mma_16816<__half>(float (&c)[4], unsigned int a0
 #endif
 }
 
+#if defined(__CUDACC__)
+// The 32-bit shared-window address of a generic pointer into shared memory:
+// what cp.async, mbarrier and the bulk tensor copy name as their shared operand.
+__device__ __forceinline__ unsigned int shared_address(const void* p) {
+  return static_cast<unsigned int>(__cvta_generic_to_shared(p));
+}
 // 16 bytes global -> shared, asynchronous (cp.async.cg: cached in L2 only).
 // !valid: nothing is read and the 16 shared bytes become zeros.
-#if defined(__CUDACC__)
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned int dst = static_cast<unsigned int>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(smem)), "l"(gmem),
+               "r"(valid ? 16 : 0)
                : "memory");
 #else
   __trap();  // the launcher never picks the pipelined kernel below sm_80
@@ -119,9 +124,6 @@ __device__ __forceinline__ uint4* dynamic_shared_memory() {
 // what the copy names (PTX ISA, "Tensor-map": a tensor map in the .param space
 // of a kernel, accessed through its generic address).
 using WeightTensorMap = CUtensorMap;
-__device__ __forceinline__ unsigned int shared_address(const void* p) {
-  return static_cast<unsigned int>(__cvta_generic_to_shared(p));
-}
 // mbarrier.init: `count` arrivals complete a phase (with the pending
 // transaction bytes at zero).
 __device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned int count) {

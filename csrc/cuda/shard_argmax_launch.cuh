@@ -320,16 +320,18 @@ void launch_mma_id(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_
   using V = MmaVariant<ID>;
   const dim3 grid =
       grid_of((p.num_valid + V::kRows - 1) / V::kRows, (p.batch + V::kNT * 8 - 1) / (V::kNT * 8), max_grid_y);
-  if constexpr (!V::kPipe) {
+  // The kernel's arguments; a pipe variant takes the tensor map after them.
+  const auto launch_with = [&](const auto&... tail) {
     launch(V::kFamily, V::template kernel<T>(), grid, dim3(V::kThreads), DynamicSmem{V::kDynamicSmem}, p.hidden,
            p.ldh, p.weight, p.ldw, p.bias_t, p.bias_f, p.batch, static_cast<int>(p.hidden_size),
-           static_cast<int>(p.num_valid), p.vocab_start, p.out);
+           static_cast<int>(p.num_valid), p.vocab_start, p.out, tail...);
+  };
+  if constexpr (!V::kPipe) {
+    launch_with();
   } else {
     WeightTensorMap map{};
     if constexpr (V::kTma) map = launch.weight_map(weight_tiles(p, V::kRows), std::is_same_v<T, __nv_bfloat16>);
-    launch(V::kFamily, V::template kernel<T>(), grid, dim3(V::kThreads), DynamicSmem{V::kDynamicSmem}, p.hidden,
-           p.ldh, p.weight, p.ldw, p.bias_t, p.bias_f, p.batch, static_cast<int>(p.hidden_size),
-           static_cast<int>(p.num_valid), p.vocab_start, p.out, map);
+    launch_with(map);
   }
 }
 

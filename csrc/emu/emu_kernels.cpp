@@ -91,7 +91,8 @@ struct EmuLaunch {
   template <typename... P, typename... Args>
   void operator()(const char* family, void (*kernel)(P...), dim3 grid, dim3 block, const Args&... args) const {
     (*this)(family, kernel, grid, block, DynamicSmem{0}, args...);
-  }  // The TMA variants' tensor map, from the fields the CUDA launcher encodes
+  }
+  // The TMA variants' tensor map, from the fields the CUDA launcher encodes
   // its CUtensorMap from (shard_argmax_launch.cuh, weight_tiles).
   emu::TensorMap2d weight_map(const WeightTiles& t, bool /*bf16*/) const {
     return emu::TensorMap2d{t.base, {t.dims[0], t.dims[1]}, t.row_stride_bytes, {t.box[0], t.box[1]}, t.elem_bytes};
