@@ -96,6 +96,7 @@ class CMakeBuild(build_ext):
             f"-DTORCH_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out.parent}",
             f"-DLOCALARGMAX_WITH_CUDA={'ON' if with_cuda else 'OFF'}",
+            f"-DLOCALARGMAX_TORCH_VERSION={torch.__version__}",  # checked at import (localargmax/__init__.py)
             "-G",
             "Ninja",
             f"-DCMAKE_MAKE_PROGRAM={find_build_tool('ninja')}",

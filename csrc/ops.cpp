@@ -61,7 +61,9 @@ extern "C" PyObject* PyInit__C(void) {
   const long with_cuda = 0;
 #endif
   // localargmax._C.WITH_CUDA: whether this build compiled the CUDA kernels.
-  if (PyModule_AddIntConstant(module, "WITH_CUDA", with_cuda) != 0) {
+  // localargmax._C.TORCH_VERSION: torch.__version__ of the torch this build compiled against.
+  if (PyModule_AddIntConstant(module, "WITH_CUDA", with_cuda) != 0 ||
+      PyModule_AddStringConstant(module, "TORCH_VERSION", LOCALARGMAX_TORCH_VERSION) != 0) {
     Py_DECREF(module);
     return nullptr;
   }

@@ -22,7 +22,19 @@ Public API:
 The semantics and the key format are fixed in DESIGN.md.
 """
 
-from . import _C
+import torch as _torch
+
+_REBUILD = "rebuild it from the checkout against the torch now installed: pip install --no-build-isolation -e ."
+try:
+    from . import _C
+except ImportError as _e:  # e.g. an undefined symbol: torch changed under the built extension
+    raise ImportError(f"localargmax._C failed to load ({_e}); {_REBUILD}") from _e
+if getattr(_C, "TORCH_VERSION", None) != _torch.__version__:
+    raise ImportError(
+        f"localargmax._C was built against torch {getattr(_C, 'TORCH_VERSION', '(unknown: an older build)')} but torch "
+        f"{_torch.__version__} is loaded (a C++ extension runs only on the torch it was compiled against); {_REBUILD}"
+    )
+
 from .collective import exchange_keys
 from .d2t import build_d2t, draft_to_target_ids, validate_d2t
 from .layout import VocabShard, check_layouts, shard_vocab

@@ -7,6 +7,7 @@ exchanges keys goes through :func:`exchange_keys`.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Union
 
@@ -95,6 +96,72 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
         "group must be None, a torch.distributed.ProcessGroup, a cupy.cuda.nccl.NcclCommunicator or a callable "
         f"all_gather(keys [B]) -> [tp, B], got {type(group).__name__}"
     )
+
+
+_INIT_HINT = (
+    "torch.distributed.group.WORLD is None until torch.distributed.init_process_group() is called, and "
+    "group=None means one rank holding the whole vocabulary"
+)
+_WARNED: set[str] = set()  # the hints already given in this process (warn_once)
+
+
+def _warn_once(key: str, message: str) -> None:
+    """A ``UserWarning`` once per process for ``key`` (not under torch.compile)."""
+    if key in _WARNED or torch.compiler.is_compiling():
+        return
+    _WARNED.add(key)
+    warnings.warn(message, UserWarning, stacklevel=5)  # the caller of lm_head_*
+
+
+def _group_size(group: Group) -> int | None:
+    """Ranks in ``group``: 1 for None, the size of a ProcessGroup or cupy
+    communicator, None for a callable (it cannot be seen)."""
+    if group is None:
+        return 1
+    if isinstance(group, dist.ProcessGroup):
+        return dist.get_world_size(group)
+    if _is_nccl_communicator(group):
+        return int(group.size())
+    return None
+
+
+def check_group(group: Group, *, vocab_start=0, world_size: int | None = None, rank: int | None = None,
+                what: str = "group") -> None:  # fmt: skip
+    """Refuse a TP set-up that is inconsistent for certain, and hint at one
+    that is only suspicious, before any kernel runs.
+
+    * ``world_size``/``rank`` given (a module or layout built for them): a
+      group of one rank (``None`` included: ``dist.group.WORLD`` before
+      ``init_process_group``) when ``world_size > 1`` or ``rank > 0`` raises
+      ValueError. (A ProcessGroup of another size or rank is found by
+      :func:`localargmax.check_layouts`, on every rank alike.)
+    * Otherwise (the ops and steps, which know only their shard): a group of
+      one rank with ``vocab_start != 0`` warns once per process (one shard on
+      its own is legitimate, a forgotten ``init_process_group`` is common).
+      Rank 0 of a larger TP group called with ``group=None`` cannot be told
+      from world size 1: it returns its own shard's winners.
+
+    Raises:
+        ValueError naming ``what`` and ``torch.distributed.init_process_group``.
+    """
+    size = _group_size(group)
+    if world_size is not None:
+        r = 0 if rank is None else rank
+        if size == 1 and (world_size > 1 or r > 0):
+            kind = "None" if group is None else "a process group of one rank"
+            raise ValueError(
+                f"{what} is {kind}, but this lm_head is TP rank {r} of world_size {world_size}: pass the TP process "
+                f"group (call torch.distributed.init_process_group() first; {_INIT_HINT})"
+            )
+        return
+    if size == 1 and isinstance(vocab_start, int) and not isinstance(vocab_start, bool) and vocab_start != 0:
+        kind = "None" if group is None else "a group of one rank"
+        _warn_once(
+            "vocab_start",
+            f"{what} is {kind} but vocab_start={vocab_start}: this shard's ids alone are returned, as for one rank. "
+            f"If this is a TP rank, pass its process group (did you call torch.distributed.init_process_group()? "
+            f"{_INIT_HINT})",
+        )
 
 
 HEADER_LEN = 3

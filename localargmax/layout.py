@@ -53,19 +53,23 @@ def shard_vocab(vocab_size: int, rank: int, world_size: int, pad_to: int = 64) -
     return VocabShard(vocab_start, rows, num_valid)
 
 
-def check_layouts(shard: VocabShard, hidden_size: int, group) -> None:
+def check_layouts(shard: VocabShard, hidden_size: int, group, *, rank: int | None = None,
+                  world_size: int | None = None) -> None:  # fmt: skip
     """Check once, at construction, that the TP ranks of ``group`` hold a
     consistent vocab-parallel layout; one ``all_gather_object`` of the layouts.
 
-    Consistent means: equal ``rows`` and ``hidden_size`` on every rank, and the
-    valid ranges ``[vocab_start, vocab_start + num_valid)`` disjoint. Every rank
-    sees the same gathered data and so raises the same error: no rank is left
-    waiting in a later collective.
+    Consistent means: equal ``rows`` and ``hidden_size`` on every rank, the
+    valid ranges ``[vocab_start, vocab_start + num_valid)`` disjoint, and
+    (where given) each rank's ``world_size`` the group's size and its ``rank``
+    its rank in the group. Every rank sees the same gathered data and so
+    raises the same error: no rank is left waiting in a later collective.
 
     Args:
         shard: this rank's VocabShard.
         hidden_size: this rank's H.
         group: a ``torch.distributed.ProcessGroup``; ``None`` checks nothing.
+        rank, world_size: the TP rank and world size this rank's layout was
+            built for (optional).
 
     Raises:
         ValueError naming the ranks that disagree.
@@ -74,10 +78,17 @@ def check_layouts(shard: VocabShard, hidden_size: int, group) -> None:
         return
     import torch.distributed as dist
 
+    claimed = (-1 if rank is None else int(rank), -1 if world_size is None else int(world_size))
     mine = (int(shard.vocab_start), int(shard.rows), int(shard.num_valid), int(hidden_size))
-    layouts = [None] * dist.get_world_size(group)
-    dist.all_gather_object(layouts, mine, group=group)
+    gathered = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, (mine, claimed), group=group)
+    layouts = [layout for layout, _ in gathered]
     problems = []
+    for r, (_, (their_rank, their_world)) in enumerate(gathered):
+        if their_world not in (-1, len(gathered)):
+            problems.append(f"rank {r} was built for world_size {their_world}, the group has {len(gathered)} ranks")
+        if their_rank not in (-1, r):
+            problems.append(f"group rank {r} was built as TP rank {their_rank}")
     for field, index in (("rows", 1), ("hidden_size", 3)):
         values = {}
         for rank, layout in enumerate(layouts):

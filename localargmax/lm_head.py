@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .collective import Group
+from .collective import Group, check_group
 from .layout import VocabShard, check_layouts, shard_vocab
 from .step import lm_head_argmax
 
@@ -26,7 +26,9 @@ class VocabParallelLMHead(nn.Module):
             :func:`localargmax.shard_vocab` ``(V, rank, world_size, pad_to)``.
         group: ``None`` (world size 1), a ``torch.distributed.ProcessGroup`` or a
             callable ``all_gather(keys [B]) -> [tp, B]``. With a ProcessGroup the
-            ranks' layouts are all-gathered and checked once here.
+            ranks' layouts are all-gathered and checked once here. ``None`` or a
+            group of one rank with ``world_size > 1`` (or ``rank > 0``) is refused
+            (``dist.group.WORLD`` is None before ``init_process_group``).
         pad_to: vocabulary padding granularity.
         bias: whether the head has a bias (held in float32, the dtype the
             kernels add it in, whatever ``dtype`` is).
@@ -34,7 +36,10 @@ class VocabParallelLMHead(nn.Module):
         dtype, device: of the parameters.
 
     Raises:
-        ValueError on a layout inconsistent across ranks (naming the ranks).
+        ValueError on a layout inconsistent across ranks or a ProcessGroup of
+        another size or rank (naming the ranks, on every rank), or a group of
+        one rank (``None`` included) for ``world_size > 1`` or ``rank > 0``
+        (naming ``torch.distributed.init_process_group``).
     """
 
     def __init__(
@@ -57,6 +62,8 @@ class VocabParallelLMHead(nn.Module):
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.shard: VocabShard = shard_vocab(vocab_size, rank, world_size, pad_to)
+        self.rank, self.world_size = rank, world_size
+        check_group(group, world_size=world_size, rank=rank, what="VocabParallelLMHead's group")
         self.group = group
         self.reduce = reduce
         self.weight = nn.Parameter(
@@ -70,7 +77,7 @@ class VocabParallelLMHead(nn.Module):
             else None
         )
         if isinstance(group, torch.distributed.ProcessGroup):
-            check_layouts(self.shard, hidden_size, group)
+            check_layouts(self.shard, hidden_size, group, rank=rank, world_size=world_size)
 
     @classmethod
     def from_full(
@@ -135,7 +142,10 @@ class VocabParallelLMHead(nn.Module):
         return self.shard.num_valid
 
     def forward(self, hidden: torch.Tensor, d2t: torch.Tensor | None = None) -> torch.Tensor:
-        """``[B, H]`` hidden states -> ``[B]`` int64 greedy ids (target ids with ``d2t``)."""
+        """``[B, H]`` hidden states -> ``[B]`` int64 greedy ids (target ids with ``d2t``).
+
+        Raises ValueError if ``self.group`` no longer fits the layout (see the class)."""
+        check_group(self.group, world_size=self.world_size, rank=self.rank, what="VocabParallelLMHead's group")
         return lm_head_argmax(
             hidden,
             self.weight,
@@ -161,7 +171,8 @@ class VocabParallelLMHead(nn.Module):
     def extra_repr(self) -> str:
         s = self.shard
         return (
-            f"vocab_size={self.vocab_size}, hidden_size={self.hidden_size}, vocab_start={s.vocab_start}, "
+            f"vocab_size={self.vocab_size}, hidden_size={self.hidden_size}, rank={self.rank}, "
+            f"world_size={self.world_size}, vocab_start={s.vocab_start}, "
             f"rows={s.rows}, num_valid={s.num_valid}"
         )
 
@@ -214,7 +225,9 @@ class LocalArgmaxMixin:
         ``ParallelLMHead`` (``weight``, optional ``bias``, ``shard_indices``
         with ``org_vocab_start_index``, ``org_vocab_end_index``,
         ``num_org_vocab_padding``; its group is ``lm_head.tp_group`` if set, or
-        ``self.local_argmax_group``).
+        ``self.local_argmax_group``). A head that knows its TP size
+        (``VocabParallelLMHead.world_size``, ``ParallelLMHead.tp_size``) must
+        get a group of that size: ``None`` for a TP rank is refused.
       * ``draft_id_to_target_id``: ``[draft_vocab]`` int64 d2t, or ``None`` /
         absent when draft and target vocabularies are the same.
       * optionally a logit scale (``self.logit_scale`` or
@@ -228,7 +241,9 @@ class LocalArgmaxMixin:
 
     Raises:
         AttributeError naming the missing attribute; ValueError for a
-        non-positive logit scale.
+        non-positive logit scale, or for a group that cannot be the head's
+        (``None`` or one rank for a TP size > 1, naming
+        ``torch.distributed.init_process_group``).
     """
 
     def get_top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -238,6 +253,11 @@ class LocalArgmaxMixin:
         weight, bias, start, valid, group = _lm_head_layout(lm_head)
         if group is None:
             group = getattr(self, "local_argmax_group", None)
+        if isinstance(lm_head, VocabParallelLMHead):
+            check_group(group, world_size=lm_head.world_size, rank=lm_head.rank, what="the lm_head's group")
+        elif isinstance(getattr(lm_head, "tp_size", None), int):  # a vLLM-style ParallelLMHead
+            check_group(group, world_size=lm_head.tp_size, rank=getattr(lm_head, "tp_rank", None),
+                        what="lm_head.tp_group / local_argmax_group")  # fmt: skip
         scale = getattr(self, "logit_scale", None)
         if scale is None:
             scale = getattr(getattr(self, "logits_processor", None), "scale", None)

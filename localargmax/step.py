@@ -9,7 +9,15 @@ import torch
 
 from . import envs
 from ._validation import check_d2t_arg, check_transform_args
-from .collective import PAIRS_FLAG, Group, check_step_consistency, exchange_keys, frame_keys, words_to_pairs
+from .collective import (
+    PAIRS_FLAG,
+    Group,
+    check_group,
+    check_step_consistency,
+    exchange_keys,
+    frame_keys,
+    words_to_pairs,
+)
 from .ops import merge_keys, shard_argmax, shard_sample, shard_topk
 from .packed_key import INDEX_MASK, SIGN_FLIP, key_index
 
@@ -201,7 +209,10 @@ def lm_head_argmax(
             :func:`localargmax.validate_d2t`; it is not re-checked per step.
         group: ``None`` (world size 1), a ``torch.distributed.ProcessGroup``
             (NCCL for CUDA tensors, gloo for CPU tensors), or a callable
-            ``all_gather(keys [B]) -> [tp, B]``.
+            ``all_gather(keys [B]) -> [tp, B]``. A TP rank given ``None``
+            (``dist.group.WORLD`` before ``init_process_group``) gets its own
+            shard's winners: with ``vocab_start != 0`` that warns once per
+            process; rank 0 cannot be told from world size 1.
         reduce: ``"all_gather"`` or ``"all_reduce"`` (MAX on keys); identical ids.
         return_log_probs: also return each id's log-probability over the
             full unpadded vocabulary, ``x - logsumexp(x)`` of the transformed
@@ -256,6 +267,7 @@ def _step(op, op_args, hidden, weight, vocab_start, num_valid, bias, d2t, group,
     the checked exchange. Returns ``(keys, gathered keys, gathered pairs or
     None, ok)`` (see :func:`_exchange_checked`)."""
     _check_log_probs_args(lp, scale, cap, reduce)
+    check_group(group, vocab_start=vocab_start)
     _debug_check(group, hidden, weight, d2t, k)
     kw = {"vocab_start": vocab_start, "num_valid": num_valid, "bias": bias, "scale": scale, "soft_cap": cap}
     out = op(hidden, weight, *op_args, log_partition=lp, **kw)

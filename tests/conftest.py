@@ -9,13 +9,60 @@ once per CUDA path; paths this machine lacks are skipped, saying why.
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
+import shutil
+import sys
+import tempfile
 
-import pytest
-import torch
+# The suite writes only to temporary folders (and never installs anything: see
+# pytest_sessionfinish): no bytecode beside the sources, and torch.compile's
+# inductor / triton caches in a folder of this run's, removed at exit. Set
+# before torch is imported; spawned ranks and subprocesses inherit them.
+sys.dont_write_bytecode = True
+_CACHE = tempfile.mkdtemp(prefix="localargmax-test-cache-")
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+for _var, _sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
+    os.environ[_var] = os.path.join(_CACHE, _sub)
+os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
 
-from tests.support.paths import ALL_PATHS, CUDA_PATHS, poison_cuda_allocator, unavailable, use_path
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
+from hypothesis.configuration import set_hypothesis_home_dir  # noqa: E402
+
+from tests.support.paths import ALL_PATHS, CUDA_PATHS, poison_cuda_allocator, unavailable, use_path  # noqa: E402
+
+# No .hypothesis/ folder in the checkout: no example database, and hypothesis'
+# other caches (its constants) in this run's folder.
+settings.register_profile("localargmax", database=None)
+settings.load_profile("localargmax")
+set_hypothesis_home_dir(os.path.join(_CACHE, "hypothesis"))
+
+
+def _installed() -> list[str]:
+    """``name==version`` of every distribution this interpreter sees."""
+    from importlib import metadata
+
+    return sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())
+
+
+_INSTALLED_AT_START = _installed()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The suite never installs, uninstalls or upgrades a package: fail the run if it did."""
+    after = _installed()
+    if after != _INSTALLED_AT_START:
+        gone = sorted(set(_INSTALLED_AT_START) - set(after))
+        new = sorted(set(after) - set(_INSTALLED_AT_START))
+        session.config.get_terminal_writer().line(
+            f"localargmax: the test run changed the installed packages (removed {gone}, added {new}): "
+            "a test installs or uninstalls something",
+            red=True,
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def draw_seed() -> int:
@@ -35,6 +82,13 @@ def seed(request) -> int:
 @pytest.fixture
 def gen(seed) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+def pytest_make_parametrize_id(config, val, argname):
+    """Parametrised ids name dtypes (``float16``, not ``dtype1``)."""
+    if isinstance(val, torch.dtype):
+        return str(val).removeprefix("torch.")
+    return None
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -469,3 +469,55 @@ def test_frame_keys_with_log_partition_pairs(gen):
     for bad in (pairs.double(), pairs[:, :1], pairs.reshape(-1)):
         with pytest.raises(ValueError, match=r"pairs must be a \[batch, 2\] float32"):
             pairs_to_words(bad)
+
+
+# ----------------------------------------------------------------------------- a missing TP group (check_group)
+
+STEPS = {
+    "argmax": lambda h, w, **kw: localargmax.lm_head_argmax(h, w, **kw),
+    "argmax_log_probs": lambda h, w, **kw: localargmax.lm_head_argmax(h, w, return_log_probs=True, **kw),
+    "topk": lambda h, w, **kw: localargmax.lm_head_topk(h, w, 2, **kw),
+    "sample": lambda h, w, **kw: localargmax.lm_head_sample(h, w, temperature=1.0, seed=3, **kw),
+}
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+def test_step_with_no_group_past_vocab_start_zero_warns_once(step, monkeypatch):
+    """``group=dist.group.WORLD`` before init_process_group is None: a shard at
+    vocab_start != 0 then returns only its own winners. One UserWarning per
+    process names init_process_group; vocab_start == 0 stays silent."""
+    import warnings
+
+    from localargmax import collective
+
+    monkeypatch.setattr(collective, "_WARNED", set())
+    assert dist.group.WORLD is None
+    hidden, shard = torch.randn(4, 8), torch.randn(500, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning at vocab_start 0
+        STEPS[step](hidden, shard, group=dist.group.WORLD)
+    with pytest.warns(UserWarning, match=r"vocab_start=512.*init_process_group") as record:
+        STEPS[step](hidden, shard, vocab_start=512, num_valid=488, group=dist.group.WORLD)
+    assert record[0].filename == __file__, "the warning points at the caller's line"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        STEPS[step](hidden, shard, vocab_start=512, num_valid=488, group=None)
+
+
+def test_step_with_a_group_of_one_rank_past_vocab_start_zero_warns(monkeypatch):
+    from localargmax import collective
+
+    monkeypatch.setattr(collective, "_WARNED", set())
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.warns(UserWarning, match="a group of one rank.*init_process_group"):
+            localargmax.lm_head_argmax(torch.randn(2, 8), torch.randn(50, 8), vocab_start=50, group=dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_check_group_refuses_a_tp_layout_without_a_group():
+    with pytest.raises(ValueError, match=r"TP rank 1 of world_size 2.*init_process_group"):
+        localargmax.collective.check_group(None, world_size=2, rank=1)
+    localargmax.collective.check_group(None, world_size=1, rank=0)  # world size 1: None is right
+    localargmax.collective.check_group(lambda k: k[None], world_size=2, rank=1)  # a callable: size unseen

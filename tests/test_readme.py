@@ -1,16 +1,19 @@
 """README.md keeps its promises: every ```python and ```bash block runs as
-pasted (bar the bash blocks marked as not run, each with its reason), and the
-measured tables are exactly what bench/readme_tables.py renders from the
-committed bench/results/*.json."""
+pasted (bar the bash blocks marked as not run, each with its reason, and the
+install lines, which are parsed, never run), and the measured tables are
+exactly what bench/readme_tables.py renders from the committed
+bench/results/*.json."""
 
 import importlib.util
 import os
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 
 import pytest
+import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -37,7 +40,18 @@ def readme_tables():
     return module
 
 
-RUNNABLE = [b for b in code_blocks(README.read_text()) if b[0] in ("python", "bash") and b[3] is None]
+# A block that installs, uninstalls or makes a venv never runs here (the suite
+# leaves the environment as it found it): test_install_lines_are_sound parses it.
+INSTALLS = re.compile(r"\bpip3? (?:install|uninstall)\b|-m venv\b|\bapt(?:-get)? ")
+
+
+def installs(code: str) -> bool:
+    return bool(INSTALLS.search(code))
+
+
+RUNNABLE = [
+    b for b in code_blocks(README.read_text()) if b[0] in ("python", "bash") and b[3] is None and not installs(b[1])
+]
 
 
 def test_code_blocks_are_found_and_skips_are_few_and_justified():
@@ -107,3 +121,68 @@ def test_timed_install_commands_are_the_readme_ones():
     blocks = [code for lang, code, _, _ in code_blocks(README.read_text()) if lang == "bash"]
     rows = [row for doc in readme_tables().load("install_times.json") for row in doc["rows"]]
     assert rows and all(any(row["command"] + " && localargmax-bench" in b for b in blocks) for row in rows), rows
+
+
+def without_substitutions(line: str) -> str:
+    """``line`` with each ``$( ... )`` (nested parentheses included) replaced by ``SUBST``."""
+    while "$(" in line:
+        start = line.index("$(")
+        depth, end = 0, start + 1
+        for end in range(start + 1, len(line)):
+            depth += {"(": 1, ")": -1}.get(line[end], 0)
+            if depth == 0:
+                break
+        line = line[:start] + "SUBST" + line[end + 1 :]
+    return line
+
+
+def pip_installs(code: str):
+    """``(command, [requirement, ...], [option, ...])`` of every ``pip install`` in a block."""
+    out = []
+    for line in code.splitlines():
+        line = without_substitutions(line).split("  #", 1)[0]
+        for command in re.split(r"&&|;", line):
+            words = shlex.split(command)
+            if words[:2] in (["pip", "install"], ["pip3", "install"]):
+                reqs = [w for w in words[2:] if not w.startswith("-") and w != "SUBST"]
+                out.append((command.strip(), reqs, [w for w in words[2:] if w.startswith("-")]))
+    return out
+
+
+def test_install_lines_are_sound():
+    """Every README install line, parsed (none is run): each ``.[extra]`` names an
+    extra pyproject.toml defines; localargmax installs from the checkout only
+    (it is not on a registry); our own build is never in one pip command with a
+    package that brings its own torch; vLLM with its deps is followed by the
+    rebuild against the torch it brings."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    blocks = [code for lang, code, _, _ in code_blocks(README.read_text()) if lang == "bash" and installs(code)]
+    commands = [c for code in blocks for c in pip_installs(code)]
+    assert len(commands) >= 4, commands  # GPU, CPU, vLLM, the vLLM test packages
+    for command, reqs, options in commands:
+        for req in reqs:
+            name, _, extra = req.partition("[")
+            assert name != "localargmax", f"localargmax is not on a registry: {command}"
+            if name == "." and extra:
+                for e in extra.rstrip("]").split(","):
+                    assert e in extras, f"{command}: pyproject.toml has no extra {e!r}"
+        if any(r.split("[")[0] == "." for r in reqs):
+            assert "--no-build-isolation" in options, f"{command}: build against the installed torch"
+            assert all(r.split("[")[0] == "." for r in reqs), f"{command}: build localargmax alone"
+    for code in blocks:
+        steps = pip_installs(code)
+        for i, (command, reqs, options) in enumerate(steps):
+            if any(r.startswith("vllm") for r in reqs) and "--no-deps" not in options:
+                after = [reqs2 for _, reqs2, _ in steps[i + 1 :]]
+                rebuilt = any(r2.split("[")[0] == "." for later in after for r2 in later)
+                assert rebuilt, f"{command} replaces torch: rebuild localargmax after it"
+
+
+def test_install_line_parser_catches_a_registry_install():
+    steps = pip_installs("pip install --no-build-isolation 'localargmax[vllm]'  # comment")
+    assert steps == [
+        ("pip install --no-build-isolation 'localargmax[vllm]'", ["localargmax[vllm]"], ["--no-build-isolation"])
+    ]
+    steps = pip_installs("""pip install --no-deps v==1 && pip install $(python -c "import t; print(f('a'))") x""")
+    assert [reqs for _, reqs, _ in steps] == [["v==1"], ["x"]]
+    assert installs("python3 -m venv .venv") and not installs("localargmax-bench --help")

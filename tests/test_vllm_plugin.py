@@ -188,3 +188,13 @@ def test_agreement_sweep(res):
     for dtype, r in res["sweep"].items():
         print(dtype, r)
         assert r["ours_wrong_clear"] == 0
+
+
+def test_set_up_and_plugin_on_a_cpu_with_amx_tiles(res):
+    """vLLM's AMX (sgl-kernel) dispatch, forced: the set-up stands and the ids are float64's
+    (the bf16 logits are exact in float32 sums away from near-ties)."""
+    r = res["amx_forced"]
+    assert r["sgl_path_chosen"], "the AMX path was not forced: the case tests nothing"
+    for row, (ours, ref, gap) in enumerate(zip(r["ours"], r["ref"], r["gap"])):
+        if gap > GAP:
+            assert ours == ref, f"row {row}: ours {ours}, float64 {ref}"

@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import sys
 
 import torch
 
@@ -72,10 +73,14 @@ def uninstall() -> None:
 
 
 def is_active() -> bool:
-    """Whether vLLM's ``LogitsProcessor`` currently runs on this plugin."""
-    from vllm.model_executor.layers.logits_processor import LogitsProcessor
-
-    return getattr(LogitsProcessor.get_top_tokens, "_localargmax", False)
+    """Whether vLLM's ``LogitsProcessor`` currently runs on this plugin in this
+    process: False when vLLM is not installed, and False outside a vLLM
+    process until vLLM loads its plugins (``vllm.plugins.load_general_plugins()``,
+    which every vLLM engine and worker process calls) or :func:`install` runs."""
+    module = sys.modules.get("vllm.model_executor.layers.logits_processor")  # install() imports it
+    if module is None:
+        return False
+    return getattr(module.LogitsProcessor.get_top_tokens, "_localargmax", False)
 
 
 def stats() -> dict:

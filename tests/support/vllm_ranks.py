@@ -60,10 +60,52 @@ def _head(full: torch.Tensor, *, bias: bool = False, org_vocab=None):
     vocab, hidden = full.shape
     head = ParallelLMHead(vocab, hidden, bias=bias, params_dtype=full.dtype, org_num_embeddings=org_vocab)
     head.weight.weight_loader(head.weight, full[: head.org_vocab_size])  # LoRA-added rows stay as created
-    head.quant_method.process_weights_after_loading(head)  # vLLM's CPU gemm dispatch (sets cpu_linear)
-    if not hasattr(head, "cpu_linear"):
-        head.cpu_linear = torch.nn.functional.linear
+    _after_loading(head)
     return head
+
+
+def _after_loading(layer) -> None:
+    """vLLM's CPU gemm set-up of a loaded layer (``cpu_linear``), as vLLM's CPU
+    path ends up on this CPU with this vLLM build. vLLM's dispatch
+    (``quant_method.process_weights_after_loading``) picks, on a CPU with AMX
+    tiles and a small bf16 / fp16 weight, its sgl kernel through
+    ``torch.ops._C.convert_weight_packed``: an op only vLLM's CPU build has,
+    not the PyPI wheel (vLLM's CUDA build) the tests install. There the layer
+    gets vLLM's own fallback, torch's linear; elsewhere vLLM's dispatch runs."""
+    from vllm.model_executor.layers.utils import check_cpu_sgl_kernel
+
+    n, k = layer.weight.shape
+    if check_cpu_sgl_kernel(n, k, layer.weight.dtype) and not hasattr(torch.ops._C, "convert_weight_packed"):
+        layer.cpu_linear = torch.nn.functional.linear
+    else:
+        layer.quant_method.process_weights_after_loading(layer)
+    if not hasattr(layer, "cpu_linear"):  # a dispatch that leaves the layer on vLLM's default
+        layer.cpu_linear = torch.nn.functional.linear
+
+
+def _amx_forced_case(plugin, gen):
+    """The set-up and the plugin on a CPU whose AMX tiles vLLM sees (forced
+    here on a CPU without them, as vLLM reads them: torch.cpu's checks): a
+    bf16 head small enough for vLLM's sgl-kernel path; the ids are float64's."""
+    saved = torch.cpu._is_amx_tile_supported, torch.cpu._is_amx_fp16_supported
+    torch.cpu._is_amx_tile_supported = torch.cpu._is_amx_fp16_supported = lambda: True
+    try:
+        from vllm.model_executor.layers.utils import check_cpu_sgl_kernel
+
+        full = (torch.randn(999, 64, generator=gen) / 8).to(torch.bfloat16)
+        hidden = torch.randn(8, 64, generator=gen).to(torch.bfloat16)
+        head = _head(full)
+        ours = _processor(999).get_top_tokens(head, hidden)
+        logits = ref_logits(hidden, full)
+        top2 = logits.topk(2, dim=1).values
+        return {
+            "sgl_path_chosen": check_cpu_sgl_kernel(*head.weight.shape, head.weight.dtype),
+            "ours": ours.tolist(),
+            "ref": logits.argmax(dim=1).tolist(),
+            "gap": (top2[:, 0] - top2[:, 1]).tolist(),
+        }
+    finally:
+        torch.cpu._is_amx_tile_supported, torch.cpu._is_amx_fp16_supported = saved
 
 
 def _processor(vocab: int, scale: float = 1.0, soft_cap=None, logits_as_input: bool = False):
@@ -436,7 +478,7 @@ def _eagle3_case(plugin, gen, cfg):
     full = torch.randn(draft_vocab, hsize, generator=gen)
     d2t = localargmax.build_d2t(torch.rand(target_vocab, generator=gen), draft_vocab)
     model.load_weights([("lm_head.weight", full), ("d2t", d2t)])
-    model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
+    _after_loading(model.lm_head)
 
     proposer = _proposer(model, _Target(gen, target_vocab, hsize))
     hidden = torch.randn(6, hsize, generator=gen)
@@ -534,6 +576,7 @@ def worker(rank: int, world_size: int, seed: int):
     out["eagle3"] = _eagle3_case(plugin, gen, cfg)
     out["bad_input"] = _bad_input_case(plugin, gen)
     out["sweep"] = _agreement_sweep(plugin, gen)
+    out["amx_forced"] = _amx_forced_case(plugin, gen)
     out["stats"] = plugin.stats()
     out["switch"] = _switch_case(plugin)
     from vllm.distributed import destroy_model_parallel
