@@ -251,3 +251,19 @@ def test_kernel_called_from_many_python_threads(num_threads, gen):
     for t in threads:
         t.join()
     assert all(torch.equal(r, expected) for r in results)
+
+
+def test_import_refuses_a_build_for_another_torch():
+    """``_C`` records the torch it was compiled against; importing it under
+    another torch (vLLM's pin replaced ours, say) raises ImportError naming
+    both versions and the rebuild command, instead of crashing later."""
+    import sys
+
+    assert _C.TORCH_VERSION == torch.__version__
+    code = "import torch; torch.__version__ = '0.0.1+other'; import localargmax"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError:"), proc.stderr[-2000:]
+    for words in (_C.TORCH_VERSION, "0.0.1+other", "pip install --no-build-isolation -e ."):
+        assert words in last, last
