@@ -6,8 +6,6 @@ can never crash or read out of bounds."""
 
 from __future__ import annotations
 
-import struct
-
 import torch
 
 from .packed_key import MAX_GLOBAL_INDEX
@@ -151,9 +149,10 @@ def check_path_arg(path, device: torch.device) -> None:
 _FLOAT32_MAX = 3.4028234663852886e38
 
 
-def _to_float32(x) -> float:
-    """``x`` rounded to float32 (without a tensor: also inside fake kernels)."""
-    return struct.unpack("f", struct.pack("f", float(x)))[0]
+_FLOAT32_ROUNDS_TO_ZERO = 2.0**-150
+"""A positive float rounds to float32 zero iff it is at most this (half the
+smallest subnormal, 2**-149; the tie rounds to even, zero). A plain
+comparison: traceable by torch.compile with a symbolic float."""
 
 
 def check_transform_args(scale, soft_cap) -> None:
@@ -162,13 +161,13 @@ def check_transform_args(scale, soft_cap) -> None:
     (the ops take 0 for none)."""
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= _FLOAT32_MAX:
         raise ValueError(f"scale must be a finite float > 0 (the logit scale), got {scale!r}")
-    if _to_float32(scale) <= 0:
+    if scale <= _FLOAT32_ROUNDS_TO_ZERO:
         raise ValueError(f"scale must be > 0 in float32 (it rounds to 0), got {scale!r}")
     if soft_cap is None:
         return
     if isinstance(soft_cap, bool) or not isinstance(soft_cap, (int, float)) or not 0 < soft_cap <= _FLOAT32_MAX:
         raise ValueError(f"soft_cap must be None or a finite float > 0, got {soft_cap!r}")
-    if _to_float32(soft_cap) <= 0:
+    if soft_cap <= _FLOAT32_ROUNDS_TO_ZERO:
         raise ValueError(f"soft_cap must be > 0 in float32 (it rounds to 0), got {soft_cap!r}")
 
 

@@ -364,3 +364,27 @@ def _shard_sample_lse_fake(
     check_sample_args(hidden, temperature, seed, offset)
     check_op_transform_args(scale, soft_cap)
     return hidden.new_empty((hidden.shape[0],), dtype=torch.int64), _pairs_fake(hidden)
+
+
+# Autograd: the ops are not differentiable (argmax, top-k and sampling have no
+# useful gradient; the log-partition pairs are a forward-only by-product).
+# Registered at the Autograd key so that torch does not fall back to passing
+# gradients through silently: a backward through any output raises, naming the op.
+FUSED_OPS = (
+    "shard_argmax", "shard_topk", "shard_sample", "shard_argmax_lse", "shard_topk_lse", "shard_sample_lse",
+    "merge_keys",
+)  # fmt: skip
+
+
+def _not_differentiable(name: str):
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"localargmax::{name} is not differentiable (DESIGN.md: the ops are autograd-free); "
+            "detach its inputs, or compute a differentiable loss from the logits instead"
+        )
+
+    return backward
+
+
+for _name in FUSED_OPS:
+    torch.library.register_autograd(f"localargmax::{_name}", _not_differentiable(_name))
