@@ -11,6 +11,7 @@ from . import envs
 from ._validation import check_d2t_arg, check_transform_args
 from .collective import (
     PAIRS_FLAG,
+    REDUCE_MODES,
     Group,
     check_group,
     check_step_consistency,
@@ -21,26 +22,38 @@ from .collective import (
 from .ops import merge_keys, shard_argmax, shard_sample, shard_topk
 from .packed_key import INDEX_MASK, SIGN_FLIP, key_index
 
+PAYLOAD_INPUTS = ("batch size", "k", "return_log_probs", "reduce")
+"""The inputs that change what a rank sends in a step's exchange (its size or
+its collective): with ``LOCALARGMAX_DEBUG=1`` every step compares them, and
+the shapes the merge assumes (:func:`_step_fields`), across the ranks first."""
 
-def _debug_check(group: Group, hidden, weight, d2t, k: int = 1) -> None:
+
+def _step_fields(hidden, weight, d2t, k: int, reduce: str, log_probs: bool) -> dict[str, int]:
+    """What every rank must agree on before the exchange, as ints: each of
+    :data:`PAYLOAD_INPUTS`, then the hidden size, shard rows and d2t length."""
+    shape = lambda t, d: t.shape[d] if isinstance(t, torch.Tensor) and t.dim() == 2 else -1  # noqa: E731
+    return {
+        "batch size": shape(hidden, 0),
+        "k": k,
+        "return_log_probs": int(bool(log_probs)),
+        "reduce": REDUCE_MODES.index(reduce) if reduce in REDUCE_MODES else -1,
+        "hidden size": shape(hidden, 1),
+        "shard rows": shape(weight, 0),
+        "d2t length": d2t.shape[0] if isinstance(d2t, torch.Tensor) else -1,
+    }
+
+
+def _debug_check(group: Group, hidden, weight, d2t, k: int, reduce: str, log_probs: bool) -> None:
     """With ``LOCALARGMAX_DEBUG=1``, all-gather what each rank was called with
-    and raise ValueError on every rank if they differ (before the key
-    exchange, which cannot survive ranks that disagree on its size). The one
-    place every step calls."""
+    (:func:`_step_fields`) and raise ValueError on every rank if they differ
+    (before the key exchange, which cannot survive ranks that disagree on its
+    size). The one place every step calls."""
     if not envs.LOCALARGMAX_DEBUG:
         return
-    shape = lambda t, d: t.shape[d] if isinstance(t, torch.Tensor) and t.dim() == 2 else -1  # noqa: E731
-    check_step_consistency(
-        group,
-        [
-            shape(hidden, 0),
-            shape(hidden, 1),
-            shape(weight, 0),
-            d2t.shape[0] if isinstance(d2t, torch.Tensor) else -1,
-            k,
-        ],
-        ["batch size", "hidden size", "shard rows", "d2t length", "k"],
-    )
+    fields = _step_fields(hidden, weight, d2t, k, reduce, log_probs)
+    names = [f"reduce ({', '.join(f'{i} = {m}' for i, m in enumerate(REDUCE_MODES))})" if n == "reduce" else n
+             for n in fields]  # fmt: skip
+    check_step_consistency(group, list(fields.values()), names)
 
 
 def _host_checks(t: torch.Tensor) -> bool:
@@ -243,8 +256,9 @@ def lm_head_argmax(
         device-side assert (``torch._assert_async``, one small kernel per
         step) that raises at the next synchronisation. No id outside the
         vocabulary is ever returned. With ``LOCALARGMAX_DEBUG=1`` every step
-        first all-gathers the batch size, hidden size, shard rows and d2t
-        length and raises ValueError naming the ranks that differ; without
+        first all-gathers the batch size, ``k``, ``return_log_probs``, the
+        reduce mode, hidden size, shard rows and d2t length and raises
+        ValueError naming the input and the ranks that differ; without
         it, ranks called with different batch sizes make the collective fail
         (gloo may abort the process; NCCL may wait for the group's timeout)
         or raise the ValueError above. A rank that never arrives surfaces as
@@ -268,7 +282,7 @@ def _step(op, op_args, hidden, weight, vocab_start, num_valid, bias, d2t, group,
     None, ok)`` (see :func:`_exchange_checked`)."""
     _check_log_probs_args(lp, scale, cap, reduce)
     check_group(group, vocab_start=vocab_start)
-    _debug_check(group, hidden, weight, d2t, k)
+    _debug_check(group, hidden, weight, d2t, k, reduce, lp)
     kw = {"vocab_start": vocab_start, "num_valid": num_valid, "bias": bias, "scale": scale, "soft_cap": cap}
     out = op(hidden, weight, *op_args, log_partition=lp, **kw)
     keys, pairs = out if lp else (out, None)

@@ -32,7 +32,7 @@ from tests.support.problems import (
     simulated_topk,
     stack_frames,
 )
-from tests.support.reference import ref_argmax
+from tests.support.reference import check_against_reference, ref_argmax
 
 H, ROWS, B = 8, 6, 3
 KEYS = torch.tensor([5, -7, 9], dtype=torch.int64)
@@ -125,9 +125,9 @@ def test_callable_group_is_an_all_gather(gen):
     weight = torch.randn(900, 16, generator=gen)
     shards = make_shards(weight, None, 3, 64, hidden=hidden)
     keys = stack_frames(shard_keys(hidden, shards), [(s.vocab_start, s.num_valid) for _, _, s in shards])
-    for shard in shards:
-        ids = localargmax.lm_head_argmax(hidden, shard[0], **layout_kwargs(shard), group=lambda k: keys)
-        assert torch.equal(ids, ref_argmax(hidden, weight))
+    got = [localargmax.lm_head_argmax(hidden, sh[0], **layout_kwargs(sh), group=lambda k: keys) for sh in shards]
+    assert all(torch.equal(ids, got[0]) for ids in got), got
+    check_against_reference(got[0], hidden, weight)  # random data: near-ties judged with the float32 error bound
 
 
 # ----------------------------------------------------------------------------- the gathered buffer's layout
@@ -231,7 +231,33 @@ def _healthy_worker(rank, world, seed):
             torch.manual_seed(seed)  # the same hidden states on every rank
             h = torch.randn(4, 8)
             out[("debug_after", tp, reduce)] = timed(lambda: localargmax.lm_head_argmax(h, weight, **step))
+    if rank < 2:  # every input that changes what a rank sends, varied on rank 1 (tp 2)
+        weight = torch.randn(64, 8)
+        for vary, ops in PAYLOAD_OPS.items():
+            for op in ops:
+                out[("payload", vary, op)] = timed(_payload_call(op, rank == 1, vary, groups[2], rank, weight, seed))
     return out
+
+
+PAYLOAD_OPS = {  # localargmax.step.PAYLOAD_INPUTS -> the steps that take the input
+    "batch size": ("argmax", "topk", "sample"),
+    "k": ("topk",),
+    "return_log_probs": ("argmax", "topk", "sample"),
+    "reduce": ("argmax", "sample"),
+}
+
+
+def _payload_call(op, odd, vary, group, rank, weight, seed):
+    """The step ``op`` as rank ``rank`` calls it, the input ``vary`` differing on the odd rank."""
+    torch.manual_seed(seed)
+    hidden = torch.randn(5 if odd and vary == "batch size" else 4, 8)
+    kw = dict(vocab_start=rank * 64, group=group, return_log_probs=odd and vary == "return_log_probs")
+    reduce = "all_reduce" if odd and vary == "reduce" else "all_gather"
+    if op == "topk":
+        return lambda: localargmax.lm_head_topk(hidden, weight, 3 if odd and vary == "k" else 2, **kw)[0]
+    if op == "argmax":
+        return lambda: localargmax.lm_head_argmax(hidden, weight, reduce=reduce, **kw)
+    return lambda: localargmax.lm_head_sample(hidden, weight, temperature=1.0, seed=0, reduce=reduce, **kw)
 
 
 def _faulty_worker(rank, world, mode, reduce, marker_dir, absent_s):
@@ -355,6 +381,22 @@ def test_debug_flag_names_disagreeing_ranks(launches, tp, reduce):
             assert f"ranks {good}: {values[0]}" in res["error"] and f"ranks [{odd}]: {values[1]}" in res["error"], res
     after = [per_rank[r][("debug_after", tp, reduce)] for r in range(tp)]
     assert all(a["ok"] and a["value"] == after[0]["value"] for a in after), after
+
+
+def test_debug_flag_compares_every_payload_input(launches):
+    """LOCALARGMAX_DEBUG=1: ranks that differ in any input that changes the
+    exchange's payload (the list lives in localargmax.step.PAYLOAD_INPUTS) all
+    raise ValueError naming it, before the collective."""
+    from localargmax.step import PAYLOAD_INPUTS
+
+    assert set(PAYLOAD_OPS) == set(PAYLOAD_INPUTS), "a payload input without a multi-rank case"
+    per_rank, _ = _healthy(launches)
+    for vary, ops in PAYLOAD_OPS.items():
+        for op in ops:
+            for r in range(2):
+                res = per_rank[r][("payload", vary, op)]
+                assert not res["ok"] and res["type"] == "ValueError", f"{vary}/{op} rank {r}: {res}"
+                assert f"LOCALARGMAX_DEBUG: ranks disagree on {vary}" in res["error"], res
 
 
 def _fault(launches, name):

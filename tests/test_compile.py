@@ -27,9 +27,7 @@ ENTRY_POINTS = {  # name: f(hidden, weight) -> tensor or tuple of tensors
     ),
     "shard_topk": lambda h, w: localargmax.shard_topk(h, w, 3, vocab_start=64, num_valid=V),
     "shard_topk_log_partition": lambda h, w: localargmax.shard_topk(h, w, 3, num_valid=V, log_partition=True),
-    "shard_sample": lambda h, w: localargmax.shard_sample(
-        h, w, torch.full((h.shape[0],), 0.8), 5, 2, num_valid=V
-    ),
+    "shard_sample": lambda h, w: localargmax.shard_sample(h, w, torch.full((h.shape[0],), 0.8), 5, 2, num_valid=V),
     "shard_sample_log_partition": lambda h, w: localargmax.shard_sample(
         h, w, torch.full((h.shape[0],), 0.8), 5, 2, num_valid=V, log_partition=True
     ),
