@@ -1,5 +1,6 @@
 """Every ``LOCALARGMAX_*`` environment variable: its type, default and meaning,
-in one table, each read once (at first use) and cached.
+in one table, each read from the environment when it is used (never cached;
+unset, empty or blank means the default).
 
     from localargmax import envs
     if envs.LOCALARGMAX_DEBUG: ...
@@ -8,9 +9,8 @@ Run-time code reads only ``LOCALARGMAX_DEBUG`` (and the vLLM plugin
 ``LOCALARGMAX_VLLM_PLUGIN``); kernel paths are chosen by the
 ops' ``path`` argument, never by the environment. The build variables are
 read by setup.py (which loads this file by path, before the package exists),
-the test and benchmark ones by tests/ and ``localargmax.bench``. Call
-:func:`reload` after changing ``os.environ`` in a running process (tests do).
-This module imports nothing from torch or the package.
+the test and benchmark ones by tests/ and ``localargmax.bench``. A change
+of ``os.environ`` in a running process counts from the next use. This module imports nothing from torch or the package.
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ KNOBS: dict[str, Knob] = {
         _flag,
         False,
         "run time",
-        "Before every key exchange, all-gather each rank's batch size, hidden size, shard rows, d2t length and k, "
-        "and raise ValueError on every rank, naming the ranks, if they differ (one extra small collective per step).",
+        "Before every key exchange, all-gather each rank's batch size, k, return_log_probs, reduce mode, hidden size, "
+        "shard rows and d2t length, and raise ValueError on every rank, naming the input and the ranks, if they differ "
+        "(one extra small collective per step).",
     ),
     "LOCALARGMAX_VLLM_PLUGIN": Knob(
         _flag,
@@ -84,26 +85,20 @@ KNOBS: dict[str, Knob] = {
     ),
 }
 
-_cache: dict[str, Any] = {}
-
-
 def read(name: str) -> Any:
     """The parsed value of ``name`` (a key of :data:`KNOBS`), read from the
-    environment once and cached. Raises ValueError naming the variable for a
-    value that does not parse, KeyError for an unknown name."""
-    if name not in _cache:
-        knob = KNOBS[name]
-        raw = os.environ.get(name)
-        try:
-            _cache[name] = knob.default if raw is None or raw == "" else knob.parse(raw)
-        except ValueError as e:
-            raise ValueError(f"{name}={raw!r}: {e}") from None
-    return _cache[name]
-
-
-def reload() -> None:
-    """Forget the cached values: the next read sees ``os.environ`` as it is now."""
-    _cache.clear()
+    environment now, at every use (as vLLM's ``envs.py`` does): a variable set
+    after a first call takes effect at the next one. Unset, empty or blank
+    (only whitespace) means the default. Raises ValueError naming the
+    variable for a value that does not parse, KeyError for an unknown name."""
+    knob = KNOBS[name]
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return knob.default
+    try:
+        return knob.parse(raw.strip())
+    except ValueError as e:
+        raise ValueError(f"{name}={raw!r}: {e}") from None
 
 
 def __getattr__(name: str) -> Any:

@@ -212,7 +212,6 @@ def _healthy_worker(rank, world, seed):
                 step = dict(layout_kwargs(shard), group=groups[tp], reduce=reduce)
                 out[("layout", tp, batch, reduce)] = timed(lambda: localargmax.lm_head_argmax(hidden, shard[0], **step))
     os.environ["LOCALARGMAX_DEBUG"] = "1"
-    localargmax.envs.reload()
     for tp in (tp for tp in (2, 3) if rank < tp):
         odd, group, weight = rank == tp - 1, groups[tp], torch.randn(64, 8)
         for reduce in ("all_gather", "all_reduce"):

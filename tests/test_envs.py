@@ -1,27 +1,81 @@
 """localargmax/envs.py: the registry of LOCALARGMAX_* variables."""
 
 import pytest
+import torch
+
+import localargmax
+from localargmax import envs
+
+# A valid value other than the default, for every knob (the test fails when a knob has none here).
+OTHER_VALUE = {
+    "LOCALARGMAX_DEBUG": ("1", True),
+    "LOCALARGMAX_VLLM_PLUGIN": ("0", False),
+    "LOCALARGMAX_CUDA": ("0", False),
+    "LOCALARGMAX_CUDA_ARCH": ("90a", "90a"),
+    "LOCALARGMAX_BUILD_JOBS": ("3", 3),
+    "LOCALARGMAX_BENCH_SMOKE": ("1", True),
+    "LOCALARGMAX_TEST_SEED": ("17", 17),
+    "LOCALARGMAX_STRESS_CASES": ("5", 5),
+    "LOCALARGMAX_TEST_START": ("spawn", "spawn"),
+}
 
 
-def test_envs_registry_reads_once_and_parses(monkeypatch):
-    """Every LOCALARGMAX_* knob is in localargmax.envs with a default and a
-    meaning; values are read once (until reload) and a bad value names the
-    variable."""
-    from localargmax import envs
-
+def test_every_knob_is_documented_and_has_a_case():
     assert all(k.startswith("LOCALARGMAX_") and knob.meaning for k, knob in envs.KNOBS.items())
-    monkeypatch.setenv("LOCALARGMAX_DEBUG", "1")
-    envs.reload()
-    assert envs.LOCALARGMAX_DEBUG is True
-    monkeypatch.setenv("LOCALARGMAX_DEBUG", "0")
-    assert envs.LOCALARGMAX_DEBUG is True  # cached
-    envs.reload()
-    assert envs.LOCALARGMAX_DEBUG is False
+    assert set(OTHER_VALUE) == set(envs.KNOBS)
+
+
+@pytest.mark.parametrize("name", list(envs.KNOBS))
+@pytest.mark.parametrize("blank", ["", " ", "\t", " \n "])
+def test_a_blank_value_means_unset(name, blank, monkeypatch):
+    """``LOCALARGMAX_VLLM_PLUGIN=" "`` once disabled the plugin and
+    ``LOCALARGMAX_CUDA=" "`` gave a CPU-only build: blank is unset."""
+    monkeypatch.setenv(name, blank)
+    assert envs.read(name) == envs.KNOBS[name].default
+
+
+@pytest.mark.parametrize("name", list(envs.KNOBS))
+def test_a_knob_is_read_when_used(name, monkeypatch):
+    """No cache: a variable set after a first read counts from the next one."""
+    monkeypatch.delenv(name, raising=False)
+    assert getattr(envs, name) == envs.KNOBS[name].default
+    raw, parsed = OTHER_VALUE[name]
+    monkeypatch.setenv(name, f" {raw} ")
+    assert getattr(envs, name) == parsed
+    monkeypatch.delenv(name)
+    assert getattr(envs, name) == envs.KNOBS[name].default
+
+
+def test_bad_values_name_the_variable(monkeypatch):
     monkeypatch.setenv("LOCALARGMAX_DEBUG", "maybe")
-    envs.reload()
     with pytest.raises(ValueError, match="LOCALARGMAX_DEBUG='maybe'"):
         _ = envs.LOCALARGMAX_DEBUG
-    monkeypatch.delenv("LOCALARGMAX_DEBUG")
-    envs.reload()
+    monkeypatch.setenv("LOCALARGMAX_BUILD_JOBS", "0")
+    with pytest.raises(ValueError, match="LOCALARGMAX_BUILD_JOBS='0'"):
+        _ = envs.LOCALARGMAX_BUILD_JOBS
     with pytest.raises(AttributeError):
         _ = envs.LOCALARGMAX_NOT_A_KNOB
+
+
+def test_debug_set_after_a_first_call_takes_effect(monkeypatch):
+    """A notebook (or a spawn child whose module code already ran an op) that
+    sets LOCALARGMAX_DEBUG after a first step gets the check from the next
+    step on: the check's collective runs (here: a group that counts calls)."""
+    calls = []
+
+    def gather(keys):
+        calls.append(keys.shape)
+        return keys[None]
+
+    monkeypatch.delenv("LOCALARGMAX_DEBUG", raising=False)
+    hidden, weight = torch.randn(2, 8), torch.randn(20, 8)
+    localargmax.lm_head_argmax(hidden, weight, group=gather)
+    seen = []
+    monkeypatch.setattr(
+        "localargmax.step.check_step_consistency", lambda group, fields, names: seen.append(dict(zip(names, fields)))
+    )
+    localargmax.lm_head_argmax(hidden, weight, group=gather)
+    assert seen == []
+    monkeypatch.setenv("LOCALARGMAX_DEBUG", "1")
+    localargmax.lm_head_argmax(hidden, weight, group=gather)
+    assert len(seen) == 1 and seen[0]["batch size"] == 2

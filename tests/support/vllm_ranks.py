@@ -544,11 +544,9 @@ def _switch_case(plugin):
         "vllm."
     )
     os.environ["LOCALARGMAX_VLLM_PLUGIN"] = "0"
-    envs.reload()
     plugin.register()
     out["disabled_by_env"] = not plugin.is_active()
     del os.environ["LOCALARGMAX_VLLM_PLUGIN"]
-    envs.reload()
     plugin.register()
     plugin.register()  # idempotent
     out["reinstalled"] = plugin.is_active() and plugin._ORIGINAL["get_top_tokens"].__module__.startswith("vllm.")
