@@ -61,10 +61,10 @@ def test_help_exits_zero_and_teaches():
         (["--smoke", "--k", "4"], "--k goes with --op topk"),
         (["--smoke", "--op", "sample", "--k", "4"], "--k goes with --op topk"),
         (["--smoke", "--op", "topk", "--temperature", "0.5"], "--temperature goes with --op sample"),
-        (["--smoke", "--op", "topk", "--k", "0"], "--k must be in 1..64"),
+        (["--smoke", "--op", "topk", "--k", "0"], "argument --k: must be >= 1"),
         (["--smoke", "--op", "topk", "--k", "65"], "--k must be in 1..64"),
-        (["--smoke", "--op", "sample", "--temperature", "-1"], "--temperature must be"),
-        (["--smoke", "--op", "sample", "--temperature", "nan"], "--temperature must be"),
+        (["--smoke", "--op", "sample", "--temperature", "-1"], "argument --temperature: must be >= 0"),
+        (["--smoke", "--op", "sample", "--temperature", "nan"], "argument --temperature: must be a finite number"),
         (["--smoke", "--op", "topk", "--methods", "fused,unfused-local"], "not available with --op topk"),
         (["--smoke", "--op", "sample", "--methods", "fused-allreduce"], "not available with --op sample"),
         (["--smoke", "--op", "sample", "--seed", "-1"], "--seed"),
@@ -422,3 +422,36 @@ def test_legend_follows_the_printed_table(capsys):
     out = capsys.readouterr().out
     assert out.endswith(report.format_table(rows, False) + "\n" + report.format_legend(rows, False) + "\n")
     assert out.splitlines()[-2].startswith("speedup = full-gather's median time / this row's")
+
+
+def test_every_numeric_option_is_range_checked(capsys):
+    """Every option that takes a number refuses one out of its range (and
+    NaN / inf for a float) with exit 2 naming the option: ``--predict
+    --latency-ns -700`` once ran and recorded a negative latency."""
+    from localargmax.bench.cli import build_parser
+
+    parser = build_parser("localargmax-bench")
+    numeric = [a for a in parser._actions if a.type is not None and a.option_strings]
+    assert {a.option_strings[0] for a in numeric} >= {"--latency-ns", "--k", "--steps", "--timeout", "--vocab"}
+    for action in numeric:
+        option = action.option_strings[0]
+        assert action.type not in (int, float), f"{option} takes any {action.type.__name__}: give it a range"
+        bad = [str(action.type.below)] + (["nan", "inf"] if isinstance(action.type.below, float) else [])
+        for value in bad:
+            with pytest.raises(SystemExit) as exc:
+                parser.parse_args([option, value])
+            assert exc.value.code == 2
+            assert f"argument {option}:" in capsys.readouterr().err, (option, value)
+
+
+@pytest.mark.parametrize("writer", ["json", "write_table"])
+def test_every_file_writer_creates_its_folders(tmp_path, writer, monkeypatch):
+    """``--predict --json new/sub/p.json`` once computed the table, then exited
+    2 on the missing folder; every path the CLI writes goes through
+    report.write_output, which creates them."""
+    from localargmax.bench import cli
+
+    target = tmp_path / "new" / "sub" / "out.json"
+    argv = ["--predict", "--model", "qwen3", "--tp", "8", "--batch", "1", f"--{writer.replace('_', '-')}", str(target)]
+    assert cli.main(argv, prog="localargmax-bench") == 0
+    assert target.exists() and target.read_text().startswith("{")

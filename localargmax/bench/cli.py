@@ -5,6 +5,7 @@ lm_heads. Run with ``--help`` for what is measured and examples."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
@@ -223,10 +224,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         prog=prog, description=description, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--model", choices=MODELS, default="minilm", help="lm_head and inputs (default: minilm)")
-    p.add_argument("--vocab", type=int, help="vocabulary size, with --model synthetic")
-    p.add_argument("--hidden", type=int, help="hidden size, with --model synthetic")
+    p.add_argument("--vocab", type=_int_at_least(1), help="vocabulary size, with --model synthetic")
+    p.add_argument("--hidden", type=_int_at_least(1), help="hidden size, with --model synthetic")
     p.add_argument(
-        "--draft-vocab", type=int, help="minilm: size K of the d2t draft-vocab shape (default 8192; 0 skips it)"
+        "--draft-vocab",
+        type=_int_at_least(0),
+        help="minilm: size K of the d2t draft-vocab shape (default 8192; 0 skips it)",
     )
     p.add_argument(
         "--tp",
@@ -246,8 +249,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="what a step computes: argmax (greedy, default), topk (--k ids per row) or "
         "sample (softmax(logits / --temperature))",
     )
-    p.add_argument("--k", type=int, help="--op topk: ids per row, 1..64 (default 8)")
-    p.add_argument("--temperature", type=float, help="--op sample: temperature T >= 0 (default 1.0; 0 = greedy)")
+    p.add_argument("--k", type=_int_at_least(1), help="--op topk: ids per row, 1..64 (default 8)")
+    p.add_argument(
+        "--temperature", type=_float_at_least(0.0), help="--op sample: temperature T >= 0 (default 1.0; 0 = greedy)"
+    )
     p.add_argument(
         "--log-probs",
         action="store_true",
@@ -259,21 +264,25 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--methods", help=f"comma-separated subset of the --op's methods (default: all of them; {methods_help})"
     )
     p.add_argument(
-        "--steps", type=int, help="timed steps per row (default: 100 minilm, 10 big shapes on CPU; 200 on CUDA)"
+        "--steps",
+        type=_int_at_least(1),
+        help="timed steps per row (default: 100 minilm, 10 big shapes on CPU; 200 on CUDA)",
     )
     p.add_argument(
-        "--warmup", type=int, help="untimed steps before them (default: 10 minilm, 2 big shapes on CPU; 20 on CUDA)"
+        "--warmup",
+        type=_int_at_least(0),
+        help="untimed steps before them (default: 10 minilm, 2 big shapes on CPU; 20 on CUDA)",
     )
-    p.add_argument("--threads", type=int, help="torch threads per rank (default max(1, cpu_count // tp))")
+    p.add_argument("--threads", type=_int_at_least(1), help="torch threads per rank (default max(1, cpu_count // tp))")
     p.add_argument(
         "--seed",
-        type=int,
+        type=_int_at_least(0),
         default=0,
         help="seed of sampled positions, synthetic weights and --op sample's noise (default 0)",
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=_float_above(0.0),
         default=60.0,
         metavar="SECONDS",
         help="every collective this run starts fails after this long instead of hanging, e.g. when a "
@@ -289,7 +298,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="time the local step alone on one process, beside the "
         "op's baselines and the roofline yardsticks (see above)",
     )
-    p.add_argument("--rows", type=int, help="--kernel-only: time a shard of this many rows instead of the --tp shards")
+    p.add_argument(
+        "--rows", type=_int_at_least(1), help="--kernel-only: time a shard of this many rows instead of the --tp shards"
+    )
     p.add_argument("--no-plot", action="store_true", help="--kernel-only: no PNG beside the --json file")
     p.add_argument(
         "--no-compile",
@@ -298,7 +309,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-seconds",
-        type=float,
+        type=_float_at_least(0.0),
         default=10.0,
         help="--kernel-only: cut timed calls to fit this many seconds per row (default 10; 0 = no cut)",
     )
@@ -310,7 +321,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--tune-seconds",
-        type=float,
+        type=_float_above(0.0),
         help="--tune: stop timing after this many seconds (cells not reached keep the model's choice)",
     )
     p.add_argument(
@@ -321,7 +332,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="--predict / --tune: write the dispatch table (default PATH: localargmax/dispatch_table.json)",
     )
     p.add_argument("--gpu", default="H200", choices=("H200",), help="--predict: the device spec (default H200)")
-    p.add_argument("--latency-ns", type=float, help="--predict: memory latency in ns (default: the spec's, 700)")
+    p.add_argument(
+        "--latency-ns", type=_float_above(0.0), help="--predict: memory latency in ns (default: the spec's, 700)"
+    )
     p.add_argument("--registers", metavar="FILE", help="--predict: registers from this cuobjdump dump or build log")
     p.add_argument(
         "--smoke",
@@ -329,6 +342,58 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help=f"tiny fast run for tests (also {SMOKE_ENV}=1): B=1,4, 3 steps, plus a tiny synthetic shape",
     )
     return p
+
+
+def _int_at_least(low: int):
+    """argparse type: an int >= ``low`` (else exit 2 naming the option)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.below = low - 1  # a value it refuses (tests/test_bench_cli.py walks every numeric option)
+    return parse
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def _float_at_least(low: float):
+    """argparse type: a finite float >= ``low``."""
+
+    def parse(text: str) -> float:
+        value = _float(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low:g}, got {text}")
+        return value
+
+    parse.below = low - 1.0
+    return parse
+
+
+def _float_above(low: float):
+    """argparse type: a finite float > ``low``."""
+
+    def parse(text: str) -> float:
+        value = _float(text)
+        if not value > low:
+            raise argparse.ArgumentTypeError(f"must be > {low:g}, got {text}")
+        return value
+
+    parse.below = low
+    return parse
 
 
 def _int_list(text: str, what: str) -> list[int]:

@@ -19,10 +19,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from pathlib import Path
 
 from . import predict as pm
 from . import tune
+from .report import write_output
 
 LABEL = "PREDICTED (bandwidth model, not measured)"
 LEGEND = (
@@ -224,7 +224,7 @@ def run_predict(args, command: str) -> int:
     )
     if args.json:
         text = dumps(doc)
-        sys.stdout.write(text) if args.json == "-" else Path(args.json).write_text(text)
+        write_output(args.json, text)
     if args.write_table:
         table_doc["commit"] = tune.git_commit()
         tune.write_table(table_doc, args.write_table)

@@ -287,8 +287,17 @@ def finish(rows: list[dict], cfg, kernel_only: bool) -> None:
         if to_stdout:
             print(text, flush=True)
         else:
-            directory = os.path.dirname(os.path.abspath(cfg.json_path))
-            os.makedirs(directory, exist_ok=True)
-            with open(cfg.json_path, "w") as f:
-                f.write(text + "\n")
+            write_output(cfg.json_path, text + "\n")
             print(f"wrote {len(rows)} rows to {cfg.json_path}", file=out)
+
+
+def write_output(path, text: str) -> None:
+    """Write ``text`` to ``path`` ('-': stdout), creating its folders: every
+    file the CLI writes (``--json``, ``--write-table``) goes through here, so a
+    computed table is never lost to a missing folder."""
+    if str(path) == "-":
+        sys.stdout.write(text)
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -252,6 +253,7 @@ def plot_kernel_rows(rows: list[dict], path: str, device_label: str) -> str | No
         ax.axis("off")
     fig.suptitle(f"--kernel-only --op {rows[0].get('op', 'argmax')}: time vs batch, {device_label} figures")
     fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None

@@ -244,9 +244,10 @@ def dumps(doc: dict) -> str:
 
 def write_table(doc: dict, path: str | Path = TABLE_PATH) -> None:
     from ..dispatch import validate
+    from .report import write_output
 
     validate(doc)
-    Path(path).write_text(dumps(doc))
+    write_output(path, dumps(doc))
 
 
 # --- --tune ---------------------------------------------------------------------------------------------------
@@ -394,5 +395,7 @@ def run_tune(table_path: str | None, json_path: str | None, command: str, second
     print(f"wrote the measured dispatch table to {table_path or TABLE_PATH}", file=sys.stderr)
     if json_path:
         text = json.dumps({"tune_cut": doc["tune_cut"], "measurements": doc["measurements"]}, indent=1)
-        sys.stdout.write(text + "\n") if json_path == "-" else Path(json_path).write_text(text + "\n")
+        from .report import write_output
+
+        write_output(json_path, text + "\n")
     return 0
