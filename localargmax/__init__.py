@@ -13,6 +13,7 @@ Public API:
                                             (all three: return_log_probs=True, fused log-probabilities)
     log_probs_from_pairs                    the log-probabilities' merge of the ranks' pairs
     exchange_keys                           the collective step alone
+    payload_length                          int64 words one rank sends per step (a callable group's buffer)
     shard_vocab, VocabShard, check_layouts  the standard vocab-parallel layout
     VocabParallelLMHead, LocalArgmaxMixin   drop-in pieces for draft models
     build_d2t, validate_d2t                 EAGLE-3 draft-to-target maps
@@ -35,7 +36,7 @@ if getattr(_C, "TORCH_VERSION", None) != _torch.__version__:
         f"{_torch.__version__} is loaded (a C++ extension runs only on the torch it was compiled against); {_REBUILD}"
     )
 
-from .collective import exchange_keys
+from .collective import exchange_keys, payload_length
 from .d2t import build_d2t, draft_to_target_ids, validate_d2t
 from .layout import VocabShard, check_layouts, shard_vocab
 from .lm_head import LocalArgmaxMixin, VocabParallelLMHead
@@ -64,6 +65,7 @@ __all__ = [
     "lm_head_topk",
     "log_probs_from_pairs",
     "merge_keys",
+    "payload_length",
     "shard_argmax",
     "shard_sample",
     "shard_topk",

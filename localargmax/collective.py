@@ -171,6 +171,27 @@ PAIRS_FLAG = 1 << 40
 """Added to the header's size word when log-partition pairs follow the keys (see :func:`frame_keys`)."""
 
 
+def payload_length(batch: int, k: int = 1, log_probs: bool = False) -> int:
+    """Int64 words one rank sends in a step's exchange (:func:`frame_keys`):
+    ``batch·k`` keys, ``batch`` log-partition words with ``log_probs``, then
+    the :data:`HEADER_LEN`-word header. A callable ``group`` is handed a
+    ``[payload_length(...)]`` int64 tensor and returns ``[tp, payload_length(...)]``;
+    an engine that preallocates its gather buffer (for CUDA graphs) sizes it
+    from this. Bytes per rank: ``8 * payload_length(...)``.
+
+    Args:
+        batch: rows ``B >= 0``; k: keys per row (1 for argmax and sampling,
+            ``k`` for top-k); log_probs: whether the step has ``return_log_probs=True``.
+
+    Raises:
+        ValueError for a negative ``batch`` or ``k < 1``.
+    """
+    for name, value, low in (("batch", batch, 0), ("k", k, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return batch * k + (batch if log_probs else 0) + HEADER_LEN
+
+
 def frame_keys(keys: torch.Tensor, vocab_end: int, pairs: torch.Tensor | None = None) -> torch.Tensor:
     """One rank's payload for a step's key exchange: its keys, flattened, then
     (with ``pairs``) one int64 word per batch row holding the row's

@@ -85,6 +85,7 @@ KNOBS: dict[str, Knob] = {
     ),
 }
 
+
 def read(name: str) -> Any:
     """The parsed value of ``name`` (a key of :data:`KNOBS`), read from the
     environment now, at every use (as vLLM's ``envs.py`` does): a variable set

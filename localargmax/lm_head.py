@@ -25,7 +25,8 @@ class VocabParallelLMHead(nn.Module):
         rank, world_size: this TP rank and the TP world size; the layout is
             :func:`localargmax.shard_vocab` ``(V, rank, world_size, pad_to)``.
         group: ``None`` (world size 1), a ``torch.distributed.ProcessGroup`` or a
-            callable ``all_gather(keys [B]) -> [tp, B]``. With a ProcessGroup the
+            callable all-gather of the framed payload, ``[L] -> [tp, L]`` with
+            ``L = localargmax.payload_length(B)``. With a ProcessGroup the
             ranks' layouts are all-gathered and checked once here. ``None`` or a
             group of one rank with ``world_size > 1`` (or ``rank > 0``) is refused
             (``dist.group.WORLD`` is None before ``init_process_group``).

@@ -74,7 +74,7 @@ def _exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: 
     * every nonzero key decodes to an id below ``vocab_total``, the end of the
       valid vocabulary over all ranks (a corrupt exchange cannot yield an id
       outside the vocabulary);
-    * ``d2t``, if given, covers every draft id ``[0, vocab_total)``.
+    * ``d2t``, if given, has one entry per draft id: exactly ``vocab_total``.
 
     Returns ``(keys [tp, *keys.shape], pairs [tp, B, 2] float32 or None,
     ok)``: on the host (CPU, eager) the checks raise ValueError at once and
@@ -97,7 +97,7 @@ def _exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: 
         out_of_range = (body != 0) & (key_index(body) >= vocab_total)
         ok = (sizes == size).all() & (neg_sizes == -size).all() & ~out_of_range.any()
         if d2t is not None:
-            ok = ok & (vocab_total <= d2t.shape[0])
+            ok = ok & (vocab_total == d2t.shape[0])
         return body, got_pairs, ok
     # On the host: the headers as Python ints (one read), few tensor ops.
     header = gathered[:, h0:].tolist()
@@ -127,10 +127,11 @@ def _exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: 
             f"a received key decodes to vocabulary id {bad}, outside the valid vocabulary [0, {vocab_total}) "
             "of the TP ranks: the key exchange was corrupted (ranks out of step?)"
         )
-    if d2t is not None and d2t.shape[0] < vocab_total:
+    if d2t is not None and d2t.shape[0] != vocab_total:
         raise ValueError(
-            f"d2t has {d2t.shape[0]} entries but the draft vocabulary of the TP ranks spans ids [0, {vocab_total}): "
-            "d2t must map every draft id (check it once at load time with localargmax.validate_d2t)"
+            f"d2t has {d2t.shape[0]} entries but the draft vocabulary of the TP ranks has {vocab_total} ids "
+            f"[0, {vocab_total}): d2t must be 1-D [draft_vocab_size={vocab_total}], one entry per draft id, as "
+            'localargmax.validate_d2t requires (DESIGN.md, "d2t")'
         )
     return body, got_pairs, None
 
@@ -222,7 +223,10 @@ def lm_head_argmax(
             :func:`localargmax.validate_d2t`; it is not re-checked per step.
         group: ``None`` (world size 1), a ``torch.distributed.ProcessGroup``
             (NCCL for CUDA tensors, gloo for CPU tensors), or a callable
-            ``all_gather(keys [B]) -> [tp, B]``. A TP rank given ``None``
+            all-gather an engine owns: it is handed this rank's framed payload,
+            ``[L]`` int64 with ``L = localargmax.payload_length(B, k,
+            return_log_probs)`` (keys, log-partition words, 3-word header),
+            and returns every rank's, ``[tp, L]``. A TP rank given ``None``
             (``dist.group.WORLD`` before ``init_process_group``) gets its own
             shard's winners: with ``vocab_start != 0`` that warns once per
             process; rank 0 cannot be told from world size 1.
@@ -363,8 +367,8 @@ def lm_head_topk(
 
     Args:
         hidden, weight, vocab_start, num_valid, bias, d2t, group: as in
-            :func:`lm_head_argmax` (a callable group gets keys ``[B, k]`` and
-            returns ``[tp, B, k]``).
+            :func:`lm_head_argmax` (a callable group gets ``[L]``, ``L =
+            payload_length(B, k, return_log_probs)``, and returns ``[tp, L]``).
         k: ``1 <= k <= 64``, at most the valid vocabulary size.
         return_log_probs, logit_scale, soft_cap: as in :func:`lm_head_argmax`
             (``8·k·B + 8·B + 24`` bytes per rank).

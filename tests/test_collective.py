@@ -562,3 +562,60 @@ def test_check_group_refuses_a_tp_layout_without_a_group():
         localargmax.collective.check_group(None, world_size=2, rank=1)
     localargmax.collective.check_group(None, world_size=1, rank=0)  # world size 1: None is right
     localargmax.collective.check_group(lambda k: k[None], world_size=2, rank=1)  # a callable: size unseen
+
+
+# ----------------------------------------------------------------------------- the engine-callable contract
+
+
+@pytest.mark.parametrize("tp", [1, 3])
+@pytest.mark.parametrize("log_probs", [False, True])
+@pytest.mark.parametrize("op", ["argmax", "topk", "sample"])
+def test_callable_group_preallocated_from_payload_length(gen, op, log_probs, tp):
+    """An engine preallocates its gather buffer ``[tp, payload_length(B, k,
+    log_probs)]`` (as for a CUDA graph) and copies what it is handed into it:
+    every step hands exactly that length, and the ids are float64's."""
+    vocab, hsize, k = 3 * 64, 8, 4
+    full = torch.randn(vocab, hsize, generator=gen)
+    shards = make_shards(full, None, tp, 64)
+    for batch in (0, 1, 5):
+        hidden = torch.randn(batch, hsize, generator=gen)
+        length = localargmax.payload_length(batch, k if op == "topk" else 1, log_probs)
+        buffer = torch.empty(tp, length, dtype=torch.int64)
+        handed = []
+        frames = {}
+        for r, (w, _, shard) in enumerate(shards):
+            kw = dict(vocab_start=shard.vocab_start, num_valid=shard.num_valid, return_log_probs=log_probs)
+
+            def capture(x, r=r):
+                handed.append(x.shape)
+                frames[r] = x.clone()
+                return x[None].expand(tp, -1).clone()
+
+            _STEP_OF[op](hidden, w, k, group=capture, **kw)
+        assert handed == [(length,)] * tp, (handed, length)
+
+        def gather(x):
+            assert x.shape == (length,)
+            for r in range(tp):
+                buffer[r].copy_(frames[r])
+            return buffer
+
+        got = _STEP_OF[op](hidden, shards[0][0], k, group=gather, vocab_start=0, num_valid=shards[0][2].num_valid,
+                           return_log_probs=log_probs)  # fmt: skip
+        ids = got[0] if isinstance(got, tuple) else got
+        if op == "argmax":
+            check_against_reference(ids, hidden, full, min_clear_fraction=0.5)
+
+
+_STEP_OF = {
+    "argmax": lambda h, w, k, **kw: localargmax.lm_head_argmax(h, w, **kw),
+    "topk": lambda h, w, k, **kw: localargmax.lm_head_topk(h, w, k, **kw),
+    "sample": lambda h, w, k, **kw: localargmax.lm_head_sample(h, w, temperature=1.0, seed=7, **kw),
+}
+
+
+def test_payload_length_refuses_bad_sizes():
+    assert localargmax.payload_length(4) == 4 + 3 and localargmax.payload_length(4, 8, True) == 32 + 4 + 3
+    for bad in ({"batch": -1}, {"batch": 2, "k": 0}, {"batch": True}):
+        with pytest.raises(ValueError, match="must be an int"):
+            localargmax.payload_length(**bad)

@@ -261,6 +261,7 @@ def test_no_valid_vocabulary_names_num_valid():
         raises_cleanly(ValueError, "exceeds the valid vocabulary", localargmax.lm_head_topk, h, w, 1, **kwargs)
 
 
+@pytest.mark.filterwarnings("ignore:group is None but vocab_start")  # one shard on its own, on purpose
 def test_largest_index_accepted_everywhere():
     """The last legal index 2**32 - 2 works at every entry point."""
     big = localargmax.MAX_GLOBAL_INDEX
@@ -283,13 +284,17 @@ def test_lm_head_argmax_rejects_bad_d2t(case):
 # ------------------------------------------ d2t coverage and a corrupt exchange (checked from the step header)
 
 
-@pytest.mark.parametrize("short", [1, 3])
+@pytest.mark.parametrize("off", [-3, -1, 1, 5])
 @pytest.mark.parametrize("op", ["argmax", "topk", "sample"])
-def test_short_d2t_refused_on_every_call(gen, op, short):
-    """A d2t shorter than the draft vocabulary is refused whichever id wins,
-    a winner among the covered rows included."""
+def test_d2t_of_another_length_refused_on_every_call(gen, op, off):
+    """A d2t shorter or longer than the draft vocabulary is refused whichever
+    id wins, a winner among the covered rows included: the one rule of
+    validate_d2t (DESIGN.md, "The d2t rule"); the module and the mixin too."""
     vocab, hsize = 40, 8
-    d2t = torch.zeros(vocab - short, dtype=torch.int64)
+    d2t = torch.zeros(vocab + off, dtype=torch.int64)
+    match = rf"d2t has {vocab + off} entries .* draft vocabulary of the TP ranks has {vocab} ids"
+    with pytest.raises(ValueError, match=r"d2t must be 1-D \[draft_vocab_size=40\]"):
+        localargmax.validate_d2t(d2t, vocab, 2 * vocab)
     for winner in (0, vocab // 2, vocab - 1):
         hidden, weight = _planted(gen, vocab, hsize, winner)
         call = {
@@ -297,9 +302,20 @@ def test_short_d2t_refused_on_every_call(gen, op, short):
             "topk": lambda: localargmax.lm_head_topk(hidden, weight, 2, d2t=d2t),
             "sample": lambda: localargmax.lm_head_sample(hidden, weight, temperature=0.5, seed=1, d2t=d2t),
         }[op]
-        with pytest.raises(ValueError, match=rf"d2t has {vocab - short} entries .* spans ids \[0, {vocab}\)"):
+        with pytest.raises(ValueError, match=match):
             call()
-    # a table that covers the vocabulary still works, and maps
+    head = localargmax.VocabParallelLMHead.from_full(weight, 0, 1)
+    with pytest.raises(ValueError, match=match):
+        head(hidden, d2t)
+
+    class Draft(torch.nn.Module, localargmax.LocalArgmaxMixin):
+        def __init__(self):
+            super().__init__()
+            self.lm_head, self.draft_id_to_target_id = head, d2t
+
+    with pytest.raises(ValueError, match=match):
+        Draft().get_top_tokens(hidden)
+    # a table of the vocabulary's length works, and maps
     hidden, weight = _planted(gen, vocab, hsize, 5)
     full = torch.arange(vocab, dtype=torch.int64) * 2
     assert localargmax.lm_head_argmax(hidden, weight, d2t=full).tolist() == [5 + 10]
