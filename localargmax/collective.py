@@ -171,7 +171,17 @@ PAIRS_FLAG = 1 << 40
 """Added to the header's size word when log-partition pairs follow the keys (see :func:`frame_keys`)."""
 
 
-def payload_length(batch: int, k: int = 1, log_probs: bool = False) -> int:
+def padded_words(words: int, align_bytes: int = 8) -> int:
+    """``words`` int64 words rounded up to a multiple of ``align_bytes`` bytes
+    (a power of two >= 8): the padding rule of a collective that takes whole
+    16-byte units (vLLM's custom all-gather), the same on every rank."""
+    if align_bytes < 8 or align_bytes & (align_bytes - 1):
+        raise ValueError(f"align_bytes must be a power of two >= 8, got {align_bytes!r}")
+    per = align_bytes // 8
+    return -(-words // per) * per
+
+
+def payload_length(batch: int, k: int = 1, log_probs: bool = False, align_bytes: int = 8) -> int:
     """Int64 words one rank sends in a step's exchange (:func:`frame_keys`):
     ``batch·k`` keys, ``batch`` log-partition words with ``log_probs``, then
     the :data:`HEADER_LEN`-word header. A callable ``group`` is handed a
@@ -182,14 +192,16 @@ def payload_length(batch: int, k: int = 1, log_probs: bool = False) -> int:
     Args:
         batch: rows ``B >= 0``; k: keys per row (1 for argmax and sampling,
             ``k`` for top-k); log_probs: whether the step has ``return_log_probs=True``.
+        align_bytes: pad to a multiple of this many bytes (:func:`padded_words`;
+            the vLLM plugin sends 16-byte multiples).
 
     Raises:
-        ValueError for a negative ``batch`` or ``k < 1``.
+        ValueError for a negative ``batch``, ``k < 1`` or a bad ``align_bytes``.
     """
     for name, value, low in (("batch", batch, 0), ("k", k, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return batch * k + (batch if log_probs else 0) + HEADER_LEN
+    return padded_words(batch * k + (batch if log_probs else 0) + HEADER_LEN, align_bytes)
 
 
 def frame_keys(keys: torch.Tensor, vocab_end: int, pairs: torch.Tensor | None = None) -> torch.Tensor:

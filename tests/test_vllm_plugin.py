@@ -140,6 +140,7 @@ def test_bytes_per_rank_per_step(res):
     for row in res["bytes"]:
         b, k = row["batch"], row["k"]
         assert row["ours"] == 8 * b * k + 24 + (8 * b if row["log_probs"] else 0)
+        assert row["ours_wire"] == -(-row["ours"] // 16) * 16  # padded to 16-byte units on the wire
         if row["method"] == "get_top_tokens":
             assert row["vllm"] == 8 * b  # float32 (value, index) pairs
         else:
@@ -198,3 +199,27 @@ def test_set_up_and_plugin_on_a_cpu_with_amx_tiles(res):
     for row, (ours, ref, gap) in enumerate(zip(r["ours"], r["ref"], r["gap"])):
         if gap > GAP:
             assert ours == ref, f"row {row}: ours {ours}, float64 {ref}"
+
+
+def test_exchange_runs_on_vllms_group_coordinator(res):
+    """The fused path exchanges through GroupCoordinator.all_gather (one call per
+    step) and makes no raw torch.distributed call outside the coordinator."""
+    r = res["collective"]
+    assert r["coordinator_calls"] == 2, r["coordinator_calls"]  # get_top_tokens, get_top_k_tokens(log-probs)
+    assert r["raw_outside"] == [], r["raw_outside"]
+    for row, (ours, ref, gap) in enumerate(zip(r["ids"], r["ref"], r["gap"])):
+        if gap > GAP:
+            assert ours == ref, f"row {row}: ours {ours}, float64 {ref}"
+    assert r["topk_ids"] == r["ref_topk_ids"] and r["log_probs_err"] <= 1e-5
+    assert r["collective_stat"] == ["collective: GroupCoordinator.all_gather (CpuCommunicator)"]
+
+
+def test_padding_round_trips_for_every_batch_and_k(res):
+    r = res["collective"]
+    assert r["padding_cases"] == 10 * 5 * 2 and r["padding_bad"] == []
+
+
+def test_each_fallback_reason_logs_once(res):
+    logged = res["fallback_warnings"]
+    assert set(logged) == set(FALLBACKS.values()), logged
+    assert all(n == 1 for n in logged.values()), logged

@@ -9,8 +9,9 @@ through ``LocalArgmaxMixin.get_top_tokens`` -> ``LogitsProcessor.get_top_tokens`
 group ``vllm.general_plugins``, loaded by vLLM in every process) replaces those
 two methods with :func:`get_top_tokens` / :func:`get_top_k_tokens`, which run
 :func:`localargmax.lm_head_argmax` / :func:`localargmax.lm_head_topk` on vLLM's
-own ``ParallelLMHead`` (its weight, ``shard_indices`` and TP group's device
-group). vLLM's ``LocalArgmaxMixin`` still applies ``d2t`` (``top + d2t[top]``)
+own ``ParallelLMHead`` (its weight and ``shard_indices``), exchanging through
+the TP ``GroupCoordinator.all_gather`` (docs/vllm.md says which collective
+that is in each vLLM mode). vLLM's ``LocalArgmaxMixin`` still applies ``d2t`` (``top + d2t[top]``)
 unchanged.
 
 Everything the fused op does not cover runs vLLM's original method
@@ -32,6 +33,8 @@ import math
 import sys
 
 import torch
+
+from ..collective import padded_words
 
 logger = logging.getLogger("localargmax.integrations.vllm")
 
@@ -84,7 +87,10 @@ def is_active() -> bool:
 
 
 def stats() -> dict:
-    """Calls in this process: ``{"fused": n, "fallback: <reason>": n, ...}``."""
+    """Calls in this process: ``{"fused": n, "fallback: <reason>": n,
+    "collective: GroupCoordinator.all_gather (<vLLM device communicator>)": n}``
+    (the last: exchanges of the fused path at TP > 1, by the communicator
+    class vLLM's coordinator dispatched to)."""
     return dict(_STATS)
 
 
@@ -144,8 +150,50 @@ def unsupported_reason(
     return None
 
 
+def _fallback(reason: str) -> None:
+    """Count a call that runs vLLM's own method, and log each reason once at WARNING."""
+    key = "fallback: " + reason
+    if key not in _STATS:
+        logger.warning(
+            "localargmax: vLLM's own LogitsProcessor method runs for %s (logged once per reason; "
+            "localargmax.integrations.vllm.stats() counts the calls)",
+            reason,
+        )
+    _STATS[key] += 1
+
+
+PAYLOAD_ALIGN_BYTES = 16
+"""The exchange's payload is padded to this many bytes (vLLM's custom one-shot
+all-gather takes fp16 / bf16 / fp32 in 16-byte multiples): the same rule on
+every rank, ``localargmax.payload_length(..., align_bytes=16)``."""
+
+
+def _coordinator_all_gather(coordinator):
+    """The step's collective on vLLM's ``GroupCoordinator``: a callable group
+    (``[L]`` int64 -> ``[tp, L]``) that pads the payload to
+    :data:`PAYLOAD_ALIGN_BYTES`, bit-casts it to float32 (an all-gather moves
+    bits; no arithmetic touches them) and calls ``coordinator.all_gather(x,
+    dim=0)``, so vLLM's device communicator picks its collective (pynccl, also
+    under CUDA-graph capture; NCCL symmetric memory where enabled; gloo / shared
+    memory on CPU) — never raw torch.distributed on the group."""
+    tp = coordinator.world_size
+    name = f"collective: GroupCoordinator.all_gather ({type(coordinator.device_communicator).__name__})"
+
+    def all_gather(payload: torch.Tensor) -> torch.Tensor:
+        length = payload.shape[0]
+        words = padded_words(length, PAYLOAD_ALIGN_BYTES)
+        if words != length:
+            payload = torch.cat([payload, payload.new_zeros(words - length)])
+        gathered = coordinator.all_gather(payload.view(torch.float32), dim=0)
+        _STATS[name] += 1
+        return gathered.view(torch.int64).view(tp, words)[:, :length]
+
+    return all_gather
+
+
 def _layout(lm_head):
-    """(vocab_start, num_valid, group) of a vLLM ParallelLMHead."""
+    """(vocab_start, num_valid, group) of a vLLM ParallelLMHead: the group is
+    None at TP 1, else the TP ``GroupCoordinator``'s all-gather."""
     idx = lm_head.shard_indices
     start, end = int(idx.org_vocab_start_index), int(idx.org_vocab_end_index)
     if lm_head.tp_size == 1:
@@ -155,7 +203,7 @@ def _layout(lm_head):
         from vllm.distributed import get_tp_group
 
         coordinator = get_tp_group()
-    return start, end - start, coordinator.device_group
+    return start, end - start, _coordinator_all_gather(coordinator)
 
 
 def get_top_tokens(self, lm_head, hidden_states: torch.Tensor, embedding_bias: torch.Tensor | None = None):
@@ -164,7 +212,7 @@ def get_top_tokens(self, lm_head, hidden_states: torch.Tensor, embedding_bias: t
     float32 logits (ties to the smallest id, exact past 2**24)."""
     reason = unsupported_reason(self, lm_head, hidden_states, embedding_bias)
     if reason is not None:
-        _STATS["fallback: " + reason] += 1
+        _fallback(reason)
         return _ORIGINAL["get_top_tokens"](self, lm_head, hidden_states, embedding_bias)
     from ..step import lm_head_argmax
 
@@ -197,7 +245,7 @@ def get_top_k_tokens(
     per rank in the same exchange instead of vLLM's extra all-gather)."""
     reason = unsupported_reason(self, lm_head, hidden_states, embedding_bias, k, return_log_probs)
     if reason is not None:
-        _STATS["fallback: " + reason] += 1
+        _fallback(reason)
         return _ORIGINAL["get_top_k_tokens"](
             self, lm_head, hidden_states, k, embedding_bias, return_log_probs=return_log_probs
         )

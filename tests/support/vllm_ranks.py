@@ -10,6 +10,7 @@ plugin installed (reached through ``LogitsProcessor``, i.e. vLLM's call path).
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -38,6 +39,19 @@ TOPK_CASES = {  # name: (vocab, hidden size, batch, k, dtype, keywords of _topk_
     "f32_k5_bias_scale_softcap_logprobs": (777, 24, 4, 5, torch.float32, {"bias": True, **LOG_PROBS, **SCALE_SOFTCAP}),
     "bf16_k4_scale_logprobs": (999, 64, 8, 4, torch.bfloat16, {"scale": 0.5, "log_probs": True}),
 }
+
+
+class _WarningLog(logging.Handler):
+    """The plugin's WARNING records (fallback reasons, once each)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages, self.reasons = [], []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+        if record.args:
+            self.reasons.append(str(record.args[0]))
 
 
 def _vllm_setup(rank: int, world_size: int):
@@ -81,6 +95,95 @@ def _after_loading(layer) -> None:
         layer.quant_method.process_weights_after_loading(layer)
     if not hasattr(layer, "cpu_linear"):  # a dispatch that leaves the layer on vLLM's default
         layer.cpu_linear = torch.nn.functional.linear
+
+
+_RAW_COLLECTIVES = ("all_gather_into_tensor", "all_gather", "all_reduce", "all_gather_object", "broadcast", "gather")
+_FUNCOL = ("all_gather_tensor", "all_gather_single", "all_reduce", "wait_tensor")
+
+
+def _collective_case(plugin, gen, rank, seed):
+    """The fused path's exchange: through vLLM's ``GroupCoordinator.all_gather``
+    and no raw torch.distributed call outside it (both spied on); the ids of
+    get_top_tokens and get_top_k_tokens(return_log_probs=True) against float64;
+    the 16-byte padding round-trips for every batch 0-9, k and the log-probs flag."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from vllm.distributed import get_tp_group
+    from vllm.distributed.parallel_state import GroupCoordinator
+
+    import localargmax
+
+    calls = {"coordinator": 0, "raw_outside": []}
+    depth = [0]
+    saved = {("dist", n): getattr(dist, n) for n in _RAW_COLLECTIVES}
+    saved.update({("funcol", n): getattr(funcol, n) for n in _FUNCOL})
+    saved[("coordinator", "all_gather")] = GroupCoordinator.all_gather
+
+    def coordinator_gather(self, input_, dim=-1):
+        calls["coordinator"] += 1
+        depth[0] += 1
+        try:
+            return saved[("coordinator", "all_gather")](self, input_, dim)
+        finally:
+            depth[0] -= 1
+
+    def spy(module, name):
+        def call(*args, **kwargs):
+            if depth[0] == 0:
+                calls["raw_outside"].append(f"{module}.{name}")
+            return saved[(module, name)](*args, **kwargs)
+
+        return call
+
+    vocab, hsize = 1000, 32
+    full = torch.randn(vocab, hsize, generator=gen)
+    hidden = torch.randn(6, hsize, generator=gen)
+    head, lp = _head(full), _processor(vocab)
+    GroupCoordinator.all_gather = coordinator_gather
+    for module, obj, names in (("dist", dist, _RAW_COLLECTIVES), ("funcol", funcol, _FUNCOL)):
+        for n in names:
+            setattr(obj, n, spy(module, n))
+    try:
+        ids = lp.get_top_tokens(head, hidden)
+        top_ids, log_probs = lp.get_top_k_tokens(head, hidden, 4, return_log_probs=True)
+    finally:
+        GroupCoordinator.all_gather = saved[("coordinator", "all_gather")]
+        for (module, n), f in saved.items():
+            if module != "coordinator":
+                setattr(dist if module == "dist" else funcol, n, f)
+    logits = ref_logits(hidden, full)
+    top2 = logits.topk(2, dim=1).values
+    gather = plugin._coordinator_all_gather(get_tp_group())
+    bad = []
+    cases = 0
+    for batch in range(10):
+        for k in (1, 2, 3, 5, 8):
+            for log_probs_flag in (False, True):
+                length = localargmax.payload_length(batch, k, log_probs_flag)
+                mine, theirs = (
+                    torch.randint(-(2**63), 2**63 - 1, (length,), dtype=torch.int64,
+                                  generator=torch.Generator().manual_seed(seed + 7919 * r + 31 * length + k))
+                    for r in (rank, 1 - rank)
+                )  # fmt: skip
+                mine[:1] = 0x7FC00001 | (0x7F800001 << 32)  # NaN bit patterns in both float32 halves
+                theirs[:1] = mine[:1]
+                want = torch.stack([mine, theirs] if rank == 0 else [theirs, mine])
+                cases += 1
+                if not torch.equal(gather(mine), want):
+                    bad.append((batch, k, log_probs_flag))
+    return {
+        "coordinator_calls": calls["coordinator"],
+        "raw_outside": calls["raw_outside"],
+        "ids": ids.tolist(),
+        "ref": logits.argmax(dim=1).tolist(),
+        "gap": (top2[:, 0] - top2[:, 1]).tolist(),
+        "topk_ids": top_ids.tolist(),
+        "ref_topk_ids": logits.topk(4, dim=1).indices.tolist(),
+        "log_probs_err": float((log_probs.double() - torch.log_softmax(logits, 1).gather(1, top_ids)).abs().max()),
+        "padding_cases": cases,
+        "padding_bad": bad,
+        "collective_stat": sorted(k for k in plugin.stats() if k.startswith("collective: ")),
+    }
 
 
 def _amx_forced_case(plugin, gen):
@@ -321,16 +424,21 @@ def _bytes_case(plugin, gen):
 
     import localargmax.step as step
 
-    sent = {"vllm": 0, "ours": 0}
+    sent = {"vllm": 0, "ours": 0, "ours_wire": 0}
     orig_gather, orig_exchange = GroupCoordinator.all_gather, step.exchange_keys
+    inside = [False]  # in our exchange: its coordinator all-gather is "ours_wire" (padded to 16 bytes)
 
     def count_gather(self, input_, dim=-1):
-        sent["vllm"] += input_.numel() * input_.element_size()
+        sent["ours_wire" if inside[0] else "vllm"] += input_.numel() * input_.element_size()
         return orig_gather(self, input_, dim)
 
     def count_exchange(keys, group=None, reduce="all_gather"):
         sent["ours"] += keys.numel() * keys.element_size()
-        return orig_exchange(keys, group, reduce)
+        inside[0] = True
+        try:
+            return orig_exchange(keys, group, reduce)
+        finally:
+            inside[0] = False
 
     rows = []
     GroupCoordinator.all_gather, step.exchange_keys = count_gather, count_exchange
@@ -345,7 +453,7 @@ def _bytes_case(plugin, gen):
                     ("get_top_k_tokens", (8,), {}),
                     ("get_top_k_tokens", (8,), {"return_log_probs": True}),
                 ):
-                    sent.update(vllm=0, ours=0)
+                    sent.update(vllm=0, ours=0, ours_wire=0)
                     _both(plugin, lp, head, hidden, method, *args, **kw)
                     rows.append(
                         {
@@ -356,6 +464,7 @@ def _bytes_case(plugin, gen):
                             "log_probs": bool(kw),
                             "vllm": sent["vllm"],
                             "ours": sent["ours"],
+                            "ours_wire": sent["ours_wire"],
                         }
                     )
     finally:
@@ -536,8 +645,6 @@ def _switch_case(plugin):
     """register() honours LOCALARGMAX_VLLM_PLUGIN=0; uninstall() restores vLLM's methods."""
     from vllm.model_executor.layers.logits_processor import LogitsProcessor
 
-    from localargmax import envs
-
     out = {}
     plugin.uninstall()
     out["uninstalled_restores_vllm"] = not plugin.is_active() and LogitsProcessor.get_top_tokens.__module__.startswith(
@@ -559,6 +666,8 @@ def worker(rank: int, world_size: int, seed: int):
 
     import localargmax.integrations.vllm as plugin
 
+    warnings = _WarningLog()
+    logging.getLogger("localargmax.integrations.vllm").addHandler(warnings)
     load_general_plugins()  # vLLM's own entry-point loader, as in every vLLM process
     out = {"active_after_vllm_loader": plugin.is_active()}
     if not out["active_after_vllm_loader"]:
@@ -575,6 +684,10 @@ def worker(rank: int, world_size: int, seed: int):
     out["bad_input"] = _bad_input_case(plugin, gen)
     out["sweep"] = _agreement_sweep(plugin, gen)
     out["amx_forced"] = _amx_forced_case(plugin, gen)
+    out["collective"] = _collective_case(plugin, gen, rank, seed)
+    out["fallback_warnings"] = {
+        reason: sum(reason in m for m in warnings.messages) for reason in sorted(set(warnings.reasons))
+    }
     out["stats"] = plugin.stats()
     out["switch"] = _switch_case(plugin)
     from vllm.distributed import destroy_model_parallel
