@@ -1,6 +1,7 @@
 """Python steps of bench/gpu_check.sh (see that script's header).
 
     python bench/gpu_check.py smoke --device cuda --json smoke.json [--tiny]
+    python bench/gpu_check.py configs --device cuda --json configs.json
     python bench/gpu_check.py sanitize --device cuda
     python bench/gpu_check.py summary --bench-dir DIR --steps FILE [--junit tests.xml]
 
@@ -13,6 +14,11 @@ Shapes: the Qwen3 tp 8 shard (18992 x 4096) at B = 1 and 64, H = 40 and 4104,
 winning padding past num_valid, and a tie planted in several 128-row tiles and
 the last tile of the real gemm shape (B = 256, 151936 x 4096: the smallest
 index must win). --tiny shrinks every shape (the CPU dry run).
+
+configs: one call of every config of the build (simt, gemm, each mma/<id>),
+in worker subprocesses, before the tune and the tests: ok / refused / error /
+hang per config; the ones that error or hang are listed under "skip" for the
+rest of the run.
 
 sanitize: a small workload calling every CUDA path of shard_argmax, shard_sample
 and shard_topk, for compute-sanitizer.
@@ -203,6 +209,141 @@ def sanitize(args) -> int:
     return 0
 
 
+# ------------------------------------------------------------------ configs
+
+
+def config_paths(device: str) -> list[str]:
+    """Every kernel config of the build the ops can force: CUDA simt, gemm and
+    each tensor-core variant ``mma/<id>``; the CPU's ISA paths."""
+    if device != "cuda":
+        return ["generic", "avx2"]
+    from localargmax._validation import NUM_MMA_VARIANTS
+
+    return ["simt", "gemm", *(f"mma/{i}" for i in range(NUM_MMA_VARIANTS))]
+
+
+def configs_worker(args) -> int:
+    """One call of each config from ``--start`` on, a line per config:
+    ``START name``, then ``OK name`` / ``REFUSED name why`` (the op's
+    ValueError: this device cannot take it) / ``ERROR name why`` (then exit 3:
+    a CUDA error may leave the context unusable, the driver restarts)."""
+    import torch
+
+    import localargmax
+
+    dev = args.device
+    gen = torch.Generator(device=dev).manual_seed(7)
+    hidden = torch.randn(9, 512, generator=gen, device=dev).to(torch.bfloat16)
+    weight = torch.randn(3000, 512, generator=gen, device=dev).to(torch.bfloat16)
+    print("READY", flush=True)
+    for name in config_paths(dev)[args.start :]:
+        print(f"START {name}", flush=True)
+        try:
+            localargmax.shard_argmax(hidden, weight, num_valid=2999, path=name)
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            print(f"OK {name}", flush=True)
+        except ValueError as e:
+            print(f"REFUSED {name} {str(e)[:300]}", flush=True)
+        except Exception as e:  # noqa: BLE001 (recorded by the driver)
+            print(f"ERROR {name} {type(e).__name__}: {str(e)[:300]}", flush=True)
+            return 3
+    return 0
+
+
+def configs(args) -> int:
+    """Run one call of every config (:func:`config_paths`) in worker
+    subprocesses, recording ok / refused / error / hang per config in
+    ``--json`` (rewritten after each): a config that hangs (no answer within
+    ``--per-config`` seconds) or errors costs its worker, and the next worker
+    starts after it. ``skip`` lists the configs the rest of the run leaves
+    out. Exit 0 when no config errored or hung, else 1."""
+    import queue
+    import subprocess
+    import threading
+
+    names = args.names.split(",") if args.names else config_paths(args.device)
+    out = {"device": args.device, "configs": {}, "skip": []}
+    deadline = time.monotonic() + args.budget
+
+    def save():
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+
+    start = 0
+    while start < len(names):
+        if time.monotonic() > deadline:
+            for n in names[start:]:
+                out["configs"][n] = {"status": "not run", "detail": "configs budget spent"}
+            break
+        worker = args.worker.split() if args.worker else [sys.executable, __file__, "configs-worker"]
+        cmd = [*worker, "--device", args.device, "--start", str(start)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines: queue.Queue = queue.Queue()
+
+        def read(stream=proc.stdout, sink=lines):
+            for x in stream:
+                sink.put(x)
+            sink.put(None)  # end of the worker's output
+
+        threading.Thread(target=read, daemon=True).start()
+        current, began, wait = None, time.monotonic(), args.startup
+        while True:
+            try:
+                line = lines.get(timeout=max(0.1, min(wait, deadline - time.monotonic() + args.per_config)))
+            except queue.Empty:  # no answer in time: the config (or the worker's start) hangs
+                proc.kill()
+                proc.wait()
+                if current is None:
+                    for n in names[start:]:
+                        out["configs"].setdefault(n, {"status": "not run", "detail": "the worker did not start"})
+                    start = len(names)
+                else:
+                    out["configs"][current] = {"status": "hang", "seconds": round(time.monotonic() - began, 1)}
+                    out["skip"].append(current)
+                    print(f"config {current}: HANG", flush=True)
+                    start = names.index(current) + 1
+                break
+            if line is None:  # the worker ended
+                rc = proc.wait()
+                if current is not None:  # it died inside a config
+                    out["configs"][current] = {"status": "error", "detail": f"the worker died (exit {rc})"}
+                    out["skip"].append(current)
+                    start = names.index(current) + 1
+                elif rc == 0:
+                    start = len(names)
+                else:
+                    answered = [i for i, n in enumerate(names) if n in out["configs"]]
+                    nxt = max(answered) + 1 if answered else len(names)
+                    if nxt <= start:  # no progress: record why and stop
+                        for n in names[start:]:
+                            out["configs"].setdefault(n, {"status": "not run", "detail": f"worker exit {rc}"})
+                        nxt = len(names)
+                    start = nxt
+                break
+            word, _, rest = line.rstrip("\n").partition(" ")
+            name, _, detail = rest.partition(" ")
+            if word == "READY":
+                wait = args.per_config
+            elif word == "START":
+                current, began = name, time.monotonic()
+            elif word in ("OK", "REFUSED", "ERROR"):
+                status = {"OK": "ok", "REFUSED": "refused", "ERROR": "error"}[word]
+                out["configs"][name] = {"status": status, "seconds": round(time.monotonic() - began, 2)}
+                if detail:
+                    out["configs"][name]["detail"] = detail
+                if word == "ERROR":
+                    out["skip"].append(name)
+                save()
+                print(f"config {name}: {status}{' ' + detail[:120] if detail else ''}", flush=True)
+                current = None
+        save()
+    save()
+    bad = [n for n, r in out["configs"].items() if r["status"] in ("error", "hang")]
+    print(f"configs: {len(names) - len(bad)} of {len(names)} answered; skipped from here on: {bad or 'none'}")
+    return 1 if bad else 0
+
+
 # ------------------------------------------------------------------ summary
 
 _COLS = (
@@ -339,6 +480,17 @@ def main(argv=None) -> int:
     s.add_argument("--tiny", action="store_true")
     s.add_argument("--seed", type=int, default=int(os.environ.get("LOCALARGMAX_TEST_SEED") or 1234))
     s.add_argument("--budget", type=float, default=30.0, help="seconds; cases past it are skipped")
+    c = sub.add_parser("configs")
+    c.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    c.add_argument("--json")
+    c.add_argument("--budget", type=float, default=25.0, help="seconds for all configs")
+    c.add_argument("--per-config", type=float, default=8.0, help="seconds a config may take before it is a hang")
+    c.add_argument("--startup", type=float, default=60.0, help="seconds a worker may take to import torch")
+    c.add_argument("--names", help="comma-separated configs (default: every config of the build)")
+    c.add_argument("--worker", help="the worker command (default: this file's configs-worker; tests use a fake)")
+    w = sub.add_parser("configs-worker")
+    w.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    w.add_argument("--start", type=int, default=0)
     z = sub.add_parser("sanitize")
     z.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     m = sub.add_parser("summary")
@@ -347,7 +499,8 @@ def main(argv=None) -> int:
     m.add_argument("--junit")
     m.add_argument("--out")
     args = p.parse_args(argv)
-    return {"smoke": smoke, "sanitize": sanitize, "summary": summary}[args.cmd](args)
+    steps = {"smoke": smoke, "configs": configs, "configs-worker": configs_worker, "sanitize": sanitize}
+    return {**steps, "summary": summary}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -41,11 +41,15 @@ settings.load_profile("localargmax")
 set_hypothesis_home_dir(os.path.join(_CACHE, "hypothesis"))
 
 
+_SITE_PATH = list(sys.path)  # as the run starts: an import that extends sys.path (setuptools' vendored
+# packages, say) must not read as an install
+
+
 def _installed() -> list[str]:
-    """``name==version`` of every distribution this interpreter sees."""
+    """``name==version`` of every distribution installed where this run started looking."""
     from importlib import metadata
 
-    return sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())
+    return sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions(path=_SITE_PATH))
 
 
 _INSTALLED_AT_START = _installed()

@@ -114,3 +114,35 @@ def test_tune_goes_smallest_shard_first_and_stops_at_its_seconds():
         if e["source"] == "predicted":
             key = ("sm_90", "bfloat16", e["hidden"][0], e["rows"][0], e["batch"][0])
             assert dispatch.DispatchTable(doc).choose(*key) == predicted.choose(*key)
+
+
+def test_a_failing_candidate_is_recorded_and_the_table_still_written(tmp_path):
+    """One candidate that raises (a launch the GPU refuses) does not lose the
+    tune: its row records the error, it takes no cell, on_error runs, every
+    (shape, batch) checkpoints a valid table, and the final table is written."""
+    gpu = FakeGPU()
+    recovered, written = [], []
+
+    def flaky(path, rows, hidden, batch):
+        if path == "mma/5":
+            raise RuntimeError("CUDA error: invalid argument")
+        return gpu(path, rows, hidden, batch)
+
+    def checkpoint(doc):
+        dispatch.validate(doc)
+        tune.write_table(doc, tmp_path / "sub" / "table.json")
+        written.append(len(doc["measurements"]))
+
+    shapes = pm.engine_shapes([("qwen3", 8)])
+    doc = tune.tune(pm.H200, flaky, REGS, shapes=shapes, batches=(1, 16), checkpoint=checkpoint,
+                    on_error=lambda: recovered.append(1))  # fmt: skip
+    failed = [m for m in doc["measurements"] if "error" in m]
+    assert failed and all(m["variant"] == 5 and m["us"] is None and "invalid argument" in m["error"] for m in failed)
+    assert len(recovered) == len(failed)
+    assert written == sorted(written) and len(written) == 2, written  # one checkpoint per (shape, batch)
+    on_disk = json.loads((tmp_path / "sub" / "table.json").read_text())
+    dispatch.validate(on_disk)
+    table = dispatch.DispatchTable(doc)
+    for b in (1, 16):
+        c = table.choose("sm_90", "bfloat16", 4096, 18992, b)
+        assert not (c.path == "mma" and c.variant == 5), (b, c)  # the failed candidate wins nothing

@@ -146,3 +146,42 @@ def test_dry_run_with_its_budget_spent_skips_steps_and_still_leaves_every_file(t
 
 if not SCRIPT.exists():  # pragma: no cover
     pytest.skip("bench/gpu_check.sh missing", allow_module_level=True)
+
+
+FAKE_WORKER = """
+import sys, time
+start = int(sys.argv[sys.argv.index("--start") + 1])
+names = ["a", "b", "c", "d", "e"]
+print("READY", flush=True)
+for name in names[start:]:
+    print("START", name, flush=True)
+    if name == "b":
+        time.sleep(60)  # a hang: only the driver's timeout ends it
+    if name == "c":
+        print("ERROR c RuntimeError: CUDA error: an illegal memory access", flush=True)
+        sys.exit(3)
+    if name == "d":
+        print("REFUSED d needs compute capability 9.0", flush=True)
+        continue
+    print("OK", name, flush=True)
+"""
+
+
+def test_configs_step_survives_a_hang_and_an_error(tmp_path):
+    """bench/gpu_check.py configs: a config that hangs or errors costs its
+    worker, the next worker starts after it, and every config is recorded;
+    the ones that hung or errored are listed to skip."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(FAKE_WORKER)
+    out = tmp_path / "configs.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "configs", "--device", "cpu", "--json", str(out)]
+    cmd += ["--names", "a,b,c,d,e", "--worker", f"{sys.executable} {worker}", "--per-config", "2", "--startup", "20"]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - start < 40, "the hang was not cut at --per-config"
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    status = {name: r["status"] for name, r in doc["configs"].items()}
+    assert status == {"a": "ok", "b": "hang", "c": "error", "d": "refused", "e": "ok"}, doc
+    assert doc["skip"] == ["b", "c"]
+    assert "illegal memory access" in doc["configs"]["c"]["detail"]

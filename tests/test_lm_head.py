@@ -29,10 +29,11 @@ H, ROWS, B = 8, 6, 3
 
 
 def _problem(gen, batch, vocab, hsize, dtype=torch.float32):
-    """Random hidden / weight with clear float64 winners (4 x the hidden row)."""
+    """Random hidden / weight with clear float64 winners (4 x the hidden row,
+    at distinct rows: a logit ~4H against others ~N(0, H), far beyond the float32 bound)."""
     weight = torch.randn(vocab, hsize, generator=gen).to(dtype)
     hidden = torch.randn(batch, hsize, generator=gen).to(dtype)
-    weight[torch.randint(0, vocab, (batch,), generator=gen)] = (hidden.float() * 4).to(dtype)
+    weight[torch.randperm(vocab, generator=gen)[:batch]] = (hidden.float() * 4).to(dtype)
     return hidden, weight
 
 
@@ -142,7 +143,7 @@ def test_greedy_drafting_example_identical_to_unsharded():
 def _scale_problem(gen):
     hidden = torch.randn(6, 32, generator=gen)
     weight = torch.randn(500, 32, generator=gen) / 32**0.5
-    weight[torch.randint(0, 500, (6,), generator=gen)] = hidden * 0.2  # clear, moderate winners
+    weight[torch.randperm(500, generator=gen)[:6]] = hidden * 0.2  # clear, moderate winners (distinct rows)
     return hidden, weight, localargmax.VocabParallelLMHead.from_full(weight, 0, 1)
 
 

@@ -208,11 +208,60 @@ LAM_MMA_TMA(20, 8, 3, 4, 1, 1, 6, 2)
 #undef LAM_MMA_PIPE_OF
 constexpr int kNumMmaVariants = 21;
 
+
 // The dynamic shared memory bytes a launch passes (the launch functors'
 // fifth argument; 0 for the kernels that take none).
 struct DynamicSmem {
-  int bytes;
+  int bytes;             // dynamic shared memory of the launch
+  int static_bytes = 0;  // the kernel's static __shared__ (the variant table's kSmem - kDynamicSmem)
 };
+
+// A block gets 48 KiB of shared memory, static + dynamic, unless the kernel's
+// cudaFuncAttributeMaxDynamicSharedMemorySize was raised: past that the
+// driver refuses the launch ("invalid argument"). The launchers (the CUDA one
+// and the emulation's) opt in by this rule, on static + dynamic: a kernel with
+// 49,152 dynamic bytes and 2,048 static ones needs it although its dynamic
+// bytes alone do not exceed 48 KiB.
+// What a launch of a loaded kernel may use: programmatic dependent launch
+// (PDL: the pipelined kernels' griddepcontrol.wait) and the TMA copies
+// (cp.async.bulk.tensor) exist only in code compiled for compute capability
+// 9.0+ (__CUDA_ARCH__ >= 900), and need a device of 9.0+. An sm_80-only build
+// on an H200 runs code JIT-compiled from compute_80 PTX: without the wait, PDL
+// would race with the keys' zero fill, and the TMA bodies trap. ptx_version /
+// binary_version: the kernel's cudaFuncAttributes (10 * major + minor; 0 if
+// unknown); the code's arch is the older of the two.
+struct LaunchFeatures {
+  bool pdl, tma;
+};
+constexpr LaunchFeatures launch_features(int ptx_version, int binary_version, int device_major) {
+  const int code = ptx_version > 0 && binary_version > 0 ? (ptx_version < binary_version ? ptx_version : binary_version)
+                                                          : (ptx_version > 0 ? ptx_version : binary_version);
+  const bool sm90 = code >= 90 && device_major >= 9;
+  return LaunchFeatures{sm90, sm90};
+}
+static_assert(launch_features(90, 90, 9).pdl && launch_features(90, 100, 10).tma, "sm_90a code on sm_90 / sm_100");
+static_assert(!launch_features(80, 90, 9).pdl && !launch_features(80, 90, 9).tma, "compute_80 PTX JIT-ed on sm_90");
+static_assert(!launch_features(80, 80, 8).pdl && !launch_features(90, 90, 8).tma, "an sm_8x device");
+
+constexpr int kDefaultSmemPerBlock = 48 * 1024;
+constexpr bool needs_smem_opt_in(DynamicSmem s) { return s.static_bytes + s.bytes > kDefaultSmemPerBlock; }
+
+// The table's shared memory, checked at compile time: every variant fits the
+// largest opt-in limit, its static part is what the launch declares, and the
+// class of fault the opt-in rule exists for (dynamic <= 48 KiB < static +
+// dynamic) is recognised where the table has it (variant 10).
+template <int... I>
+constexpr bool mma_table_smem_ok(std::integer_sequence<int, I...>) {
+  return ((MmaVariant<I>::kSmem <= 227 * 1024 && MmaVariant<I>::kDynamicSmem <= MmaVariant<I>::kSmem &&
+           (!MmaVariant<I>::kPipe || MmaVariant<I>::kSmem - MmaVariant<I>::kDynamicSmem > 0)) &&
+          ...);
+}
+static_assert(mma_table_smem_ok(std::make_integer_sequence<int, kNumMmaVariants>{}),
+              "an mma variant's shared memory does not fit 227 KiB or has no static part");
+static_assert(MmaVariant<10>::kDynamicSmem <= kDefaultSmemPerBlock &&
+                  needs_smem_opt_in(DynamicSmem{MmaVariant<10>::kDynamicSmem,
+                                                MmaVariant<10>::kSmem - MmaVariant<10>::kDynamicSmem}),
+              "variant 10 (48 KiB dynamic + static) must take the shared-memory opt-in");
 
 // Shared memory per block (static + dynamic) of variant `id`, or -1 for an id
 // not in the table: what must fit under the device's opt-in limit
@@ -322,7 +371,8 @@ void launch_mma_id(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_
       grid_of((p.num_valid + V::kRows - 1) / V::kRows, (p.batch + V::kNT * 8 - 1) / (V::kNT * 8), max_grid_y);
   // The kernel's arguments; a pipe variant takes the tensor map after them.
   const auto launch_with = [&](const auto&... tail) {
-    launch(V::kFamily, V::template kernel<T>(), grid, dim3(V::kThreads), DynamicSmem{V::kDynamicSmem}, p.hidden,
+    launch(V::kFamily, V::template kernel<T>(), grid, dim3(V::kThreads),
+           DynamicSmem{V::kDynamicSmem, V::kSmem - V::kDynamicSmem}, p.hidden,
            p.ldh, p.weight, p.ldw, p.bias_t, p.bias_f, p.batch, static_cast<int>(p.hidden_size),
            static_cast<int>(p.num_valid), p.vocab_start, p.out, tail...);
   };
@@ -330,7 +380,9 @@ void launch_mma_id(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_
     launch_with();
   } else {
     WeightTensorMap map{};
-    if constexpr (V::kTma) map = launch.weight_map(weight_tiles(p, V::kRows), std::is_same_v<T, __nv_bfloat16>);
+    if constexpr (V::kTma)
+      map = launch.weight_map(weight_tiles(p, V::kRows), std::is_same_v<T, __nv_bfloat16>,
+                              reinterpret_cast<const void*>(V::template kernel<T>()));
     launch_with(map);
   }
 }

@@ -3,7 +3,9 @@
 //
 // launch_mma (shard_argmax_launch.cuh) runs the variant the op's path names
 // ("mma/<id>"), else picks one from the shared arguments and the device's SM
-// count. On sm_90+ the pipelined variants are
+// count. Where the loaded code and the device allow it (launch_features of
+// the kernel's cudaFuncAttributes: sm_90+ code on an sm_90+ device) the
+// pipelined variants are
 // launched with programmatic stream serialization (PDL): they issue their
 // first weight stages, then griddepcontrol.wait before they read anything an
 // earlier kernel writes (hidden, bias, temperature, keys), so the weight
@@ -11,7 +13,8 @@
 // misaligned hidden) drains. The register-double-buffered variants do not
 // wait, so they are launched without the attribute. The pipelined variants'
 // stages are dynamic shared memory (MmaVariant::kDynamicSmem bytes): past 48
-// KiB the launcher raises the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize
+// KiB of static + dynamic (needs_smem_opt_in) the launcher raises the kernel's
+// cudaFuncAttributeMaxDynamicSharedMemorySize
 // once per device and instantiation; auto never picks a variant over the
 // device's opt-in limit, and a forced one raises ValueError. The TMA variants
 // (sm_90+; forced only) get the weight's tensor map encoded per call, and a
@@ -41,14 +44,33 @@ void allow_dynamic_smem(const void* kernel, int bytes, int device) {
   C10_CUDA_CHECK(err);
 }
 
+// The loaded kernel's launch features (launch_features of its
+// cudaFuncAttributes), asked of the runtime once per (device, kernel).
+LaunchFeatures kernel_features(const void* kernel, int device, int major) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, const void*>, LaunchFeatures> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto found = known.find({device, kernel});
+  if (found != known.end()) return found->second;
+  cudaFuncAttributes attr{};
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const LaunchFeatures f = launch_features(attr.ptxVersion, attr.binaryVersion, major);
+  known.emplace(std::make_pair(device, kernel), f);
+  return f;
+}
+
 struct MmaLaunch {
-  bool pdl;  // sm_90+
+  int major;  // the device's compute capability major
   int device;
   // The weight's tensor map for a TMA variant (sm_90+), encoded per call from
   // weight_tiles' fields with the driver's cuTensorMapEncodeTiled, reached
   // through the runtime (cudaGetDriverEntryPointByVersion) so that nothing
   // links libcuda.
-  CUtensorMap weight_map(const WeightTiles& t, bool bf16) const {
+  CUtensorMap weight_map(const WeightTiles& t, bool bf16, const void* kernel) const {
+    TORCH_CHECK_VALUE(kernel_features(kernel, device, major).tma,
+                      "shard_argmax: this TMA mma variant's loaded code was not compiled for sm_90+ (an older-arch "
+                      "build JIT-compiled for this device has no bulk tensor copy); build for this GPU "
+                      "(LOCALARGMAX_CUDA_ARCH=90a) or pick another path");
     using Encode = decltype(&cuTensorMapEncodeTiled);
     static const Encode encode = [] {
       void* fn = nullptr;
@@ -75,7 +97,7 @@ struct MmaLaunch {
   template <typename... P, typename... Args>
   void operator()(const char* family, void (*kernel)(P...), dim3 grid, dim3 block, DynamicSmem smem,
                   const Args&... args) const {
-    if (smem.bytes > 48 * 1024) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem.bytes, device);
+    if (needs_smem_opt_in(smem)) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem.bytes, device);
     const bool pipe = std::strcmp(family, kMmaPipeFamily) == 0;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -86,7 +108,7 @@ struct MmaLaunch {
     config.dynamicSmemBytes = static_cast<size_t>(smem.bytes);
     config.stream = c10::cuda::getCurrentCUDAStream();
     config.attrs = attr;
-    config.numAttrs = pdl && pipe ? 1 : 0;
+    config.numAttrs = pipe && kernel_features(reinterpret_cast<const void*>(kernel), device, major).pdl ? 1 : 0;
     C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<P>(args)...));
   }
 };
@@ -123,7 +145,7 @@ void run_mma(const ShardArgmaxProblem<T>& p, int variant) {
   TORCH_CHECK_VALUE(variant < 0 || mma_variant_fits(variant, d.smem_limit), "shard_argmax: path='mma/", variant,
                     "' needs ", mma_variant_smem(variant), " bytes of shared memory per block; this device (",
                     device, ") allows ", d.smem_limit, " (cudaDevAttrMaxSharedMemoryPerBlockOptin)");
-  launch_mma(p, MmaLaunch{d.major >= 9, device}, kMaxGridY, d.sms, variant, d.smem_limit);
+  launch_mma(p, MmaLaunch{d.major, device}, kMaxGridY, d.sms, variant, d.smem_limit);
 }
 
 template void run_mma<__half>(const ShardArgmaxProblem<__half>&, int);

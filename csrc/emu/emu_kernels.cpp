@@ -85,8 +85,11 @@ struct EmuLaunch {
     emu::note_launch(reinterpret_cast<const void*>(kernel), family);
     // as shard_argmax_mma.cu launches it on sm_90+ (the emulation checks the stricter case)
     emu::set_programmatic_launch(std::string(family) == kMmaPipeFamily);
+    // the opt-in rule of shard_argmax_mma.cu's launcher (cudaFuncSetAttribute there)
+    if (needs_smem_opt_in(smem)) emu::set_max_dynamic_shared(reinterpret_cast<const void*>(kernel), smem.bytes);
     *ok = *ok && emu::launch(family, [](void* c) { (*static_cast<Call*>(c))(); }, &call, grid, block,
-                             static_cast<size_t>(smem.bytes));
+                             static_cast<size_t>(smem.bytes), reinterpret_cast<const void*>(kernel),
+                             static_cast<size_t>(smem.static_bytes));
   }
   template <typename... P, typename... Args>
   void operator()(const char* family, void (*kernel)(P...), dim3 grid, dim3 block, const Args&... args) const {
@@ -94,10 +97,16 @@ struct EmuLaunch {
   }
   // The TMA variants' tensor map, from the fields the CUDA launcher encodes
   // its CUtensorMap from (shard_argmax_launch.cuh, weight_tiles).
-  emu::TensorMap2d weight_map(const WeightTiles& t, bool /*bf16*/) const {
+  emu::TensorMap2d weight_map(const WeightTiles& t, bool /*bf16*/, const void* /*kernel*/) const {
     return emu::TensorMap2d{t.base, {t.dims[0], t.dims[1]}, t.row_stride_bytes, {t.box[0], t.box[1]}, t.elem_bytes};
   }
 };
+
+// A kernel launched for the shared-memory rule's test (lam_emu_smem_probe):
+// its block writes the last byte of the dynamic shared memory it was given.
+void smem_probe_kernel(int dynamic_bytes) {  // a host function: kernels live in csrc/cuda
+  if (threadIdx.x == 0 && dynamic_bytes > 0) static_cast<char*>(emu::dynamic_shared())[dynamic_bytes - 1] = 1;
+}
 
 template <typename T>
 int run_shard(int path, int topk_mode, const ShardArgmaxProblem<T>& p, int64_t max_grid_y, int sm_count,
@@ -238,6 +247,37 @@ int lam_emu_merge_keys(const unsigned long long* keys, int64_t tp, int64_t batch
   EmuLaunch{&ok}("merge_keys_kernel", merge_keys_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kMergeThreads),
                  keys, tp, batch, has_d2t != 0, d2t, draft_vocab, ids, values);
   return ok ? 0 : 1;
+}
+
+// launch_features (shard_argmax_launch.cuh) of a kernel's cudaFuncAttributes
+// on a device: bit 0 PDL, bit 1 TMA.
+int lam_emu_launch_features(int ptx_version, int binary_version, int device_major) {
+  const LaunchFeatures f = launch_features(ptx_version, binary_version, device_major);
+  return (f.pdl ? 1 : 0) | (f.tma ? 2 : 0);
+}
+
+// A launch of static_bytes + dynamic_bytes of shared memory through the
+// emulation's launch functor, which opts in as shard_argmax_mma.cu's launcher
+// does (needs_smem_opt_in); with raw != 0, through emu::launch directly with
+// the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize set to opt_in
+// bytes (0: the 48 KiB default). Returns 0 launched, 1 refused
+// (lam_emu_last_error).
+int lam_emu_smem_probe(int static_bytes, int dynamic_bytes, int raw, int opt_in) {
+  emu::reset_max_dynamic_shared();
+  const void* fn = reinterpret_cast<const void*>(smem_probe_kernel);
+  if (!raw) {
+    bool ok = true;
+    EmuLaunch{&ok}("smem_probe_kernel", smem_probe_kernel, dim3(1), dim3(32), DynamicSmem{dynamic_bytes, static_bytes},
+                   dynamic_bytes);
+    return ok ? 0 : 1;
+  }
+  if (opt_in > 0) emu::set_max_dynamic_shared(fn, static_cast<size_t>(opt_in));
+  auto call = [&] { smem_probe_kernel(dynamic_bytes); };
+  using Call = decltype(call);
+  return emu::launch("smem_probe_kernel", [](void* c) { (*static_cast<Call*>(c))(); }, &call, dim3(1), dim3(32),
+                     static_cast<size_t>(dynamic_bytes), fn, static_cast<size_t>(static_bytes))
+             ? 0
+             : 1;
 }
 
 }  // extern "C"

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -853,7 +854,21 @@ uint64_t shared_size() { return shared_bytes(); }
 
 void* dynamic_shared() { return S.dynamic; }
 
-bool launch(const char* kernel, void (*entry)(void*), void* closure, dim3 grid, dim3 block, size_t dynamic_smem) {
+// Each kernel's cudaFuncAttributeMaxDynamicSharedMemorySize, where it was set
+// (0: not set; the driver then allows 48 KiB minus the static bytes).
+std::map<const void*, size_t>& max_dynamic_table() {
+  static std::map<const void*, size_t> table;
+  return table;
+}
+void set_max_dynamic_shared(const void* fn, size_t bytes) { max_dynamic_table()[fn] = bytes; }
+size_t max_dynamic_shared(const void* fn) {
+  const auto found = max_dynamic_table().find(fn);
+  return found == max_dynamic_table().end() ? 0 : found->second;
+}
+void reset_max_dynamic_shared() { max_dynamic_table().clear(); }
+
+bool launch(const char* kernel, void (*entry)(void*), void* closure, dim3 grid, dim3 block, size_t dynamic_smem,
+            const void* fn, size_t static_smem) {
   S.kernel = kernel;
   S.entry = entry;
   S.closure = closure;
@@ -864,6 +879,15 @@ bool launch(const char* kernel, void (*entry)(void*), void* closure, dim3 grid, 
     S.failed = true;
     S.error = format("%s: invalid launch grid (%u,%u,%u) block (%u,%u,%u)", kernel, grid.x, grid.y, grid.z, block.x,
                      block.y, block.z);
+    return false;
+  }
+  const size_t opt_in = max_dynamic_shared(fn);
+  const size_t allowed = opt_in ? opt_in : (static_smem < 48 * 1024 ? 48 * 1024 - static_smem : 0);
+  if (dynamic_smem > allowed) {
+    S.failed = true;
+    S.error = format("%s: invalid argument (as cudaLaunchKernelEx): %zu static + %zu dynamic bytes of shared memory "
+                     "exceed the 48 KiB default and cudaFuncAttributeMaxDynamicSharedMemorySize is %s%zu",
+                     kernel, static_smem, dynamic_smem, opt_in ? "" : "unset: ", allowed);
     return false;
   }
   if (dynamic_smem > kMaxDynamicShared) {
@@ -932,7 +956,6 @@ extern "C" void __tsan_vptr_update(void**, void*) {}
 extern "C" void __tsan_vptr_read(void**) {}
 
 // ---- kernel names, launches, and the C ABI of the runtime ----
-#include <map>
 
 namespace emu {
 namespace {
@@ -966,6 +989,7 @@ void lam_emu_reset(int scramble, uint64_t seed) {
   emu::arena_reset();
   emu::configure(scramble != 0, seed);
   emu::g_launched.clear();
+  emu::reset_max_dynamic_shared();
 }
 const char* lam_emu_last_error() { return emu::last_error(); }
 const char* lam_emu_launched() { return emu::g_launched.c_str(); }

@@ -267,6 +267,8 @@ def tune(
     progress=None,
     seconds: float | None = None,
     clock=None,
+    checkpoint=None,
+    on_error=None,
 ) -> dict:
     """Time every candidate (path and mma variant, :func:`candidates`) on
     ``shapes`` x ``batches`` with ``timer`` (the GPU's, or a fake one in
@@ -277,13 +279,21 @@ def tune(
     ``seconds``, timing stops before the first (shape, batch) that starts
     past that many seconds (``clock``: ``time.monotonic``); the cells not
     reached keep the model's choice, and ``doc["tune_cut"]`` says where it
-    stopped."""
+    stopped.
+
+    A candidate whose timing raises is recorded with its error (its row in
+    ``doc["measurements"]`` has ``"error"``; it takes no cell) and the tune
+    goes on: ``on_error()`` runs first (the GPU run synchronises there).
+    ``checkpoint(doc)``, if given, gets the table built from what has been
+    timed so far after every (shape, batch), so a run that dies later still
+    leaves a table."""
     import time
 
     clock = clock or time.monotonic
     start = clock()
     shapes = sorted(pm.engine_shapes() if shapes is None else shapes, key=lambda s: (s.padded_rows, s.hidden))
     measured: dict = {}
+    errors: dict = {}
     cut = None
     for s in shapes:
         for b in batches:
@@ -296,7 +306,22 @@ def tune(
                     continue
                 if progress:
                     progress(f"tune {s.label} rows={s.padded_rows} H={s.hidden} B={b} {p} ...")
-                measured[(p, s.padded_rows, s.hidden, b)] = timer(p, s.padded_rows, s.hidden, b)
+                key = (p, s.padded_rows, s.hidden, b)
+                try:
+                    measured[key] = timer(p, s.padded_rows, s.hidden, b)
+                except Exception as e:  # noqa: BLE001 (recorded; the tune goes on)
+                    measured[key], errors[key] = None, f"{type(e).__name__}: {e}"[:500]
+                    if progress:
+                        progress(f"tune {s.label} B={b} {p}: {errors[key]}")
+                    if on_error:
+                        on_error()
+            if checkpoint:
+                checkpoint(_tune_doc(spec, registers, commit, device_name, measured, errors, cut))
+    return _tune_doc(spec, registers, commit, device_name, measured, errors, cut)
+
+
+def _tune_doc(spec, registers, commit, device_name, measured: dict, errors: dict, cut) -> dict:
+    """The measured table from the timings so far (``None``: not timed or failed)."""
     model = model_timer(spec, registers)
 
     def merged(path, rows, hidden, batch):
@@ -326,6 +351,7 @@ def tune(
             "hidden": h,
             "batch": b,
             "us": None if t is None else round(t * 1e6, 2),
+            **({"error": errors[(p, r, h, b)]} if (p, r, h, b) in errors else {}),
         }
         for (p, r, h, b), t in sorted(measured.items())
     ]
@@ -380,6 +406,17 @@ def run_tune(table_path: str | None, json_path: str | None, command: str, second
             spec, arch=f"sm_{major}{minor}", sms=torch.cuda.get_device_properties(0).multi_processor_count
         )
     registers = pm.read_registers()
+
+    def recover():  # a failed launch: let the device settle before the next candidate
+        try:
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 (a sticky error: later candidates fail and are recorded too)
+            print(f"--tune: synchronize after a failed candidate: {e}", file=sys.stderr)
+
+    def checkpoint(partial):
+        partial["command"] = command
+        write_table(partial, table_path or TABLE_PATH)
+
     doc = tune(
         spec,
         cuda_timer(),
@@ -387,6 +424,8 @@ def run_tune(table_path: str | None, json_path: str | None, command: str, second
         device_name=torch.cuda.get_device_name(),
         progress=lambda m: print(m, file=sys.stderr),
         seconds=seconds,
+        checkpoint=checkpoint,
+        on_error=recover,
     )
     if doc["tune_cut"]:
         print(f"--tune: stopped timing at {doc['tune_cut']}; later cells keep the model's choice", file=sys.stderr)

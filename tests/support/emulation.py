@@ -1,6 +1,6 @@
 """Driver of the host SIMT emulation of the CUDA kernels (csrc/emu/): builds
 the kernels' unmodified source with g++ into a small shared library (cached
-under build/emu/, keyed by the sources and flags) and runs the CUDA launchers'
+under the system's temporary folder, keyed by the sources and flags) and runs the CUDA launchers'
 choices on torch CPU tensors through ctypes. Used by tests/test_emulation*.py.
 
 Every tensor a kernel reads or writes is copied into a checked arena region of
@@ -17,13 +17,16 @@ import os
 import pathlib
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Sequence
 
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
-BUILD = ROOT / "build" / "emu"
+# The built libraries, keyed by sources and flags, in the system's temporary
+# folder (the suite writes nothing into the checkout).
+BUILD = pathlib.Path(tempfile.gettempdir()) / f"localargmax-emu-{os.getuid()}"
 MAX_GRID_Y = 65535
 DEFAULT_SM_COUNT = 132  # kDefaultSmCount of shard_argmax_launch.cuh (H200)
 NUM_MMA_VARIANTS = 21  # kNumMmaVariants
@@ -51,6 +54,8 @@ _ENTRY_POINTS = {
     "lam_emu_last_error": (ctypes.c_char_p, []),
     "lam_emu_launched": (ctypes.c_char_p, []),
     "lam_emu_stats": (None, [ctypes.POINTER(_u64)]),
+    "lam_emu_smem_probe": (_i32, [_i32, _i32, _i32, _i32]),  # static_bytes, dynamic_bytes, raw, opt_in
+    "lam_emu_launch_features": (_i32, [_i32, _i32, _i32]),  # ptx_version, binary_version, device_major
     # dtype, path, topk_mode, hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size, num_valid,
     # vocab_start, keys, block_topk, topk, temperature, seed, offset, max_grid_y, sm_count, variant, smem_limit
     "lam_emu_shard": (
@@ -118,7 +123,7 @@ def _runtime_object(csrc: pathlib.Path) -> pathlib.Path:
 
 def build(csrc: pathlib.Path = CSRC, tag: str = "main", bf16_only: bool = False) -> pathlib.Path:
     """libemu.so of the kernels under `csrc` (a mutated copy for the mutation
-    tests); compiled once per content, under build/emu/. bf16_only: only the
+    tests); compiled once per content, under BUILD (a temporary folder). bf16_only: only the
     bfloat16 instantiations (faster to compile)."""
     flags = [*_COMMON_FLAGS, *_KERNEL_FLAGS, *(["-DLAM_EMU_BF16_ONLY"] if bf16_only else [])]
     out_dir = BUILD / f"{tag}-{_digest(sources(csrc), flags)}"
@@ -178,6 +183,22 @@ class Emulator:
             fn = getattr(self.lib, name)
             fn.restype, fn.argtypes = restype, argtypes
         self.launched: list[str] = []
+
+    def smem_launch(self, static_bytes: int, dynamic_bytes: int, raw: bool = False, opt_in: int = 0) -> str | None:
+        """A launch of a kernel built for the purpose with this much shared
+        memory: through the emulation's launch functor (the launchers' opt-in
+        rule), or with ``raw`` straight to the emulated runtime with the
+        kernel's MaxDynamicSharedMemorySize at ``opt_in`` (0: the default).
+        Returns None when it launched, else the refusal."""
+        self._reset(False, 0)
+        if self.lib.lam_emu_smem_probe(static_bytes, dynamic_bytes, int(raw), opt_in) == 0:
+            return None
+        return self.lib.lam_emu_last_error().decode()
+
+    def launch_features(self, ptx_version: int, binary_version: int, device_major: int) -> dict:
+        """launch_features of shard_argmax_launch.cuh: ``{"pdl": bool, "tma": bool}``."""
+        bits = self.lib.lam_emu_launch_features(ptx_version, binary_version, device_major)
+        return {"pdl": bool(bits & 1), "tma": bool(bits & 2)}
 
     # -- arena --
     def _reset(self, scramble: bool, seed: int) -> None:
