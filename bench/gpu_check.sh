@@ -11,17 +11,26 @@
 #
 # Steps, in this order; each one's timeout is its own cap or what is left of the
 # budget (less 10 s kept for the summary), whichever is smaller; a step that
-# times out is recorded as TIMEOUT and the next step runs:
-#   1 env       <= 15 s  nvidia-smi clocks/ECC/power, torch/CUDA/cuBLAS versions,
+# times out is recorded as TIMEOUT and the next step runs. The caps are set in
+# one place (CAPS below) and add up to the budget less the reserve; the plan is
+# printed first and written as plan.json ({"budget_s", "reserve_s", "steps":
+# {name: cap_s}, "memcheck_tools_s"}; tests/test_gpu_check.py fails when the
+# caps exceed the budget). Caps:
+#   1 env       <= 10 s  nvidia-smi clocks/ECC/power, torch/CUDA/cuBLAS versions,
 #                        Python.h present, compute-sanitizer path, pytest-timeout
-#   2 build     <= 270 s python setup.py build_ext --inplace, LOCALARGMAX_CUDA_ARCH=90a
+#   2 build     <= 250 s python setup.py build_ext --inplace, LOCALARGMAX_CUDA_ARCH=90a
 #                        only, fresh; no pip at all (and PIP_NO_INDEX=1 besides), so
 #                        nothing reaches the network; ptxas register/spill lines and
 #                        cuobjdump resource usage of the build kept in build.txt
-#   3 smoke     <= 40 s  bench/gpu_check.py smoke: every CUDA path (simt, mma, gemm;
+#   3 configs   <= 25 s  bench/gpu_check.py configs: one call of every config of the build
+#                        (simt, gemm, each mma/<id>) in worker subprocesses, 8 s each: ok /
+#                        refused / error / hang, into configs.json (in bench.tar.gz); the
+#                        configs that error or hang are skipped by the tune, the tests
+#                        (LOCALARGMAX_TEST_SKIP_PATHS) and the sanitizer
+#   4 smoke     <= 25 s  bench/gpu_check.py smoke: every CUDA path (simt, mma, gemm;
 #                        argmax, sample, top-k) on planted problems, ids exact and values
 #                        within the float32 bound of the float64 logit (30 s budget)
-#   4 bench     <= 200 s first the tune sub-step (<= 60 s, GPU_CHECK_CAP_TUNE): localargmax-bench
+#   5 bench     <= 95 s  first the tune sub-step (<= 45 s, GPU_CHECK_CAP_TUNE): localargmax-bench
 #                        --tune times simt, gemm and each pipelined mma variant (path="mma/<id>")
 #                        on the engine shapes, smallest shard first, for --tune-seconds (its cap
 #                        less 20 s), and writes the MEASURED dispatch table and its timings into
@@ -34,20 +43,23 @@
 #                        matmul+max, the whole step, the device-to-device copy; and
 #                        sampling on the full Qwen3 head (B 1..256) beside FlashSampling's
 #                        baselines and published H200 ratios (second, so it always runs)
-#   5 tests     <= 150 s the GPU pytest files, 90 s per test (pytest-timeout if there,
+#   6 tests     <= 45 s  the GPU pytest files, 30 s per test (pytest-timeout if there,
 #                        else bench/pytest_alarm.py), junit XML with the seeds
-#   6 memcheck  <= 60 s  compute-sanitizer memcheck of bench/gpu_check.py sanitize
-#                        (caching allocator off); racecheck too if >= 45 s are left
+#   7 memcheck  <= 100 s compute-sanitizer memcheck of bench/gpu_check.py sanitize
+#                        (caching allocator off; one TMA and one > 48 KiB config among its
+#                        calls), then racecheck: each tool gets at least 45 s
 #   then the one-screen summary (summary.txt, and the end of the console output).
 #
 # Files under the output folder, at most 8 (the device tool brings back 8), each
 # rewritten whole as the steps go, so a kill at any point still leaves <= 8:
+#   plan.json      the steps' caps          (and the seven below)
 #   gpu_check.log  the whole console        env.txt      environment facts
 #   build.txt      build tail + ptxas lines bench.tar.gz bench_*.json + smoke.json + the tuned
 #                                                        table (dispatch_table_*.json, tune.json)
 #   tests.xml      pytest junit XML         sanitizer.txt memcheck (+ racecheck) log
 #   summary.txt    step status, pytest counts, smoke, the benchmark table
 #
+# The plan alone (plan.json in OUTDIR, nothing run): bash bench/gpu_check.sh --plan OUTDIR
 # Dry run on a machine without a GPU (tests/test_gpu_check.py runs it):
 #   bash bench/gpu_check.sh --dry-run OUTDIR
 # walks the same steps and writes the same files: no nvidia-smi needed; the build
@@ -56,14 +68,16 @@
 # the same pytest files (they skip without a GPU); the sanitizer is skipped with a
 # message and its workload runs on the CPU without it.
 # Knobs: GPU_CHECK_BUDGET_S (whole script), GPU_CHECK_CAP_<STEP> (one step's cap in
-# seconds, STEP = ENV BUILD SMOKE BENCH TESTS MEMCHECK; TUNE for the bench step's tune
+# seconds, STEP = ENV BUILD CONFIGS SMOKE BENCH TESTS MEMCHECK; TUNE for the bench step's tune
 # sub-step), GPU_CHECK_TESTS (pytest
 # arguments selecting the tests), GPU_CHECK_BENCH (shape labels to run), PYTHON.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 DRY=0
+PLAN_ONLY=0
 if [[ "${1:-}" == "--dry-run" ]]; then DRY=1; shift; fi
+if [[ "${1:-}" == "--plan" ]]; then PLAN_ONLY=1; shift; fi
 OUTDIR="${1:-bench/results/gpu_check}"
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
@@ -80,13 +94,26 @@ if (( DRY )); then DEVICE=cpu; else DEVICE=cuda; fi
 BUDGET=${GPU_CHECK_BUDGET_S:-560}
 RESERVE=10
 DEADLINE=$(( SECONDS + BUDGET ))
+# The plan: every step's cap (GPU_CHECK_CAP_<STEP> overrides one), in run order.
+STEP_NAMES="env build configs smoke bench tests memcheck"
+declare -A CAPS=([env]=10 [build]=250 [configs]=25 [smoke]=25 [bench]=95 [tests]=45 [memcheck]=100)
+MEMCHECK_TOOL_MIN=45  # seconds each sanitizer tool gets at least (memcheck, then racecheck)
+for s in $STEP_NAMES; do v="GPU_CHECK_CAP_${s^^}"; CAPS[$s]=${!v:-${CAPS[$s]}}; done
+{
+  printf '{"budget_s": %d, "reserve_s": %d, "steps": {' "$BUDGET" "$RESERVE"
+  sep=""; for s in $STEP_NAMES; do printf '%s"%s": %d' "$sep" "$s" "${CAPS[$s]}"; sep=", "; done
+  printf '}, "memcheck_tools_s": {"memcheck": %d, "racecheck": %d}}\n' \
+    $(( CAPS[memcheck] - MEMCHECK_TOOL_MIN - 4 )) "$MEMCHECK_TOOL_MIN"
+} > "$OUTDIR/plan.json"
+total=0; for s in $STEP_NAMES; do total=$(( total + CAPS[$s] )); done
+echo "plan: $(tr -d '\n' < "$OUTDIR/plan.json") (caps sum ${total}s of $(( BUDGET - RESERVE ))s)"
+if (( PLAN_ONLY )); then rm -rf "$WORK"; exit 0; fi
 status=0
 built=0
 
 # cap STEP WANT: seconds this step may run (0: none left).
 cap() {
-  local var="GPU_CHECK_CAP_${1^^}" want=$2 left
-  want=${!var:-$want}
+  local want=${CAPS[$1]:-$2} left
   left=$(( DEADLINE - RESERVE - SECONDS ))
   (( left < 0 )) && left=0
   echo $(( want < left ? want : left ))
@@ -200,6 +227,14 @@ step_build() {
     || { echo "built without CUDA kernels"; return 4; }
 }
 
+step_configs() {
+  "$PY" bench/gpu_check.py configs --device "$DEVICE" --budget $(( STEP_CAP - 5 )) --json "$WORK/bench/configs.json"
+}
+skipped_configs() {  # the configs step's "skip" list, comma-separated ('' when none or no step)
+  "$PY" -c "import json, sys; print(','.join(json.load(open(sys.argv[1])).get('skip', [])))" \
+    "$WORK/bench/configs.json" 2> /dev/null || true
+}
+
 step_smoke() {
   local tiny=""; (( DRY )) && tiny=--tiny
   local budget=$(( STEP_CAP - 10 < 30 ? STEP_CAP - 10 : 30 ))  # 10 s for torch import and CUDA init
@@ -225,8 +260,9 @@ bench_tune() {  # the tune sub-step of bench (its own cap; what it writes goes i
     timeout -s TERM -k 5 "$per" "$PY" -m localargmax.bench --predict --batch 1 \
       --write-table "$WORK/bench/dispatch_table_predicted.json" > /dev/null
   else
-    echo "-- tune (cap ${per}s, timing for $(( per - 20 ))s): paths and mma variants -> dispatch_table_measured.json"
-    timeout -s TERM -k 5 "$per" "$PY" -m localargmax.bench --tune --tune-seconds $(( per - 20 )) \
+    echo "-- tune (cap ${per}s, timing for $(( per - 15 ))s): paths and mma variants -> dispatch_table_measured.json"
+    timeout -s TERM -k 5 "$per" "$PY" -m localargmax.bench --tune --tune-seconds $(( per - 15 )) \
+      --tune-skip "$(skipped_configs)" \
       --write-table "$WORK/bench/dispatch_table_measured.json" --json "$WORK/bench/tune.json" 2>&1 \
       | grep -v '^tune .* \.\.\.$'
   fi
@@ -237,7 +273,7 @@ bench_tune() {  # the tune sub-step of bench (its own cap; what it writes goes i
 step_bench() {
   local end=$(( SECONDS + ${STEP_CAP:-200} )) label model rows batches op extra per left rc status=0
   left=$(( end - SECONDS - 2 ))
-  per=${GPU_CHECK_CAP_TUNE:-60}
+  per=${GPU_CHECK_CAP_TUNE:-45}
   bench_tune $(( per < left ? per : left )) || status=1
   while IFS=: read -r label model rows batches op; do
     [[ -n "${GPU_CHECK_BENCH:-}" && " $GPU_CHECK_BENCH " != *" $label "* ]] && continue
@@ -271,8 +307,10 @@ step_tests() {
   # per-test timeout: pytest-timeout where installed, else the SIGALRM plugin;
   # the plugin also turns SIGTERM (this step's timeout) into KeyboardInterrupt,
   # so pytest still writes the junit XML of the tests it ran.
-  if "$PY" -c "import pytest_timeout" 2> /dev/null; then t=(--timeout "${GPU_CHECK_TEST_TIMEOUT:-90}"); else t=(--alarm-timeout "${GPU_CHECK_TEST_TIMEOUT:-90}"); fi
+  if "$PY" -c "import pytest_timeout" 2> /dev/null; then t=(--timeout "${GPU_CHECK_TEST_TIMEOUT:-30}"); else t=(--alarm-timeout "${GPU_CHECK_TEST_TIMEOUT:-30}"); fi
   export PYTHONPATH="$ROOT/bench:$PYTHONPATH"
+  LOCALARGMAX_TEST_SKIP_PATHS="$(skipped_configs)"
+  export LOCALARGMAX_TEST_SKIP_PATHS
   exec "$PY" -m pytest -p pytest_alarm "${t[@]}" -q -p no:cacheprovider -rfE --durations=10 \
     --maxfail=50 -o junit_family=xunit1 --junitxml="$OUTDIR/tests.xml" "${sel[@]}"
 }
@@ -281,19 +319,22 @@ step_memcheck() {
   local san out="$OUTDIR/sanitizer.txt" left
   if (( DRY )); then
     echo "compute-sanitizer: SKIPPED (--dry-run, no GPU); its workload ran on the CPU without it:" > "$out"
-    "$PY" bench/gpu_check.py sanitize --device cpu >> "$out" 2>&1
+    "$PY" bench/gpu_check.py sanitize --device cpu --skip "$(skipped_configs)" >> "$out" 2>&1
     local rc=$?; cat "$out"; return $rc
   fi
   san=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
   if [[ ! -x "$san" ]]; then echo "compute-sanitizer: not found, SKIPPED" | tee "$out"; return 0; fi
-  local end=$(( SECONDS + ${STEP_CAP:-60} )) rc=0 tool
+  local end=$(( SECONDS + ${STEP_CAP:-100} )) rc=0 tool skip
+  skip=$(skipped_configs)
   : > "$out"
   for tool in memcheck racecheck; do
     left=$(( end - SECONDS - 2 ))
-    if [[ $tool == racecheck ]] && (( left < 45 )); then echo "racecheck: SKIPPED (${left}s left)" | tee -a "$out"; break; fi
-    echo "== compute-sanitizer --tool $tool" >> "$out"
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 5 "$left" "$san" --tool "$tool" --error-exitcode 9 --print-limit 30 \
-      "$PY" bench/gpu_check.py sanitize --device cuda >> "$out" 2>&1
+    # memcheck leaves racecheck its MEMCHECK_TOOL_MIN seconds (a kill margin of 4 s between them)
+    [[ $tool == memcheck ]] && left=$(( left - MEMCHECK_TOOL_MIN - 2 ))
+    if (( left < 10 )); then echo "$tool: SKIPPED (${left}s left)" | tee -a "$out"; continue; fi
+    echo "== compute-sanitizer --tool $tool (${left}s)" >> "$out"
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 2 "$left" "$san" --tool "$tool" --error-exitcode 9 --print-limit 30 \
+      "$PY" bench/gpu_check.py sanitize --device cuda --skip "$skip" >> "$out" 2>&1
     local r=$?
     echo "$tool: exit $r ($( ((r == 0)) && echo clean || echo 'ERRORS, TIMEOUT or unavailable'))" | tee -a "$out"
     (( r == 0 )) || rc=$r
@@ -301,19 +342,21 @@ step_memcheck() {
   tail -25 "$out"
   return $rc
 }
-export -f step_env step_build step_smoke bench_tune step_bench step_tests step_memcheck
+export MEMCHECK_TOOL_MIN
+export -f step_env step_build step_configs skipped_configs step_smoke bench_tune step_bench step_tests step_memcheck
 
 echo "gpu_check: $( ((DRY)) && echo 'DRY RUN (CPU)' || echo 'GPU run'), budget ${BUDGET}s, output $OUTDIR, scratch $WORK"
-run_step env 15 step_env
-if run_step build 270 step_build; then built=1; fi
+run_step env 10 step_env
+if run_step build 250 step_build; then built=1; fi
 if (( built )); then
-  run_step smoke 40 step_smoke
-  run_step bench 200 step_bench
+  run_step configs 25 step_configs
+  run_step smoke 25 step_smoke
+  run_step bench 95 step_bench
   bash -c '"$PY" bench/gpu_check.py summary --bench-dir "$WORK/bench" --steps "$WORK/steps.txt"' | tail -n +2
-  run_step tests 150 step_tests
-  run_step memcheck 60 step_memcheck
+  run_step tests 45 step_tests
+  run_step memcheck 100 step_memcheck
 else
-  for s in smoke bench tests memcheck; do record "$s" - 0 "skipped: no build"; done
+  for s in configs smoke bench tests memcheck; do record "$s" - 0 "skipped: no build"; done
   echo "no build: smoke, bench, tests and memcheck skipped" | tee "$OUTDIR/sanitizer.txt"
 fi
 for f in tests.xml sanitizer.txt build.txt env.txt; do  # every file exists, whatever happened

@@ -88,6 +88,33 @@ def gen(seed) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def pytest_collection_modifyitems(config, items):
+    """LOCALARGMAX_TEST_SKIP_PATHS (bench/gpu_check.sh: the configs that
+    errored or hung in their first call): skip the tests that force one of
+    those paths, naming it, so one bad config does not eat the run."""
+    import re
+
+    from localargmax import envs
+
+    paths = [p.strip() for p in envs.LOCALARGMAX_TEST_SKIP_PATHS.split(",") if p.strip()]
+    if not paths:
+        return
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        for p in paths:
+            token = re.compile(rf"(?<![\w/]){re.escape(p)}(?![\w/])")
+            hit = token.search(item.nodeid) or any(token.fullmatch(str(v)) for v in params.values())
+            if p.startswith("mma/") and p[4:].isdigit():  # tests that take the variant id itself
+                vid = int(p[4:])
+                hit = hit or any(
+                    ("variant" in name and v == vid) or (name == "pair" and vid in tuple(v))
+                    for name, v in params.items()
+                )
+            if hit:
+                item.add_marker(pytest.mark.skip(reason=f"{p} failed its first call (LOCALARGMAX_TEST_SKIP_PATHS)"))
+                break
+
+
 def pytest_make_parametrize_id(config, val, argname):
     """Parametrised ids name dtypes (``float16``, not ``dtype1``)."""
     if isinstance(val, torch.dtype):

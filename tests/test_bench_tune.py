@@ -146,3 +146,12 @@ def test_a_failing_candidate_is_recorded_and_the_table_still_written(tmp_path):
     for b in (1, 16):
         c = table.choose("sm_90", "bfloat16", 4096, 18992, b)
         assert not (c.path == "mma" and c.variant == 5), (b, c)  # the failed candidate wins nothing
+
+
+def test_skipped_paths_are_not_timed():
+    gpu = FakeGPU()
+    shapes = pm.engine_shapes([("qwen3", 8)])
+    doc = tune.tune(pm.H200, gpu, REGS, shapes=shapes, batches=(16,), skip={"mma/5", "gemm"})
+    assert not any(p in ("mma/5", "gemm") for p, *_ in gpu.calls)
+    rows = [m for m in doc["measurements"] if m["path"] == "gemm" or m["variant"] == 5]
+    assert rows and all(m["us"] is None and "skipped" in m["error"] for m in rows)

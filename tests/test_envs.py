@@ -17,6 +17,7 @@ OTHER_VALUE = {
     "LOCALARGMAX_TEST_SEED": ("17", 17),
     "LOCALARGMAX_STRESS_CASES": ("5", 5),
     "LOCALARGMAX_TEST_START": ("spawn", "spawn"),
+    "LOCALARGMAX_TEST_SKIP_PATHS": ("mma/10", "mma/10"),
 }
 
 
@@ -79,3 +80,35 @@ def test_debug_set_after_a_first_call_takes_effect(monkeypatch):
     monkeypatch.setenv("LOCALARGMAX_DEBUG", "1")
     localargmax.lm_head_argmax(hidden, weight, group=gather)
     assert len(seen) == 1 and seen[0]["batch size"] == 2
+
+
+def test_skip_paths_knob_skips_the_tests_that_force_a_path(monkeypatch):
+    """LOCALARGMAX_TEST_SKIP_PATHS (set by bench/gpu_check.sh from its configs
+    step): tests whose id or parameters name the path, or take its variant id,
+    are skipped with the reason; mma/1 does not match mma/10."""
+    import types
+
+    from tests import conftest
+
+    def item(nodeid, **params):
+        it = types.SimpleNamespace(nodeid=nodeid, callspec=types.SimpleNamespace(params=params), marks=[])
+        it.add_marker = it.marks.append
+        return it
+
+    items = [
+        item("t.py::test_forced[mma/10-bf16]"),
+        item("t.py::test_every_variant[bf16-10]", variant=10),
+        item("t.py::test_pairs[10-14]", pair=(10, 14)),
+        item("t.py::test_forced[mma/1-bf16]"),
+        item("t.py::test_every_variant[bf16-1]", variant=1),
+        item("t.py::test_path[cuda-gemm]", path="gemm"),
+    ]
+    monkeypatch.setenv("LOCALARGMAX_TEST_SKIP_PATHS", " mma/10, gemm")
+    conftest.pytest_collection_modifyitems(None, items)
+    skipped = [bool(it.marks) for it in items]
+    assert skipped == [True, True, True, False, False, True]
+    assert "mma/10 failed its first call" in items[0].marks[0].kwargs["reason"]
+    monkeypatch.setenv("LOCALARGMAX_TEST_SKIP_PATHS", "")
+    fresh = [item("t.py::test_forced[mma/10-bf16]")]
+    conftest.pytest_collection_modifyitems(None, fresh)
+    assert fresh[0].marks == []

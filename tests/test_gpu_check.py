@@ -21,8 +21,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gpu_check.sh"
-FILES = {"gpu_check.log", "env.txt", "build.txt", "bench.tar.gz", "tests.xml", "sanitizer.txt", "summary.txt"}
-STEPS = ("env", "build", "smoke", "bench", "tests", "memcheck")
+FILES = {
+    "plan.json",
+    "gpu_check.log",
+    "env.txt",
+    "build.txt",
+    "bench.tar.gz",
+    "tests.xml",
+    "sanitizer.txt",
+    "summary.txt",
+}
+STEPS = ("env", "build", "configs", "smoke", "bench", "tests", "memcheck")
 
 HUNG_TESTS = """
 import time
@@ -185,3 +194,17 @@ def test_configs_step_survives_a_hang_and_an_error(tmp_path):
     assert status == {"a": "ok", "b": "hang", "c": "error", "d": "refused", "e": "ok"}, doc
     assert doc["skip"] == ["b", "c"]
     assert "illegal memory access" in doc["configs"]["c"]["detail"]
+
+
+def test_the_plan_fits_the_budget_with_both_sanitizer_tools(tmp_path):
+    """The caps of the real run (the default budget) add up to at most the
+    budget less the summary's reserve, memcheck and racecheck get >= 45 s
+    each, every step has a cap, and at most 8 files come back."""
+    proc = subprocess.run(["bash", str(SCRIPT), "--plan", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert tuple(plan["steps"]) == STEPS
+    assert sum(plan["steps"].values()) <= plan["budget_s"] - plan["reserve_s"], plan
+    assert min(plan["memcheck_tools_s"].values()) >= 45, plan
+    assert sum(plan["memcheck_tools_s"].values()) <= plan["steps"]["memcheck"], plan
+    assert plan["budget_s"] <= 590 - 30 and len(FILES) <= 8

@@ -325,6 +325,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="--tune: stop timing after this many seconds (cells not reached keep the model's choice)",
     )
     p.add_argument(
+        "--tune-skip",
+        metavar="PATHS",
+        help="--tune: comma-separated paths not to time (e.g. mma/10,mma/16: configs that failed a first call)",
+    )
+    p.add_argument(
         "--write-table",
         nargs="?",
         const=str(Path(__file__).resolve().parents[1] / "dispatch_table.json"),
@@ -589,7 +594,8 @@ def _model_or_tune(args, command: str, prog: str) -> int:
         if args.tune:
             from .tune import run_tune
 
-            return run_tune(args.write_table, args.json, command, args.tune_seconds)
+            skip = {x.strip() for x in (args.tune_skip or "").split(",") if x.strip()}
+            return run_tune(args.write_table, args.json, command, args.tune_seconds, skip)
         from .predict_cli import run_predict
 
         return run_predict(args, command)

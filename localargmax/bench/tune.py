@@ -269,6 +269,7 @@ def tune(
     clock=None,
     checkpoint=None,
     on_error=None,
+    skip: set | frozenset = frozenset(),
 ) -> dict:
     """Time every candidate (path and mma variant, :func:`candidates`) on
     ``shapes`` x ``batches`` with ``timer`` (the GPU's, or a fake one in
@@ -286,7 +287,8 @@ def tune(
     goes on: ``on_error()`` runs first (the GPU run synchronises there).
     ``checkpoint(doc)``, if given, gets the table built from what has been
     timed so far after every (shape, batch), so a run that dies later still
-    leaves a table."""
+    leaves a table. Paths in ``skip`` (configs that failed a first call) are
+    not timed; their rows say so."""
     import time
 
     clock = clock or time.monotonic
@@ -307,6 +309,9 @@ def tune(
                 if progress:
                     progress(f"tune {s.label} rows={s.padded_rows} H={s.hidden} B={b} {p} ...")
                 key = (p, s.padded_rows, s.hidden, b)
+                if p in skip:
+                    measured[key], errors[key] = None, "skipped: failed its first call (--tune-skip)"
+                    continue
                 try:
                     measured[key] = timer(p, s.padded_rows, s.hidden, b)
                 except Exception as e:  # noqa: BLE001 (recorded; the tune goes on)
@@ -383,7 +388,9 @@ def cuda_timer(steps: int = 60, warmup: int = 5, budget_s: float = 2.0) -> Timer
     return timer
 
 
-def run_tune(table_path: str | None, json_path: str | None, command: str, seconds: float | None = None) -> int:
+def run_tune(
+    table_path: str | None, json_path: str | None, command: str, seconds: float | None = None, skip=frozenset()
+) -> int:
     """``--tune``: exit 2 without a usable GPU, else time (for at most ``seconds`` when given), write
     the table (and the timings as JSON)."""
     import torch
@@ -426,6 +433,7 @@ def run_tune(table_path: str | None, json_path: str | None, command: str, second
         seconds=seconds,
         checkpoint=checkpoint,
         on_error=recover,
+        skip=skip,
     )
     if doc["tune_cut"]:
         print(f"--tune: stopped timing at {doc['tune_cut']}; later cells keep the model's choice", file=sys.stderr)
