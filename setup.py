@@ -2,14 +2,18 @@
 
 Environment switches (all optional; the registry is localargmax/envs.py):
   LOCALARGMAX_CUDA=0          do not compile the CUDA kernels even if possible
-  LOCALARGMAX_CUDA_ARCH=...   CUDA architectures, CMake style
-                              (default "80;90a;100": sm_80, sm_90a, sm_100)
+  LOCALARGMAX_CUDA_ARCH=...   CUDA architectures, CMake style ("90a",
+                              "80;90a;100"); unset: see below
+  TORCH_CUDA_ARCH_LIST=...    PyTorch's syntax ("9.0a", "8.0;9.0a", "8.6+PTX"),
+                              used when LOCALARGMAX_CUDA_ARCH is unset
   CUDA_HOME                   the CUDA toolkit; default: the real path of nvcc's
                               parent folder, else /usr/local/cuda
   LOCALARGMAX_BUILD_JOBS      parallel compile jobs (default: all cores)
 
 CUDA kernels are compiled whenever torch is a CUDA build and nvcc is found; no
-GPU is needed to build them.
+GPU is needed to build them. Their architectures (choose_cuda_archs): those of
+LOCALARGMAX_CUDA_ARCH, else of TORCH_CUDA_ARCH_LIST, else of the visible GPUs,
+else "80;90a;100" (sm_80, sm_90a, sm_100); the build prints which and why.
 
 The build prints what it compiles, an estimate of how long that takes, ninja's
 [n/N] progress and the time it took. pip shows a build's output only with
@@ -17,11 +21,13 @@ The build prints what it compiles, an estimate of how long that takes, ninja's
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -44,6 +50,119 @@ def load_envs():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# The CUDA architectures when neither variable names any and no GPU is visible.
+DEFAULT_CUDA_ARCHS = "80;90a;100"
+# TORCH_CUDA_ARCH_LIST's names, expanded as torch.utils.cpp_extension's
+# _get_cuda_arch_flags does (torch 2.14.1).
+TORCH_NAMED_ARCHS = {
+    "Kepler+Tesla": "3.7",
+    "Kepler": "3.5+PTX",
+    "Maxwell+Tegra": "5.3",
+    "Maxwell": "5.0;5.2+PTX",
+    "Pascal": "6.0;6.1+PTX",
+    "Volta+Tegra": "7.2",
+    "Volta": "7.0+PTX",
+    "Turing": "7.5+PTX",
+    "Ampere+Tegra": "8.7",
+    "Ampere": "8.0;8.6+PTX",
+    "Ada": "8.9+PTX",
+    "Hopper": "9.0+PTX",
+    "Blackwell+Tegra": "11.0",
+    "Blackwell": "10.0;10.3;12.0;12.1+PTX",
+    "Rubin": "10.7+PTX",
+}
+_TORCH_ARCH = re.compile(r"(\d+)\.(\d)(a?)(\+PTX)?")
+_TORCH_SYNTAX = (
+    "entries like 8.0, 9.0a, 10.0 or 8.6+PTX (major.minor, an optional 'a', an optional '+PTX'), "
+    "separated by ';' or spaces; or a name torch knows (Ampere, Hopper, ...); or 'native'"
+)
+
+
+def cmake_arch_of_capability(major: int, minor: int) -> str:
+    """The CMake architecture built for a GPU of compute capability
+    major.minor: "90a" for 9.0 (what the default builds, the sm_90a code the
+    tests inspect), else "<major><minor>" ("80", "100", "120"). Plain, not
+    "-real": machine code plus PTX, as in the default list."""
+    return "90a" if (major, minor) == (9, 0) else f"{major}{minor}"
+
+
+def torch_arch_list_to_cmake(value: str) -> str:
+    """PyTorch's TORCH_CUDA_ARCH_LIST (not "native") as CMake's
+    CUDA_ARCHITECTURES, with torch's meaning (torch.utils.cpp_extension's
+    _get_cuda_arch_flags): "X.Y" is machine code only
+    (code=sm_XY: CMake "XY-real"), "X.Y+PTX" machine code and PTX
+    (code=sm_XY plus code=compute_XY: CMake "XY"), "X.Ya" the arch-specific
+    "XYa" ("9.0a" -> "90a-real", "9.0a+PTX" -> "90a"). An architecture listed
+    both ways gets both; order of first appearance, no repeats. Raises
+    ValueError naming the variable and the syntax for anything else."""
+    entries = []
+    for entry in re.split(r"[;\s]+", value.strip()):
+        entries += TORCH_NAMED_ARCHS.get(entry, entry).split(";") if entry else []
+    if not entries:
+        raise ValueError(f"TORCH_CUDA_ARCH_LIST={value!r} names no architecture; expected {_TORCH_SYNTAX}")
+    ptx: dict[str, bool] = {}  # architecture -> whether PTX too, in order of first appearance
+    for entry in entries:
+        m = _TORCH_ARCH.fullmatch(entry)
+        if m is None:
+            raise ValueError(
+                f"TORCH_CUDA_ARCH_LIST={value!r}: {entry!r} is not an architecture; expected {_TORCH_SYNTAX}"
+            )
+        arch = f"{m[1]}{m[2]}{m[3]}"
+        ptx[arch] = ptx.get(arch, False) or bool(m[4])
+    return ";".join(arch if with_ptx else f"{arch}-real" for arch, with_ptx in ptx.items())
+
+
+def choose_cuda_archs(
+    env: Mapping[str, str],
+    visible: Sequence[tuple[int, int]] | Callable[[], Sequence[tuple[int, int]]],
+) -> tuple[str, str]:
+    """The CUDA architectures to build (CMake's CUDA_ARCHITECTURES) and why,
+    in a few words: from ``LOCALARGMAX_CUDA_ARCH`` (CMake style, as given),
+    else from ``TORCH_CUDA_ARCH_LIST`` (torch_arch_list_to_cmake; "native":
+    the visible GPUs, as torch reads it), else from the visible GPUs' compute
+    capabilities (cmake_arch_of_capability), else DEFAULT_CUDA_ARCHS. An
+    unset, empty or blank variable is unset (as in localargmax/envs.py).
+    ``visible``: the (major, minor) of each visible GPU, or a function giving
+    them, called only when they decide."""
+
+    def gpus() -> list[tuple[int, int]]:
+        return sorted({(int(a), int(b)) for a, b in (visible() if callable(visible) else visible)})
+
+    def from_gpus(caps: list[tuple[int, int]]) -> str:
+        return ";".join(dict.fromkeys(cmake_arch_of_capability(*c) for c in caps))
+
+    def named(caps: list[tuple[int, int]]) -> str:
+        return "compute capability " + ", ".join(f"{a}.{b}" for a, b in caps)
+
+    own = (env.get("LOCALARGMAX_CUDA_ARCH") or "").strip()
+    if own:
+        return own, f"from LOCALARGMAX_CUDA_ARCH={own!r}"
+    torch_list = (env.get("TORCH_CUDA_ARCH_LIST") or "").strip()
+    if torch_list == "native":
+        caps = gpus()
+        if not caps:
+            raise ValueError(
+                "TORCH_CUDA_ARCH_LIST='native' but no GPU is visible; name the architectures "
+                f"(LOCALARGMAX_CUDA_ARCH, CMake style, or TORCH_CUDA_ARCH_LIST: {_TORCH_SYNTAX})"
+            )
+        return from_gpus(caps), f"from TORCH_CUDA_ARCH_LIST='native': the visible GPUs, {named(caps)}"
+    if torch_list:
+        return torch_arch_list_to_cmake(torch_list), f"from TORCH_CUDA_ARCH_LIST={torch_list!r}"
+    caps = gpus()
+    if caps:
+        return from_gpus(caps), f"from the visible GPUs, {named(caps)}"
+    return DEFAULT_CUDA_ARCHS, "the default: no LOCALARGMAX_CUDA_ARCH, no TORCH_CUDA_ARCH_LIST, no GPU visible"
+
+
+def visible_gpus() -> list[tuple[int, int]]:
+    """(major, minor) compute capability of each GPU torch sees, [] without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [tuple(torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())]
 
 
 def find_cuda_home():
@@ -103,7 +222,7 @@ class CMakeBuild(build_ext):
         ]
         env = dict(os.environ)
         if with_cuda:
-            arch = envs.LOCALARGMAX_CUDA_ARCH
+            arch, why = choose_cuda_archs(os.environ, visible_gpus)
             args += [
                 f"-DCMAKE_CUDA_COMPILER={cuda_home}/bin/nvcc",
                 f"-DCUDAToolkit_ROOT={cuda_home}",
@@ -111,6 +230,8 @@ class CMakeBuild(build_ext):
             ]
             env["CUDA_HOME"] = cuda_home
         print(f"localargmax: building with CUDA={'yes (' + cuda_home + ')' if with_cuda else 'no'}", flush=True)
+        if with_cuda:
+            print(f"localargmax: CUDA architectures {arch} ({why})", flush=True)
         # A cached configure from a different CUDA setting would be reused silently.
         cache = build_dir / "CMakeCache.txt"
         if cache.exists() and f"LOCALARGMAX_WITH_CUDA:BOOL={'ON' if with_cuda else 'OFF'}" not in cache.read_text():
@@ -193,7 +314,10 @@ def _clock(seconds: float) -> str:
     return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
 
 
-setup(
-    ext_modules=[Extension("localargmax._C", sources=[])],
-    cmdclass={"build_ext": CMakeBuild},
-)
+# pip (setuptools.build_meta) and `python setup.py` run this file as __main__;
+# tests/test_build_arch.py loads it for choose_cuda_archs without building.
+if __name__ == "__main__":
+    setup(
+        ext_modules=[Extension("localargmax._C", sources=[])],
+        cmdclass={"build_ext": CMakeBuild},
+    )

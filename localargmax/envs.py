@@ -66,7 +66,12 @@ KNOBS: dict[str, Knob] = {
         "Compile the CUDA kernels when torch is a CUDA build and nvcc is found (0: CPU kernels only, ~2 min builds).",
     ),
     "LOCALARGMAX_CUDA_ARCH": Knob(
-        str, "80;90a;100", "build", "CUDA architectures to compile for, CMake style (sm_80, sm_90a, sm_100)."
+        str,
+        None,
+        "build",
+        'CUDA architectures to compile for, CMake style ("90a", "80;90a;100"). Unset (None): those of '
+        'TORCH_CUDA_ARCH_LIST (torch\'s syntax, "9.0a", "8.0;8.6+PTX"), else of the visible GPUs (9.0 -> 90a), '
+        "else 80;90a;100 (setup.py's choose_cuda_archs).",
     ),
     "LOCALARGMAX_BUILD_JOBS": Knob(
         _positive_int, os.cpu_count() or 1, "build", "Parallel compile jobs (default: all cores)."
@@ -79,6 +84,13 @@ KNOBS: dict[str, Knob] = {
     ),
     "LOCALARGMAX_STRESS_CASES": Knob(
         _positive_int, 10000, "tests", "Random cases of the slow stress test (pytest -m slow)."
+    ),
+    "LOCALARGMAX_TEST_SKIP_PATHS": Knob(
+        str,
+        "",
+        "tests",
+        "Comma-separated kernel paths (mma/<id>, simt, gemm) whose tests are skipped, naming the reason: "
+        "bench/gpu_check.sh sets it to the configs that errored or hung in their first call.",
     ),
     "LOCALARGMAX_TEST_START": Knob(
         str, "forkserver", "tests", "Start method of the multi-rank test launcher: forkserver (fast) or spawn."

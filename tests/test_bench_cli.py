@@ -455,3 +455,57 @@ def test_every_file_writer_creates_its_folders(tmp_path, writer, monkeypatch):
     argv = ["--predict", "--model", "qwen3", "--tp", "8", "--batch", "1", f"--{writer.replace('_', '-')}", str(target)]
     assert cli.main(argv, prog="localargmax-bench") == 0
     assert target.exists() and target.read_text().startswith("{")
+
+
+# ------------------------------------------------------------------ the machine's truth (issue: honest CPU benchmark)
+
+
+def test_cpu_features_recorded_present_or_absent():
+    from localargmax.bench import report
+
+    amx = report.cpu_features("fpu avx2 fma f16c avx512f avx512_bf16 amx_tile amx_bf16")
+    assert amx == {**{f: True for f in report.CPU_FEATURES}, "avx512_fp16": False}
+    epyc = report.cpu_features("fpu sse4_2 avx2 fma f16c")
+    assert [f for f, v in epyc.items() if v] == ["avx2", "fma", "f16c"]
+    env = report.env_info("cpu", 1)
+    assert set(env["cpu_features"]) == set(report.CPU_FEATURES) and env["cpu_path_auto"] in ("avx2", "generic")
+    assert env["cpu_path_auto"] == ("avx2" if env["cpu_features"]["avx2"] else "generic")
+
+
+def _rows(medians, method="fused-kernel"):
+    return [{"method": method, "shape": "s", "tp": 1, "batch": b, "median_us": m} for b, m in enumerate(medians)]
+
+
+def test_timing_warnings_name_load_oversubscription_ticks_and_impossible_rows():
+    from localargmax.bench.report import timing_warnings
+
+    assert timing_warnings(_rows([120.0, 950.0, 3100.0]), loadavg=[0.5, 0.5, 0.5], cores=2) == []
+    load = timing_warnings([], loadavg=[3.2, 1.0, 1.0], cores=2)
+    assert len(load) == 1 and "load average 3.20 is above the 2 cores" in load[0]
+    assert "oversubscribed" in timing_warnings([], cores=2, tp=2, threads=2)[0]
+    ticks = timing_warnings(_rows([7977.0, 15978.0, 16000.0, 8001.0, 250.0]), cores=64)
+    assert len(ticks) == 1 and "multiples of 4 ms" in ticks[0], ticks
+    assert timing_warnings(_rows([7300.0, 15100.0, 11100.0]), cores=64) == []  # off the tick: no warning
+    whole = _rows([900.0], method="lm-head-step") + _rows([1000.0], method="fused-kernel")
+    impossible = timing_warnings(whole, cores=64)
+    assert len(impossible) == 1 and "lm-head-step (900.0 us) timed faster than fused-kernel" in impossible[0]
+
+
+def test_cpu_legend_names_what_decides_fused_vs_unfused():
+    from localargmax.bench.report import cpu_legend
+
+    rows = [{"method": "fused", "device": "cpu"}, {"method": "unfused-local", "device": "cpu"}]
+    amx = cpu_legend(rows, {"amx_bf16": True, "avx512f": True}, "avx2")
+    assert "path 'avx2'" in amx and "amx_bf16" in amx and "unfused-local can win" in amx
+    assert "AVX2 at most" in cpu_legend(rows, {"avx2": True}, "avx2")
+    assert cpu_legend([{"method": "fused", "device": "cuda"}], {}, "avx2") is None
+
+
+def test_smoke_run_records_the_cpu_and_its_warnings(tmp_path):
+    out = tmp_path / "r.json"
+    proc = run_bench("--smoke", "--kernel-only", "--batch", "1", "--json", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["env"]["cpu_path_auto"] in ("avx2", "generic") and "avx512f" in doc["env"]["cpu_features"]
+    assert isinstance(doc["warnings"], list)
+    assert doc["env"]["threads_per_rank"] == max(1, (os.cpu_count() or 1) - 1)

@@ -273,7 +273,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         type=_int_at_least(0),
         help="untimed steps before them (default: 10 minilm, 2 big shapes on CPU; 20 on CUDA)",
     )
-    p.add_argument("--threads", type=_int_at_least(1), help="torch threads per rank (default max(1, cpu_count // tp))")
+    p.add_argument(
+        "--threads",
+        type=_int_at_least(1),
+        help="torch threads per rank (default max(1, cpu_count // tp); --kernel-only: cpu_count - 1, leaving a core)",
+    )
     p.add_argument(
         "--seed",
         type=_int_at_least(0),
@@ -483,7 +487,13 @@ def make_config(args, command: list[str]):
     warmup = args.warmup if args.warmup is not None else (1 if smoke else 20 if cuda else 2 if big else 10)
     if steps < 1 or warmup < 0:
         raise UsageError("--steps must be >= 1 and --warmup >= 0")
-    threads = args.threads if args.threads is not None else max(1, (os.cpu_count() or 1) // tp)
+    cores = os.cpu_count() or 1
+    if args.threads is not None:
+        threads = args.threads
+    elif args.kernel_only:  # one process: leave a core for the rest of the machine (timer, OS)
+        threads = max(1, cores - 1)
+    else:
+        threads = max(1, cores // tp)
     if threads < 1:
         raise UsageError("--threads must be >= 1")
     if args.batch is not None:

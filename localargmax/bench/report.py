@@ -26,11 +26,45 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+CPU_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+"""The CPU's ISA features that decide the CPU timings here (the fused kernel's
+AVX2 path; torch's AVX-512 / AMX GEMM), recorded present or absent."""
+
+
+def cpu_features(flags: str | None = None) -> dict:
+    """``{feature: bool}`` for :data:`CPU_FEATURES`, from ``/proc/cpuinfo``'s
+    flags (or ``flags``, a space-separated string); None values where the
+    flags cannot be read."""
+    if flags is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = next((line.split(":", 1)[1] for line in f if line.startswith("flags")), None)
+        except OSError:
+            flags = None
+    if flags is None:
+        return {name: None for name in CPU_FEATURES}
+    have = set(flags.split())
+    return {name: name in have for name in CPU_FEATURES}
+
+
+def cpu_auto_path() -> str:
+    """The CPU kernel ``path="auto"`` runs: ``"avx2"`` where the library's AVX2
+    path takes a call on this CPU, else ``"generic"`` (asked of the op itself)."""
+    from .. import shard_argmax
+
+    try:
+        shard_argmax(torch.ones(1, 8), torch.ones(4, 8), path="avx2")
+    except ValueError:
+        return "generic"
+    return "avx2"
+
+
 def env_info(device: str, threads: int) -> dict:
     """Versions and hardware of this run: python, torch, localargmax, platform,
     CPU name and count, torch threads per rank, the 1/5/15-minute load average
-    when the run ended (other work on the machine skews CPU timings); for CUDA
-    the GPU name, driver and CUDA version."""
+    when the run ended (other work on the machine skews CPU timings), the
+    CPU's ISA features (:data:`CPU_FEATURES`, present or absent) and the CPU
+    path ``auto`` chose; for CUDA the GPU name, driver and CUDA version."""
     from .. import __version__
 
     env = dict(
@@ -42,6 +76,8 @@ def env_info(device: str, threads: int) -> dict:
         cpu_count=os.cpu_count(),
         threads_per_rank=threads,
         loadavg=[round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        cpu_features=cpu_features(),
+        cpu_path_auto=cpu_auto_path(),
     )
     if device == "cuda":
         env["gpu"] = torch.cuda.get_device_name()
@@ -259,6 +295,59 @@ def format_legend(rows: list[dict], kernel_only: bool) -> str:
     return f"{first}\n{second} (all columns: --help)"
 
 
+SCHEDULER_TICKS_US = (1000.0, 4000.0, 10000.0)  # CONFIG_HZ 1000, 250, 100
+PARTS = {"lm-head-step": ("fused-kernel",)}  # a row's method -> methods timed inside it (never longer)
+
+
+def timing_warnings(rows: list[dict], *, loadavg=None, cores=None, tp: int = 1, threads: int = 1) -> list[str]:
+    """What makes this run's CPU timings suspect, in words: a 1-minute load
+    above the core count; ``tp x threads`` above the cores; medians that sit on
+    multiples of one scheduler tick (at least 3 rows of >= 1 tick, most of
+    them within 1% of a tick of a multiple: the timer measures the scheduler,
+    not the kernel); a row faster than a part timed inside it (``PARTS``)."""
+    out = []
+    cores = cores or os.cpu_count() or 1
+    if loadavg is not None and loadavg[0] > cores:
+        out.append(f"the 1-minute load average {loadavg[0]:.2f} is above the {cores} cores: other work shared them")
+    if tp * threads > cores:
+        out.append(f"tp {tp} x {threads} threads per rank = {tp * threads} threads on {cores} cores: oversubscribed")
+    medians = [r["median_us"] for r in rows if r.get("median_us")]
+    for tick in sorted(SCHEDULER_TICKS_US, reverse=True):  # the longest tick first (its multiples are the others')
+        long = [m for m in medians if m >= tick * 0.99]
+        on_tick = [m for m in long if abs(m - round(m / tick) * tick) <= 0.01 * tick]
+        if len(on_tick) >= 3 and len(on_tick) * 2 > len(long):
+            shown = ", ".join(f"{m:.0f}" for m in sorted(on_tick)[:4])
+            out.append(
+                f"{len(on_tick)} of {len(long)} medians >= {tick / 1000:g} ms sit on multiples of {tick / 1000:g} ms "
+                f"({shown} us): the scheduler tick, not the kernel, sets them; rerun on a quiet machine"
+            )
+            break
+    index = {(r.get("shape"), r.get("tp"), r.get("batch"), r["method"]): r for r in rows if r.get("median_us")}
+    for (shape, tp_, batch, method), whole in index.items():
+        for part in PARTS.get(method, ()):
+            inner = index.get((shape, tp_, batch, part))
+            if inner is not None and whole["median_us"] < inner["median_us"]:
+                out.append(
+                    f"{shape} tp {tp_} B={batch}: {method} ({whole['median_us']:.1f} us) timed faster than {part} "
+                    f"({inner['median_us']:.1f} us) inside it: the timings are noise here"
+                )
+    return out
+
+
+def cpu_legend(rows: list[dict], features: dict, path: str) -> str | None:
+    """One line for a CPU run with the fused and unfused-local rows: what
+    decides between them on this CPU."""
+    methods = {r["method"] for r in rows}
+    if not rows or rows[0].get("device") != "cpu" or not ({"fused", "fused-kernel"} & methods):
+        return None
+    fast = [n for n in ("amx_bf16", "avx512_bf16", "avx512f") if features.get(n)]
+    gemm = f"torch's GEMM here can use {', '.join(fast)}" if fast else "torch's GEMM here has AVX2 at most"
+    return (
+        f"CPU: fused vs unfused-local is the local kernel (path {path!r}: AVX2 + FMA inner loops at most) against "
+        f"torch's matmul + max on this CPU; {gemm}, so where it runs wider tiles unfused-local can win at batch >= 8"
+    )
+
+
 def finish(rows: list[dict], cfg, kernel_only: bool) -> None:
     """Print the table (to stderr when the JSON goes to stdout) and write the JSON."""
     to_stdout = cfg.json_path == "-"
@@ -281,8 +370,17 @@ def finish(rows: list[dict], cfg, kernel_only: bool) -> None:
     print(format_legend(rows, kernel_only), file=out, flush=True)
     if kernel_only and rows:
         print(kernel_legend(rows), file=out, flush=True)
+    env = env_info(cfg.device, cfg.threads)
+    line = cpu_legend(rows, env["cpu_features"], env["cpu_path_auto"])
+    if line:
+        print(line, file=out)
+    warnings = timing_warnings(
+        rows, loadavg=env["loadavg"], cores=env["cpu_count"], tp=getattr(cfg, "tp", 1), threads=cfg.threads
+    )
+    for w in warnings:
+        print(f"WARNING: {w}", file=out, flush=True)
     if cfg.json_path:
-        doc = {"env": env_info(cfg.device, cfg.threads), "rows": rows, "command": shlex.join(cfg.command)}
+        doc = {"env": env, "warnings": warnings, "rows": rows, "command": shlex.join(cfg.command)}
         text = json.dumps(doc, indent=2)
         if to_stdout:
             print(text, flush=True)
