@@ -2,7 +2,7 @@
 an independent Python Philox 4x32-10 (checked on Random123's known-answer
 vectors) and a chi-square test of the sampled distribution against
 softmax(logits / T); the temperature, seed and offset checks. (The shard
-arguments are checked in test_shard_argmax.py for every fused op.)"""
+arguments are checked in test_shard_argmax_bad_input.py for every fused op.)"""
 
 from __future__ import annotations
 

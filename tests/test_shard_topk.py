@@ -1,7 +1,7 @@
 """shard_topk and lm_head_topk: the k best entries per row, in torch.topk order
 (NaN first, larger value, smaller index), exact against the float64 reference
 on exact data; k and d2t checks. (The shard arguments are checked in
-test_shard_argmax.py for every fused op.)"""
+test_shard_argmax_bad_input.py for every fused op.)"""
 
 from __future__ import annotations
 
