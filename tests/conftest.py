@@ -150,6 +150,15 @@ path = pytest.fixture(params=_params(ALL_PATHS))(_path_fixture)
 cuda_path = pytest.fixture(params=_params(CUDA_PATHS))(_path_fixture)
 
 
+@pytest.fixture(scope="module")
+def emu():
+    """The host emulation of the CUDA kernels (tests/support/emulation.py), one
+    per test module; its library is built once per content and cached."""
+    from tests.support.emulation import Emulator, build
+
+    return Emulator(build())
+
+
 @pytest.fixture(scope="session")
 def multirank_run(tmp_path_factory):
     """One launch of 4 gloo ranks running every multi-rank scenario

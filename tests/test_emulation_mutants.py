@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from tests import test_emulation as suite
+from tests import test_emulation_edges as edges
+from tests import test_emulation_lse as lse
 from tests.support import emulation
 from tests.support.emulation import CSRC, Emulator
 
@@ -268,7 +270,7 @@ MUTANTS = [
     ),
 ]
 
-# A slice of tests/test_emulation.py: (test function, its parameters), bf16.
+# A slice of tests/test_emulation*.py: (test function, its parameters), bf16.
 SLICE = [
     (suite.test_simt_argmax, dict(dtype=B16, batch=130, rows=70, hidden_size=16)),
     (suite.test_simt_argmax, dict(dtype=B16, batch=5, rows=63, hidden_size=7)),
@@ -283,18 +285,18 @@ SLICE = [
     (suite.test_every_mma_variant_against_the_cpu_kernel, dict(dtype=B16, path="mma/11")),
     (suite.test_every_mma_variant_against_the_cpu_kernel, dict(dtype=B16, path="mma/16")),
     (suite.test_every_mma_variant_against_the_cpu_kernel, dict(dtype=B16, path="mma/19")),
-    (suite.test_grid_y_loop, dict(path="mma/16", max_grid_y=1)),
-    (suite.test_grid_y_loop, dict(path="simt", max_grid_y=1)),
-    (suite.test_grid_y_loop, dict(path="mma", max_grid_y=1)),
-    (suite.test_grid_y_loop, dict(path="mma/0", max_grid_y=1)),
-    (suite.test_padding_rows_never_win, dict(path="simt", dtype=B16)),
-    (suite.test_padding_rows_never_win, dict(path="mma", dtype=B16)),
-    (suite.test_merge_keys_with_d2t_and_an_empty_shard, {}),
-    (suite.test_weight_offsets_beyond_2_31_elements, dict(path="simt")),
-    (suite.test_weight_offsets_beyond_2_31_elements, dict(path="mma")),
-    (suite.test_weight_offsets_beyond_2_31_elements, dict(path="mma/0")),
-    (suite.test_log_partition_against_float64, dict(path="simt", dtype=B16, shape=(9, 300, 40))),
-    (suite.test_log_partition_against_float64, dict(path="gemm", dtype=B16, shape=(7, 300, 40))),
+    (edges.test_grid_y_loop, dict(path="mma/16", max_grid_y=1)),
+    (edges.test_grid_y_loop, dict(path="simt", max_grid_y=1)),
+    (edges.test_grid_y_loop, dict(path="mma", max_grid_y=1)),
+    (edges.test_grid_y_loop, dict(path="mma/0", max_grid_y=1)),
+    (edges.test_padding_rows_never_win, dict(path="simt", dtype=B16)),
+    (edges.test_padding_rows_never_win, dict(path="mma", dtype=B16)),
+    (edges.test_merge_keys_with_d2t_and_an_empty_shard, {}),
+    (edges.test_weight_offsets_beyond_2_31_elements, dict(path="simt")),
+    (edges.test_weight_offsets_beyond_2_31_elements, dict(path="mma")),
+    (edges.test_weight_offsets_beyond_2_31_elements, dict(path="mma/0")),
+    (lse.test_log_partition_against_float64, dict(path="simt", dtype=B16, shape=(9, 300, 40))),
+    (lse.test_log_partition_against_float64, dict(path="gemm", dtype=B16, shape=(7, 300, 40))),
 ]
 
 

@@ -13,15 +13,10 @@ import re
 import pytest
 
 from tests.support import emulation
-from tests.support.emulation import CSRC, Emulator
+from tests.support.emulation import CSRC
 
 pytestmark = pytest.mark.skipif(not emulation.have_compiler(), reason="g++ / objcopy not found")
 KIB = 1024
-
-
-@pytest.fixture(scope="module")
-def emu() -> Emulator:
-    return Emulator(emulation.build())
 
 
 @pytest.mark.parametrize(

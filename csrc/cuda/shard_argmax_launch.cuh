@@ -247,9 +247,8 @@ constexpr int kDefaultSmemPerBlock = 48 * 1024;
 constexpr bool needs_smem_opt_in(DynamicSmem s) { return s.static_bytes + s.bytes > kDefaultSmemPerBlock; }
 
 // The table's shared memory, checked at compile time: every variant fits the
-// largest opt-in limit, its static part is what the launch declares, and the
-// class of fault the opt-in rule exists for (dynamic <= 48 KiB < static +
-// dynamic) is recognised where the table has it (variant 10).
+// largest opt-in limit and a pipelined one declares its static part (the
+// launch passes it, so the opt-in rule sees static + dynamic).
 template <int... I>
 constexpr bool mma_table_smem_ok(std::integer_sequence<int, I...>) {
   return ((MmaVariant<I>::kSmem <= 227 * 1024 && MmaVariant<I>::kDynamicSmem <= MmaVariant<I>::kSmem &&
@@ -258,10 +257,6 @@ constexpr bool mma_table_smem_ok(std::integer_sequence<int, I...>) {
 }
 static_assert(mma_table_smem_ok(std::make_integer_sequence<int, kNumMmaVariants>{}),
               "an mma variant's shared memory does not fit 227 KiB or has no static part");
-static_assert(MmaVariant<10>::kDynamicSmem <= kDefaultSmemPerBlock &&
-                  needs_smem_opt_in(DynamicSmem{MmaVariant<10>::kDynamicSmem,
-                                                MmaVariant<10>::kSmem - MmaVariant<10>::kDynamicSmem}),
-              "variant 10 (48 KiB dynamic + static) must take the shared-memory opt-in");
 
 // Shared memory per block (static + dynamic) of variant `id`, or -1 for an id
 // not in the table: what must fit under the device's opt-in limit

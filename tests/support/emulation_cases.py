@@ -1,0 +1,50 @@
+"""What the emulation test files (tests/test_emulation*.py) share: the
+exact-problem helpers whose keys the CPU kernel gives bit for bit, and the
+variant tables (the module's emulator is the ``emu`` fixture of
+tests/conftest.py)."""
+
+from __future__ import annotations
+
+import torch
+
+import localargmax  # noqa: F401  (registers torch.ops.localargmax)
+
+TMA_TWINS = {16: 4, 17: 5, 18: 13, 19: 14, 20: 15}  # TMA variant -> its cp.async twin (same sums)
+ops = torch.ops.localargmax
+HALF = (torch.bfloat16, torch.float16)
+ALL = (torch.float32, *HALF)
+
+
+def exact_problem(gen, batch, rows, hidden_size, dtype, bias=None, lo=-3, hi=3):
+    """Small integers: every dot product (and bias sum) is exact in float32,
+    so every accumulation order gives the same bits. bias: None, "f" (float32
+    with a half weight) or "t" (the weight's dtype)."""
+    h = torch.randint(lo, hi + 1, (batch, hidden_size), generator=gen).to(dtype)
+    w = torch.randint(lo, hi + 1, (rows, hidden_size), generator=gen).to(dtype)
+    b = None
+    if bias is not None:
+        b = torch.randint(-8, 9, (rows,), generator=gen).to(torch.float32 if bias == "f" else dtype)
+    return h, w, b
+
+
+def cpu_keys(h, w, b, vocab_start, num_valid, k=None, temperature=None, seed=0, offset=0):
+    if k is not None:
+        return ops.shard_topk(h, w, b, vocab_start, num_valid, k)
+    if temperature is not None:
+        return ops.shard_sample(h, w, b, vocab_start, num_valid, temperature, seed, offset)
+    return ops.shard_argmax(h, w, b, vocab_start, num_valid)
+
+
+def assert_keys_equal(got, want, what):
+    assert got.shape == want.shape, what
+    bad = (got != want).nonzero().flatten().tolist()
+    assert not bad, (
+        f"{what}: emulated keys differ from the CPU kernel's at rows {bad[:10]}: "
+        f"{[hex(v & (2**64 - 1)) for v in got.flatten()[bad[:3]].tolist()]} vs "
+        f"{[hex(v & (2**64 - 1)) for v in want.flatten()[bad[:3]].tolist()]}"
+    )
+
+
+def decode(keys):
+    low = keys & 0xFFFFFFFF
+    return 0xFFFFFFFF - low

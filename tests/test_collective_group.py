@@ -1,0 +1,123 @@
+"""What a step's group must be (collective.check_group: a missing TP group
+warns or is refused) and the engine-callable contract (payload_length: what a
+callable group is handed and returns)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import localargmax
+from tests.support.problems import (
+    make_shards,
+)
+from tests.support.reference import check_against_reference
+
+# ----------------------------------------------------------------------------- a missing TP group (check_group)
+
+STEPS = {
+    "argmax": lambda h, w, **kw: localargmax.lm_head_argmax(h, w, **kw),
+    "argmax_log_probs": lambda h, w, **kw: localargmax.lm_head_argmax(h, w, return_log_probs=True, **kw),
+    "topk": lambda h, w, **kw: localargmax.lm_head_topk(h, w, 2, **kw),
+    "sample": lambda h, w, **kw: localargmax.lm_head_sample(h, w, temperature=1.0, seed=3, **kw),
+}
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+def test_step_with_no_group_past_vocab_start_zero_warns_once(step, monkeypatch):
+    """``group=dist.group.WORLD`` before init_process_group is None: a shard at
+    vocab_start != 0 then returns only its own winners. One UserWarning per
+    process names init_process_group; vocab_start == 0 stays silent."""
+    import warnings
+
+    from localargmax import collective
+
+    monkeypatch.setattr(collective, "_WARNED", set())
+    assert dist.group.WORLD is None
+    hidden, shard = torch.randn(4, 8), torch.randn(500, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning at vocab_start 0
+        STEPS[step](hidden, shard, group=dist.group.WORLD)
+    with pytest.warns(UserWarning, match=r"vocab_start=512.*init_process_group") as record:
+        STEPS[step](hidden, shard, vocab_start=512, num_valid=488, group=dist.group.WORLD)
+    assert record[0].filename == __file__, "the warning points at the caller's line"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        STEPS[step](hidden, shard, vocab_start=512, num_valid=488, group=None)
+
+
+def test_step_with_a_group_of_one_rank_past_vocab_start_zero_warns(monkeypatch):
+    from localargmax import collective
+
+    monkeypatch.setattr(collective, "_WARNED", set())
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.warns(UserWarning, match="a group of one rank.*init_process_group"):
+            localargmax.lm_head_argmax(torch.randn(2, 8), torch.randn(50, 8), vocab_start=50, group=dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_check_group_refuses_a_tp_layout_without_a_group():
+    with pytest.raises(ValueError, match=r"TP rank 1 of world_size 2.*init_process_group"):
+        localargmax.collective.check_group(None, world_size=2, rank=1)
+    localargmax.collective.check_group(None, world_size=1, rank=0)  # world size 1: None is right
+    localargmax.collective.check_group(lambda k: k[None], world_size=2, rank=1)  # a callable: size unseen
+
+
+# ----------------------------------------------------------------------------- the engine-callable contract
+
+
+@pytest.mark.parametrize("tp", [1, 3])
+@pytest.mark.parametrize("log_probs", [False, True])
+@pytest.mark.parametrize("op", ["argmax", "topk", "sample"])
+def test_callable_group_preallocated_from_payload_length(gen, op, log_probs, tp):
+    """An engine preallocates its gather buffer ``[tp, payload_length(B, k,
+    log_probs)]`` (as for a CUDA graph) and copies what it is handed into it:
+    every step hands exactly that length, and the ids are float64's."""
+    vocab, hsize, k = 3 * 64, 8, 4
+    full = torch.randn(vocab, hsize, generator=gen)
+    shards = make_shards(full, None, tp, 64)
+    for batch in (0, 1, 5):
+        hidden = torch.randn(batch, hsize, generator=gen)
+        length = localargmax.payload_length(batch, k if op == "topk" else 1, log_probs)
+        buffer = torch.empty(tp, length, dtype=torch.int64)
+        handed = []
+        frames = {}
+        for r, (w, _, shard) in enumerate(shards):
+            kw = dict(vocab_start=shard.vocab_start, num_valid=shard.num_valid, return_log_probs=log_probs)
+
+            def capture(x, r=r):
+                handed.append(x.shape)
+                frames[r] = x.clone()
+                return x[None].expand(tp, -1).clone()
+
+            _STEP_OF[op](hidden, w, k, group=capture, **kw)
+        assert handed == [(length,)] * tp, (handed, length)
+
+        def gather(x):
+            assert x.shape == (length,)
+            for r in range(tp):
+                buffer[r].copy_(frames[r])
+            return buffer
+
+        got = _STEP_OF[op](hidden, shards[0][0], k, group=gather, vocab_start=0, num_valid=shards[0][2].num_valid,
+                           return_log_probs=log_probs)  # fmt: skip
+        ids = got[0] if isinstance(got, tuple) else got
+        if op == "argmax":
+            check_against_reference(ids, hidden, full, min_clear_fraction=0.5)
+
+
+_STEP_OF = {
+    "argmax": lambda h, w, k, **kw: localargmax.lm_head_argmax(h, w, **kw),
+    "topk": lambda h, w, k, **kw: localargmax.lm_head_topk(h, w, k, **kw),
+    "sample": lambda h, w, k, **kw: localargmax.lm_head_sample(h, w, temperature=1.0, seed=7, **kw),
+}
+
+
+def test_payload_length_refuses_bad_sizes():
+    assert localargmax.payload_length(4) == 4 + 3 and localargmax.payload_length(4, 8, True) == 32 + 4 + 3
+    for bad in ({"batch": -1}, {"batch": 2, "k": 0}, {"batch": True}):
+        with pytest.raises(ValueError, match="must be an int"):
+            localargmax.payload_length(**bad)
