@@ -29,7 +29,8 @@ ROW_FIELDS = COMMON_FIELDS | {"draft_vocab", "bytes_sent_per_rank", "bytes_recv_
 KERNEL_FIELDS = COMMON_FIELDS | set(
     "op weight_bytes gbps fraction_of_stream fraction_of_roofline speedup_vs_torch".split()
 )
-ENV_FIELDS = {"python", "torch", "localargmax", "platform", "cpu", "cpu_count", "threads_per_rank"}
+ENV_FIELDS = {"python", "torch", "localargmax", "platform", "cpu", "cpu_count", "threads_per_rank", "cpu_features"}
+ENV_FIELDS |= {"cpu_path_auto"}
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -93,7 +94,11 @@ def run_op_smoke(tmp_path, methods, *args):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(out.read_text())
-    assert set(doc) == {"env", "rows", "command"} and ENV_FIELDS <= set(doc["env"]) and "--smoke" in doc["command"]
+    assert (
+        set(doc) == {"env", "warnings", "rows", "command"}
+        and ENV_FIELDS <= set(doc["env"])
+        and "--smoke" in doc["command"]
+    )
     rows = doc["rows"]
     shapes = {r["shape"] for r in rows}
     assert "synthetic-1003x64" in shapes
