@@ -154,7 +154,7 @@ def check_group(group: Group, *, vocab_start=0, world_size: int | None = None, r
                 f"group (call torch.distributed.init_process_group() first; {_INIT_HINT})"
             )
         return
-    if size == 1 and isinstance(vocab_start, int) and not isinstance(vocab_start, bool) and vocab_start != 0:
+    if size == 1 and isinstance(vocab_start, int) and not isinstance(vocab_start, bool) and vocab_start > 0:
         kind = "None" if group is None else "a group of one rank"
         _warn_once(
             "vocab_start",

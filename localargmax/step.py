@@ -285,10 +285,10 @@ def _step(op, op_args, hidden, weight, vocab_start, num_valid, bias, d2t, group,
     the checked exchange. Returns ``(keys, gathered keys, gathered pairs or
     None, ok)`` (see :func:`_exchange_checked`)."""
     _check_log_probs_args(lp, scale, cap, reduce)
-    check_group(group, vocab_start=vocab_start)
     _debug_check(group, hidden, weight, d2t, k, reduce, lp)
     kw = {"vocab_start": vocab_start, "num_valid": num_valid, "bias": bias, "scale": scale, "soft_cap": cap}
     out = op(hidden, weight, *op_args, log_partition=lp, **kw)
+    check_group(group, vocab_start=vocab_start)  # after the op has checked its arguments
     keys, pairs = out if lp else (out, None)
     if d2t is not None:
         check_d2t_arg(d2t, keys.device)

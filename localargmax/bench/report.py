@@ -370,7 +370,8 @@ def finish(rows: list[dict], cfg, kernel_only: bool) -> None:
     print(format_legend(rows, kernel_only), file=out, flush=True)
     if kernel_only and rows:
         print(kernel_legend(rows), file=out, flush=True)
-    env = env_info(cfg.device, cfg.threads)
+    device = getattr(cfg, "device", rows[0].get("device", "cpu") if rows else "cpu")
+    env = env_info(device, cfg.threads)
     line = cpu_legend(rows, env["cpu_features"], env["cpu_path_auto"])
     if line:
         print(line, file=out)
