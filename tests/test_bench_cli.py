@@ -494,6 +494,8 @@ def test_timing_warnings_name_load_oversubscription_ticks_and_impossible_rows():
     whole = _rows([900.0], method="lm-head-step") + _rows([1000.0], method="fused-kernel")
     impossible = timing_warnings(whole, cores=64)
     assert len(impossible) == 1 and "lm-head-step (900.0 us) timed faster than fused-kernel" in impossible[0]
+    noise = _rows([965.0], method="lm-head-step") + _rows([1000.0], method="fused-kernel")
+    assert timing_warnings(noise, cores=64) == []  # 3.5%: run-to-run noise on a quiet machine
 
 
 def test_cpu_legend_names_what_decides_fused_vs_unfused():
