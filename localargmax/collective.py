@@ -136,7 +136,7 @@ def check_group(group: Group, *, vocab_start=0, world_size: int | None = None, r
       ValueError. (A ProcessGroup of another size or rank is found by
       :func:`localargmax.check_layouts`, on every rank alike.)
     * Otherwise (the ops and steps, which know only their shard): a group of
-      one rank with ``vocab_start != 0`` warns once per process (one shard on
+      one rank with ``vocab_start > 0`` warns once per process (one shard on
       its own is legitimate, a forgotten ``init_process_group`` is common).
       Rank 0 of a larger TP group called with ``group=None`` cannot be told
       from world size 1: it returns its own shard's winners.
