@@ -5,8 +5,8 @@
     python bench/gpu_check.py sanitize --device cuda
     python bench/gpu_check.py summary --bench-dir DIR --steps FILE [--junit tests.xml]
 
-smoke: every kernel path of the device (CUDA simt, mma, gemm; CPU generic,
-avx2) on planted problems: each batch row has a weight row planted far above
+smoke: every kernel path of the device (CUDA simt, mma, gemm; the CPU paths
+this CPU has: generic, avx2, avx512, avx512_bf16) on planted problems: each batch row has a weight row planted far above
 all others (3 * |h|^2 against N(0, H) noise), so the expected id is known
 without a reference GEMM; values are checked against the float64 logit of the
 planted row within the float32 accumulation bound (H + 2) * u * sum|h_k w_k|.
@@ -15,7 +15,7 @@ winning padding past num_valid, and a tie planted in several 128-row tiles and
 the last tile of the real gemm shape (B = 256, 151936 x 4096: the smallest
 index must win). --tiny shrinks every shape (the CPU dry run).
 
-configs: one call of every config of the build (simt, gemm, each mma/<id>),
+configs: one call of every config of the build (simt, gemm, each mma/<name>),
 in worker subprocesses, before the tune and the tests: ok / refused / error /
 hang per config; the ones that error or hang are listed under "skip" for the
 rest of the run.
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -43,7 +42,9 @@ U32 = 2.0**-24  # float32 unit roundoff
 
 
 def _paths(device: str):
-    return ("simt", "mma", "gemm") if device == "cuda" else ("generic", "avx2")
+    from localargmax.bench.report import cpu_paths_available
+
+    return ("simt", "mma", "gemm") if device == "cuda" else tuple(cpu_paths_available())
 
 
 def _planted(torch, batch, rows, hsize, dtype, device, gen, num_valid=None):
@@ -207,12 +208,12 @@ def sanitize(args) -> int:
     if dev == "cuda":
         # the configs the driver meets least: a TMA twin (mbarriers, bulk tensor copies) and one past
         # 48 KiB of static + dynamic shared memory (the opt-in); refused on a device that cannot take them
-        for path in ("mma/16", "mma/10"):
+        for path in ("mma/n1_r64_tma", "mma/n4_r128"):
             if path in skip:
                 print(f"sanitize: {path} skipped (it failed its first call in the configs step)", flush=True)
                 continue
             try:
-                localargmax.shard_argmax(h, w, num_valid=2999, path=path)
+                localargmax.shard_argmax(h, w, num_valid=2999, **localargmax._validation.op_kwargs(path))
             except ValueError as e:
                 print(f"sanitize: {path} refused on this device: {e}", flush=True)
         torch.cuda.synchronize()
@@ -225,12 +226,14 @@ def sanitize(args) -> int:
 
 def config_paths(device: str) -> list[str]:
     """Every kernel config of the build the ops can force: CUDA simt, gemm and
-    each tensor-core variant ``mma/<id>``; the CPU's ISA paths."""
+    each tensor-core config ``mma/<name>`` (csrc/cuda/mma_configs.h); the CPU's ISA paths."""
     if device != "cuda":
-        return ["generic", "avx2"]
-    from localargmax._validation import NUM_MMA_VARIANTS
+        from localargmax.bench.report import cpu_paths_available
 
-    return ["simt", "gemm", *(f"mma/{i}" for i in range(NUM_MMA_VARIANTS))]
+        return cpu_paths_available()
+    from localargmax._validation import MMA_CONFIGS
+
+    return ["simt", "gemm", *(f"mma/{name}" for name in MMA_CONFIGS)]
 
 
 def configs_worker(args) -> int:
@@ -250,7 +253,7 @@ def configs_worker(args) -> int:
     for name in config_paths(dev)[args.start :]:
         print(f"START {name}", flush=True)
         try:
-            localargmax.shard_argmax(hidden, weight, num_valid=2999, path=name)
+            localargmax.shard_argmax(hidden, weight, num_valid=2999, **localargmax._validation.op_kwargs(name))
             if dev == "cuda":
                 torch.cuda.synchronize()
             print(f"OK {name}", flush=True)
@@ -489,7 +492,7 @@ def main(argv=None) -> int:
     s.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     s.add_argument("--json")
     s.add_argument("--tiny", action="store_true")
-    s.add_argument("--seed", type=int, default=int(os.environ.get("LOCALARGMAX_TEST_SEED") or 1234))
+    s.add_argument("--seed", type=int, default=1234)
     s.add_argument("--budget", type=float, default=30.0, help="seconds; cases past it are skipped")
     c = sub.add_parser("configs")
     c.add_argument("--device", choices=("cuda", "cpu"), default="cuda")

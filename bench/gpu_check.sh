@@ -23,16 +23,16 @@
 #                        nothing reaches the network; ptxas register/spill lines and
 #                        cuobjdump resource usage of the build kept in build.txt
 #   3 configs   <= 25 s  bench/gpu_check.py configs: one call of every config of the build
-#                        (simt, gemm, each mma/<id>) in worker subprocesses, 8 s each: ok /
+#                        (simt, gemm, each mma/<name>) in worker subprocesses, 8 s each: ok /
 #                        refused / error / hang, into configs.json (in bench.tar.gz); the
 #                        configs that error or hang are skipped by the tune, the tests
 #                        (LOCALARGMAX_TEST_SKIP_PATHS) and the sanitizer
 #   4 smoke     <= 25 s  bench/gpu_check.py smoke: every CUDA path (simt, mma, gemm;
 #                        argmax, sample, top-k) on planted problems, ids exact and values
 #                        within the float32 bound of the float64 logit (30 s budget)
-#   5 bench     <= 95 s  first the tune sub-step (<= 45 s, GPU_CHECK_CAP_TUNE): localargmax-bench
-#                        --tune times simt, gemm and each pipelined mma variant (path="mma/<id>")
-#                        on the engine shapes, smallest shard first, for --tune-seconds (its cap
+#   5 bench     <= 95 s  first the tune sub-step (<= 45 s, GPU_CHECK_CAP_TUNE): python -m bench.tune
+#                        times simt, gemm and each mma config (mma/<name>)
+#                        on the engine shapes, smallest shard first, for --seconds (its cap
 #                        less 20 s), and writes the MEASURED dispatch table and its timings into
 #                        the bench dir (dispatch_table_measured.json, tune.json, in bench.tar.gz;
 #                        the dry run cannot tune, so it says so and writes the model's table,
@@ -255,14 +255,14 @@ bench_tune() {  # the tune sub-step of bench (its own cap; what it writes goes i
   local per=$1 rc
   if (( per < 10 )); then echo "tune: skipped, bench budget spent"; return 0; fi
   if (( DRY )); then
-    echo "-- tune (cap ${per}s): SKIPPED on the CPU (--tune needs a GPU and exits 2 without one);" \
+    echo "-- tune (cap ${per}s): SKIPPED on the CPU (bench.tune needs a GPU and exits 2 without one);" \
       "the model's table instead, dispatch_table_predicted.json"
-    timeout -s TERM -k 5 "$per" "$PY" -m localargmax.bench --predict --batch 1 \
+    timeout -s TERM -k 5 "$per" "$PY" -m bench.predict_cli --batch 1 \
       --write-table "$WORK/bench/dispatch_table_predicted.json" > /dev/null
   else
     echo "-- tune (cap ${per}s, timing for $(( per - 15 ))s): paths and mma variants -> dispatch_table_measured.json"
-    timeout -s TERM -k 5 "$per" "$PY" -m localargmax.bench --tune --tune-seconds $(( per - 15 )) \
-      --tune-skip "$(skipped_configs)" \
+    timeout -s TERM -k 5 "$per" "$PY" -m bench.tune --seconds $(( per - 15 )) \
+      --skip "$(skipped_configs)" \
       --write-table "$WORK/bench/dispatch_table_measured.json" --json "$WORK/bench/tune.json" 2>&1 \
       | grep -v '^tune .* \.\.\.$'
   fi

@@ -1,6 +1,7 @@
-"""Render README.md's measured tables from the committed bench/results/*.json.
+"""Render the measured and predicted tables of README.md and bench/README.md
+from the committed bench/results/*.json.
 
-Each generated table in README.md sits between two marker comments that name
+Each generated table sits between two marker comments that name
 the JSON files it is made from (a glob under bench/results/):
 
     <!-- results: cpu_minilm_default.*.json -->
@@ -15,8 +16,8 @@ runs and, where the runs differ, their range: ``1.30 (1.17–1.59)``. A file
 whose rows hold ``what, command, seconds, build_seconds, loadavg`` (timed
 install commands, bench/results/install_times.json) becomes a table of those.
 
-    python bench/readme_tables.py           # check: exit 1 and a diff if README.md is stale
-    python bench/readme_tables.py --write   # rewrite the tables in README.md
+    python bench/readme_tables.py           # check: exit 1 and a diff if a file is stale
+    python bench/readme_tables.py --write   # rewrite the tables in both files
 """
 
 from __future__ import annotations
@@ -120,8 +121,13 @@ def _provenance(docs: list) -> str:
             f"shows the median over the runs, then (lowest–highest) where they differ."
         )
     loads = ", ".join(str(d["env"].get("loadavg", ["?"])[0]) for d in docs)
+    isa = ""
+    if env.get("cpu_features"):  # runs recorded since the ISA record: what the CPU has and the path auto took
+        has = ", ".join(f for f, v in env["cpu_features"].items() if v) or "none"
+        lacks = ", ".join(f for f, v in env["cpu_features"].items() if not v) or "none"
+        isa = f" (has {has}; lacks {lacks}; CPU path auto: {env.get('cpu_path_auto', '?')})"
     return (
-        f"{what} Times are one machine's: {env['cpu']}, {env['cpu_count']} CPUs, torch {env['torch']}, "
+        f"{what} Times are one machine's: {env['cpu']}{isa}, {env['cpu_count']} CPUs, torch {env['torch']}, "
         f"{env['threads_per_rank']} thread(s) per rank; 1-minute load average at the end of the "
         f"run{'s' if len(docs) > 1 else ''}: {loads}."
     )
@@ -130,60 +136,92 @@ def _provenance(docs: list) -> str:
 def install_table(docs: list) -> str:
     """A table of measured install times (rows: what, command, seconds, build_seconds, loadavg)."""
     lines = [
-        "| install | total | of it, compiling localargmax | 1-minute load average during the build |",
-        "|---|---|---|---|",
+        "| install | total | of it, compiling localargmax | 1-minute load average at the end | measured |",
+        "|---|---|---|---|---|",
     ]
     for doc in docs:
         for row in doc["rows"]:
             lines.append(
-                f"| {row['what']} | {_minutes(row['seconds'])} | {_minutes(row['build_seconds'])} | {row['loadavg']} |"
+                f"| {row['what']} | {_minutes(row['seconds'])} | {_minutes(row['build_seconds'])} | {row['loadavg']} "
+                f"| {row.get('measured', 'before 2026-12')} |"
             )
     env = docs[0]["env"]
     files = ", ".join(f"`{d['path']}`" for d in docs)
     lines += [
         "",
         f"From {files}: the install commands above, each timed in a new clone "
-        f"(`{docs[0]['command']}`). One machine's times: {env['cpu']}, {env['cpu_count']} CPUs, "
+        f"({docs[0]['command']}). One machine's times: {env['cpu']}, {env['cpu_count']} CPUs, "
         f"Python {env['python']}; {env['note']}.",
     ]
     return "\n".join(lines)
 
 
 def predicted_table(docs: list) -> str:
-    """The bandwidth model's table (``localargmax-bench --predict --json``):
-    per shape and batch, C++ auto, the dispatch table's choice (path and mma
-    variant) and the not-built design points, every figure PREDICTED."""
+    """The bandwidth model's table (``python -m bench.predict_cli --json``): per
+    shape and batch, C++ auto's choice and the model's, every figure PREDICTED."""
     doc = docs[0]
     lines = [
-        "| shape | tp | rows | H | batch | C++ auto | µs | of_copy | table (path='auto') | PREDICTED µs | "
-        "PREDICTED of_copy | best not built | µs | of_copy | cheapest not built >= bar | of_copy |",
-        "|" + "---|" * 16,
+        "| shape | tp | rows | H | batch | C++ auto (path='auto') | PREDICTED µs | PREDICTED of_copy | "
+        "model's choice | µs | of_copy |",
+        "|" + "---|" * 11,
     ]
     for s in doc["summary"]:
-        cheap = s["proposed_min"] or {"short": "-", "of_copy": None}
         cells = [s["shape"], s["tp"], s["rows"], s["hidden"], s["batch"]]
-        for key in ("auto", "table", "proposed_best"):
-            cells += [s[key]["short"], format_cell(s[key]["us"]), format_cell(s[key]["of_copy"])]
-        cells += [cheap["short"], format_cell(cheap["of_copy"])]
+        for key in ("auto", "model"):
+            cells += [s[key]["variant"], format_cell(s[key]["us"]), format_cell(s[key]["of_copy"])]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += [
         "",
         f"- {doc['legend']}",
-        "- C++ auto = torch.ops' path='auto' (the pipelined mma variant choose_mma_variant picks below batch 65, "
-        "then gemm); table = the shipped dispatch table's choice, what localargmax's path='auto' runs "
-        "(mma/<id> = the MmaVariant id, run as path='mma/<id>'); not built = design points of the model's "
-        "search space beyond the built variants: mma S(stages) R(tile rows) K(split-K across CTAs), +pdl = "
-        "programmatic dependent launch with the keys' zero-fill fused away",
+        "- C++ auto = what path='auto' runs (the mma config choose_mma_config picks below batch 65, then gemm; "
+        "mma/<name> = a config of csrc/cuda/mma_configs.h); model's choice = the cell a dispatch table written "
+        "by the model would name (path='auto' follows only a measured table)",
         "",
         f"{doc['label']}: from `{doc['path']}`, written by `{doc['command']}` (model "
-        f"{doc['model']['module']} version {doc['model']['version']}, sha256 {doc['model']['sha256']}). "
-        "No GPU ran: a GPU run of `localargmax-bench --tune` and `--kernel-only --device cuda` replaces these.",
+        f"{doc['model']['module']} version {doc['model']['version']}). No GPU ran: a GPU run of "
+        "`python -m bench.tune` and `localargmax-bench --kernel-only --device cuda` replaces these.",
     ]
     return "\n".join(lines)
 
 
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min ({seconds:.0f} s)"
+
+
+def paths_table(docs: list) -> str:
+    """The CPU paths side by side (``bench/cpu_paths.py --json``): per dtype, path and batch the
+    median time over the runs and its speed against the first path (the runs' median, their range)."""
+    cells: dict = {}
+    for doc in docs:
+        for r in doc["rows"]:
+            cells.setdefault((r["dtype"], r["path"], r["batch"]), []).append(r)
+    lines = ["| dtype | path | batch | median_us | vs first path | keys = first path's |", "|---|---|---|---|---|---|"]
+    for (dtype, path, batch), rows in cells.items():
+        us = _cell([r["median_us"] for r in rows]).split(" ")[0]
+        lines.append(
+            f"| {dtype} | {path} | {batch} | {us} | {_cell([r['speedup_vs_first'] for r in rows])} "
+            f"| {'yes' if all(r['keys_equal_first'] for r in rows) else 'no'} |"
+        )
+    return "\n".join(lines + ["", _provenance(docs)])
+
+
+def log_odds_table(docs: list) -> str:
+    """bench/log_odds_accuracy.py's record: |error| vs float64 by log-odds band, ours beside vLLM's."""
+    d = docs[0]
+    lines = [
+        "| float64 log-odds | rows | ours: max abs error | vLLM 0.33: max abs error |",
+        "|---|---|---|---|",
+        *(
+            f"| {b['band'][0]} to {b['band'][1]} | {b['rows']} | {b['ours_max_abs_err']:.2g} | "
+            f"{b['vllm_max_abs_err']:.2g} |"
+            for b in d["bands"]
+        ),
+    ]
+    m = d["machine"]
+    return "\n".join(
+        lines
+        + ["", f"From `{d['path']}`, written by `{d['command']}` on {d['date']} ({m['cpu']}, torch {m['torch']})."]
+    )
 
 
 def render(readme: str) -> str:
@@ -193,6 +231,10 @@ def render(readme: str) -> str:
         docs = load(match["glob"])
         if docs[0].get("kind") == "predicted":
             body = predicted_table(docs)
+        elif "bands" in docs[0]:
+            body = log_odds_table(docs)
+        elif "speedup_vs_first" in docs[0]["rows"][0]:
+            body = paths_table(docs)
         else:
             body = install_table(docs) if "seconds" in docs[0]["rows"][0] else bench_table(docs)
         return f"{match.group(1)}{body}\n{match.group(4)}"
@@ -200,26 +242,32 @@ def render(readme: str) -> str:
     return BLOCK.sub(replace, readme)
 
 
+FILES = (ROOT / "README.md", ROOT / "bench" / "README.md", ROOT / "docs" / "vllm.md")
+
+
 def main(argv=None) -> int:
-    """Check (default) or rewrite README.md's generated tables; returns the exit code."""
+    """Check (default) or rewrite the generated tables of :data:`FILES` (or ``--readme``); the exit code."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write", action="store_true", help="rewrite README.md instead of checking it")
-    parser.add_argument("--readme", type=Path, default=ROOT / "README.md", help="the file (default: README.md)")
+    parser.add_argument("--write", action="store_true", help="rewrite the files instead of checking them")
+    parser.add_argument(
+        "--readme", type=Path, action="append", help="a file to render (repeatable; default: both READMEs)"
+    )
     args = parser.parse_args(argv)
-    current = args.readme.read_text()
-    rendered = render(current)
-    if args.write:
-        args.readme.write_text(rendered)
-        return 0
-    if rendered != current:
-        diff = difflib.unified_diff(current.splitlines(), rendered.splitlines(), "README.md", "rendered", lineterm="")
-        print("\n".join(diff))
-        print(
-            f"{args.readme} disagrees with bench/results/*.json: run python bench/readme_tables.py --write",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    status = 0
+    for path in args.readme or FILES:
+        current = path.read_text()
+        rendered = render(current)
+        if args.write:
+            path.write_text(rendered)
+        elif rendered != current:
+            diff = difflib.unified_diff(current.splitlines(), rendered.splitlines(), str(path), "rendered", lineterm="")
+            print("\n".join(diff))
+            print(
+                f"{path} disagrees with bench/results/*.json: run python bench/readme_tables.py --write",
+                file=sys.stderr,
+            )
+            status = 1
+    return status
 
 
 if __name__ == "__main__":

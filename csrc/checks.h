@@ -70,14 +70,18 @@ inline void check_topk_arg(int64_t k) {
   TORCH_CHECK_VALUE(k >= 1 && k <= kMaxTopk, "shard_topk: k must be in [1, ", kMaxTopk, "], got ", k);
 }
 
-inline void check_sample_args(const at::Tensor& hidden, const at::Tensor& temperature, int64_t offset) {
-  TORCH_CHECK_VALUE(temperature.dim() == 1 && temperature.size(0) == hidden.size(0),
-                    "shard_sample: temperature must be 1-D [batch=", hidden.size(0), "], got shape ",
-                    temperature.sizes());
-  TORCH_CHECK_TYPE(temperature.scalar_type() == at::kFloat, "shard_sample: temperature must be float32, got ",
+// A per-row temperature of op `op`: [batch] float32 on the hidden states' device.
+inline void check_temperature_arg(const char* op, const at::Tensor& hidden, const at::Tensor& temperature) {
+  TORCH_CHECK_VALUE(temperature.dim() == 1 && temperature.size(0) == hidden.size(0), op,
+                    ": temperature must be 1-D [batch=", hidden.size(0), "], got shape ", temperature.sizes());
+  TORCH_CHECK_TYPE(temperature.scalar_type() == at::kFloat, op, ": temperature must be float32, got ",
                    temperature.scalar_type());
-  TORCH_CHECK_VALUE(temperature.device() == hidden.device(), "shard_sample: temperature is on ", temperature.device(),
+  TORCH_CHECK_VALUE(temperature.device() == hidden.device(), op, ": temperature is on ", temperature.device(),
                     " but hidden is on ", hidden.device());
+}
+
+inline void check_sample_args(const at::Tensor& hidden, const at::Tensor& temperature, int64_t offset) {
+  check_temperature_arg("shard_sample", hidden, temperature);
   TORCH_CHECK_VALUE(offset >= 0, "shard_sample: offset must be >= 0, got ", offset);
 }
 

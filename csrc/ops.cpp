@@ -3,9 +3,13 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include "cpu/cpu_path.h"
+#include "cuda/mma_configs.h"  // plain C++: the table exists in every build
+
 TORCH_LIBRARY(localargmax, m) {
   // hidden [B, H], weight [rows, H], bias [rows]? -> packed keys [B] int64
-  // path: which kernel variant runs: "auto", or CPU "generic" | "avx2", CUDA "simt" | "mma" | "gemm"
+  // path: which kernel runs: "auto", CPU "generic" | "avx2" | "avx512" | "avx512_bf16", CUDA "simt" | "mma" |
+  // "gemm", or "mma/<name>" (one config of cuda/mma_configs.h, sent by the Python layer's private keyword)
   // (a forced path that cannot take the inputs raises ValueError; see localargmax/ops.py)
   m.def("shard_argmax(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, "
         "str path=\"auto\") -> Tensor");
@@ -18,10 +22,12 @@ TORCH_LIBRARY(localargmax, m) {
   // The same three with the log-partition (DESIGN.md, "Log-probabilities"): every logit is first
   // transformed (soft_cap > 0: tanh(x / soft_cap) * soft_cap; then * scale), the keys carry the
   // transformed values, and per row the second output [B, 2] float32 holds the shard's pair
-  // (ref, sum): ref = the value of the row's best key (a sample: its transformed logit), -inf for
-  // an empty shard; sum = sum over valid entries of exp((x - ref) / T) (T = 1 unless sampling at T > 0).
+  // (ref, others): ref = the value of the row's best key (a sample: its transformed logit), -inf
+  // for an empty shard; others = sum over the other valid entries of exp((x - ref) / T) (T: the
+  // sampling temperature of rows with T > 0; shard_argmax_lse's temperature [B] (T > 0) if given;
+  // else 1).
   m.def("shard_argmax_lse(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, "
-        "float scale=1.0, float soft_cap=0.0, str path=\"auto\") -> (Tensor, Tensor)");
+        "float scale=1.0, float soft_cap=0.0, str path=\"auto\", Tensor? temperature=None) -> (Tensor, Tensor)");
   m.def("shard_topk_lse(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, int k, "
         "float scale=1.0, float soft_cap=0.0, str path=\"auto\") -> (Tensor, Tensor)");
   m.def("shard_sample_lse(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, "
@@ -47,10 +53,91 @@ static PyObject* py_parallel_workers(PyObject*, PyObject* arg) {
   return PyLong_FromLongLong(localargmax::cpu::parallel_workers(n));
 }
 
+// localargmax._C._cpu_path(path, flags=None) -> str: the CPU path the ops'
+// `path` runs on a CPU with `flags` (space-separated /proc/cpuinfo names;
+// None: this CPU), from csrc/cpu/cpu_path.h; ValueError as the ops raise it.
+static PyObject* py_cpu_path(PyObject*, PyObject* args) {
+  const char* path = nullptr;
+  const char* flags = nullptr;
+  if (!PyArg_ParseTuple(args, "s|z", &path, &flags)) return nullptr;
+  try {
+    const localargmax::cpu::CpuFeatures features = flags == nullptr ? localargmax::cpu::detect_cpu_features()
+                                                                    : localargmax::cpu::parse_cpu_features(flags);
+    return PyUnicode_FromString(localargmax::cpu::choose_cpu_path(path, features).c_str());
+  } catch (const c10::Error& e) {
+    PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+    return nullptr;
+  }
+}
+
+// localargmax._C._cpu_paths() -> tuple of (name, needs, bit_exact, inner_loop):
+// the CPU paths of cpu/cpu_path.h in listing order (needs: /proc/cpuinfo names).
+static PyObject* py_cpu_paths(PyObject*, PyObject*) {
+  const auto& specs = localargmax::cpu::cpu_paths();
+  PyObject* rows = PyTuple_New(static_cast<Py_ssize_t>(specs.size()));
+  if (rows == nullptr) return nullptr;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    PyObject* needs = PyTuple_New(static_cast<Py_ssize_t>(specs[i].needs.size()));
+    if (needs == nullptr) {
+      Py_DECREF(rows);
+      return nullptr;
+    }
+    for (size_t j = 0; j < specs[i].needs.size(); ++j) PyTuple_SET_ITEM(needs, j, PyUnicode_FromString(specs[i].needs[j]));
+    PyObject* row = Py_BuildValue("(sNOs)", specs[i].name, needs, specs[i].bit_exact ? Py_True : Py_False,
+                                  specs[i].inner_loop);
+    if (row == nullptr) {
+      Py_DECREF(rows);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(rows, static_cast<Py_ssize_t>(i), row);
+  }
+  return rows;
+}
+
+// localargmax._C._mma_configs() -> tuple of tuples: the tensor-core kernel's
+// named configs (cuda/mma_configs.h), in table order: (name, nt, mt, wm, sk,
+// kc, st, minb, tma, regs90, rows, threads, static_smem, dynamic_smem).
+static PyObject* py_mma_configs(PyObject*, PyObject*) {
+  using localargmax::cuda::kMmaConfigs;
+  PyObject* rows = PyTuple_New(localargmax::cuda::kNumMmaConfigs);
+  if (rows == nullptr) return nullptr;
+  for (int i = 0; i < localargmax::cuda::kNumMmaConfigs; ++i) {
+    const auto& c = kMmaConfigs[i];
+    PyObject* row = Py_BuildValue("(siiiiiiiOiiiii)", c.name, c.nt, c.mt, c.wm, c.sk, c.kc, c.st, c.minb,
+                                  c.tma ? Py_True : Py_False, c.regs90, c.rows(), c.threads(), c.static_smem(),
+                                  c.dynamic_smem());
+    if (row == nullptr) {
+      Py_DECREF(rows);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(rows, i, row);
+  }
+  return rows;
+}
+
+// localargmax._C._choose_mma_config(hidden_size, num_valid, batch, sm_count,
+// smem_limit) -> str: the config C++ auto runs (cuda/mma_configs.h).
+static PyObject* py_choose_mma_config(PyObject*, PyObject* args) {
+  long long hidden_size = 0, num_valid = 0, batch = 0;
+  int sm_count = 0, smem_limit = 0;
+  if (!PyArg_ParseTuple(args, "LLLii", &hidden_size, &num_valid, &batch, &sm_count, &smem_limit)) return nullptr;
+  const int i = localargmax::cuda::choose_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit);
+  return PyUnicode_FromString(localargmax::cuda::kMmaConfigs[i].name);
+}
+
 // `import localargmax._C` loads this library and so runs the registrations.
 extern "C" PyObject* PyInit__C(void) {
   static PyMethodDef methods[] = {
       {"_parallel_workers", py_parallel_workers, METH_O, "Threads used by the CPU kernel's parallel_for over n items."},
+      {"_cpu_path", py_cpu_path, METH_VARARGS,
+       "_cpu_path(path, flags=None) -> str: the CPU path `path` runs with these /proc/cpuinfo flags (None: this CPU)."},
+      {"_cpu_paths", py_cpu_paths, METH_NOARGS,
+       "_cpu_paths() -> the CPU paths: (name, needs, bit_exact, inner_loop) per path, in listing order."},
+      {"_choose_mma_config", py_choose_mma_config, METH_VARARGS,
+       "_choose_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit) -> the config C++ auto runs."},
+      {"_mma_configs", py_mma_configs, METH_NOARGS,
+       "_mma_configs() -> the tensor-core kernel's named configs: (name, nt, mt, wm, sk, kc, st, minb, tma, regs90, "
+       "rows, threads, static_smem, dynamic_smem) per row."},
       {nullptr, nullptr, 0, nullptr}};
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
   PyObject* module = PyModule_Create(&module_def);

@@ -63,16 +63,10 @@ class ShardedQwen3Draft(localargmax.LocalArgmaxMixin, nn.Module):
 def build_model(vocab_size: int, seed: int):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    sizes = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "head_dim": 16}
+    heads = {"num_attention_heads": 4, "num_key_value_heads": 2}
     config = Qwen3Config(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        tie_word_embeddings=False,
-        max_position_embeddings=512,
+        vocab_size=vocab_size, tie_word_embeddings=False, max_position_embeddings=512, **sizes, **heads
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).eval()

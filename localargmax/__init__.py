@@ -12,6 +12,7 @@ Public API:
     lm_head_topk, lm_head_sample            the same for top-k and tp-invariant sampling
                                             (all three: return_log_probs=True, fused log-probabilities)
     log_probs_from_pairs                    the log-probabilities' merge of the ranks' pairs
+    log_odds_from_pairs                     the argmax's log-odds from them (lm_head_argmax(return_log_odds=True))
     exchange_keys                           the collective step alone
     payload_length                          int64 words one rank sends per step (a callable group's buffer)
     shard_vocab, VocabShard, check_layouts  the standard vocab-parallel layout
@@ -41,7 +42,7 @@ from .d2t import build_d2t, draft_to_target_ids, validate_d2t
 from .layout import VocabShard, check_layouts, shard_vocab
 from .lm_head import LocalArgmaxMixin, VocabParallelLMHead
 from .ops import MAX_GLOBAL_INDEX, MAX_TOPK, decode_keys, merge_keys, shard_argmax, shard_sample, shard_topk
-from .step import lm_head_argmax, lm_head_sample, lm_head_topk, log_probs_from_pairs
+from .step import lm_head_argmax, lm_head_sample, lm_head_topk, log_odds_from_pairs, log_probs_from_pairs
 
 WITH_CUDA: bool = bool(_C.WITH_CUDA)
 """Whether this build compiled the CUDA kernels."""
@@ -63,6 +64,7 @@ __all__ = [
     "lm_head_argmax",
     "lm_head_sample",
     "lm_head_topk",
+    "log_odds_from_pairs",
     "log_probs_from_pairs",
     "merge_keys",
     "payload_length",

@@ -6,22 +6,107 @@ can never crash or read out of bounds."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
+from . import _C
 from .packed_key import MAX_GLOBAL_INDEX
 
 MAX_TOPK = 64
 """Largest k of :func:`localargmax.shard_topk`."""
 
-PATHS = {"cpu": ("auto", "generic", "avx2"), "cuda": ("auto", "simt", "mma", "gemm")}
-"""The kernel paths the ops' ``path`` argument names, per device type (CUDA
-also takes ``"mma/<id>"``, :data:`NUM_MMA_VARIANTS`)."""
 
-NUM_MMA_VARIANTS = 21
-"""Variants of the tensor-core kernel that ``path="mma/<id>"`` forces on CUDA:
-ids ``0 .. NUM_MMA_VARIANTS - 1`` of the ``MmaVariant`` table
-(csrc/cuda/shard_argmax_launch.cuh, ``kNumMmaVariants``; tests/test_dispatch.py
-checks they agree)."""
+class CpuPath(NamedTuple):
+    """One CPU path (csrc/cpu/cpu_path.h, read from ``_C._cpu_paths()``): the
+    ``/proc/cpuinfo`` features it ``needs``, whether its keys are
+    ``bit_exact`` with generic's for every dtype (the paths ``auto`` may
+    take), and what its ``inner_loop`` is."""
+
+    name: str
+    needs: tuple[str, ...]
+    bit_exact: bool
+    inner_loop: str
+
+
+CPU_PATHS: dict[str, CpuPath] = {row[0]: CpuPath(*row) for row in _C._cpu_paths()}
+"""The CPU paths by name, in listing order (the C++ table itself)."""
+
+PATHS = {"cpu": ("auto", *CPU_PATHS), "cuda": ("auto", "simt", "mma", "gemm")}
+"""The kernel paths the ops' ``path`` argument names, per device type."""
+
+
+class MmaConfig(NamedTuple):
+    """One named config of the tensor-core kernel (csrc/cuda/mma_configs.h,
+    read from ``_C._mma_configs()``): ``nt`` n-tiles of 8 batch rows per pass,
+    ``rows`` = ``wm * mt * 16`` weight rows per block, ``wm * sk`` warps
+    (``sk``-way split-K), ``kc`` 32-element chunks per stage (= float32 partial
+    sums per logit: configs of equal ``kc`` give the same bits), ``st`` stages,
+    ``minb`` the launch bounds' blocks per SM, ``tma`` weight tiles by bulk
+    tensor copy (sm_90+); ``regs90`` the registers per thread of its bf16
+    sm_90a build (nvcc 13.0, the bandwidth model's fallback); shared memory
+    per block in bytes."""
+
+    name: str
+    nt: int
+    mt: int
+    wm: int
+    sk: int
+    kc: int
+    st: int
+    minb: int
+    tma: bool
+    regs90: int
+    rows: int
+    threads: int
+    static_smem: int
+    dynamic_smem: int
+
+    @property
+    def smem(self) -> int:
+        """Static + dynamic shared memory per block (bytes): what must fit the device's opt-in limit."""
+        return self.static_smem + self.dynamic_smem
+
+    @property
+    def order(self) -> str:
+        """The summation-order class (DESIGN.md rule 5): configs of one class give the same bits."""
+        return f"KC={self.kc}"
+
+
+MMA_CONFIGS: dict[str, MmaConfig] = {row[0]: MmaConfig(*row) for row in _C._mma_configs()}
+"""The tensor-core kernel's configs by name, in the table's order (the C++
+table itself: nothing mirrors it)."""
+
+
+def mma_config_path(path, config, device: torch.device) -> str:
+    """The op's ``path`` string for the public ``path`` and the private
+    ``_mma_config`` keyword: ``path`` itself when ``config`` is None, else
+    ``"mma/<config>"`` (CUDA only; ``path`` must be ``"auto"`` or ``"mma"``).
+    ValueError names the argument and the configs there are."""
+    check_path_arg(path, device)
+    if config is None:
+        return path
+    if device.type != "cuda":
+        raise ValueError(
+            f"_mma_config names a tensor-core config, which exists on CUDA only; the weight is on {device}"
+        )
+    if path not in ("auto", "mma"):
+        raise ValueError(
+            f"_mma_config={config!r} forces the tensor-core path; path must be 'auto' or 'mma', got {path!r}"
+        )
+    if config not in MMA_CONFIGS:
+        raise ValueError(f"_mma_config must be one of {tuple(MMA_CONFIGS)}, got {config!r}")
+    return f"mma/{config}"
+
+
+def op_kwargs(name: str) -> dict:
+    """The inverse of :func:`mma_config_path` for the tools: ``shard_argmax`` /
+    ``shard_sample`` keywords that run the path or config ``name`` (``"simt"``,
+    ``"gemm"``, ``"mma"`` as ``path``; ``"mma/<config>"`` through ``_mma_config``)."""
+    if name.startswith("mma/"):
+        return {"path": "mma", "_mma_config": name[4:]}
+    return {"path": name}
+
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -109,40 +194,33 @@ def check_topk_arg(k) -> None:
         raise ValueError(f"k must be an int in [1, {MAX_TOPK}], got {k!r}")
 
 
-def check_sample_args(hidden, temperature, seed, offset) -> None:
+def check_temperature_arg(op: str, hidden, temperature) -> None:
+    """A per-row temperature: ``[B]`` float32 on ``hidden``'s device."""
     _check_tensor("temperature", temperature, f"[batch={hidden.shape[0]}] float32")
     if temperature.dim() != 1 or temperature.shape[0] != hidden.shape[0]:
-        raise ValueError(f"temperature must be 1-D [batch={hidden.shape[0]}], got shape {tuple(temperature.shape)}")
+        raise ValueError(
+            f"{op}: temperature must be 1-D [batch={hidden.shape[0]}], got shape {tuple(temperature.shape)}"
+        )
     if temperature.dtype != torch.float32:
-        raise TypeError(f"temperature must be float32, got {temperature.dtype}")
+        raise TypeError(f"{op}: temperature must be float32, got {temperature.dtype}")
     if temperature.device != hidden.device:
-        raise ValueError(f"temperature is on {temperature.device} but hidden is on {hidden.device}")
+        raise ValueError(f"{op}: temperature is on {temperature.device} but hidden is on {hidden.device}")
+
+
+def check_sample_args(hidden, temperature, seed, offset) -> None:
+    check_temperature_arg("shard_sample", hidden, temperature)
     for name, value in (("seed", seed), ("offset", offset)):
         if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or not 0 <= value < 2**63:
             raise ValueError(f"{name} must be an int in [0, 2**63), got {value!r}")
 
 
-def mma_variant_of(path) -> int | None:
-    """The variant id of ``"mma/<id>"`` (decimal, no sign or leading zero),
-    else None (any other string, or an id out of range)."""
-    if not isinstance(path, str) or not path.startswith("mma/"):
-        return None
-    digits = path[4:]
-    if not digits.isascii() or not digits.isdigit() or (len(digits) > 1 and digits[0] == "0"):
-        return None
-    return int(digits) if int(digits) < NUM_MMA_VARIANTS else None
-
-
 def check_path_arg(path, device: torch.device) -> None:
-    """``path`` must be one of :data:`PATHS` for the device type, or on CUDA
-    ``"mma/<id>"`` with ``0 <= id < NUM_MMA_VARIANTS`` (whether the path can
-    take the inputs is decided by the kernel, which raises ValueError naming
-    the path rather than falling back)."""
+    """``path`` must be one of :data:`PATHS` for the device type (whether the
+    path can take the inputs is decided by the kernel, which raises
+    ValueError naming the path rather than falling back)."""
     allowed = PATHS.get(device.type, ("auto",))
-    if isinstance(path, str) and (path in allowed or (device.type == "cuda" and mma_variant_of(path) is not None)):
+    if isinstance(path, str) and path in allowed:
         return
-    if device.type == "cuda":
-        allowed = (*allowed, f"mma/<0..{NUM_MMA_VARIANTS - 1}>")
     raise ValueError(f"path must be one of {allowed} on {device.type}, got {path!r}")
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
+
+from .collective import _all_gather_single
 
 FLOAT32_EXACT_INDEX_LIMIT = 2**24
 """float32 holds every integer below 2**24 exactly, and not all above it."""
@@ -113,7 +114,7 @@ def unfused_local_argmax(
     pairs = torch.stack([values, (local_ids + vocab_start).float()], dim=1)  # [B, 2] float32
     batch = pairs.shape[0]
     if tp > 1:
-        pairs = funcol.wait_tensor(funcol.all_gather_single(pairs.contiguous(), 0, group)).view(tp, batch, 2)
+        pairs = _all_gather_single(pairs.contiguous(), group).view(tp, batch, 2)
     else:
         pairs = pairs.unsqueeze(0)
     best_rank = pairs[:, :, 0].argmax(dim=0)  # first rank wins ties; NaN wins
@@ -133,7 +134,7 @@ def _gathered_logits(hidden, weight, vocab_start, num_valid, bias, group):
     logits = _local_logits(hidden, weight, num_valid, bias)
     batch = logits.shape[0]
     if tp > 1:
-        gathered = funcol.wait_tensor(funcol.all_gather_single(logits.contiguous(), 0, group))  # [tp * B, rows]
+        gathered = _all_gather_single(logits.contiguous(), group)  # [tp * B, rows]
         logits = gathered.view(tp, batch, rows).permute(1, 0, 2).reshape(batch, tp * rows)
     return logits
 

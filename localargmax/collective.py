@@ -20,6 +20,16 @@ from .packed_key import SIGN_FLIP
 REDUCE_MODES = ("all_gather", "all_reduce")
 
 
+def _all_gather_single(tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """``funcol.all_gather_single(tensor, 0, group)``, waited on: the ranks' tensors
+    concatenated along dim 0. torch 2.11 has only the older name,
+    ``all_gather_tensor``, which warns FutureWarning (deprecated) where
+    ``all_gather_single`` exists (torch 2.13, 2.14.1, 2.15). Looked up at each
+    call, so a test that patches ``funcol`` sees it."""
+    gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+    return funcol.wait_tensor(gather(tensor, 0, group))
+
+
 Group = Union[None, dist.ProcessGroup, Callable[[torch.Tensor], torch.Tensor], Any]  # noqa: UP007 (a runtime alias)
 """What ``group=`` takes: None (world size 1), a ProcessGroup, a callable
 all-gather, or a ``cupy.cuda.nccl.NcclCommunicator`` (typed Any: cupy is optional)."""
@@ -27,6 +37,10 @@ all-gather, or a ``cupy.cuda.nccl.NcclCommunicator`` (typed Any: cupy is optiona
 
 def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_gather") -> torch.Tensor:
     """Exchange this rank's packed keys with the other TP ranks.
+
+    Example::
+
+        gathered = exchange_keys(frame_keys(keys, vocab_end), tp_group)  # [tp, L]
 
     Args:
         keys: ``[B]`` int64 packed keys from :func:`localargmax.shard_argmax`
@@ -70,8 +84,7 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
                 f"group uses the NCCL backend but keys are on {keys.device}: use a gloo group for CPU tensors"
             )
         if reduce == "all_gather":
-            gathered = funcol.all_gather_single(keys, 0, group)
-            return funcol.wait_tensor(gathered).view(dist.get_world_size(group), *keys.shape)
+            return _all_gather_single(keys, group).view(dist.get_world_size(group), *keys.shape)
         flipped = funcol.all_reduce(keys ^ SIGN_FLIP, "max", group)
         return (funcol.wait_tensor(flipped) ^ SIGN_FLIP).unsqueeze(0)
     if _is_nccl_communicator(group):
@@ -181,17 +194,25 @@ def padded_words(words: int, align_bytes: int = 8) -> int:
     return -(-words // per) * per
 
 
-def payload_length(batch: int, k: int = 1, log_probs: bool = False, align_bytes: int = 8) -> int:
+def payload_length(
+    batch: int, k: int = 1, log_probs: bool = False, align_bytes: int = 8, log_odds: bool = False
+) -> int:
     """Int64 words one rank sends in a step's exchange (:func:`frame_keys`):
-    ``batch·k`` keys, ``batch`` log-partition words with ``log_probs``, then
+    ``batch·k`` keys, ``batch`` log-partition words with ``log_probs`` or
+    ``log_odds`` (one word serves both), then
     the :data:`HEADER_LEN`-word header. A callable ``group`` is handed a
     ``[payload_length(...)]`` int64 tensor and returns ``[tp, payload_length(...)]``;
     an engine that preallocates its gather buffer (for CUDA graphs) sizes it
     from this. Bytes per rank: ``8 * payload_length(...)``.
 
+    Example::
+
+        buffer = torch.empty(tp, payload_length(B, k=8), dtype=torch.int64, device="cuda")
+
     Args:
         batch: rows ``B >= 0``; k: keys per row (1 for argmax and sampling,
-            ``k`` for top-k); log_probs: whether the step has ``return_log_probs=True``.
+            ``k`` for top-k); log_probs / log_odds: whether the step has
+            ``return_log_probs=True`` / ``return_log_odds=True``.
         align_bytes: pad to a multiple of this many bytes (:func:`padded_words`;
             the vLLM plugin sends 16-byte multiples).
 
@@ -201,7 +222,7 @@ def payload_length(batch: int, k: int = 1, log_probs: bool = False, align_bytes:
     for name, value, low in (("batch", batch, 0), ("k", k, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return padded_words(batch * k + (batch if log_probs else 0) + HEADER_LEN, align_bytes)
+    return padded_words(batch * k + (batch if log_probs or log_odds else 0) + HEADER_LEN, align_bytes)
 
 
 def frame_keys(keys: torch.Tensor, vocab_end: int, pairs: torch.Tensor | None = None) -> torch.Tensor:
@@ -227,10 +248,10 @@ def frame_keys(keys: torch.Tensor, vocab_end: int, pairs: torch.Tensor | None = 
         keys: ``[B]`` or ``[B, k]`` int64 packed keys.
         vocab_end: ``vocab_start + num_valid`` of this rank's shard, or 0
             when it is empty (``num_valid == 0``: it holds no id).
-        pairs: optional ``[B, 2]`` float32 log-partition pairs ``(ref, sum)``
+        pairs: optional ``[B, 2]`` float32 log-partition pairs ``(ref, others)``
             (:func:`localargmax.shard_argmax` with ``log_partition=True``),
             sent as their bits: word ``b`` is the 8 bytes of row ``b``'s
-            ``(ref, sum)`` in memory order (a bit-cast view, no conversion).
+            ``(ref, others)`` in memory order (a bit-cast view, no conversion).
 
     Returns:
         ``[n + B + 3]`` (``[n + 3]`` without pairs) int64, on the device of
@@ -309,7 +330,7 @@ def check_step_consistency(group: Group, fields: Sequence[int], names: Sequence[
         else torch.device("cpu")
     )
     mine = torch.tensor(list(fields), dtype=torch.int64, device=device)
-    table = funcol.wait_tensor(funcol.all_gather_single(mine, 0, group)).view(-1, len(fields)).cpu()
+    table = _all_gather_single(mine, group).view(-1, len(fields)).cpu()
     for column, name in enumerate(names):
         values = {}
         for rank, value in enumerate(table[:, column].tolist()):

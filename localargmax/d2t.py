@@ -14,6 +14,10 @@ def build_d2t(token_counts: torch.Tensor, draft_vocab_size: int) -> torch.Tensor
     """The d2t table of a draft vocabulary made of the ``draft_vocab_size`` most
     frequent target tokens, kept in target-id order (EAGLE-3's recipe).
 
+    Example::
+
+        d2t = build_d2t(torch.bincount(corpus_ids, minlength=vocab), 32000)  # [32000] int64
+
     Args:
         token_counts: ``[target_vocab]`` counts of each target token in a corpus.
         draft_vocab_size: K, ``1 <= K <= target_vocab``. Ties in count go to the

@@ -1,19 +1,18 @@
-"""Which CUDA path ``path="auto"`` takes: the dispatch table shipped with the
-package (``localargmax/dispatch_table.json``).
+"""Which CUDA path ``path="auto"`` takes: C++'s own choice, unless a
+measured dispatch table is set.
 
-The table maps (arch, dtype, hidden size, shard rows, batch) to a path
-(``"simt"``, ``"mma"``, ``"gemm"``) and the variant its launcher runs there.
-Its ``source`` says where the choices come from: ``"predicted"`` (the
-bandwidth model, ``localargmax-bench --predict --write-table``) until a GPU
-run of ``localargmax-bench --tune`` writes ``"measured"`` ones. DESIGN.md
-("The dispatch table") has the schema and the rules.
+A measured table (``python -m bench.tune --write-table PATH`` on the GPU,
+from a checkout) maps (arch, dtype, hidden size, shard rows, batch) to a path
+(``"simt"``, ``"mma"``, ``"gemm"``) and, for mma, the named config its
+launcher runs there. ``LOCALARGMAX_DISPATCH_TABLE=PATH`` makes ``shard_argmax`` /
+``shard_sample`` on CUDA with ``path="auto"`` follow it (:func:`cuda_path`);
+where it has no entry (another arch, float32, top-k), or when no table is
+set, the C++ op's ``auto`` decides. No table ships with the package.
 
-``shard_argmax`` / ``shard_sample`` on CUDA with ``path="auto"`` resolve the
-path here (:func:`cuda_path`) and pass it to the C++ op; where the table has
-no entry (another arch, float32, top-k) the C++ op's own ``auto`` decides.
 The table is keyed by the shard's *rows* (``weight.shape[0]``, padding
 included), which every rank of a vocab-parallel layout shares, so every rank
-takes the same path (DESIGN.md, CUDA rules).
+takes the same path (DESIGN.md, CUDA rules); every rank must be given the
+same table.
 """
 
 from __future__ import annotations
@@ -21,48 +20,39 @@ from __future__ import annotations
 import functools
 import json
 import os
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
-from ._validation import NUM_MMA_VARIANTS
+from . import envs
+from ._validation import MMA_CONFIGS
 
-TABLE_PATH = Path(__file__).resolve().parent / "dispatch_table.json"
-SCHEMA = "localargmax.dispatch_table/2"
+SCHEMA = "localargmax.dispatch_table/3"
 PATHS = ("simt", "mma", "gemm")
 LIMIT = 2**31
 CPP_GEMM_MIN_BATCH = 65
 """C++ ``auto`` takes gemm from this batch (kDefaultGemmMinBatch in
 csrc/cuda; tests/test_dispatch.py checks they agree). Below it, C++ ``auto``
-takes simt by the small-shard rule (:data:`CPP_SIMT_MAX_BATCH`), else mma
-where the mma kernel takes the inputs, else simt."""
-CPP_SIMT_MAX_BATCH = 0
-"""C++ ``auto`` takes simt at batch <= this on shards of fewer than
-:data:`CPP_SIMT_MAX_ROWS_PER_SM` rows per SM (``weight.shape[0]``; 0: never).
-kSimtMaxBatch / kSimtMaxRowsPerSm in csrc/cuda (a test checks they agree)."""
-CPP_SIMT_MAX_ROWS_PER_SM = 256
+takes mma where the mma kernel takes the inputs, else simt."""
 MEMO_SIZE = 4096
 """Cells :meth:`DispatchTable.choose` remembers per table (an engine sees a
 handful of (H, rows, batch) keys; a lookup then costs one dict access)."""
-MMA_VARIANT_IDS = range(NUM_MMA_VARIANTS)
-"""Ids of the MmaVariant table (:data:`localargmax._validation.NUM_MMA_VARIANTS`)."""
 
 
 class Choice(NamedTuple):
-    """One cell of the table: the path, the tensor-core variant id for
-    ``"mma"`` (an id of ``MmaVariant``, csrc/cuda/shard_argmax_launch.cuh;
-    None for simt / gemm, whose launchers size themselves by the batch), and
-    ``"predicted"`` or ``"measured"``."""
+    """One cell of the table: the path, the tensor-core config's name for
+    ``"mma"`` (a key of :data:`localargmax._validation.MMA_CONFIGS`, the C++
+    table of csrc/cuda/mma_configs.h; None for simt / gemm, whose launchers
+    size themselves by the batch), and ``"predicted"`` or ``"measured"``."""
 
     path: str
-    variant: int | None
+    config: str | None
     source: str
 
     @property
     def op_path(self) -> str:
-        """The ops' ``path`` that runs this choice: ``"mma/<id>"``, ``"simt"``, ``"gemm"``."""
-        return f"mma/{self.variant}" if self.path == "mma" and self.variant is not None else self.path
+        """The C++ op's ``path`` string that runs this choice: ``"mma/<name>"``, ``"simt"``, ``"gemm"``."""
+        return f"mma/{self.config}" if self.path == "mma" and self.config is not None else self.path
 
 
 class DispatchTable:
@@ -79,7 +69,7 @@ class DispatchTable:
             cells = {}
             for e in t["entries"]:
                 idx = tuple(edges[k].index(e[k][0]) for k in ("hidden", "rows", "batch"))
-                cells[idx] = Choice(e["path"], e["variant"], e["source"])
+                cells[idx] = Choice(e["path"], e["config"], e["source"])
             for dtype in t["dtypes"]:
                 self._cells[(t["arch"], dtype)] = (edges, cells)
 
@@ -142,13 +132,13 @@ def validate(doc: dict) -> None:
                     raise ValueError(f"dispatch table {t['arch']}: entry {k} {e[k]} is not one bucket of {edges[k]}")
             if e["path"] not in PATHS or e["source"] not in ("predicted", "measured"):
                 raise ValueError(f"dispatch table {t['arch']}: bad path or source in {e}")
-            want_variant = e["path"] == "mma"
-            if (e.get("variant") is not None) != want_variant or (
-                want_variant and (isinstance(e["variant"], bool) or e["variant"] not in MMA_VARIANT_IDS)
+            want_config = e["path"] == "mma"
+            if (e.get("config") is not None) != want_config or (
+                want_config and (not isinstance(e["config"], str) or e["config"] not in MMA_CONFIGS)
             ):
                 raise ValueError(
-                    f"dispatch table {t['arch']}: variant must be an mma variant id for path 'mma', "
-                    f"null otherwise, in {e}"
+                    f"dispatch table {t['arch']}: config must name an mma config ({', '.join(MMA_CONFIGS)}) for "
+                    f"path 'mma', null otherwise, in {e}"
                 )
             got.append((e["hidden"][0], e["rows"][0], e["batch"][0]))
         if len(got) != len(set(got)) or set(got) != want:
@@ -159,17 +149,41 @@ def validate(doc: dict) -> None:
 
 
 def load(path: str | os.PathLike) -> DispatchTable:
-    """The table at ``path``, validated."""
-    with open(path) as f:
-        return DispatchTable(json.load(f))
+    """The table at ``path``, validated (ValueError naming the file if not)."""
+    try:
+        with open(path) as f:
+            return DispatchTable(json.load(f))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"dispatch table {os.fspath(path)!r}: {e}") from None
 
 
-_SHIPPED = load(TABLE_PATH)  # read once, at import: lookups under torch.compile read no file
+_loaded: dict[str, DispatchTable] = {}  # path -> table, read once per path
+_current: DispatchTable | None = None  # the table of the last eager lookup: what traced calls use
 
 
-def table() -> DispatchTable:
-    """The table ``path="auto"`` follows (the shipped one)."""
-    return _SHIPPED
+def table() -> DispatchTable | None:
+    """The measured table ``path="auto"`` follows: the file
+    ``LOCALARGMAX_DISPATCH_TABLE`` names (read once per path), None when it
+    is unset. Raises ValueError for a file that is not a valid measured
+    table. Under torch.compile tracing no file or variable is read: the
+    table of the last eager lookup is used (None before any)."""
+    global _current
+    if torch.compiler.is_compiling():
+        return _current
+    path = envs.LOCALARGMAX_DISPATCH_TABLE
+    if path is None:
+        _current = None
+        return None
+    if path not in _loaded:
+        t = load(path)
+        if t.source != "measured":
+            raise ValueError(
+                f"LOCALARGMAX_DISPATCH_TABLE={path!r} is a {t.source!r} table; path='auto' follows only a "
+                "measured one (python -m bench.tune --write-table PATH on the GPU)"
+            )
+        _loaded[path] = t
+    _current = _loaded[path]
+    return _current
 
 
 @functools.cache
@@ -185,17 +199,17 @@ _DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16"}
 
 def cuda_path(hidden, weight) -> str:
     """The ``path`` to pass to the C++ op for ``path="auto"`` (argmax and
-    sample, CUDA): the table's choice where it has one and the op can take
-    it without a fallback, else ``"auto"`` (C++ decides).
+    sample, CUDA): the measured table's choice where one is set, has the cell
+    and the op can take it without a fallback, else ``"auto"`` (C++ decides).
 
-    A table ``"mma"`` cell names a variant: ``"mma/<id>"`` is passed when the
+    A table ``"mma"`` cell names a config: ``"mma/<name>"`` is passed when the
     tensor-core kernel takes the inputs (``H`` and the weight's row stride
     multiples of 8, its data 16-byte aligned; a misaligned ``hidden`` is
     copied by the op), else ``"auto"`` (C++ takes simt for inputs the mma
     kernel cannot take). Under torch.compile tracing (the data pointer is not
     readable there) an mma cell passes ``"auto"``: the table names only
-    variants of C++ auto's summation order at that batch
-    (``localargmax.bench.predict.mma_candidates``), so compiled and eager
+    configs of C++ auto's summation order at that batch
+    (``bench/predict.py``'s ``mma_candidates``), so compiled and eager
     calls differ in speed, not in bits. The inputs of the choice are
     shared by every rank (dtype, ``H``, ``weight.shape[0]``, batch, arch,
     the weight's layout), never ``num_valid``."""
@@ -203,7 +217,10 @@ def cuda_path(hidden, weight) -> str:
     batch, hidden_size, rows = hidden.shape[0], weight.shape[1], weight.shape[0]
     if dtype is None or not all(isinstance(x, int) for x in (batch, hidden_size, rows)):
         return "auto"
-    choice = table().choose(_arch(weight.device.index), dtype, hidden_size, rows, batch)
+    measured = table()
+    if measured is None:
+        return "auto"
+    choice = measured.choose(_arch(weight.device.index), dtype, hidden_size, rows, batch)
     if choice is None:
         return "auto"
     if choice.path != "mma":

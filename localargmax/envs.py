@@ -1,13 +1,15 @@
-"""Every ``LOCALARGMAX_*`` environment variable: its type, default and meaning,
-in one table, each read from the environment when it is used (never cached;
-unset, empty or blank means the default).
+"""Every environment variable the package reads: the ``LOCALARGMAX_*`` knobs
+(type, default and meaning, in one table) and torchrun's rank variables
+(:func:`torchrun_rank`), each read from the environment when it is used
+(never cached; unset, empty or blank means the default).
 
     from localargmax import envs
     if envs.LOCALARGMAX_DEBUG: ...
 
-Run-time code reads only ``LOCALARGMAX_DEBUG`` (and the vLLM plugin
-``LOCALARGMAX_VLLM_PLUGIN``); kernel paths are chosen by the
-ops' ``path`` argument, never by the environment. The build variables are
+Run-time code reads only ``LOCALARGMAX_DEBUG``, ``LOCALARGMAX_DISPATCH_TABLE``
+(the measured table ``path="auto"`` follows on CUDA) and the vLLM plugin's
+``LOCALARGMAX_VLLM_PLUGIN``; a forced kernel path is the ops' ``path``
+argument, never the environment. The build variables are
 read by setup.py (which loads this file by path, before the package exists),
 the test and benchmark ones by tests/ and ``localargmax.bench``. A change
 of ``os.environ`` in a running process counts from the next use. This module imports nothing from torch or the package.
@@ -59,6 +61,14 @@ KNOBS: dict[str, Knob] = {
         "Let the vLLM general plugin (localargmax.integrations.vllm) replace LogitsProcessor.get_top_tokens / "
         "get_top_k_tokens when vLLM loads it (0: keep vLLM's own methods).",
     ),
+    "LOCALARGMAX_DISPATCH_TABLE": Knob(
+        str,
+        None,
+        "run time",
+        "A measured dispatch table (JSON from python -m bench.tune --write-table PATH, run on the GPU from a "
+        "checkout): path='auto' on CUDA follows its cells (localargmax.dispatch). Unset: C++'s own choice. "
+        "Read once per path; give every rank the same file.",
+    ),
     "LOCALARGMAX_CUDA": Knob(
         _flag,
         True,
@@ -89,7 +99,7 @@ KNOBS: dict[str, Knob] = {
         str,
         "",
         "tests",
-        "Comma-separated kernel paths (mma/<id>, simt, gemm) whose tests are skipped, naming the reason: "
+        "Comma-separated kernel paths (simt, gemm, mma/<config name>) whose tests are skipped, naming the reason: "
         "bench/gpu_check.sh sets it to the configs that errored or hung in their first call.",
     ),
     "LOCALARGMAX_TEST_START": Knob(
@@ -112,6 +122,35 @@ def read(name: str) -> Any:
         return knob.parse(raw.strip())
     except ValueError as e:
         raise ValueError(f"{name}={raw!r}: {e}") from None
+
+
+class TorchrunRank(NamedTuple):
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def torchrun_rank() -> TorchrunRank | None:
+    """This process's rank as torchrun (or a launcher like it) set it in
+    ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``, read now; None when none of
+    them is set. Raises ValueError when only some are set or one is not a
+    non-negative integer (rank < world size)."""
+    raw = {k: os.environ.get(k) for k in TORCHRUN_VARIABLES}
+    if all(v is None for v in raw.values()):
+        return None
+    missing = [k for k, v in raw.items() if v is None]
+    if missing:
+        raise ValueError(f"torchrun's variables are partly set: {', '.join(missing)} missing ({raw})")
+    try:
+        got = TorchrunRank(*(int(raw[k]) for k in TORCHRUN_VARIABLES))
+    except ValueError:
+        raise ValueError(f"torchrun's variables must be integers, got {raw}") from None
+    if not (0 <= got.rank < got.world_size and 0 <= got.local_rank < got.world_size):
+        raise ValueError(f"torchrun's variables must give 0 <= RANK, LOCAL_RANK < WORLD_SIZE, got {raw}")
+    return got
 
 
 def __getattr__(name: str) -> Any:

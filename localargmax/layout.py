@@ -29,6 +29,11 @@ def shard_vocab(vocab_size: int, rank: int, world_size: int, pad_to: int = 64) -
     the end, so the last shards may be partly or wholly padding. When
     ``world_size`` divides the padded size this is exactly vLLM's layout.
 
+    Example::
+
+        shard = shard_vocab(151936, rank=3, world_size=8)  # vocab_start 56976, 18992 rows
+        weight = full[shard.vocab_start : shard.vocab_start + shard.num_valid]
+
     Args:
         vocab_size: number of real vocabulary entries (>= 1).
         rank: this TP rank, ``0 <= rank < world_size``.

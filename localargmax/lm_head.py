@@ -1,6 +1,6 @@
 """Drop-in pieces for draft models: a vocab-parallel lm_head module and the
 ``LocalArgmaxMixin.get_top_tokens`` interface engines use for local-argmax
-drafting (vLLM PR #39419's interface, see shared/seed/)."""
+drafting (the interface of vLLM PR #39419)."""
 
 from __future__ import annotations
 

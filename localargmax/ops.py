@@ -27,8 +27,10 @@ from ._validation import (
     check_path_arg,
     check_sample_args,
     check_shard_argmax_args,
+    check_temperature_arg,
     check_topk_arg,
     check_transform_args,
+    mma_config_path,
 )
 from .packed_key import MAX_GLOBAL_INDEX
 
@@ -46,80 +48,75 @@ def shard_argmax(
     log_partition: bool = False,
     scale: float = 1.0,
     soft_cap: float | None = None,
+    temperature: torch.Tensor | None = None,
+    _mma_config: str | None = None,
 ):
-    """Fused ``hidden @ weight.T (+ bias)`` and row-wise argmax over one vocab shard.
+    """Fused ``hidden @ weight.T (+ bias)`` and row-wise argmax over one vocab
+    shard, as one packed int64 key per row (DESIGN.md, "The packed key"); the
+    logits are never stored. Products accumulate in float32.
 
-    The logits are never materialized: each row's best entry is reduced on the
-    fly to one packed key (DESIGN.md, "The packed key").
+    Example::
+
+        keys = shard_argmax(hidden, weight, vocab_start=shard.vocab_start, num_valid=shard.num_valid)
+        ids, values = decode_keys(keys)  # global ids, exact float32 logits
 
     Args:
-        hidden: ``[B, H]`` hidden states; float32, bfloat16 or float16; any device
-            the library was built for (CPU always, CUDA when compiled).
-        weight: ``[rows, H]`` this rank's lm_head shard, same dtype and device as
-            ``hidden``, rows contiguous (``stride(1) == 1``).
-        vocab_start: global vocabulary index of the shard's row 0 (>= 0).
-        num_valid: rows ``[0, num_valid)`` are vocabulary; rows at or past it are
-            padding and never win (DESIGN.md rule 4). Default: all rows.
-        bias: optional ``[rows]`` float32 or weight-dtype bias.
+        hidden: ``[B, H]`` float32, bfloat16 or float16, on CPU or CUDA.
+        weight: ``[rows, H]`` this rank's shard, ``hidden``'s dtype and device,
+            rows contiguous (``stride(1) == 1``).
+        vocab_start: global vocabulary index of row 0 (>= 0).
+        num_valid: rows ``[0, num_valid)`` are vocabulary; the rest is padding
+            and never wins. Default: all rows.
+        bias: ``[rows]`` float32 or weight-dtype bias, or None.
+        path: the kernel: ``"auto"`` (default); on CPU ``"avx512"``, ``"avx2"``
+            or ``"generic"`` (bit-identical; auto takes the first the CPU has),
+            or ``"avx512_bf16"`` (bf16 through vdpbf16ps: other bits, opt-in;
+            DESIGN.md "CPU paths"; a path the CPU lacks is a ValueError naming
+            the missing features); on CUDA ``"mma"`` (tensor cores; bf16 /
+            fp16, ``H`` and row strides multiples of 8), ``"gemm"`` (cuBLAS logits, then keys) or ``"simt"``
+            (CUDA cores, every dtype). CUDA ``"auto"`` is C++'s choice, or a
+            measured dispatch table's (:mod:`localargmax.dispatch`). The CUDA
+            paths differ only in the float32 summation order (docs/kernels.md).
+        log_partition: also return each row's log-partition pair (DESIGN.md,
+            "Log-probabilities"), from the same pass; the logits are first
+            soft-capped (``tanh(x / soft_cap) * soft_cap``) then scaled
+            (``x * scale``), and the keys carry the transformed values. CUDA:
+            ``"simt"`` and ``"gemm"`` only (``"mma"`` raises).
+        scale: finite float > 0, with ``log_partition`` only.
+        soft_cap: None or a finite float > 0, with ``log_partition`` only.
+        temperature: None (``T = 1``) or a ``[B]`` float32 tensor on
+            ``hidden``'s device, with ``log_partition`` only: row ``b``'s sum
+            is over ``exp((x - ref) / T_b)`` (the log-odds at a request's
+            temperature); rows with ``T <= 0`` use 1. The keys stay the argmax.
 
     Returns:
-        ``[B]`` int64 packed keys; 0 for every row when ``num_valid == 0``.
-        Products are accumulated in float32; the per-row order depends on ``k``
-        only, so identical weight rows give identical logits (rule 5).
-        With ``log_partition``: ``(keys, pairs)``, ``pairs`` ``[B, 2]`` float32
-        on the device of ``hidden``: ``(ref, sum)`` with ``ref`` the value of
-        the row's key (``-inf`` for an empty shard) and ``sum`` the sum over
-        the shard's valid entries of ``exp(x - ref)`` (``x == -inf`` adds 0,
-        ``x == ref`` adds 1, a NaN makes it NaN), in float32 with online
-        rescaling; ``ref + log(sum)`` is the shard's ``logsumexp``.
-
-        path: which kernel variant runs. ``"auto"`` (default) picks per
-            call from the shapes, dtype and device. CPU: ``"avx2"`` (AVX2 +
-            FMA + F16C) or ``"generic"``, bit-identical. CUDA
-            (``csrc/cuda/shard_argmax_cuda.cu`` picks): ``"mma"``, the tensor-core
-            fused kernel (bf16 / fp16, sm_80+, ``H`` and row strides multiples
-            of 8, 16-byte aligned data), with ``"mma/<id>"`` forcing variant
-            ``id`` (0-20) of its ``MmaVariant`` table
-            (``csrc/cuda/shard_argmax_launch.cuh``: 0-3 the register-buffered
-            kernel, 4-15 the cp.async-pipelined one, 16-20 their TMA twins,
-            sm_90+; same inputs as ``"mma"``, an unknown id, one whose shared
-            memory exceeds the device's opt-in limit, or a TMA id below
-            sm_90, is a ValueError); ``"gemm"``, cuBLAS float32 logits of
-            a batch chunk then a keys kernel (bf16 / fp16); ``"simt"``, the
-            CUDA-core fused kernel (every dtype). On CUDA, ``"auto"`` takes
-            the path of the dispatch table shipped with the package
-            (``localargmax.dispatch``: by arch, dtype, ``H``,
-            ``weight.shape[0]`` and batch, never ``num_valid``; a path and an
-            mma variant id; PREDICTED choices until a GPU run of
-            ``localargmax-bench --tune`` measures them); without a table
-            entry, C++'s own choice (gemm from batch 65, else the mma
-            variant ``choose_mma_variant`` picks where the kernel takes the
-            inputs, else simt; ``localargmax.dispatch.CPP_GEMM_MIN_BATCH``). The CUDA paths differ only in the
-            float32 summation order of the dot products. A forced path that cannot take the inputs raises
-            ValueError; it never falls back silently.
-        log_partition: also return the shard's log-partition pair per row
-            (DESIGN.md, "Log-probabilities"), computed in the same pass. The
-            logits are then first transformed, in vLLM's order, by ``soft_cap``
-            (``tanh(x / soft_cap) * soft_cap``) and ``scale`` (``x * scale``),
-            and the keys carry the transformed values.
-        scale, soft_cap: the transform (``scale`` a finite float > 0,
-            ``soft_cap`` None or a finite float > 0); only with ``log_partition``.
-            CUDA paths with ``log_partition``: ``"simt"`` and ``"gemm"``;
-            ``"mma"`` raises ValueError and ``"auto"`` never picks it.
+        ``[B]`` int64 keys (0 for every row when ``num_valid == 0``); with
+        ``log_partition``, ``(keys, pairs)``: ``pairs`` ``[B, 2]`` float32
+        ``(ref, others)``, ``ref`` the key's value (``-inf`` for an empty
+        shard) and ``others = Σ exp((x - ref) / T)`` over the valid entries
+        other than the best one, so ``ref + log1p(others)`` is the shard's
+        ``logsumexp`` (``ref`` finite) and ``-log(others)`` the best entry's
+        log-odds within the shard.
 
     Raises:
         TypeError / ValueError: naming the argument, for wrong ranks, shapes,
             dtypes, devices, non-contiguous weight rows, ``num_valid`` outside
-            ``[0, rows]``, ``vocab_start < 0`` or global indices past 2**32 - 2;
-            ValueError for an unknown ``path`` or one that cannot take the inputs.
+            ``[0, rows]``, ``vocab_start < 0``, global indices past 2**32 - 2,
+            an unknown ``path`` or one that cannot take the inputs (never a
+            silent fallback).
     """
     if num_valid is None:
         num_valid = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else 0
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
-    check_path_arg(path, weight.device)
+    path = mma_config_path(path, _mma_config, weight.device)  # (the private keyword: one config, by name)
     if _wants_partition(log_partition, scale, soft_cap):
         return torch.ops.localargmax.shard_argmax_lse.default(
-            hidden, weight, bias, vocab_start, num_valid, float(scale), float(soft_cap or 0.0), path
+            hidden, weight, bias, vocab_start, num_valid, float(scale), float(soft_cap or 0.0), path, temperature
+        )
+    if temperature is not None:
+        raise ValueError(
+            "temperature is the log-partition's (the log-odds at a request's temperature): pass log_partition=True "
+            "(the argmax does not depend on it)"
         )
     path = _auto_path(path, hidden, weight)
     return torch.ops.localargmax.shard_argmax.default(hidden, weight, bias, vocab_start, num_valid, path)
@@ -140,6 +137,10 @@ def _wants_partition(log_partition, scale, soft_cap) -> bool:
 
 def merge_keys(keys: torch.Tensor, d2t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge the ranks' packed keys, decode, and map draft ids to target ids.
+
+    Example::
+
+        ids, values = merge_keys(torch.stack(keys_of_every_rank))  # [tp, B] -> [B], [B]
 
     Args:
         keys: ``[tp, B]`` (rank-major, as an all-gather along dim 0 lays them
@@ -178,10 +179,16 @@ def shard_topk(
     """The shard's ``k`` best entries per row, as packed keys, fused like
     :func:`shard_argmax` (the logits are never materialized).
 
+    Example::
+
+        keys = shard_topk(hidden, weight, 8, vocab_start=shard.vocab_start, num_valid=shard.num_valid)
+        ids, values = decode_keys(keys)  # [B, 8] each, best first
+
     Args:
         hidden, weight, vocab_start, num_valid, bias: as in :func:`shard_argmax`.
         k: ``1 <= k <= 64``.
-        path: ``"auto"``, CPU ``"generic"`` / ``"avx2"``, CUDA ``"simt"`` (top-k
+        path: ``"auto"``, CPU ``"generic"`` / ``"avx2"`` / ``"avx512"`` /
+            ``"avx512_bf16"``, CUDA ``"simt"`` (top-k
             has no tensor-core or gemm path).
         log_partition, scale, soft_cap: as in :func:`shard_argmax`.
 
@@ -221,6 +228,7 @@ def shard_sample(
     log_partition: bool = False,
     scale: float = 1.0,
     soft_cap: float | None = None,
+    _mma_config: str | None = None,
 ):
     """Gumbel-max sampling over one shard, fused like :func:`shard_argmax`.
 
@@ -231,6 +239,11 @@ def shard_sample(
     Gumbel noise from Philox 4x32-10 keyed by the *global* vocabulary index
     ``v``, so the merged sample is the same for every TP size and shard
     layout. Rows with ``T == 0`` are greedy (no noise).
+
+    Example::
+
+        t = torch.full((hidden.shape[0],), 0.7, device=hidden.device)
+        keys = shard_sample(hidden, weight, t, seed=1234, offset=step * hidden.shape[0])
 
     Args:
         hidden, weight, vocab_start, num_valid, bias: as in :func:`shard_argmax`.
@@ -261,7 +274,7 @@ def shard_sample(
         num_valid = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else 0
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_sample_args(hidden, temperature, seed, offset)
-    check_path_arg(path, weight.device)
+    path = mma_config_path(path, _mma_config, weight.device)
     if _wants_partition(log_partition, scale, soft_cap):
         return torch.ops.localargmax.shard_sample_lse.default(
             hidden,
@@ -283,7 +296,7 @@ def shard_sample(
 
 
 def _auto_path(path: str, hidden: torch.Tensor, weight: torch.Tensor) -> str:
-    """``path``, with CUDA's ``"auto"`` resolved by the dispatch table."""
+    """``path``, with CUDA's ``"auto"`` resolved by a measured dispatch table if one is set."""
     if path != "auto" or weight.device.type != "cuda":
         return path
     return dispatch.cuda_path(hidden, weight)
@@ -291,6 +304,10 @@ def _auto_path(path: str, hidden: torch.Tensor, weight: torch.Tensor) -> str:
 
 def decode_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode packed keys of any shape into ``(global_index, value)``.
+
+    Example::
+
+        index, value = decode_keys(shard_argmax(hidden, weight))
 
     Args:
         keys: int64 packed keys, any shape, CPU or CUDA.
@@ -342,9 +359,13 @@ def _pairs_fake(hidden):
 
 
 @torch.library.register_fake("localargmax::shard_argmax_lse")
-def _shard_argmax_lse_fake(hidden, weight, bias, vocab_start, num_valid, scale=1.0, soft_cap=0.0, path="auto"):
+def _shard_argmax_lse_fake(
+    hidden, weight, bias, vocab_start, num_valid, scale=1.0, soft_cap=0.0, path="auto", temperature=None
+):
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_op_transform_args(scale, soft_cap)
+    if temperature is not None:
+        check_temperature_arg("shard_argmax", hidden, temperature)
     return hidden.new_empty((hidden.shape[0],), dtype=torch.int64), _pairs_fake(hidden)
 
 

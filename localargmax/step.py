@@ -22,13 +22,13 @@ from .collective import (
 from .ops import merge_keys, shard_argmax, shard_sample, shard_topk
 from .packed_key import INDEX_MASK, SIGN_FLIP, key_index
 
-PAYLOAD_INPUTS = ("batch size", "k", "return_log_probs", "reduce")
+PAYLOAD_INPUTS = ("batch size", "k", "return_log_probs", "return_log_odds", "reduce")
 """The inputs that change what a rank sends in a step's exchange (its size or
 its collective): with ``LOCALARGMAX_DEBUG=1`` every step compares them, and
 the shapes the merge assumes (:func:`_step_fields`), across the ranks first."""
 
 
-def _step_fields(hidden, weight, d2t, k: int, reduce: str, log_probs: bool) -> dict[str, int]:
+def _step_fields(hidden, weight, d2t, k: int, reduce: str, log_probs: bool, log_odds: bool = False) -> dict[str, int]:
     """What every rank must agree on before the exchange, as ints: each of
     :data:`PAYLOAD_INPUTS`, then the hidden size, shard rows and d2t length."""
     shape = lambda t, d: t.shape[d] if isinstance(t, torch.Tensor) and t.dim() == 2 else -1  # noqa: E731
@@ -36,6 +36,7 @@ def _step_fields(hidden, weight, d2t, k: int, reduce: str, log_probs: bool) -> d
         "batch size": shape(hidden, 0),
         "k": k,
         "return_log_probs": int(bool(log_probs)),
+        "return_log_odds": int(bool(log_odds)),
         "reduce": REDUCE_MODES.index(reduce) if reduce in REDUCE_MODES else -1,
         "hidden size": shape(hidden, 1),
         "shard rows": shape(weight, 0),
@@ -43,14 +44,14 @@ def _step_fields(hidden, weight, d2t, k: int, reduce: str, log_probs: bool) -> d
     }
 
 
-def _debug_check(group: Group, hidden, weight, d2t, k: int, reduce: str, log_probs: bool) -> None:
+def _debug_check(group: Group, hidden, weight, d2t, k: int, reduce: str, log_probs: bool, log_odds=False) -> None:
     """With ``LOCALARGMAX_DEBUG=1``, all-gather what each rank was called with
     (:func:`_step_fields`) and raise ValueError on every rank if they differ
     (before the key exchange, which cannot survive ranks that disagree on its
     size). The one place every step calls."""
     if not envs.LOCALARGMAX_DEBUG:
         return
-    fields = _step_fields(hidden, weight, d2t, k, reduce, log_probs)
+    fields = _step_fields(hidden, weight, d2t, k, reduce, log_probs, log_odds)
     names = [f"reduce ({', '.join(f'{i} = {m}' for i, m in enumerate(REDUCE_MODES))})" if n == "reduce" else n
              for n in fields]  # fmt: skip
     check_step_consistency(group, list(fields.values()), names)
@@ -106,7 +107,7 @@ def _exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: 
         if len(flags) > 1:
             raise ValueError(
                 "the TP ranks disagree on whether this step exchanges log-partition pairs: every rank must be "
-                f"called with the same return_log_probs (this rank: {pairs is not None})"
+                f"called with the same return_log_probs and return_log_odds (this rank sent pairs: {pairs is not None})"
             )
         sent = (
             [(h[0] - 1) % PAIRS_FLAG for h in header]
@@ -153,15 +154,21 @@ def log_probs_from_pairs(
 ) -> torch.Tensor:
     """Log-probabilities of transformed logits ``values`` from every rank's
     log-partition pair (DESIGN.md, "Log-probabilities"): with
-    ``A = max_r ref_r`` and ``S = sum_r sum_r * exp((ref_r - A) / T)``
+    ``A = max_r ref_r`` and ``S = sum_r (others_r + [ref_r > -inf]) * exp((ref_r - A) / T)``
     (ranks in order 0, 1, ..., float32; a rank whose ``ref`` equals ``A``
     counts with factor 1, so ``+inf`` and all ``-inf`` rows stay exact), the
     result is ``(value - A) / T - log(S)``, i.e. ``value / T - logsumexp(x / T)``
     over the ranks' full unpadded vocabulary.
 
+    Example::
+
+        keys, pairs = shard_argmax(hidden, weight, log_partition=True)
+        _, values = decode_keys(keys)
+        log_probs = log_probs_from_pairs(values, pairs[None])  # one rank: [1, B, 2]
+
     Args:
         values: ``[B]`` or ``[B, k]`` float32 transformed logits.
-        pairs: ``[tp, B, 2]`` float32 ``(ref, sum)`` pairs, rank-major.
+        pairs: ``[tp, B, 2]`` float32 ``(ref, others)`` pairs, rank-major.
         temperature: optional ``[B]`` float32; rows with ``T > 0`` use ``T``,
             rows with ``T == 0`` (greedy) and ``None`` use 1.
 
@@ -170,18 +177,58 @@ def log_probs_from_pairs(
         a NaN logit anywhere (as ``torch.log_softmax``), NaN for a ``+inf``
         value and ``-inf`` beside one, NaN for an all ``-inf`` row.
     """
-    ref, sums = pairs[..., 0], pairs[..., 1]
+    ref, others = pairs[..., 0], pairs[..., 1]
     top = ref.max(dim=0).values  # NaN anywhere -> NaN
     t = None if temperature is None else torch.where(temperature > 0, temperature, 1.0)
     total = torch.zeros_like(top)
     for r in range(pairs.shape[0]):  # a fixed order: the same bits on every rank
         d = ref[r] - top if t is None else (ref[r] - top) / t
-        total = total + sums[r] * torch.where(ref[r] == top, 1.0, torch.exp(d))
+        own = others[r] + (ref[r] > -math.inf).to(others.dtype)  # the rank's best entry counts 1 (0 if -inf)
+        total = total + own * torch.where(ref[r] == top, 1.0, torch.exp(d))
     if values.dim() == 2:
         top, total = top[:, None], total[:, None]
         t = None if t is None else t[:, None]
     d = values - top if t is None else (values - top) / t
     return d - torch.log(total)
+
+
+def log_odds_from_pairs(keys: torch.Tensor, pairs: torch.Tensor, temperature: torch.Tensor | None = None):
+    """The argmax's log-odds from every rank's keys and log-partition pairs
+    (DESIGN.md, "Log-odds"): ``-log Σ_{z ≠ argmax} exp((x_z - x_max) / T)``
+    over the ranks' full unpadded vocabulary, with the winning rank ``w``
+    (the largest key) adding its ``others`` and every other rank ``r`` its
+    ``others_r + 1`` (0 for an empty or all ``-inf`` shard) times
+    ``exp((ref_r - ref_w) / T)`` (1 when equal), in rank order, float32. No
+    ``total - 1``: a confident row keeps its digits.
+
+    Example::
+
+        keys, pairs = shard_argmax(hidden, weight, log_partition=True, temperature=t)
+        log_odds = log_odds_from_pairs(keys[None], pairs[None], t)  # one rank
+
+    Args:
+        keys: ``[tp, B]`` int64 packed keys (each rank's argmax), rank-major.
+        pairs: ``[tp, B, 2]`` float32 ``(ref, others)`` pairs computed at ``temperature``.
+        temperature: optional ``[B]`` float32 (rows with ``T <= 0``, and
+            ``None``, use 1); the one the pairs were computed at.
+
+    Returns:
+        ``[B]`` float32: ``<= 0`` where the maximum is tied, ``+inf`` where
+        every other entry is ``-inf`` (or the vocabulary has one id), NaN for
+        a row whose maximum is NaN, ``+inf`` or ``-inf`` (a NaN logit
+        anywhere, an all ``-inf`` row).
+    """
+    ref, others = pairs[..., 0], pairs[..., 1]
+    winner = (keys ^ SIGN_FLIP).argmax(dim=0, keepdim=True)  # signed max == unsigned max: the argmax's rank
+    top = ref.gather(0, winner)[0]
+    t = None if temperature is None else torch.where(temperature > 0, temperature, 1.0)
+    total = torch.zeros_like(top)
+    ranks = torch.arange(pairs.shape[0], device=keys.device)
+    for r in range(pairs.shape[0]):  # a fixed order: the same bits on every rank
+        d = ref[r] - top if t is None else (ref[r] - top) / t
+        own = others[r] + ((ref[r] > -math.inf) & (ranks[r] != winner[0])).to(others.dtype)
+        total = total + own * torch.where(ref[r] == top, 1.0, torch.exp(d))
+    return torch.where(top.isfinite(), -torch.log(total), math.nan)
 
 
 def _vocab_end(weight, vocab_start: int, num_valid: int | None) -> int:
@@ -203,90 +250,138 @@ def lm_head_argmax(
     return_log_probs: bool = False,
     logit_scale: float = 1.0,
     soft_cap: float | None = None,
+    return_log_odds: bool = False,
+    temperature=None,
 ):
     """Greedy token ids of a vocab-parallel lm_head, without gathering logits.
 
-    Every TP rank calls this with its own shard. Each rank reduces its shard
-    to one packed key per row (:func:`localargmax.shard_argmax`), the ranks
-    exchange ``tp`` keys per row (8 bytes each) instead of ``rows`` logits, and
-    every rank merges them to the same ids (:func:`localargmax.merge_keys`).
+    Every TP rank calls this with its own shard: each reduces its shard to one
+    packed key per row (:func:`localargmax.shard_argmax`), the ranks exchange
+    ``tp`` keys per row instead of ``rows`` logits, and every rank merges them
+    to the same ids (:func:`localargmax.merge_keys`).
+
+    Example::
+
+        shard = localargmax.shard_vocab(vocab_size, rank, world_size)
+        ids = lm_head_argmax(hidden, weight, vocab_start=shard.vocab_start,
+                             num_valid=shard.num_valid, group=tp_group)  # [B], same on every rank
 
     Args:
-        hidden: ``[B, H]`` hidden states (float32 / bfloat16 / float16), the same
-            on every rank.
-        weight: ``[rows, H]`` this rank's lm_head shard, rows contiguous.
-        vocab_start, num_valid: this rank's layout (see
-            :func:`localargmax.shard_vocab`); ``num_valid`` defaults to ``rows``.
-        bias: optional ``[rows]`` bias shard.
-        d2t: optional ``[draft_vocab]`` int64 EAGLE-3 offset table; ids are
-            then target ids ``k + d2t[k]``. Validate it once at load time with
-            :func:`localargmax.validate_d2t`; it is not re-checked per step.
-        group: ``None`` (world size 1), a ``torch.distributed.ProcessGroup``
-            (NCCL for CUDA tensors, gloo for CPU tensors), or a callable
-            all-gather an engine owns: it is handed this rank's framed payload,
-            ``[L]`` int64 with ``L = localargmax.payload_length(B, k,
-            return_log_probs)`` (keys, log-partition words, 3-word header),
-            and returns every rank's, ``[tp, L]``. A TP rank given ``None``
-            (``dist.group.WORLD`` before ``init_process_group``) gets its own
-            shard's winners: with ``vocab_start != 0`` that warns once per
-            process; rank 0 cannot be told from world size 1.
-        reduce: ``"all_gather"`` or ``"all_reduce"`` (MAX on keys); identical ids.
-        return_log_probs: also return each id's log-probability over the
-            full unpadded vocabulary, ``x - logsumexp(x)`` of the transformed
-            logits ``x`` (soft-cap, then scale, as vLLM does). Each rank's
-            kernel computes its log-partition pair in the same pass over the
-            weight; the pairs ride in the same exchange (one more int64 word
-            per row per rank: ``16·B + 24`` bytes per rank for argmax) and
-            are merged on the device (:func:`log_probs_from_pairs`). Needs
-            ``reduce="all_gather"``. Accuracy: DESIGN.md, "Log-probabilities".
-        logit_scale, soft_cap: the transform (a finite float > 0; None or a
-            finite float > 0), only with ``return_log_probs``; ids and
-            log-probabilities are then those of the transformed logits.
+        hidden: ``[B, H]`` float32 / bfloat16 / float16, the same on every rank.
+        weight: ``[rows, H]`` this rank's shard, rows contiguous.
+        vocab_start: global index of this rank's row 0 (:func:`localargmax.shard_vocab`).
+        num_valid: this rank's vocabulary rows (the rest is padding); default ``rows``.
+        bias: ``[rows]`` bias shard, or None.
+        d2t: ``[draft_vocab]`` int64 EAGLE-3 offsets, or None; ids are then
+            ``k + d2t[k]``. Checked once at load time
+            (:func:`localargmax.validate_d2t`), not per step.
+        group: None (world size 1), a ``torch.distributed.ProcessGroup``, or a
+            callable all-gather: handed ``[L]`` int64 (``L =
+            localargmax.payload_length(B, 1, return_log_probs or return_log_odds)``), it returns
+            ``[tp, L]``. A TP rank given None gets its own shard's winners
+            (it warns once for ``vocab_start != 0``).
+        reduce: ``"all_gather"`` or ``"all_reduce"`` (MAX of the keys); the same ids.
+        return_log_probs: also return each id's log-probability over the full
+            unpadded vocabulary, from log-partition pairs computed in the same
+            pass and sent in the same exchange (one more word per row); needs
+            ``"all_gather"``. Accuracy: DESIGN.md, "Log-probabilities".
+        logit_scale: finite float > 0, with ``return_log_probs`` / ``return_log_odds``
+            only (vLLM's order: soft-cap, then scale).
+        soft_cap: None or a finite float > 0, likewise.
+        return_log_odds: also return the argmax's log-odds at ``temperature``,
+            ``-log Σ_{z ≠ argmax} exp((x_z - x_max) / T)`` over the full
+            unpadded vocabulary of the transformed logits ``x`` (what vLLM's
+            adaptive verification estimates acceptance from; DESIGN.md,
+            "Log-odds"), from the same pairs and exchange as the
+            log-probabilities: one word per row beside the key, with or
+            without ``return_log_probs``. Needs ``"all_gather"``.
+        temperature: with ``return_log_odds`` only: a finite float or a
+            float32 tensor ``[B]`` (or ``[]``) on ``hidden``'s device; rows
+            with ``T <= 0`` use 1 (vLLM's rule). The log-probabilities, if
+            asked for too, are then under ``softmax(x / T)``. Default 1.
 
     Returns:
-        ``[B]`` int64 ids, identical on every rank, equal to ``torch.argmax``
-        of the full unpadded logits (ties to the smallest index, NaN wins).
-        With ``return_log_probs``: ``(ids, log_probs [B] float32)``.
+        ``[B]`` int64 ids, identical on every rank: ``torch.argmax`` of the full
+        unpadded logits (ties to the smallest index, NaN wins); then, in this
+        order, ``log_probs [B] float32`` with ``return_log_probs`` and
+        ``log_odds [B] float32`` with ``return_log_odds`` (a tuple when
+        either is asked for). Log-odds: ``<= 0`` for a tied maximum, NaN for
+        a row whose maximum is NaN or infinite (an all ``-inf`` row included)
+        and, on a device, for a non-finite temperature.
 
     Raises:
-        TypeError / ValueError naming the argument for malformed inputs (see
-        :func:`localargmax.shard_argmax`, :func:`localargmax.exchange_keys`).
-        Every step also checks, from what all ranks received (so every rank
-        reaches the same verdict and none is left waiting): that the ranks
-        sent the same number of keys, that every received key decodes to an
-        id inside the ranks' valid vocabulary, and that ``d2t`` covers it.
-        On CPU these raise ValueError at once; on CUDA (no host sync per
-        step) they, and a row without any valid entry, trip one asynchronous
-        device-side assert (``torch._assert_async``, one small kernel per
-        step) that raises at the next synchronisation. No id outside the
-        vocabulary is ever returned. With ``LOCALARGMAX_DEBUG=1`` every step
-        first all-gathers the batch size, ``k``, ``return_log_probs``, the
-        reduce mode, hidden size, shard rows and d2t length and raises
-        ValueError naming the input and the ranks that differ; without
-        it, ranks called with different batch sizes make the collective fail
-        (gloo may abort the process; NCCL may wait for the group's timeout)
-        or raise the ValueError above. A rank that never arrives surfaces as
-        the group's own timeout (``init_process_group(timeout=...)``).
+        TypeError / ValueError naming the argument for malformed inputs. After
+        the exchange, from what every rank received (so all reach one
+        verdict): ValueError on CPU, one ``torch._assert_async`` on CUDA, if
+        the ranks sent different numbers of keys, a key decodes outside the
+        vocabulary or ``d2t`` does not cover it. With ``LOCALARGMAX_DEBUG=1``,
+        ValueError naming the input and the ranks that disagree, before the
+        exchange. A rank that never arrives is the group's timeout. ValueError
+        for a ``temperature`` without ``return_log_odds``, or a non-finite
+        one known on the host.
     """
+    if not isinstance(return_log_odds, bool):
+        raise TypeError(f"return_log_odds must be a bool, got {type(return_log_odds).__name__}")
+    t = _log_odds_temperature(temperature, hidden) if return_log_odds else None
+    if temperature is not None and not return_log_odds:
+        raise ValueError(
+            "temperature applies to the log-odds (and with them the log-probabilities): pass return_log_odds=True "
+            "(the argmax does not depend on it)"
+        )
     _, gathered, got_pairs, ok = _step(
         shard_argmax, (), hidden, weight, vocab_start, num_valid, bias, d2t, group, reduce, return_log_probs,
-        logit_scale, soft_cap,
+        logit_scale, soft_cap, op_kw={"temperature": t} if t is not None else {}, odds=return_log_odds,
     )  # fmt: skip
     ids, values = _merge_checked(gathered, d2t, ok)
-    if not return_log_probs:
+    if not (return_log_probs or return_log_odds):
         return ids
-    return ids, log_probs_from_pairs(values, got_pairs)
+    out = (ids, log_probs_from_pairs(values, got_pairs, t)) if return_log_probs else (ids,)
+    if return_log_odds:
+        log_odds = log_odds_from_pairs(gathered, got_pairs, t)
+        out = (*out, log_odds if t is None else torch.where(t.isfinite(), log_odds, math.nan))
+    return out
 
 
-def _step(op, op_args, hidden, weight, vocab_start, num_valid, bias, d2t, group, reduce, lp, scale, cap, k=1):
+def _log_odds_temperature(temperature, hidden) -> torch.Tensor | None:
+    """``lm_head_argmax``'s ``temperature`` as the float32 ``[B]`` tensor the
+    kernel takes (None: 1). Finiteness is checked where the values are on the
+    host (a Python number, a CPU tensor outside torch.compile)."""
+    if temperature is None:
+        return None
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2:
+        return None  # the op's own checks name hidden
+    if isinstance(temperature, torch.Tensor):
+        if not temperature.is_floating_point():
+            raise TypeError(f"temperature must be a float32 tensor [batch={hidden.shape[0]}], got {temperature.dtype}")
+        if temperature.dim() == 0:
+            temperature = temperature.reshape(1).expand(hidden.shape[0])
+        if temperature.device != hidden.device:
+            raise ValueError(f"temperature is on {temperature.device} but hidden is on {hidden.device}")
+        if _host_checks(temperature) and not bool(temperature.isfinite().all()):
+            raise ValueError(f"temperature must be finite (T <= 0 means 1), got {temperature.tolist()}")
+        return temperature.to(torch.float32).contiguous()
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature):
+        raise ValueError(
+            f"temperature must be a finite float (T <= 0 means 1) or a float32 tensor [B], got {temperature!r}"
+        )
+    return torch.full((hidden.shape[0],), float(temperature), dtype=torch.float32, device=hidden.device)
+
+
+def _step(
+    op, op_args, hidden, weight, vocab_start, num_valid, bias, d2t, group, reduce, lp, scale, cap, k=1, op_kw=None,
+    odds=False,
+):  # fmt: skip
     """One rank's step up to the merge, shared by the three ``lm_head_*`` ops:
     the argument checks, ``op(hidden, weight, *op_args, ...)`` (the rank's
-    fused kernel, with its log-partition pairs when ``lp``), ``d2t`` checked,
-    the checked exchange. Returns ``(keys, gathered keys, gathered pairs or
-    None, ok)`` (see :func:`_exchange_checked`)."""
-    _check_log_probs_args(lp, scale, cap, reduce)
-    _debug_check(group, hidden, weight, d2t, k, reduce, lp)
+    fused kernel, with its log-partition pairs for the log-probabilities
+    ``lp`` or the log-odds ``odds``), ``d2t`` checked, the checked exchange.
+    Returns ``(keys, gathered keys, gathered pairs or None, ok)`` (see
+    :func:`_exchange_checked`)."""
+    _check_log_probs_args(lp, scale, cap, reduce, odds)
+    _debug_check(group, hidden, weight, d2t, k, reduce, lp, odds)
     kw = {"vocab_start": vocab_start, "num_valid": num_valid, "bias": bias, "scale": scale, "soft_cap": cap}
+    kw.update(op_kw or {})
+    lp = lp or odds  # either needs the pairs
     out = op(hidden, weight, *op_args, log_partition=lp, **kw)
     check_group(group, vocab_start=vocab_start)  # after the op has checked its arguments
     keys, pairs = out if lp else (out, None)
@@ -302,19 +397,20 @@ def _merge_checked(keys: torch.Tensor, d2t, ok):
     return _assert_ids(ids, ok), values
 
 
-def _check_log_probs_args(return_log_probs, logit_scale, soft_cap, reduce) -> None:
+def _check_log_probs_args(return_log_probs, logit_scale, soft_cap, reduce, return_log_odds=False) -> None:
     if not isinstance(return_log_probs, bool):
         raise TypeError(f"return_log_probs must be a bool, got {type(return_log_probs).__name__}")
     check_transform_args(logit_scale, soft_cap)
-    if not return_log_probs and (logit_scale != 1.0 or soft_cap is not None):
+    if not (return_log_probs or return_log_odds) and (logit_scale != 1.0 or soft_cap is not None):
         raise ValueError(
-            f"logit_scale={logit_scale!r} and soft_cap={soft_cap!r} apply to the log-probabilities only: pass "
-            "return_log_probs=True (a positive scale and a soft-cap do not change the ids)"
+            f"logit_scale={logit_scale!r} and soft_cap={soft_cap!r} apply to the log-probabilities (and log-odds) "
+            "only: pass return_log_probs=True (a positive scale and a soft-cap do not change the ids)"
         )
-    if return_log_probs and reduce != "all_gather":
-        raise ValueError(
-            f"return_log_probs=True needs every rank's log-partition pair: use reduce='all_gather', got {reduce!r}"
-        )
+    for name, wanted in (("return_log_probs", return_log_probs), ("return_log_odds", return_log_odds)):
+        if wanted and reduce != "all_gather":
+            raise ValueError(
+                f"{name}=True needs every rank's log-partition pair: use reduce='all_gather', got {reduce!r}"
+            )
 
 
 def _resolve_temperature(temperature, hidden: torch.Tensor) -> torch.Tensor:
@@ -364,6 +460,11 @@ def lm_head_topk(
 
     Same answer as ``torch.topk(logits, k, sorted=True)`` on the full unpadded
     logits, ties ordered by smallest index, NaN largest.
+
+    Example::
+
+        ids = lm_head_topk(hidden, weight, 4, vocab_start=shard.vocab_start,
+                           num_valid=shard.num_valid, group=tp_group)  # [B, 4]
 
     Args:
         hidden, weight, vocab_start, num_valid, bias, d2t, group: as in
@@ -428,6 +529,12 @@ def lm_head_sample(
     (:func:`localargmax.shard_sample`). The noise depends on the global index
     only, so the sample is identical for every TP size and shard layout
     (tp-invariant sampling); one key per row per rank is exchanged.
+
+    Example::
+
+        t = torch.full((B,), 0.7, device=hidden.device)
+        ids = lm_head_sample(hidden, weight, t, seed=1234, offset=step * B, vocab_start=shard.vocab_start,
+                             num_valid=shard.num_valid, group=tp_group)  # [B], the same for every tp
 
     Args:
         temperature: a finite float ``>= 0`` or a float32 tensor ``[B]`` (or

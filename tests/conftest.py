@@ -70,8 +70,10 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def draw_seed() -> int:
-    env = os.environ.get("LOCALARGMAX_TEST_SEED")  # read per test (not cached): see localargmax.envs
-    return int(env) if env else random.SystemRandom().randrange(2**31)
+    from localargmax import envs
+
+    env = envs.LOCALARGMAX_TEST_SEED  # read per test (not cached); 0: a fresh seed
+    return env if env else random.SystemRandom().randrange(2**31)
 
 
 @pytest.fixture
@@ -104,10 +106,10 @@ def pytest_collection_modifyitems(config, items):
         for p in paths:
             token = re.compile(rf"(?<![\w/]){re.escape(p)}(?![\w/])")
             hit = token.search(item.nodeid) or any(token.fullmatch(str(v)) for v in params.values())
-            if p.startswith("mma/") and p[4:].isdigit():  # tests that take the variant id itself
-                vid = int(p[4:])
+            if p.startswith("mma/"):  # tests that take the config's name itself
+                config = p[4:]
                 hit = hit or any(
-                    ("variant" in name and v == vid) or (name == "pair" and vid in tuple(v))
+                    ("config" in name and v == config) or (name == "pair" and config in tuple(v))
                     for name, v in params.items()
                 )
             if hit:

@@ -1,19 +1,18 @@
-"""The bandwidth model (localargmax.bench.predict) and ``--predict``: hand-computed
+"""The bandwidth model (bench/predict.py) and ``python -m bench.predict_cli``: hand-computed
 cases, monotonicity, the review's table, the register reader, the CLI and the
 committed PREDICTED results."""
 
 import dataclasses
 import json
 import math
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from localargmax.bench import predict as pm
-from localargmax.bench import predict_cli
+from bench import predict as pm
+from bench import predict_cli
 from localargmax.bench.data import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +31,7 @@ TOY = dataclasses.replace(
     zero_fill_s=0.0,
     cta_epilogue_s=0.0,
 )
-MMA_NT1 = pm.mma_variant(0)  # the register kernel NT = 1, KV = 2: 150 registers, 3 CTAs of 128 threads per SM
+N1 = pm.mma_variant("n1_r64")  # 64-row tiles, NT = 1, 2 warps, KC = 2, ST = 4: 24 KiB in flight per CTA
 
 
 def test_ctas_per_sm_by_hand():
@@ -46,43 +45,45 @@ def test_ctas_per_sm_by_hand():
 
 
 def test_littles_law_latency_bound_by_hand():
-    # 30 tiles of 128 rows, H = 4096 bf16: 1 MiB per CTA, 4 warps x 2 x 2 KiB = 16 KiB in flight
-    # -> 64 steps + 1 fill = 65 latencies per CTA; 12 slots -> rounds of 12, 12, 6 -> 3 x 65 us.
-    p = pm.predict(TOY, MMA_NT1, 128 * 30, 4096, 1)
-    assert (p.ctas, p.ctas_per_sm, p.rounds) == (30, 3, 3)
+    # n1_r64: 109 registers -> 112 x 32 = 3584 per warp -> 18 warps -> 9 CTAs of 2; shared memory
+    # 228 KiB // (36992 + 1024) B -> 6 per SM; on TOY (4 SMs) 24 slots. 60 tiles of 64 rows -> rounds
+    # of 24, 24, 12; each CTA latency-bound: 64 x 4096 x 2 B / 24 KiB = 21.3 -> 22 + 1 fill = 23 latencies.
+    p = pm.predict(TOY, N1, 64 * 60, 4096, 1)
+    assert (p.ctas, p.ctas_per_sm, p.rounds) == (60, 6, 3)
     assert p.bound == "latency"
-    assert p.time_s == pytest.approx(3 * 65e-6)
-    assert p.in_flight_per_sm == pytest.approx(3 * 16 * 1024)
-    assert p.fraction_of_copy == pytest.approx(128 * 30 * 4096 * 2 / (3 * 65e-6) / TOY.copy_Bps)
+    assert p.time_s == pytest.approx(3 * 23e-6)
+    assert p.in_flight_per_sm == pytest.approx(6 * 24 * 1024)
+    assert p.fraction_of_copy == pytest.approx(64 * 60 * 4096 * 2 / (3 * 23e-6) / TOY.copy_Bps)
 
 
 def test_littles_law_bandwidth_bound_by_hand():
-    # at 1e11 B/s a full round (12 MiB) takes 125.8 us > 65 us; the last round (6 MiB, 62.9 us) is latency-bound
-    spec = dataclasses.replace(TOY, stream_Bps=1e11)
-    p = pm.predict(spec, MMA_NT1, 128 * 30, 4096, 1)
+    # at 1e11 B/s a full round (24 x 512 KiB = 12 MiB) takes 125.8 us > 23 us, and so does the last
+    # (6 MiB, 62.9 us); at 1e12 B/s a full round (12.6 us) is shorter than its 23 latencies
+    p = pm.predict(dataclasses.replace(TOY, stream_Bps=1e11), N1, 64 * 60, 4096, 1)
     assert p.bound == "bandwidth"
-    assert p.time_s == pytest.approx(2 * 12 * 2**20 / 1e11 + 65e-6)
+    assert p.time_s == pytest.approx(30 * 2**20 / 1e11)
+    q = pm.predict(dataclasses.replace(TOY, stream_Bps=1e12), N1, 64 * 60, 4096, 1)
+    assert q.bound == "latency" and q.time_s == pytest.approx(3 * 23e-6)
 
 
 def test_wave_quantisation_costs_a_whole_cta_time():
-    # 12 slots: 12 CTAs take one latency-bound round, 13 take two
-    one = pm.predict(TOY, MMA_NT1, 128 * 12, 4096, 1)
-    two = pm.predict(TOY, MMA_NT1, 128 * 13, 4096, 1)
+    # 24 slots: 24 CTAs take one latency-bound round, 25 take two
+    one = pm.predict(TOY, N1, 64 * 24, 4096, 1)
+    two = pm.predict(TOY, N1, 64 * 25, 4096, 1)
     assert (one.rounds, two.rounds) == (1, 2)
     assert two.time_s == pytest.approx(2 * one.time_s)
 
 
 def test_fixed_costs_and_batch_passes_add_up():
     spec = dataclasses.replace(TOY, launch_s=2e-6, zero_fill_s=3e-6)
-    base = pm.predict(TOY, MMA_NT1, 128 * 12, 4096, 8)
-    assert pm.predict(spec, MMA_NT1, 128 * 12, 4096, 8).time_s == pytest.approx(base.time_s + 5e-6)
-    # batch 9 with NT = 1 (8 rows per pass): two passes over the weight, 24 CTAs, two rounds
-    assert pm.predict(TOY, MMA_NT1, 128 * 12, 4096, 9).time_s == pytest.approx(2 * base.time_s)
-    # PDL hides 3/4 of the launch; a fused init drops the zero-fill
-    fast = pm.variant("mma", built=False, stages=3, tile_rows=128, split_k=1, tile_n=8, pdl=1, fused_init=1)
-    slow = dataclasses.replace(fast, params=tuple((k, 0 if k in ("pdl", "fused_init") else v) for k, v in fast.params))
-    gap = pm.predict(spec, slow, 4096, 4096, 1).time_s - pm.predict(spec, fast, 4096, 4096, 1).time_s
-    assert gap == pytest.approx(0.75 * 2e-6 + 3e-6)
+    base = pm.predict(TOY, N1, 64 * 24, 4096, 8)
+    # PDL: a quarter of the launch; the zero fill stays (DESIGN.md)
+    assert pm.predict(spec, N1, 64 * 24, 4096, 8).time_s == pytest.approx(base.time_s + 0.5e-6 + 3e-6)
+    # batch 9 with NT = 1 (8 rows per pass): two passes over the weight, 48 CTAs, two rounds
+    assert pm.predict(TOY, N1, 64 * 24, 4096, 9).time_s == pytest.approx(2 * base.time_s)
+    # only built kernels are modelled: a variant that is not one is refused
+    with pytest.raises(ValueError, match="not a built mma config"):
+        pm.predict(TOY, pm.variant("mma", stages=3, tile_rows=128), 4096, 4096, 1)
 
 
 def test_issue_bound_simt_by_hand():
@@ -124,96 +125,65 @@ def test_monotonic_in_the_right_directions(path):
             assert pm.predict(pm.H200, v, rows, hidden, b).fraction_of_copy <= pm.H200.stream_Bps / pm.H200.copy_Bps
 
 
-def test_more_registers_or_less_in_flight_never_faster():
+def test_more_registers_never_faster():
     rows, hidden = 18992, 4096
-    low = pm.Registers({"mma/0": 96, "mma/2": 96}, "test")
-    high = pm.Registers({"mma/0": 200}, "test")
-    t_low = pm.predict(pm.H200, MMA_NT1, rows, hidden, 1, registers=low)
-    t_high = pm.predict(pm.H200, MMA_NT1, rows, hidden, 1, registers=high)
+    low = pm.Registers({"mma/n1_r64": 96}, "test")
+    high = pm.Registers({"mma/n1_r64": 255}, "test")
+    t_low = pm.predict(pm.H200, N1, rows, hidden, 1, registers=low)
+    t_high = pm.predict(pm.H200, N1, rows, hidden, 1, registers=high)
     assert t_low.ctas_per_sm > t_high.ctas_per_sm and t_low.time_s <= t_high.time_s
-    kv1 = pm.predict(pm.H200, pm.mma_variant(2), rows, hidden, 1, registers=low)  # KV = 1
-    assert kv1.ctas_per_sm == t_low.ctas_per_sm
-    assert kv1.time_s > t_low.time_s  # half the bytes in flight, same occupancy: latency-bound, slower
-    stages = [pm.variant("mma", built=False, stages=s, tile_rows=128, split_k=1, tile_n=8) for s in (2, 3, 4)]
-    times = [pm.predict(pm.H200, v, 16032, 4096, 1).time_s for v in stages]
-    assert times == sorted(times, reverse=True)
 
 
 def test_pipelined_variant_geometry_by_hand():
-    # mma/4: 64-row tiles, NT = 1, 2 warps, KC = 2, ST = 4 -> 3 x 2 x 64 x 64 B = 24 KiB in flight per CTA;
+    # n1_r64: 64-row tiles, NT = 1, 2 warps, KC = 2, ST = 4 -> 3 x 2 x 64 x 64 B = 24 KiB in flight per CTA;
     # 109 registers -> 112 x 32 = 3584 per warp -> 18 warps -> 9 CTAs of 2, shared memory
     # 228 KiB // (36992 + 1024) B -> 6 per SM. On TOY (4 SMs): 24 slots; 48 tiles of 64 rows -> 2 rounds,
     # each CTA latency-bound: 64 x 4096 x 2 B / 24 KiB = 21.3 -> 22 + 1 fill = 23 latencies.
-    m = pm.MMA_VARIANTS[4]
+    m = pm.MMA_CONFIGS["n1_r64"]
     assert (m.rows, m.threads, m.smem, m.order) == (64, 64, 36992, "KC=2")
-    p = pm.predict(TOY, pm.mma_variant(4), 64 * 48, 4096, 1)
+    p = pm.predict(TOY, N1, 64 * 48, 4096, 1)
     assert (p.ctas, p.ctas_per_sm, p.rounds, p.bound) == (48, 6, 2, "latency")
     assert p.time_s == pytest.approx(2 * 23e-6)
     assert p.in_flight_per_sm == pytest.approx(6 * 24 * 1024)
-    # split-K (mma/7) splits the chunks between warp groups inside the tile: same CTAs, same bytes in flight
-    q = pm.predict(TOY, pm.mma_variant(7), 64 * 48, 4096, 1)
+    # split-K (n1_r64_sk2) splits the chunks between warp groups inside the tile: same CTAs and bytes in flight
+    q = pm.predict(TOY, pm.mma_variant("n1_r64_sk2"), 64 * 48, 4096, 1)
     assert q.ctas == 48 and q.in_flight_per_sm == pytest.approx(q.ctas_per_sm * 24 * 1024)
-    # batch 9 on NT = 1: two passes; on NT = 2 (mma/5) one
-    assert pm.predict(TOY, pm.mma_variant(4), 64 * 48, 4096, 9).ctas == 96
-    assert pm.predict(TOY, pm.mma_variant(5), 64 * 48, 4096, 9).ctas == 48
+    # batch 9 on NT = 1: two passes; on NT = 2 (n2_r64) one
+    assert pm.predict(TOY, N1, 64 * 48, 4096, 9).ctas == 96
+    assert pm.predict(TOY, pm.mma_variant("n2_r64"), 64 * 48, 4096, 9).ctas == 48
     # PDL: a quarter of the launch; the zero fill stays (DESIGN.md)
     spec = dataclasses.replace(TOY, launch_s=2e-6, zero_fill_s=3e-6)
-    gap = pm.predict(spec, pm.mma_variant(4), 64 * 48, 4096, 1).time_s - p.time_s
+    gap = pm.predict(spec, N1, 64 * 48, 4096, 1).time_s - p.time_s
     assert gap == pytest.approx(0.5e-6 + 3e-6)
 
 
 def test_tma_variant_geometry_by_hand():
-    # mma/16 = mma/4 with the weight tiles by TMA: the same CTAs and bytes in flight, shared memory + 4
-    # mbarriers (8 B each). Per step (KC = 2, 64 rows, NT = 1, 2 warps), mma/4: (64 + 8) x 64 x 2 / 16 / 32
-    # = 18 warp-wide cp.async x 4 + 2 x 12 = 96 instructions; mma/16: only the hidden rows, 8 x 64 x 2 / 16
+    # n1_r64_tma = n1_r64 with the weight tiles by TMA: the same CTAs and bytes in flight, shared memory + 4
+    # mbarriers (8 B each). Per step (KC = 2, 64 rows, NT = 1, 2 warps), n1_r64: (64 + 8) x 64 x 2 / 16 / 32
+    # = 18 warp-wide cp.async x 4 + 2 x 12 = 96 instructions; the twin: only the hidden rows, 8 x 64 x 2 / 16
     # / 32 = 2 x 4 + 2 x 12, + 2 boxes x 6 + 2 warps x 4 (mbarrier wait) = 52. H = 4096: 64 steps.
-    m, t = pm.MMA_VARIANTS[4], pm.MMA_VARIANTS[16]
-    assert (t.kind, t.twin, t.rows, t.threads, t.order) == ("tma", 4, m.rows, m.threads, m.order)
+    m, t = pm.MMA_CONFIGS["n1_r64"], pm.MMA_CONFIGS["n1_r64_tma"]
+    assert (t.tma, pm.twin_of(t), t.rows, t.threads, t.order) == (True, "n1_r64", m.rows, m.threads, m.order)
     assert t.smem == m.smem + 4 * 8 and t.dynamic_smem == m.dynamic_smem + 4 * 8
-    a = pm.geometry(TOY, pm.mma_variant(4), 64 * 48, 4096, 1, 2)
-    b = pm.geometry(TOY, pm.mma_variant(16), 64 * 48, 4096, 1, 2)
+    a = pm.geometry(TOY, N1, 64 * 48, 4096, 1, 2)
+    b = pm.geometry(TOY, pm.mma_variant("n1_r64_tma"), 64 * 48, 4096, 1, 2)
     assert (a.ctas, a.cta_bytes, a.cta_in_flight) == (b.ctas, b.cta_bytes, b.cta_in_flight)
     assert a.cta_instructions - b.cta_instructions == pytest.approx(64 * (96 - 52))
 
 
 def test_hidden_rereads_bind_at_l2():
-    # each CTA streams its 8 NT hidden rows from L2: at batch 32 on 64-row tiles (mma/6) that is half the
-    # weight bytes again; with a slow L2 the round is L2-bound at (weight + hidden) / L2 bandwidth
+    # each CTA streams its 8 NT hidden rows from L2: at batch 32 on 128-row tiles (n4_r128) that is a
+    # quarter of the weight bytes again; with a slow L2 the round is L2-bound at (weight + hidden) / L2 bandwidth
     spec = dataclasses.replace(TOY, l2_Bps=1e11, stream_Bps=1e12)
-    p = pm.predict(spec, pm.mma_variant(6), 64 * 24, 4096, 32)
+    p = pm.predict(spec, pm.mma_variant("n4_r128"), 128 * 12, 4096, 32)
     assert p.bound == "l2"
-    assert p.time_s == pytest.approx(24 * (64 + 32) * 4096 * 2 / 1e11)
+    assert p.time_s == pytest.approx(12 * (128 + 32) * 4096 * 2 / 1e11)
 
 
-# The review's predicted table (shared/reviews/cuda_h200_review.md §2.4): fraction of copy for
-# today's default path, L = 0.8 us (low end) to 0.6 us (high end).
-REVIEW_TABLE = {
-    ("qwen3", 1, 1): (0.88, 0.95),
-    ("qwen3", 4, 1): (0.88, 0.92),
-    ("qwen3", 8, 1): (0.63, 0.82),
-    ("llama3", 8, 1): (0.54, 0.69),
-    ("deepseek-v3", 8, 1): (0.56, 0.74),
-    ("qwen3", 1, 64): (0.55, 0.73),
-    ("qwen3", 4, 64): (0.34, 0.45),
-    ("qwen3", 8, 64): (0.33, 0.44),
-    ("llama3", 8, 64): (0.28, 0.37),
-    ("deepseek-v3", 8, 64): (0.29, 0.38),
-}
+# A CUDA review's hand-worked figures (its §2.4) for the CUDA-core kernel at batch 1 (its tensor-core
+# rows described the register-double-buffered kernel, deleted since).
 REVIEW_SIMT_B1 = {("qwen3", 8): 0.87, ("llama3", 8): 0.86, ("deepseek-v3", 8): 0.90}
 REVIEW_TOLERANCE = 0.03  # DESIGN.md "The bandwidth model": the review's figures are given to 2 digits
-
-
-@pytest.mark.parametrize("key", list(REVIEW_TABLE), ids=lambda k: f"{k[0]}-tp{k[1]}-B{k[2]}")
-def test_agrees_with_the_review_table(key):
-    model, tp, b = key
-    lo, hi = REVIEW_TABLE[key]
-    s = pm.engine_shape(model, tp)
-    v = pm.reg_variant(b)  # the review described the register kernel (ids 0-3), C++ auto's mma then
-    at = {lat: pm.predict(pm.H200, v, s.rows, s.hidden, b, latency_s=lat).fraction_of_copy for lat in (0.6e-6, 0.8e-6)}
-    assert lo - REVIEW_TOLERANCE <= at[0.8e-6] <= at[0.6e-6] <= hi + REVIEW_TOLERANCE, at
-    if pm.predict(pm.H200, v, s.rows, s.hidden, b, latency_s=0.8e-6).bound == "latency":
-        assert at[0.8e-6] == pytest.approx(lo, abs=REVIEW_TOLERANCE)
-        assert at[0.6e-6] == pytest.approx(hi, abs=REVIEW_TOLERANCE)
 
 
 @pytest.mark.parametrize("key", list(REVIEW_SIMT_B1), ids=lambda k: f"{k[0]}-tp{k[1]}")
@@ -231,114 +201,76 @@ def test_engine_shapes_are_the_presets_rank_0_shards():
 
 
 def test_todays_variants_follow_the_launcher_boundaries():
-    # csrc/cuda/shard_argmax_launch.cuh: launch_simt NB 1/2/4/8, choose_mma_variant (tests/test_emulation.py
-    # checks cpp_mma_variant against the emulation's choose_mma_variant)
+    # csrc/cuda/shard_launch.cuh: launch_simt NB 1/2/4/8, choose_mma_config (tests/test_emulation_lse.py
+    # checks cpp_mma_config against the emulation's choose_mma_config)
     assert [pm.todays_variant("simt", b).get("nb") for b in (1, 2, 3, 4, 5, 9)] == [1, 2, 4, 4, 8, 8]
     batches = (1, 8, 9, 16, 17, 32, 33, 64, 65, 128, 200)
-    assert [pm.cpp_mma_variant(151936, b) for b in batches] == [4, 4, 5, 5, 13, 13, 14, 14, 11, 11, 11]
-    assert [pm.cpp_mma_variant(18992, b) for b in batches] == [7, 7, 8, 8, 13, 13, 15, 15, 11, 11, 11]
+    big = ["n1_r64"] * 2 + ["n2_r64"] * 2 + ["n4_r128"] * 2 + ["n8_r256"] * 2 + ["n16_r64"] * 3
+    small = ["n1_r64_sk2"] * 2 + ["n2_r64_sk2"] * 2 + ["n4_r128"] * 2 + ["n8_r192"] * 2 + ["n16_r64"] * 3
+    assert [pm.cpp_mma_config(151936, b) for b in batches] == big
+    assert [pm.cpp_mma_config(18992, b) for b in batches] == small
     # batch 33-64: 256-row tiles only where they give every SM a block (132 x 256 rows), else 192-row ones
-    assert [pm.cpp_mma_variant(n, 64) for n in (132 * 256 - 255, 131 * 256)] == [14, 15]
-    assert pm.cpp_mma_variant(18992, 64, sms=74) == 14
-    assert pm.todays_variant("mma", 20, num_valid=18992).name == "mma/13"
-    # devices whose opt-in shared memory per block holds 10 (50 KiB) but not 13 / 14 / 15, or only the
-    # <= 41 KiB variants: the same sums
-    mid, small = 56 * 1024, 48 * 1024
-    assert [pm.cpp_mma_variant(151936, b, smem_limit=mid) for b in batches] == [4, 4, 5, 5, 6, 6, 10, 10, 11, 11, 11]
-    assert [pm.cpp_mma_variant(151936, b, smem_limit=small) for b in batches] == [4, 4, 5, 5, 6, 6, 12, 12, 11, 11, 11]
-    assert [pm.cpp_mma_variant(18992, b, smem_limit=small) for b in batches] == [7, 7, 8, 8, 9, 9, 12, 12, 11, 11, 11]
-    # one that holds 14 (84 KiB) but not 15 (100 KiB): 14 on the tp-8 shard too
-    assert pm.cpp_mma_variant(18992, 64, smem_limit=96 * 1024) == 14
-    assert pm.todays_variant("mma/3", 1).mma.kind == "reg"
+    assert [pm.cpp_mma_config(n, 64) for n in (132 * 256 - 255, 131 * 256)] == ["n8_r256", "n8_r192"]
+    assert pm.cpp_mma_config(18992, 64, sms=74) == "n8_r256"
+    assert pm.todays_variant("mma", 20, num_valid=18992).name == "mma/n4_r128"
+    # a device whose opt-in shared memory per block holds none of the > 48 KiB configs: the same sums
+    # (KC = 2 to batch 32, KC = 1 past it) from the small configs, batch 17-32 in two passes
+    limited = ["n1_r64"] * 2 + ["n2_r64"] * 4 + ["n16_r64"] * 5
+    assert [pm.cpp_mma_config(151936, b, smem_limit=48 * 1024) for b in batches] == limited
+    # one that holds n8_r256 (84 KiB) but not n8_r192 (98 KiB): n8_r256 on the tp-8 shard too
+    assert pm.cpp_mma_config(18992, 64, smem_limit=96 * 1024) == "n8_r256"
     # the table's candidates: C++ auto's summation-order class at that batch
-    assert pm.mma_candidates(1) == pm.mma_candidates(32) == (4, 5, 6, 7, 8, 9, 13)
-    assert pm.mma_candidates(33) == pm.mma_candidates(1024) == (10, 11, 12, 14, 15)
+    assert pm.mma_candidates(1) == pm.mma_candidates(32) == ("n1_r64", "n2_r64", "n1_r64_sk2", "n2_r64_sk2", "n4_r128")
+    assert pm.mma_candidates(33) == pm.mma_candidates(1024) == ("n8_r256", "n8_r192", "n16_r64")
     # the TMA twins (sm_90+): timed by --tune, never a table's candidates
-    assert pm.mma_tma_twins(1) == pm.mma_tma_twins(32) == (16, 17, 18)
-    assert pm.mma_tma_twins(33) == pm.mma_tma_twins(1024) == (19, 20)
+    assert pm.mma_tma_twins(1) == pm.mma_tma_twins(32) == ("n1_r64_tma", "n2_r64_tma", "n4_r128_tma")
+    assert pm.mma_tma_twins(33) == pm.mma_tma_twins(1024) == ("n8_r256_tma", "n8_r192_tma")
     for b in batches:
-        assert pm.cpp_mma_variant(18992, b) in pm.mma_candidates(b)
-        assert pm.cpp_mma_variant(151936, b) in pm.mma_candidates(b)
+        assert pm.cpp_mma_config(18992, b) in pm.mma_candidates(b)
+        assert pm.cpp_mma_config(151936, b) in pm.mma_candidates(b)
 
 
-def _header_table():
-    """The MmaVariant table of csrc/cuda/shard_argmax_launch.cuh: the LAM_MMA_* lines, the comment rows."""
-    src = (ROOT / "csrc" / "cuda" / "shard_argmax_launch.cuh").read_text()
-    reg = {int(a[0]): tuple(map(int, a[1:])) for a in re.findall(r"^LAM_MMA_REG\((\d+), (\d+), (\d+)\)", src, re.M)}
-    pipe = {  # LAM_MMA_PIPE and LAM_MMA_TMA (the TMA twins) take the same parameters
-        int(a[0]): tuple(map(int, a[1:]))
-        for a in re.findall(r"^LAM_MMA_(?:PIPE|TMA)\((\d+), " + ", ".join([r"(\d+)"] * 7) + r"\)", src, re.M)
+def test_the_model_reads_the_c_table():
+    """predict.MMA_CONFIGS is the table _C exports (csrc/cuda/mma_configs.h), nothing mirrored; the
+    register defaults are its REGS90 column; rows, threads and shared memory follow the fields."""
+    from localargmax import _C
+
+    rows = _C._mma_configs()
+    assert [r[0] for r in rows] == list(pm.MMA_CONFIGS) and len(rows) == 13
+    assert {k: v for k, v in pm.DEFAULT_REGISTERS.items() if k.startswith("mma/")} == {
+        f"mma/{r[0]}": r[9] for r in rows
     }
-    rows = {
-        int(m[0]): (m[1], int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]))
-        for m in re.findall(
-            r"^//\s+(\d+)\s+(reg|pipe|split|tma)\s+(\d+)\s+\S+\s+(\d+)\s+(\d+)\s+.*?\s(\d+)\s+(\d+) / \d+", src, re.M
-        )
-    }
-    count = int(re.search(r"constexpr int kNumMmaVariants = (\d+);", src).group(1))
-    return reg, pipe, rows, count
-
-
-def test_mma_variant_mirror_matches_the_header():
-    """predict.MMA_VARIANTS (and DEFAULT_REGISTERS' mma rows, the validator's id range) = the MmaVariant
-    table of shard_argmax_launch.cuh: template parameters, rows, threads, shared memory, sm_90a registers."""
-    from localargmax import dispatch
-    from localargmax._validation import NUM_MMA_VARIANTS
-
-    reg, pipe, rows, count = _header_table()
-    src = (ROOT / "csrc" / "cuda" / "shard_argmax_launch.cuh").read_text()
-    assert count == len(pm.MMA_VARIANTS) == NUM_MMA_VARIANTS == len(dispatch.MMA_VARIANT_IDS)
-    assert sorted({**reg, **pipe}) == list(range(count)) == sorted(rows)
-    for m in pm.MMA_VARIANTS:
-        assert m.template == (reg if m.kind == "reg" else pipe)[m.id], m
-        kind, nt, tile_rows, threads, smem, regs = rows[m.id]
-        assert (kind == "reg") == (m.kind == "reg") and (kind == "split") == (m.sk > 1), m
-        assert (kind == "tma") == (m.kind == "tma") == bool(re.search(rf"^LAM_MMA_TMA\({m.id},", src, re.M)), m
-        assert (m.nt, m.rows, m.threads, m.smem) == (nt, tile_rows, threads, smem), m
-        assert pm.DEFAULT_REGISTERS[f"mma/{m.id}"] == regs, m
-
-
-def test_proposed_variant_meeting_the_bar_exists_and_is_reported():
-    # the model's guidance: at every engine shape and batch <= 64 some proposed variant reaches the bar
-    for s in pm.engine_shapes():
-        for b in (1, 16, 64):
-            p = pm.smallest_meeting_bar(pm.H200, s.rows, s.hidden, b)
-            assert p is not None and p.fraction_of_copy >= pm.BAR_FRACTION, (s, b)
-            assert not p.variant.built
+    for m in pm.MMA_CONFIGS.values():
+        assert m.rows == 16 * m.wm * m.mt and m.threads == 32 * m.wm * m.sk, m
+        assert m.dynamic_smem == m.st * m.kc * (m.rows + 8 * m.nt) * 64 + (8 * m.st if m.tma else 0), m
+        assert m.static_smem == 8 * 8 * m.nt * m.wm and m.smem <= 227 * 1024, m
 
 
 # --- registers from the build ----------------------------------------------------------------------------
 
-MMA1 = "_ZN11localargmax4cuda12_GLOBAL__N_123shard_argmax_mma_kernelI13__nv_bfloat16Li1ELi2EEEvPKT_lS6_lS6_PKfliilNS0_11ShardReduceE"  # noqa: E501
-MMA8_HALF = "_ZN11localargmax4cuda12_GLOBAL__N_123shard_argmax_mma_kernelI6__halfLi8ELi1EEEvPKT_lS6_lS6_PKfliilNS0_11ShardReduceE"  # noqa: E501
-PIPE7 = "_ZN11localargmax4cuda12_GLOBAL__N_128shard_argmax_mma_pipe_kernelI13__nv_bfloat16Li1ELi2ELi2ELi2ELi2ELi4ELi4EEEvPKT_lS6_lS6_PKfliilNS0_11ShardReduceE"  # noqa: E501
+_PIPE = "_ZN11localargmax4cuda12_GLOBAL__N_128shard_argmax_mma_pipe_kernelI{}EEvPKT_lS6_lS6_PKfliilNS0_11ShardReduceE15WeightTensorMap"  # noqa: E501
+MMA1 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi1ELi2ELi4ELi6ELb0E")  # n1_r64
+MMA8_HALF = _PIPE.format("6__halfLi8ELi4ELi4ELi1ELi1ELi4ELi2ELb0E")  # n8_r256, fp16
+PIPE7 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi2ELi2ELi4ELi4ELb0E")  # n1_r64_sk2
+TMA1 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi1ELi2ELi4ELi6ELb1E")  # n1_r64_tma
 SIMT1 = "_ZN11localargmax4cuda12_GLOBAL__N_119shard_argmax_kernelI13__nv_bfloat16Li1ELi8ELb0ELb0EEEvNS0_18ShardArgmaxProblemIT_EE"  # noqa: E501
 SIMT1_TOPK = SIMT1.replace("Lb0ELb0E", "Lb1ELb0E")  # <T, NB, kVec, TOPK, LSE>
 SIMT1_LSE = SIMT1.replace("Lb0ELb0E", "Lb0ELb1E")  # the log-partition build: not argmax's registers
 
-CUOBJDUMP = f"""
-Fatbin elf code:
-================
-arch = sm_80
-code version = [1,8]
 
-Resource usage:
- Function {MMA1}:REG:96 STACK:0 SHARED:256 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
+def _fatbin(arch: str, usage: dict) -> str:
+    """One elf section of ``cuobjdump --dump-resource-usage`` (nvcc 13's layout): {function: registers}."""
+    rows = "".join(
+        f" Function {name}:REG:{regs} STACK:0 SHARED:256 LOCAL:0 CONSTANT[0]:464\n" for name, regs in usage.items()
+    )
+    return f"\nFatbin elf code:\n================\narch = {arch}\ncode version = [1,8]\n\nResource usage:\n{rows}"
 
-Fatbin elf code:
-================
-arch = sm_90a
-code version = [1,8]
 
-Resource usage:
- Function {MMA1}:REG:168 STACK:0 SHARED:256 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
- Function {MMA8_HALF}:REG:200 STACK:0 SHARED:1024 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
- Function {PIPE7}:
- REG:77 STACK:0 SHARED:36992 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
- Function {SIMT1}:REG:40 STACK:0 SHARED:64 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
- Function {SIMT1_TOPK}:REG:90 STACK:0 SHARED:640 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
- Function {SIMT1_LSE}:REG:99 STACK:0 SHARED:640 LOCAL:0 CONSTANT[0]:464 TEXTURE:0 SURFACE:0 SAMPLER:0
-"""
+CUOBJDUMP = (
+    _fatbin("sm_80", {MMA1: 96})
+    + _fatbin("sm_90a", {MMA1: 168, MMA8_HALF: 200, TMA1: 70, SIMT1: 40, SIMT1_TOPK: 90, SIMT1_LSE: 99})
+    + f" Function {PIPE7}:\n REG:77 STACK:0 SHARED:36992 LOCAL:0 CONSTANT[0]:464\n"  # REG: on the next line (nvcc 13)
+)
 
 PTXAS_LOG = f"""
 ptxas info    : Compiling entry function '{MMA1}' for 'sm_100'
@@ -353,12 +285,12 @@ ptxas info    : Used 152 registers, used 1 barriers, 256 bytes smem, 464 bytes c
 def test_parse_registers_from_cuobjdump_keeps_the_arch_and_argmax_kernels():
     regs = pm.parse_registers(CUOBJDUMP, "sm_90")
     # (cuobjdump 13 puts REG: on the line after the function's name)
-    assert regs == {"mma/0": 168, "mma/3": 200, "mma/7": 77, "simt(nb=1)": 40}
-    assert pm.parse_registers(CUOBJDUMP, "sm_80") == {"mma/0": 96}
+    assert regs == {"mma/n1_r64": 168, "mma/n8_r256": 200, "mma/n1_r64_sk2": 77, "mma/n1_r64_tma": 70, "simt(nb=1)": 40}
+    assert pm.parse_registers(CUOBJDUMP, "sm_80") == {"mma/n1_r64": 96}
 
 
 def test_parse_registers_from_ptxas_lines():
-    assert pm.parse_registers(PTXAS_LOG, "sm_90") == {"mma/0": 152}
+    assert pm.parse_registers(PTXAS_LOG, "sm_90") == {"mma/n1_r64": 152}
 
 
 def test_read_registers_falls_back_to_defaults_and_says_so(tmp_path):
@@ -368,7 +300,7 @@ def test_read_registers_falls_back_to_defaults_and_says_so(tmp_path):
     log.parent.mkdir(parents=True)
     log.write_text(PTXAS_LOG)
     regs = pm.read_registers(root=tmp_path)
-    assert regs.by_variant["mma/0"] == 152 and "build.log" in regs.source
+    assert regs.by_variant["mma/n1_r64"] == 152 and "build.log" in regs.source
     dump = tmp_path / "dump.txt"
     dump.write_text(CUOBJDUMP)
     assert pm.read_registers(path=str(dump)).by_variant["simt(nb=1)"] == 40
@@ -385,24 +317,23 @@ def test_the_built_kernels_have_the_default_registers():
 
 def test_built_registers_change_the_prediction():
     s = pm.engine_shape("qwen3", 8)
-    fewer = pm.Registers({**pm.DEFAULT_REGISTERS, "mma/0": 120}, "test")  # 4 CTAs per SM instead of 3
-    a = pm.predict(pm.H200, MMA_NT1, s.rows, s.hidden, 1)
-    b = pm.predict(pm.H200, MMA_NT1, s.rows, s.hidden, 1, registers=fewer)
-    assert (a.ctas_per_sm, b.ctas_per_sm) == (3, 4) and b.regs_source == "test"
+    n1 = pm.mma_variant("n1_r64_sk2")  # 88 registers, 4 warps: 5 CTAs per SM; 64: 6 (shared memory: 6 of 37 KiB)
+    fewer = pm.Registers({**pm.DEFAULT_REGISTERS, "mma/n1_r64_sk2": 64}, "test")
+    a = pm.predict(pm.H200, n1, s.rows, s.hidden, 1)
+    b = pm.predict(pm.H200, n1, s.rows, s.hidden, 1, registers=fewer)
+    assert (a.ctas_per_sm, b.ctas_per_sm) == (5, 6) and b.regs_source == "test"
 
 
-# --- --predict ---------------------------------------------------------------------------------------------
+# --- python -m bench.predict_cli ---------------------------------------------------------------------------
 
 
-def run_cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "localargmax.bench", *args], capture_output=True, text=True, timeout=300, cwd=ROOT
-    )
+def run_cli(*args, module="bench.predict_cli"):
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
 def test_predict_cli_prints_and_writes_predicted_rows(tmp_path):
     out = tmp_path / "p.json"
-    proc = run_cli("--predict", "--model", "qwen3", "--tp", "8", "--batch", "1,64", "--json", str(out))
+    proc = run_cli("--model", "qwen3", "--tp", "8", "--batch", "1,64", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "PREDICTED" in proc.stdout.splitlines()[0]
     assert "bar (>= 0.88 of copy at batch <= 64)" in proc.stdout
@@ -410,33 +341,58 @@ def test_predict_cli_prints_and_writes_predicted_rows(tmp_path):
     assert doc["kind"] == "predicted" and "PREDICTED" in doc["label"]
     assert {r["label"] for r in doc["rows"]} == {"PREDICTED"}
     assert {(r["shape"], r["tp"], r["batch"]) for r in doc["rows"]} == {("qwen3", 8, 1), ("qwen3", 8, 64)}
-    paths = {r["variant"] for r in doc["rows"] if r["batch"] == 1 and r["built"]}
-    assert paths == {"simt(nb=1)", "gemm", *(f"mma/{i}" for i in range(len(pm.MMA_VARIANTS)))}
-    roles = {r["variant"]: r["role"] for r in doc["rows"] if r["batch"] == 64 and r["built"]}
-    assert "auto" in roles["mma/15"]  # choose_mma_variant on the tp-8 shard: 192-row tiles
+    paths = {r["variant"] for r in doc["rows"] if r["batch"] == 1}
+    assert paths == {"simt(nb=1)", "gemm", *(f"mma/{name}" for name in pm.MMA_CONFIGS)}
+    roles = {r["variant"]: r["role"] for r in doc["rows"] if r["batch"] == 64}
+    assert "auto" in roles["mma/n8_r192"]  # choose_mma_config on the tp-8 shard: 192-row tiles
     assert sum("auto" in r for r in roles.values()) == 1
-    assert sum("table" in r for r in roles.values()) == 1
-    assert "mma/10" in proc.stdout and "pred_us" in proc.stdout
+    assert sum("model" in r for r in roles.values()) == 1
+    assert "mma/n16_r64" in proc.stdout and "pred_us" in proc.stdout
     for r in doc["rows"]:
         assert r["fraction_of_copy_range"][0] <= r["fraction_of_copy"] <= r["fraction_of_copy_range"][1]
     assert doc["registers_source"] and doc["sources"]["latency_s"]
 
 
-def test_predict_help_teaches_and_bad_combinations_exit_2():
+def test_predict_help_teaches_and_bad_options_exit_2():
     proc = run_cli("--help")
-    assert proc.returncode == 0 and "--predict" in proc.stdout and "Little's law" in proc.stdout
-    assert run_cli("--predict", "--tune").returncode == 2
-    assert run_cli("--predict", "--kernel-only").returncode == 2
+    assert proc.returncode == 0 and "Little's-law" in proc.stdout and "--write-table" in proc.stdout
+    for bad in (["--tp", "8"], ["--batch", "0"], ["--batch", "x"], ["--latency-ns", "-1"], ["--model", "nope"]):
+        proc = run_cli(*bad)
+        assert proc.returncode == 2 and bad[0] in proc.stderr, (bad, proc.stderr)
+
+
+def test_the_installed_cli_points_at_the_checkout_tools():
+    """``localargmax-bench --predict`` / ``--tune``: the model and the tuner are not installed; the
+    installed CLI names the checkout command and exits 2; its --help names both."""
+    for flag, module in (("--predict", "bench.predict_cli"), ("--tune", "bench.tune")):
+        proc = run_cli(flag, module="localargmax.bench")
+        assert proc.returncode == 2 and f"python -m {module} --help" in proc.stderr, proc.stderr
+    assert "python -m bench.tune --help" in run_cli("--help", module="localargmax.bench").stdout
+
+
+def test_write_table_cli_writes_the_models_table(tmp_path):
+    """``--write-table`` writes the model's table: valid, PREDICTED, and the table the model gives
+    in-process with the same registers."""
+    from bench import tune
+    from localargmax import dispatch
+
+    out = tmp_path / "t.json"
+    proc = run_cli("--batch", "1", "--write-table", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    dispatch.validate(doc)
+    assert doc["source"] == "predicted" and "sha256" not in doc["model"]
+    fresh = tune.predicted_table(pm.H200, tune.registers_of_table(doc), commit=doc["commit"])
+    assert {k: v for k, v in fresh.items() if k != "commit"} == {k: v for k, v in doc.items() if k != "commit"}
 
 
 def test_committed_predicted_results_are_the_models():
-    # bench/results/predicted_h200.json is what --predict gives now (regenerate it with its command)
+    # bench/results/predicted_h200.json is what the model gives now (regenerate it with its command)
     doc = json.loads(RESULTS.read_text())
     registers = pm.Registers(doc["registers"], doc["registers_source"])
     fresh, _ = predict_cli.predicted_doc(
         pm.H200, pm.engine_shapes(), list(pm.ENGINE_BATCHES), registers, doc["command"]
     )
-    assert doc["model"]["sha256"] == pm.model_sha256(), f"re-run: {doc['command']}"
     assert fresh["rows"] == doc["rows"] and fresh["summary"] == doc["summary"], f"re-run: {doc['command']}"
 
 
@@ -444,5 +400,5 @@ def test_committed_results_show_the_bar_status():
     doc = json.loads(RESULTS.read_text())
     rows = [s for s in doc["summary"] if s["batch"] <= pm.BAR_MAX_BATCH]
     assert {(s["shape"], s["tp"]) for s in rows} == {(m, tp) for m, tp in pm.ENGINE_SHAPES}
-    assert all(math.isfinite(s["table"]["us"]) for s in rows)
-    assert all(s["proposed_min"]["of_copy"] >= pm.BAR_FRACTION for s in rows)
+    assert all(math.isfinite(s["model"]["us"]) and math.isfinite(s["auto"]["us"]) for s in rows)
+    assert {s["model_meets_bar"] for s in rows} <= {True, False}

@@ -1,4 +1,4 @@
-"""``localargmax-bench --tune`` (localargmax.bench.tune): the measured table's flow with
+"""``python -m bench.tune`` (bench/tune.py): the measured table's flow with
 a fake timer (no GPU), and the CPU refusal."""
 
 import json
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench import predict as pm
+from bench import tune
 from localargmax import dispatch
-from localargmax.bench import predict as pm
-from localargmax.bench import tune
 
 ROOT = Path(__file__).resolve().parents[1]
 REGS = pm.Registers(dict(pm.DEFAULT_REGISTERS), "test defaults")
@@ -32,8 +32,8 @@ class FakeGPU:
             return 1e-6 * (1 if batch <= 2 else 50)
         if path == "gemm":
             return 1e-6 * (2 if batch >= gemm_from else 20)
-        assert path.startswith("mma/"), path  # the ops' path of one tensor-core variant
-        return 1e-6 * (9 if path == "mma/5" else 10)  # variant 5 wins wherever it is a candidate
+        assert path.startswith("mma/"), path  # one tensor-core config
+        return 1e-6 * (9 if path == "mma/n2_r64" else 10)  # n2_r64 wins wherever it is a candidate
 
 
 def test_tune_picks_the_fastest_measured_path_per_engine_cell():
@@ -48,9 +48,9 @@ def test_tune_picks_the_fastest_measured_path_per_engine_cell():
             c = table.choose("sm_90", "bfloat16", s.hidden, s.padded_rows, b)
             want = "simt" if b <= 2 else "gemm" if b >= gemm_from else "mma"
             assert (c.path, c.source) == (want, "measured"), (s.label, b, c)
-            if want == "mma":  # the fastest variant where it is a candidate (batch <= 32), else C++ auto's
-                auto = pm.cpp_mma_variant(s.padded_rows, b)
-                assert c.variant == (5 if 5 in pm.mma_candidates(b) else auto), (s.label, b, c)
+            if want == "mma":  # the fastest config where it is a candidate (batch <= 32), else C++ auto's
+                auto = pm.cpp_mma_config(s.padded_rows, b)
+                assert c.config == ("n2_r64" if "n2_r64" in pm.mma_candidates(b) else auto), (s.label, b, c)
 
 
 def test_tune_times_each_path_once_and_skips_slow_simt():
@@ -59,12 +59,12 @@ def test_tune_times_each_path_once_and_skips_slow_simt():
     want = [(p, 18992, 4096, b) for b in (1, 64) for p in tune.timed(b) if p != "simt" or b <= tune.SIMT_MAX_BATCH]
     assert sorted(gpu.calls) == sorted(want)
     # the candidates, then the TMA twins (timed, never chosen)
-    tma_1, tma_64 = {"mma/16", "mma/17", "mma/18"}, {"mma/19", "mma/20"}
-    cands_1 = {"simt", "gemm", *(f"mma/{i}" for i in (4, 5, 6, 7, 8, 9, 13))}
+    tma_1, tma_64 = {"mma/n1_r64_tma", "mma/n2_r64_tma", "mma/n4_r128_tma"}, {"mma/n8_r256_tma", "mma/n8_r192_tma"}
+    cands_1 = {"simt", "gemm", *(f"mma/{n}" for n in ("n1_r64", "n2_r64", "n1_r64_sk2", "n2_r64_sk2", "n4_r128"))}
     assert {p for p, _, _, b in want if b == 1} == cands_1 | tma_1
-    assert {p for p, _, _, b in want if b == 64} == {"gemm", "mma/10", "mma/11", "mma/12", "mma/14", "mma/15"} | tma_64
+    assert {p for p, _, _, b in want if b == 64} == {"gemm", "mma/n8_r256", "mma/n8_r192", "mma/n16_r64"} | tma_64
     assert not (tma_1 | tma_64) & {p for b in (1, 64) for p in tune.candidates(b)}
-    got = {(m["path"] if m["variant"] is None else f"mma/{m['variant']}", m["batch"]) for m in doc["measurements"]}
+    got = {(m["path"] if m["config"] is None else f"mma/{m['config']}", m["batch"]) for m in doc["measurements"]}
     assert got == {(p, b) for p, _, _, b in gpu.calls}
 
 
@@ -92,10 +92,15 @@ def test_tune_writes_a_loadable_table(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
 def test_tune_without_a_gpu_exits_2():
     proc = subprocess.run(
-        [sys.executable, "-m", "localargmax.bench", "--tune"], capture_output=True, text=True, timeout=300, cwd=ROOT
+        [sys.executable, "-m", "bench.tune", "--write-table", "unused.json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
     )
     assert proc.returncode == 2
-    assert "needs a GPU" in proc.stderr and "--predict" in proc.stderr
+    assert "needs a GPU" in proc.stderr and "bench.predict_cli --write-table" in proc.stderr
+    assert not (ROOT / "unused.json").exists()
 
 
 def test_tune_goes_smallest_shard_first_and_stops_at_its_seconds():
@@ -124,7 +129,7 @@ def test_a_failing_candidate_is_recorded_and_the_table_still_written(tmp_path):
     recovered, written = [], []
 
     def flaky(path, rows, hidden, batch):
-        if path == "mma/5":
+        if path == "mma/n2_r64":
             raise RuntimeError("CUDA error: invalid argument")
         return gpu(path, rows, hidden, batch)
 
@@ -137,7 +142,9 @@ def test_a_failing_candidate_is_recorded_and_the_table_still_written(tmp_path):
     doc = tune.tune(pm.H200, flaky, REGS, shapes=shapes, batches=(1, 16), checkpoint=checkpoint,
                     on_error=lambda: recovered.append(1))  # fmt: skip
     failed = [m for m in doc["measurements"] if "error" in m]
-    assert failed and all(m["variant"] == 5 and m["us"] is None and "invalid argument" in m["error"] for m in failed)
+    assert failed and all(
+        m["config"] == "n2_r64" and m["us"] is None and "invalid argument" in m["error"] for m in failed
+    )
     assert len(recovered) == len(failed)
     assert written == sorted(written) and len(written) == 2, written  # one checkpoint per (shape, batch)
     on_disk = json.loads((tmp_path / "sub" / "table.json").read_text())
@@ -145,13 +152,87 @@ def test_a_failing_candidate_is_recorded_and_the_table_still_written(tmp_path):
     table = dispatch.DispatchTable(doc)
     for b in (1, 16):
         c = table.choose("sm_90", "bfloat16", 4096, 18992, b)
-        assert not (c.path == "mma" and c.variant == 5), (b, c)  # the failed candidate wins nothing
+        assert not (c.path == "mma" and c.config == "n2_r64"), (b, c)  # the failed candidate wins nothing
 
 
 def test_skipped_paths_are_not_timed():
     gpu = FakeGPU()
     shapes = pm.engine_shapes([("qwen3", 8)])
-    doc = tune.tune(pm.H200, gpu, REGS, shapes=shapes, batches=(16,), skip={"mma/5", "gemm"})
-    assert not any(p in ("mma/5", "gemm") for p, *_ in gpu.calls)
-    rows = [m for m in doc["measurements"] if m["path"] == "gemm" or m["variant"] == 5]
+    doc = tune.tune(pm.H200, gpu, REGS, shapes=shapes, batches=(16,), skip={"mma/n2_r64", "gemm"})
+    assert not any(p in ("mma/n2_r64", "gemm") for p, *_ in gpu.calls)
+    rows = [m for m in doc["measurements"] if m["path"] == "gemm" or m["config"] == "n2_r64"]
     assert rows and all(m["us"] is None and "skipped" in m["error"] for m in rows)
+
+
+# --- the model's table (python -m bench.predict_cli --write-table) against the model ----------------------
+
+# made with the registers of the committed PREDICTED results (a CUDA build's cuobjdump figures)
+PREDICTED = tune.predicted_table(
+    pm.H200, tune.registers_of_table(json.loads((ROOT / "bench" / "results" / "predicted_h200.json").read_text()))
+)
+
+
+def model_best(shape, b):
+    """(fastest candidate, {candidate: seconds}) by the model at an engine shape; candidates are the
+    ops' paths ``"simt"``, ``"gemm"``, ``"mma/<id>"`` (tune.candidates), plus ``"mma"``: the fastest
+    mma variant's time."""
+    times = {
+        p: pm.predict(pm.H200, pm.todays_variant(p, b), shape.padded_rows, shape.hidden, b).time_s
+        for p in tune.candidates(b)
+    }
+    best = min(times, key=times.get)
+    times["mma"] = min(t for p, t in times.items() if p.startswith("mma/"))
+    return best, times
+
+
+def test_table_choices_are_the_models_at_the_engine_shapes():
+    table = dispatch.DispatchTable(PREDICTED)
+    for s in pm.engine_shapes():
+        for b in pm.ENGINE_BATCHES:
+            chosen = table.choose("sm_90", "bfloat16", s.hidden, s.padded_rows, b).op_path
+            best, times = model_best(s, b)
+            # the table's path is the model's fastest, or within the hysteresis of C++ auto's / the
+            # bucket's worst case (a bucket holds two engine shapes at tp 8)
+            assert times[chosen] <= tune.HYSTERESIS * 1.25 * times[best], (s.label, b, chosen, times)
+
+
+def test_simt_for_small_batches_on_small_grids_where_the_model_says_so():
+    table = dispatch.DispatchTable(PREDICTED)
+    small = [s for s in pm.engine_shapes() if s.padded_rows < 2 * 128 * pm.H200.sms]  # < 2 tiles per SM: tp 8
+    assert small
+    for s in small:
+        for b in (1, 2, 4):
+            best, times = model_best(s, b)
+            chosen = table.choose("sm_90", "bfloat16", s.hidden, s.padded_rows, b).path
+            if best == "simt" and times["mma"] > tune.HYSTERESIS * times["simt"]:
+                assert chosen == "simt", (s.label, b, times)
+    big = pm.engine_shape("qwen3", 1)
+    assert table.choose("sm_90", "bfloat16", big.hidden, big.padded_rows, 1).path == "mma"  # a full grid keeps mma
+
+
+def test_gemm_crossover_follows_the_model():
+    table = dispatch.DispatchTable(PREDICTED)
+    batches = [1, 2, 4, 8, 16, 32, 33, 48, 64, 65, 96, 128, 256, 1024]
+    for s in pm.engine_shapes():
+        paths = [table.choose("sm_90", "bfloat16", s.hidden, s.padded_rows, b).path for b in batches]
+        crossover = next(b for i, b in enumerate(batches) if all(p == "gemm" for p in paths[i:]))
+        # the pipelined kernel holds mma up to batch 64 on the Qwen3 shards (the old one lost from 17 / 9);
+        # gemm from C++'s gemm batch at the latest
+        assert crossover <= dispatch.CPP_GEMM_MIN_BATCH, (s.label, crossover)
+        assert model_best(s, 128)[0] == "gemm"
+        below = batches[batches.index(crossover) - 1] if crossover > 1 else None
+        if below is not None and table.choose("sm_90", "bfloat16", s.hidden, s.padded_rows, below).path == "mma":
+            _, times = model_best(s, below)
+            assert times["mma"] <= tune.HYSTERESIS * times["gemm"] * 1.25, (s.label, below, times)
+    qwen3 = [pm.engine_shape("qwen3", tp) for tp in (1, 4, 8)]
+    assert all(table.choose("sm_90", "bfloat16", s.hidden, s.padded_rows, 64).path == "mma" for s in qwen3)
+
+
+def test_cpp_defaults_are_the_models():
+    """C++ auto's constants are the model's (predict.cpp_defaults, with the committed results' registers):
+    gemm from the crossover with the smallest worst slowdown, simt at small batches on tp-8 shards
+    only where it beats the pipelined variants (it does not: 0 = off)."""
+    got = pm.cpp_defaults(pm.H200, tune.registers_of_table(PREDICTED))
+    assert got["gemm_min_batch"] == dispatch.CPP_GEMM_MIN_BATCH, got
+    assert got["simt_max_batch"] == 0, got  # simt never pays on the tp-8 shards: C++ has no simt rule
+    assert got["gemm_worst_slowdown"] < 1.2, got

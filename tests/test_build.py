@@ -17,6 +17,7 @@ import torch
 
 import localargmax
 from localargmax import _C
+from localargmax._validation import MMA_CONFIGS
 
 SCHEMAS = {
     "shard_argmax": "localargmax::shard_argmax(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, "
@@ -27,7 +28,8 @@ SCHEMAS = {
     'int num_valid, Tensor temperature, int seed, int offset, str path="auto") -> Tensor',
     "merge_keys": "localargmax::merge_keys(Tensor keys, Tensor? d2t) -> (Tensor, Tensor)",
     "shard_argmax_lse": "localargmax::shard_argmax_lse(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, "
-    'int num_valid, float scale=1., float soft_cap=0., str path="auto") -> (Tensor, Tensor)',
+    'int num_valid, float scale=1., float soft_cap=0., str path="auto", Tensor? temperature=None) '
+    "-> (Tensor, Tensor)",
     "shard_topk_lse": "localargmax::shard_topk_lse(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, "
     'int num_valid, int k, float scale=1., float soft_cap=0., str path="auto") -> (Tensor, Tensor)',
     "shard_sample_lse": "localargmax::shard_sample_lse(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, "
@@ -100,8 +102,6 @@ def test_library_carries_sm90a_machine_code():
 def test_hot_kernels_use_no_local_memory():
     out = _cuobjdump("--dump-resource-usage")
     usage = re.findall(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", out)
-    # The register-double-buffered tensor-core kernel (variants 0-3) is forced-only (auto never
-    # picks it): it is held to at most the 8-byte stack that NT = 4 spills on sm_100, below.
     families = [
         "shard_argmax_kernel",
         "shard_argmax_mma_pipe_kernel",
@@ -113,8 +113,6 @@ def test_hot_kernels_use_no_local_memory():
     assert not missing, f"kernels missing from the resource usage dump: {missing}\n{out[:2000]}"
     bad = [(n, s, lo) for n, _, s, lo in usage if any(f in n for f in families) and (int(s) or int(lo))]
     assert not bad, f"kernels with stack frames / local memory (spills): {bad}"
-    forced_only = [(n, int(s), int(lo)) for n, _, s, lo in usage if "shard_argmax_mma_kernel" in n]
-    assert forced_only and all(s <= 8 and lo == 0 for _, s, lo in forced_only), forced_only
 
 
 @needs_cuda_build
@@ -122,9 +120,9 @@ def test_mma_kernel_runs_on_tensor_cores():
     """The sm_90a code of the tensor-core kernel holds HMMA instructions (and
     the CUDA-core kernel none): mma.sync compiled to tensor-core instructions."""
     functions = re.split(r"\n\s*Function : ", _cuobjdump("--dump-sass", "--gpu-architecture", "sm_90a"))
-    mma = [f for f in functions if re.search(r"shard_argmax_mma_(pipe_)?kernel", f.split("\n", 1)[0])]
+    mma = [f for f in functions if "shard_argmax_mma_pipe_kernel" in f.split("\n", 1)[0]]
     simt = [f for f in functions if "shard_argmax_kernel" in f.split("\n", 1)[0]]
-    assert mma and all("HMMA" in f for f in mma), "a shard_argmax_mma_kernel instantiation has no HMMA instruction"
+    assert mma and all("HMMA" in f for f in mma), "a shard_argmax_mma_pipe_kernel instantiation has no HMMA instruction"
     assert simt and not any("HMMA" in f for f in simt)
 
 
@@ -151,17 +149,14 @@ def test_pipelined_mma_kernel_streams_by_cp_async(arch):
     next to PREEXIT for launch_dependents in nvcc 13.0's sm_90a code)."""
     if arch not in set(re.findall(r"\.(sm_\w+)\.cubin", _cuobjdump("--list-elf"))):
         pytest.skip(f"this build carries no {arch} code (LOCALARGMAX_CUDA_ARCH)")
-    from localargmax.bench import predict as pm
-
     pipe = {n: f for n, f in _sass_functions(arch).items() if "shard_argmax_mma_pipe_kernel" in n}
-    kinds = [m.kind for m in pm.MMA_VARIANTS]
-    want = 2 * (kinds.count("pipe") + kinds.count("tma"))
-    assert len(pipe) == want, f"{len(pipe)} pipelined instantiations in the {arch} code ({want // 2} variants x 2)"
+    want = 2 * len(MMA_CONFIGS)
+    assert len(pipe) == want, f"{len(pipe)} tensor-core instantiations in the {arch} code ({want // 2} configs x 2)"
     for name, sass in pipe.items():
         if name.endswith(_TMA_SUFFIX) and arch == "sm_80":  # the TMA wrappers trap below sm_90 (never launched)
             assert re.search(r"\bBPT\.TRAP\b", sass) and not re.search(r"\bUTMALDG\b", sass), name
             continue
-        # LDGSTS: the hidden rows (and the weight but for TMA) by cp.async in every pipelined variant
+        # LDGSTS: the hidden rows (and the weight but for TMA) by cp.async in every config
         wanted = ["LDGSTS", "LDGDEPBAR", "DEPBAR", "HMMA"] + (["ACQBULK"] if arch == "sm_90a" else [])
         missing = [op for op in wanted if not re.search(rf"\b{op}\b", sass)]
         assert not missing, f"{name} ({arch}) lacks {missing}"
@@ -172,27 +167,23 @@ def test_pipelined_mma_kernel_streams_by_cp_async(arch):
             # try_wait.parity (SYNCS...), fence.proxy.async (FENCE.VIEW.ASYNC.S)
             assert found == tma_ops, f"{name} ({arch}) lacks {sorted(set(tma_ops) - set(found))}"
         elif not name.endswith(_TMA_SUFFIX):
-            assert not found, f"{name} ({arch}): a cp.async variant holds {found}"
-    reg = {n: f for n, f in _sass_functions(arch).items() if "shard_argmax_mma_kernel" in n}
-    assert reg and not any("LDGSTS" in f for f in reg.values())  # the register-double-buffered kernel
+            assert not found, f"{name} ({arch}): a cp.async config holds {found}"
 
 
 @needs_cuda_build
 def test_pipelined_mma_kernel_fits_its_blocks_per_sm():
-    """Each pipelined variant's MINB blocks (__launch_bounds__) fit on an SM by
+    """Each config's MINB blocks (__launch_bounds__) fit on an SM by
     registers (65536 per SM) and by shared memory (228 KiB per SM; SHARED here
     is the static block_best plus the 1 KiB the system reserves per block, the
-    stages are dynamic: ST * KC * (rows + 8 NT) * 64 bytes, pipe_stage_bytes),
-    its static arrays under the 48 KiB static limit and static + dynamic under
-    the 227 KiB opt-in limit of sm_90 (MmaVariant::kSmem, the model's
-    MmaSpec.smem); 4+ blocks of 128 threads mean at most 128 registers. Prints
-    each variant's registers and shared memory (sm_90a)."""
-    from localargmax.bench import predict as pm
-
+    stages are dynamic: ST * KC * (rows + 8 NT) * 64 bytes), its static arrays
+    under the 48 KiB static limit and static + dynamic under the 227 KiB
+    opt-in limit of sm_90 (the table's static_smem / dynamic_smem, as _C
+    exports them); 4+ blocks of 128 threads mean at most 128 registers. Prints
+    each config's registers and shared memory (sm_90a)."""
     out = _cuobjdump("--dump-resource-usage", "--gpu-architecture", "sm_90a")
     usage = re.findall(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
     # mangled template arguments: ...ILi<NT>ELi<MT>ELi<WM>ELi<SK>ELi<KC>ELi<ST>ELi<MINB>ELb<TMA>EEv...
-    by_template = {(m.template, m.kind == "tma"): m for m in pm.MMA_VARIANTS}
+    by_template = {(tuple(m[1:8]), m.tma): m for m in MMA_CONFIGS.values()}
     pipe = []
     for name, reg, stack, shared, local in usage:
         if "shard_argmax_mma_pipe_kernel" in name:
@@ -203,11 +194,10 @@ def test_pipelined_mma_kernel_fits_its_blocks_per_sm():
             dynamic = st * kc * (wm * mt * 16 + 8 * nt) * 64 + (8 * st if tma else 0)  # + the TMA mbarriers
             m = by_template.get((template, tma))
             assert m is not None and m.dynamic_smem == dynamic, name
-            assert m.smem == shared - 1024 + dynamic, name
+            assert m.static_smem == shared - 1024, name
             assert int(stack) == 0 and int(local) == 0, name  # no spills (also test_hot_kernels_use_no_local_memory)
-            pipe.append((f"mma/{m.id} {name}", int(reg), shared, dynamic, wm * sk * 32, minb))
-    kinds = [m.kind for m in pm.MMA_VARIANTS]
-    assert len(pipe) == 2 * (kinds.count("pipe") + kinds.count("tma")), out[:2000]
+            pipe.append((f"mma/{m.name} {name}", int(reg), shared, dynamic, wm * sk * 32, minb))
+    assert len(pipe) == 2 * len(MMA_CONFIGS), out[:2000]
     for name, reg, shared, dynamic, threads, minb in pipe:
         print(f"{name}: REG {reg} SHARED {shared} + {dynamic} dynamic, threads {threads} min blocks/SM {minb}")
         assert shared - 1024 <= 48 * 1024 and shared - 1024 + dynamic <= 227 * 1024, name

@@ -242,6 +242,7 @@ PAYLOAD_OPS = {  # localargmax.step.PAYLOAD_INPUTS -> the steps that take the in
     "batch size": ("argmax", "topk", "sample"),
     "k": ("topk",),
     "return_log_probs": ("argmax", "topk", "sample"),
+    "return_log_odds": ("argmax",),
     "reduce": ("argmax", "sample"),
 }
 
@@ -255,7 +256,8 @@ def _payload_call(op, odd, vary, group, rank, weight, seed):
     if op == "topk":
         return lambda: localargmax.lm_head_topk(hidden, weight, 3 if odd and vary == "k" else 2, **kw)[0]
     if op == "argmax":
-        return lambda: localargmax.lm_head_argmax(hidden, weight, reduce=reduce, **kw)
+        odds = odd and vary == "return_log_odds"
+        return lambda: localargmax.lm_head_argmax(hidden, weight, reduce=reduce, return_log_odds=odds, **kw)
     return lambda: localargmax.lm_head_sample(hidden, weight, temperature=1.0, seed=0, reduce=reduce, **kw)
 
 

@@ -121,3 +121,34 @@ def test_payload_length_refuses_bad_sizes():
     for bad in ({"batch": -1}, {"batch": 2, "k": 0}, {"batch": True}):
         with pytest.raises(ValueError, match="must be an int"):
             localargmax.payload_length(**bad)
+
+
+def test_vllm_coordinator_gather_is_built_once_and_moves_bits():
+    """The vLLM plugin's callable group on a GroupCoordinator is built once per
+    coordinator (not a closure per step) and round-trips every word: padded to
+    16 bytes, bit-cast to float32 and back (the fake coordinator concatenates two
+    ranks' copies, the second with every bit flipped)."""
+    from localargmax.integrations import vllm as plugin
+
+    class Coordinator:  # vLLM's GroupCoordinator: a plain class (weak references allowed)
+        def __init__(self, world_size, device_communicator, all_gather):
+            self.world_size, self.device_communicator, self.all_gather = world_size, device_communicator, all_gather
+
+    calls = []
+
+    def all_gather(x, dim=0):
+        calls.append((x.dtype, x.numel()))
+        flipped = (x.view(torch.int32) ^ -1).view(torch.float32)
+        return torch.cat([x, flipped], dim=dim)
+
+    coordinator = Coordinator(2, object(), all_gather)
+    gather = plugin._coordinator_all_gather(coordinator)
+    assert plugin._coordinator_all_gather(coordinator) is gather
+    other = Coordinator(2, object(), all_gather)
+    assert plugin._coordinator_all_gather(other) is not gather
+    for length in (3, 4, 7):  # odd lengths are padded to an even number of words (16 bytes)
+        payload = torch.randint(-(2**63), 2**63 - 1, (length,), dtype=torch.int64)
+        payload[0] = -1  # all bits set: a NaN pattern as float32 halves
+        got = gather(payload)
+        assert got.shape == (2, length) and torch.equal(got[0], payload) and torch.equal(got[1], ~payload)
+        assert calls[-1] == (torch.float32, 2 * (length + length % 2))

@@ -41,6 +41,9 @@ ENTRY_POINTS = {  # name: f(hidden, weight) -> tensor or tuple of tensors
     "lm_head_argmax_log_probs": lambda h, w: localargmax.lm_head_argmax(
         h, w, num_valid=V, return_log_probs=True, logit_scale=2.0, soft_cap=20.0
     ),
+    "lm_head_argmax_log_odds": lambda h, w: localargmax.lm_head_argmax(
+        h, w, num_valid=V, return_log_odds=True, temperature=torch.full((h.shape[0],), 0.7), return_log_probs=True
+    ),
     "lm_head_topk": lambda h, w: localargmax.lm_head_topk(h, w, 4, num_valid=V),
     "lm_head_topk_d2t": lambda h, w: localargmax.lm_head_topk(h, w, 4, num_valid=V, d2t=D2T),
     "lm_head_topk_log_probs": lambda h, w: localargmax.lm_head_topk(h, w, 4, num_valid=V, return_log_probs=True),
@@ -56,6 +59,9 @@ ENTRY_POINTS = {  # name: f(hidden, weight) -> tensor or tuple of tensors
     ),
     "log_probs_from_pairs": lambda h, w: localargmax.log_probs_from_pairs(
         torch.zeros(h.shape[0]), localargmax.shard_argmax(h, w, num_valid=V, log_partition=True)[1][None]
+    ),
+    "log_odds_from_pairs": lambda h, w: localargmax.log_odds_from_pairs(
+        *(t[None] for t in localargmax.shard_argmax(h, w, num_valid=V, log_partition=True))
     ),
     "VocabParallelLMHead": lambda h, w: _HEAD(h),
     "LocalArgmaxMixin": lambda h, w: _DRAFT.get_top_tokens(h),

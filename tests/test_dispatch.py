@@ -1,10 +1,9 @@
-"""The dispatch table (localargmax/dispatch.py, localargmax/dispatch_table.json):
-it validates, covers every key, is what the model gives (no drift), follows the
-issue's rules where the model says so, and ``path="auto"`` on CUDA resolves
-through it."""
+"""localargmax/dispatch.py: ``path="auto"`` on CUDA is C++'s own choice unless
+``LOCALARGMAX_DISPATCH_TABLE`` names a measured table; no table ships; a
+table validates, covers every key and is looked up exactly (tables made by
+the bench/ tools: the model's, and a tune with the model as its timer)."""
 
 import copy
-import json
 import random
 import re
 from pathlib import Path
@@ -14,69 +13,69 @@ import pytest
 import torch
 
 import localargmax.ops
+from bench import predict as pm
+from bench import tune
 from localargmax import dispatch
-from localargmax.bench import predict as pm
-from localargmax.bench import tune
+from localargmax._validation import MMA_CONFIGS
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = json.loads(dispatch.TABLE_PATH.read_text())
+REGS = pm.Registers(dict(pm.DEFAULT_REGISTERS), "test defaults")
+PREDICTED = tune.predicted_table(pm.H200, REGS, commit="")
+MEASURED = tune.tune(pm.H200, tune.model_timer(pm.H200, REGS), REGS, batches=(1, 64), commit="")
 
 
-def model_best(shape, b):
-    """(fastest candidate, {candidate: seconds}) by the model at an engine shape; candidates are the
-    ops' paths ``"simt"``, ``"gemm"``, ``"mma/<id>"`` (tune.candidates), plus ``"mma"``: the fastest
-    mma variant's time."""
-    times = {
-        p: pm.predict(pm.H200, pm.todays_variant(p, b), shape.padded_rows, shape.hidden, b).time_s
-        for p in tune.candidates(b)
-    }
-    best = min(times, key=times.get)
-    times["mma"] = min(t for p, t in times.items() if p.startswith("mma/"))
-    return best, times
+@pytest.fixture
+def measured_file(tmp_path, monkeypatch):
+    """LOCALARGMAX_DISPATCH_TABLE names a measured table in a temporary folder."""
+    path = tmp_path / "measured.json"
+    tune.write_table(MEASURED, path)
+    monkeypatch.setenv("LOCALARGMAX_DISPATCH_TABLE", str(path))
+    return path
 
 
-def test_shipped_table_is_valid_predicted_and_packaged():
-    dispatch.validate(SHIPPED)
-    assert SHIPPED["source"] == "predicted" and "PREDICTED" in SHIPPED["label"]
-    assert SHIPPED["model"]["version"] == pm.MODEL_VERSION
-    assert all(e["source"] == "predicted" for t in SHIPPED["tables"] for e in t["entries"])
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    assert re.search(r'\[tool\.setuptools\.package-data\]\s*\nlocalargmax = \["dispatch_table\.json"\]', pyproject)
+def test_no_table_ships_and_auto_is_cpps_choice(monkeypatch):
+    package = ROOT / "localargmax"
+    assert not list(package.rglob("*.json")), "no dispatch table (or other JSON) in the package"
+    assert "package-data" not in (ROOT / "pyproject.toml").read_text()
+    monkeypatch.delenv("LOCALARGMAX_DISPATCH_TABLE", raising=False)
+    monkeypatch.setattr(dispatch, "_arch", lambda index: "sm_90")
+    assert dispatch.table() is None
+    for b in (1, 16, 256):
+        assert dispatch.cuda_path(*tensors(b, 4096, 18992)) == "auto"
 
 
-def test_regenerating_the_table_gives_the_shipped_file():
-    # drift: the table must be what `localargmax-bench --predict --write-table` writes now
-    assert SHIPPED["model"]["sha256"] == pm.model_sha256(), (
-        "the model changed: run localargmax-bench --predict --write-table"
-    )
-    fresh = tune.predicted_table(pm.H200, tune.registers_of_table(SHIPPED), commit=SHIPPED["commit"])
-    assert tune.dumps(fresh) == dispatch.TABLE_PATH.read_text(), "run localargmax-bench --predict --write-table"
+def test_the_knob_loads_a_measured_table_once(measured_file, monkeypatch):
+    monkeypatch.setattr(dispatch, "_arch", lambda index: "sm_90")
+    first = dispatch.table()
+    assert first is not None and first.source == "measured" and dispatch.table() is first
+    for s in pm.engine_shapes():
+        for b in (1, 4, 16, 64, 256):
+            chosen = first.choose("sm_90", "bfloat16", s.hidden, s.padded_rows, b)
+            assert dispatch.cuda_path(*tensors(b, s.hidden, s.padded_rows)) == chosen.op_path
+    monkeypatch.delenv("LOCALARGMAX_DISPATCH_TABLE")  # read at use: unset again -> C++ decides
+    assert dispatch.table() is None
 
 
-def test_write_table_cli_writes_the_same_table(tmp_path):
-    import subprocess
-    import sys
-
-    out = tmp_path / "t.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "localargmax.bench", "--predict", "--batch", "1", "--write-table", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr
-    doc = json.loads(out.read_text())
-    dispatch.validate(doc)
-    if doc["registers_source"] == SHIPPED["registers_source"]:  # a CUDA build reads its own registers
-        assert {k: v for k, v in doc.items() if k != "commit"} == {k: v for k, v in SHIPPED.items() if k != "commit"}
+def test_the_knob_refuses_what_is_not_a_measured_table(tmp_path, monkeypatch):
+    predicted = tmp_path / "predicted.json"
+    tune.write_table(PREDICTED, predicted)
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"schema": "localargmax.dispatch_table/3", "source": "measured"')
+    for path, message in (
+        (predicted, "'predicted' table; path='auto' follows only a measured one"),
+        (tmp_path / "missing.json", "missing.json"),
+        (broken, "broken.json"),
+    ):
+        monkeypatch.setenv("LOCALARGMAX_DISPATCH_TABLE", str(path))
+        with pytest.raises(ValueError, match=re.escape(message)):
+            dispatch.table()
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_every_key_has_a_choice(dtype):
-    table = dispatch.DispatchTable(SHIPPED)
+    table = dispatch.DispatchTable(PREDICTED)
     rng = random.Random(0)
-    edges = SHIPPED["tables"][0]["edges"]
+    edges = PREDICTED["tables"][0]["edges"]
     points = {k: {0, 1, 2**31 - 1} | {e for e in edges[k]} - {2**31} | {e - 1 for e in edges[k] if e} for k in edges}
     points = {k: sorted(v | {rng.randrange(2**31) for _ in range(20)}) for k, v in points.items()}
     for h in points["hidden"]:
@@ -91,15 +90,15 @@ def test_every_key_has_a_choice(dtype):
 
 
 def test_cells_match_their_buckets_exactly():
-    table = dispatch.DispatchTable(SHIPPED)
-    for e in SHIPPED["tables"][0]["entries"]:
+    table = dispatch.DispatchTable(PREDICTED)
+    for e in PREDICTED["tables"][0]["entries"]:
         for h in (e["hidden"][0], e["hidden"][1] - 1):
             for r in (e["rows"][0], e["rows"][1] - 1):
                 for b in (e["batch"][0], e["batch"][1] - 1):
                     c = table.choose("sm_90", "bfloat16", h, r, b)
-                    assert (c.path, c.variant) == (e["path"], e["variant"])
-                    if c.path == "mma":  # only variants of C++ auto's summation order at that batch
-                        assert c.variant in pm.mma_candidates(b), (e, b)
+                    assert (c.path, c.config) == (e["path"], e["config"])
+                    if c.path == "mma":  # only configs of C++ auto's summation order at that batch
+                        assert c.config in pm.mma_candidates(b), (e, b)
 
 
 def test_remembered_cells_are_the_fresh_lookups(monkeypatch):
@@ -108,14 +107,14 @@ def test_remembered_cells_are_the_fresh_lookups(monkeypatch):
     and the memo stops growing at MEMO_SIZE."""
     monkeypatch.setattr(dispatch, "MEMO_SIZE", 64)
     rng = random.Random()
-    edges = SHIPPED["tables"][0]["edges"]
+    edges = PREDICTED["tables"][0]["edges"]
     near = lambda k: rng.choice([max(0, e + d) for e in edges[k][:-1] for d in (-1, 0, 1)])  # noqa: E731
     keys = [(near("hidden"), near("rows"), near("batch")) for _ in range(200)]
     keys += [(rng.randrange(2**31), rng.randrange(2**31), rng.randrange(2**31)) for _ in range(100)]
-    remembering = dispatch.DispatchTable(SHIPPED)
+    remembering = dispatch.DispatchTable(PREDICTED)
     for dtype in ("bfloat16", "float16"):
         for key in keys * 2:
-            assert remembering.choose("sm_90", dtype, *key) == dispatch.DispatchTable(SHIPPED).choose(
+            assert remembering.choose("sm_90", dtype, *key) == dispatch.DispatchTable(PREDICTED).choose(
                 "sm_90", dtype, *key
             ), key
     assert len(remembering._memo) == 64
@@ -129,64 +128,21 @@ def test_remembered_cells_are_the_fresh_lookups(monkeypatch):
         (lambda t: t["edges"]["batch"].__setitem__(-1, 2**30), "edges"),
         (lambda t: t["entries"][3].__setitem__("batch", [0, 3]), "one bucket"),
         (lambda t: t["entries"][0].__setitem__("path", "wgmma"), "path"),
-        (lambda t: t["entries"][0].update(path="mma", variant=None), "variant"),
-        (lambda t: t["entries"][0].update(path="mma", variant=len(dispatch.MMA_VARIANT_IDS)), "variant"),
-        (lambda t: t["entries"][0].update(path="mma", variant=True), "variant"),
-        (lambda t: t["entries"][0].update(path="gemm", variant=4), "variant"),
+        (lambda t: t["entries"][0].update(path="mma", config=None), "config"),
+        (lambda t: t["entries"][0].update(path="mma", config="n3_r64"), "config"),
+        (lambda t: t["entries"][0].update(path="mma", config=7), "config"),
+        (lambda t: t["entries"][0].update(path="gemm", config="n1_r64"), "config"),
     ],
 )
 def test_validate_rejects_broken_tables(mutate, message):
-    doc = copy.deepcopy(SHIPPED)
+    doc = copy.deepcopy(PREDICTED)
     mutate(doc["tables"][0])
     with pytest.raises(ValueError, match=message):
         dispatch.validate(doc)
-    bad = copy.deepcopy(SHIPPED)
+    bad = copy.deepcopy(PREDICTED)
     bad["source"] = "guessed"
     with pytest.raises(ValueError, match="source"):
         dispatch.validate(bad)
-
-
-def test_table_choices_are_the_models_at_the_engine_shapes():
-    table = dispatch.DispatchTable(SHIPPED)
-    for s in pm.engine_shapes():
-        for b in pm.ENGINE_BATCHES:
-            chosen = table.choose("sm_90", "bfloat16", s.hidden, s.padded_rows, b).op_path
-            best, times = model_best(s, b)
-            # the table's path is the model's fastest, or within the hysteresis of C++ auto's / the
-            # bucket's worst case (a bucket holds two engine shapes at tp 8)
-            assert times[chosen] <= tune.HYSTERESIS * 1.25 * times[best], (s.label, b, chosen, times)
-
-
-def test_simt_for_small_batches_on_small_grids_where_the_model_says_so():
-    table = dispatch.DispatchTable(SHIPPED)
-    small = [s for s in pm.engine_shapes() if s.padded_rows < 2 * 128 * pm.H200.sms]  # < 2 tiles per SM: tp 8
-    assert small
-    for s in small:
-        for b in (1, 2, 4):
-            best, times = model_best(s, b)
-            chosen = table.choose("sm_90", "bfloat16", s.hidden, s.padded_rows, b).path
-            if best == "simt" and times["mma"] > tune.HYSTERESIS * times["simt"]:
-                assert chosen == "simt", (s.label, b, times)
-    big = pm.engine_shape("qwen3", 1)
-    assert table.choose("sm_90", "bfloat16", big.hidden, big.padded_rows, 1).path == "mma"  # a full grid keeps mma
-
-
-def test_gemm_crossover_follows_the_model():
-    table = dispatch.DispatchTable(SHIPPED)
-    batches = [1, 2, 4, 8, 16, 32, 33, 48, 64, 65, 96, 128, 256, 1024]
-    for s in pm.engine_shapes():
-        paths = [table.choose("sm_90", "bfloat16", s.hidden, s.padded_rows, b).path for b in batches]
-        crossover = next(b for i, b in enumerate(batches) if all(p == "gemm" for p in paths[i:]))
-        # the pipelined kernel holds mma up to batch 64 on the Qwen3 shards (the old one lost from 17 / 9);
-        # gemm from C++'s gemm batch at the latest
-        assert crossover <= dispatch.CPP_GEMM_MIN_BATCH, (s.label, crossover)
-        assert model_best(s, 128)[0] == "gemm"
-        below = batches[batches.index(crossover) - 1] if crossover > 1 else None
-        if below is not None and table.choose("sm_90", "bfloat16", s.hidden, s.padded_rows, below).path == "mma":
-            _, times = model_best(s, below)
-            assert times["mma"] <= tune.HYSTERESIS * times["gemm"] * 1.25, (s.label, below, times)
-    qwen3 = [pm.engine_shape("qwen3", tp) for tp in (1, 4, 8)]
-    assert all(table.choose("sm_90", "bfloat16", s.hidden, s.padded_rows, 64).path == "mma" for s in qwen3)
 
 
 def _cpp_constant(name: str) -> set:
@@ -198,28 +154,16 @@ def _cpp_constant(name: str) -> set:
 
 def test_cpp_default_crossover_constant_is_mirrored():
     assert _cpp_constant("kDefaultGemmMinBatch") == {dispatch.CPP_GEMM_MIN_BATCH}, "update dispatch.CPP_* with csrc"
-    assert _cpp_constant("kSimtMaxBatch") == {dispatch.CPP_SIMT_MAX_BATCH}
-    assert _cpp_constant("kSimtMaxRowsPerSm") == {dispatch.CPP_SIMT_MAX_ROWS_PER_SM}
-
-
-def test_cpp_defaults_are_the_models():
-    """C++ auto's constants are the model's (predict.cpp_defaults, with the shipped table's registers):
-    gemm from the crossover with the smallest worst slowdown, simt at small batches on tp-8 shards
-    only where it beats the pipelined variants (it does not: 0 = off)."""
-    got = pm.cpp_defaults(pm.H200, tune.registers_of_table(SHIPPED))
-    assert got["gemm_min_batch"] == dispatch.CPP_GEMM_MIN_BATCH, got
-    assert got["simt_max_batch"] == dispatch.CPP_SIMT_MAX_BATCH, got
-    assert got["simt_max_rows_per_sm"] == dispatch.CPP_SIMT_MAX_ROWS_PER_SM, got
-    assert got["gemm_worst_slowdown"] < 1.2, got
+    assert not hasattr(dispatch, "CPP_SIMT_MAX_BATCH") and not _cpp_constant("kSimtMaxBatch")  # no simt rule
 
 
 # --- path="auto" on CUDA ------------------------------------------------------------------------------------
 
 
 def fake_table(path):
-    doc = copy.deepcopy(SHIPPED)
+    doc = copy.deepcopy(PREDICTED)
     for e in doc["tables"][0]["entries"]:
-        e["path"], e["variant"] = (path, None) if path != "mma" else ("mma", 7)
+        e["path"], e["config"] = (path, None) if path != "mma" else ("mma", "n1_r64_sk2")
     return dispatch.DispatchTable(doc)
 
 
@@ -232,8 +176,8 @@ def tensors(batch, hidden, rows, dtype=torch.bfloat16):
     [
         ("simt", 4, 4096, torch.bfloat16, "simt"),
         ("gemm", 64, 4096, torch.float16, "gemm"),
-        ("mma", 64, 4096, torch.bfloat16, "mma/7"),  # the table's variant
-        ("mma", 256, 4096, torch.bfloat16, "mma/7"),
+        ("mma", 64, 4096, torch.bfloat16, "mma/n1_r64_sk2"),  # the table's config, as the C++ op's path
+        ("mma", 256, 4096, torch.bfloat16, "mma/n1_r64_sk2"),
         ("mma", 256, 4100, torch.bfloat16, "auto"),  # the mma kernel cannot take H % 8 != 0: C++ decides
         ("gemm", 64, 4096, torch.float32, "auto"),  # no table for float32
     ],
@@ -250,23 +194,14 @@ def test_cuda_path_resolves_auto_from_the_table(monkeypatch, table_path, batch, 
     assert dispatch.cuda_path(h, w) == "auto"
 
 
-def test_shipped_table_through_cuda_path(monkeypatch):
-    monkeypatch.setattr(dispatch, "_arch", lambda index: "sm_90")
-    table = dispatch.table()
-    for s in pm.engine_shapes():
-        for b in (1, 4, 16, 64, 256):
-            h, w = tensors(b, s.hidden, s.padded_rows)
-            chosen = table.choose("sm_90", "bfloat16", s.hidden, s.padded_rows, b)
-            assert dispatch.cuda_path(h, w) == chosen.op_path
-            assert chosen.path != "mma" or chosen.op_path == f"mma/{chosen.variant}"
-
-
-def test_cuda_path_traces_under_torch_compile(monkeypatch):
-    # the lookup runs inside compiled code (fullgraph: no graph break) and picks what eager picks,
-    # also with a dynamic batch (dynamo guards on the bucket)
+def test_cuda_path_traces_under_torch_compile(measured_file, monkeypatch):
+    # the lookup runs inside compiled code (fullgraph: no graph break; the table of the last eager
+    # lookup, no file read) and picks what eager picks, also with a dynamic batch (dynamo guards on
+    # the bucket)
     monkeypatch.setattr(dispatch, "_arch", torch.compiler.assume_constant_result(lambda index: "sm_90"))
     s = pm.engine_shape("qwen3", 8)
-    code = {"simt": 1.0, "gemm": 2.0, "auto": 4.0, **{f"mma/{i}": 10.0 + i for i in dispatch.MMA_VARIANT_IDS}}
+    assert dispatch.table() is not None  # an eager lookup first
+    code = {"simt": 1.0, "gemm": 2.0, "auto": 4.0, **{f"mma/{n}": 10.0 + i for i, n in enumerate(MMA_CONFIGS)}}
 
     def f(h, w):
         return h + code[dispatch.cuda_path(h, w)]

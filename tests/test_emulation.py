@@ -23,10 +23,21 @@ import pytest
 import torch
 
 import localargmax  # noqa: F401  (registers torch.ops.localargmax)
+from localargmax._validation import MMA_CONFIGS
 from localargmax.reference import reference_logits
 from tests.support import emulation
 from tests.support.emulation import CSRC
-from tests.support.emulation_cases import ALL, HALF, TMA_TWINS, assert_keys_equal, cpu_keys, decode, exact_problem, ops
+from tests.support.emulation_cases import (
+    ALL,
+    EVERY_PATH_AND_CONFIG,
+    HALF,
+    assert_keys_equal,
+    cpu_keys,
+    decode,
+    exact_problem,
+    ops,
+    shapes,
+)
 from tests.support.reference import check_against_reference, error_bound
 
 pytestmark = pytest.mark.skipif(not emulation.have_compiler(), reason="g++ / objcopy not found")
@@ -35,28 +46,22 @@ pytestmark = pytest.mark.skipif(not emulation.have_compiler(), reason="g++ / obj
 # --- every instantiation, and the same kernel text in both builds ---
 
 
-# MmaVariant 4..15 of shard_argmax_launch.cuh: (NT, MT, WM, SK, KC, ST, MINB).
-PIPE_VARIANTS = [
-    (1, 2, 2, 1, 2, 4, 6),
-    (2, 2, 2, 1, 2, 4, 5),
-    (4, 2, 2, 1, 2, 3, 6),
-    (1, 2, 2, 2, 2, 4, 4),
-    (2, 2, 2, 2, 2, 4, 4),
-    (4, 2, 2, 2, 2, 3, 4),
-    (8, 2, 4, 1, 1, 4, 3),
-    (16, 1, 4, 1, 1, 3, 4),
-    (8, 2, 2, 1, 1, 4, 6),
-    (4, 2, 4, 1, 2, 3, 3),
-    (8, 4, 4, 1, 1, 4, 2),
-    (8, 3, 4, 1, 1, 6, 2),
-]
-# MmaVariant 16..20: the TMA twins of 4, 5, 13, 14, 15 (shard_argmax_mma_pipe_kernel<..., MINB, true>).
-MMA_VARIANTS = [f"mma/{v}" for v in range(emulation.NUM_MMA_VARIANTS)]
-# Variants that sum in the same order (same NT class and KC): bit-identical keys; each TMA
-# variant with its cp.async twin (the copy mechanism differs, not the data or the order).
-SAME_ORDER = [(4, 7), (5, 8), (6, 9), (10, 12), (6, 13), (10, 14), (10, 15)] + [
-    (twin, tma) for tma, twin in TMA_TWINS.items()
-]
+# The tensor-core kernel's configs (csrc/cuda/mma_configs.h, read from _C), each forced by name.
+MMA_CONFIG_PATHS = [f"mma/{name}" for name in MMA_CONFIGS]
+# Configs that sum in the same order (equal KC): bit-identical keys, neighbours of each class
+# in table order (every TMA config lands next to the others of its class, so beside its twin's).
+_CLASSES = [[n for n, m in MMA_CONFIGS.items() if m.kc == kc] for kc in sorted({m.kc for m in MMA_CONFIGS.values()})]
+SAME_ORDER = [(a, b) for names in _CLASSES for a, b in zip(names, names[1:])]
+
+
+def _template(m) -> str:
+    return f"{m.nt}, {m.mt}, {m.wm}, {m.sk}, {m.kc}, {m.st}, {m.minb}, {str(m.tma).lower()}"
+
+
+def test_the_emulation_compiles_the_table_c_exports(emu):
+    """The emulation library and _C are built from the one table: the same names in the same order."""
+    assert emu.mma_configs == list(MMA_CONFIGS)
+    assert len(MMA_CONFIGS) == 13 and len(SAME_ORDER) == 11
 
 
 def _instantiations():
@@ -68,13 +73,7 @@ def _instantiations():
                     names.append(f"shard_argmax_kernel<{t}, {nb}, {v}, {topk}>")
                     names.append(f"shard_argmax_kernel<{t}, {nb}, {v}, {topk}, true>")  # LSE: the *_lse ops
         if t != "float":
-            names += [f"shard_argmax_mma_kernel<{t}, {nt}, {kv}>" for nt, kv in ((1, 2), (2, 2), (4, 1), (8, 1))]
-            # <..., MINB, TMA>: the cp.async variants, then their TMA twins
-            names += [f"shard_argmax_mma_pipe_kernel<{t}, {', '.join(map(str, v))}, false>" for v in PIPE_VARIANTS]
-            names += [
-                f"shard_argmax_mma_pipe_kernel<{t}, {', '.join(map(str, PIPE_VARIANTS[twin - 4]))}, true>"
-                for twin in TMA_TWINS.values()
-            ]
+            names += [f"shard_argmax_mma_pipe_kernel<{t}, {_template(m)}>" for m in MMA_CONFIGS.values()]
             names.append(f"logits_to_keys_kernel<{t}>")
             names.append(f"logits_to_keys_kernel<{t}, true>")
     return names + ["merge_keys_kernel", "merge_partition_kernel"]
@@ -82,7 +81,7 @@ def _instantiations():
 
 def test_every_instantiation_the_launchers_pick_runs(emu, gen):
     """Batch sizes at every NB / NT boundary, vector and scalar loads, top-k
-    and argmax, each dtype: the launch choices of shard_argmax_launch.cuh reach
+    and argmax, each dtype: the launch choices of shard_launch.cuh reach
     every instantiation, and each one runs checked."""
     emu.launched.clear()
     for dtype in ALL:
@@ -97,10 +96,8 @@ def test_every_instantiation_the_launchers_pick_runs(emu, gen):
                 if dtype in HALF and hidden_size == 8:
                     assert_keys_equal(emu.shard(h, w, path="gemm"), want, f"gemm {dtype} B={batch}")
                     assert_keys_equal(emu.shard(h, w, path="gemm", log_partition=True)[0], want, "gemm, lse")
-    # mma: auto's choices at every NT boundary, split (few blocks per SM) or not, with the
-    # dynamic-shared-memory variants, with 10 (50 KiB) but not 13 / 14, or (48 KiB opt-in limit)
-    # with none of them; then every other
-    # variant of the table forced (the register-double-buffered kernel is forced only).
+    # mma: auto's choices at every NT boundary, split (few blocks per SM) or not, under the
+    # H200's opt-in limit, 56 KiB (no n4_r128 / n8_*) and 48 KiB; then every config forced.
     auto = set()
     for dtype in HALF:
         for batch in (1, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129):
@@ -109,36 +106,34 @@ def test_every_instantiation_the_launchers_pick_runs(emu, gen):
             # 5 tiles of 64 rows: >= 4 per SM on 1 SM; on 132 a small grid (split K, 64-row tiles at NT = 8)
             for sm_count in (1, 132):
                 for limit in (emulation.DEFAULT_SMEM_LIMIT, 56 * 1024, 48 * 1024):
-                    auto.add(emu.mma_variant(8, 300, batch, sm_count, limit))
+                    auto.add(emu.mma_config(8, 300, batch, sm_count, limit))
                     got = emu.shard(h, w, path="mma", sm_count=sm_count, smem_limit=limit)
                     assert_keys_equal(got, want, f"mma {dtype} B={batch}")
-        for v in range(emulation.NUM_MMA_VARIANTS):
+        for path in MMA_CONFIG_PATHS:
             h, w, _ = exact_problem(gen, 3, 3, 8, dtype)
-            assert_keys_equal(emu.shard(h, w, path=f"mma/{v}"), cpu_keys(h, w, None, 0, 3), f"mma/{v} {dtype}")
-    # auto: every pipelined cp.async variant, never a TMA one (sm_90+ only; a GPU --tune decides)
-    assert auto == {v for v in range(4, emulation.NUM_MMA_VARIANTS) if v not in TMA_TWINS}, auto
+            assert_keys_equal(emu.shard(h, w, path=path), cpu_keys(h, w, None, 0, 3), f"{path} {dtype}")
+    # auto: every cp.async config, never a TMA one (sm_90+ only; a GPU --tune decides)
+    assert auto == {n for n, m in MMA_CONFIGS.items() if not m.tma}, auto
     keys = torch.stack([ops.shard_argmax(*exact_problem(gen, 4, 5, 8, torch.float32)[:2], None, 0, 5)])
     emu.merge_keys(keys)
     assert set(_instantiations()) == set(emu.launched), set(_instantiations()) ^ set(emu.launched)
 
 
-def test_tma_variants_are_forced_only_twins(emu):
-    """Ids 16-20 copy the weight by TMA (the header's kTma; the model's kind "tma"), each the twin of
-    a cp.async variant with the same parameters (so the same sums); their dynamic shared memory is
-    the twin's plus ST 8-byte mbarriers; auto never picks them (test above) nor does a dispatch
-    table (predict.mma_candidates)."""
-    from localargmax.bench import predict as pm
+def test_tma_configs_are_forced_only_twins():
+    """The _tma configs copy the weight by TMA, each the twin of a cp.async config with the same
+    fields (so the same sums); their dynamic shared memory is the twin's plus ST 8-byte mbarriers;
+    auto never picks them (test above) nor does a dispatch table (predict.mma_candidates)."""
+    from bench import predict as pm
 
-    for v in range(emulation.NUM_MMA_VARIANTS):
-        m = pm.MMA_VARIANTS[v]
-        assert emu.mma_variant_tma(v) == (v in TMA_TWINS) == (m.kind == "tma"), v
-        if v in TMA_TWINS:
-            twin = pm.MMA_VARIANTS[TMA_TWINS[v]]
-            assert m.twin == twin.id and m.template == twin.template and m.order == twin.order
-            assert emu.mma_variant_smem(v) == twin.smem + 8 * m.st
-            assert all(v not in pm.mma_candidates(b) for b in (1, 16, 32, 33, 64, 128))
-            assert v in pm.mma_tma_twins(8 if m.kc == 2 else 64)
-    assert not emu.mma_variant_tma(emulation.NUM_MMA_VARIANTS)
+    tma = [m for m in MMA_CONFIGS.values() if m.tma]
+    assert len(tma) == 5
+    for m in tma:
+        twin = MMA_CONFIGS[pm.twin_of(m)]
+        assert twin.name + "_tma" == m.name and not twin.tma and m.order == twin.order
+        assert m.dynamic_smem == twin.dynamic_smem + 8 * m.st and m.static_smem == twin.static_smem
+        assert all(m.name not in pm.mma_candidates(b) for b in (1, 16, 32, 33, 64, 128))
+        assert m.name in pm.mma_tma_twins(8 if m.kc == 2 else 64)
+    assert all(pm.twin_of(m) is None for m in MMA_CONFIGS.values() if not m.tma)
 
 
 def _split_device_host(body: str) -> tuple[str, str]:
@@ -159,10 +154,10 @@ def test_host_and_cuda_builds_compile_the_same_kernel_text(emu):
             f"{f.name} holds preprocessor switches {conditionals}: the host emulation and nvcc "
             "could compile different kernel text"
         )
-    # mma_sync.cuh: the asm under nvcc, the emulation on the host: mma.sync one switch per dtype;
+    # mma_sync.cuh: the asm under nvcc, the emulation on the host: one mma.sync per dtype, one switch;
     # the cp.async and griddepcontrol wrappers defined once per compiler, each with a host twin.
     body = (CSRC / "cuda" / "mma_sync.cuh").read_text()
-    assert body.count("emu::mma_m16n8k16(") == 2
+    assert body.count("emu::mma_m16n8k16(") == 1 and 'LAM_MMA("bf16")' in body and 'LAM_MMA("f16")' in body
     device, host = _split_device_host(body)
     wrappers = ("cp_async16", "cp_async_commit", "cp_async_wait", "grid_dependency_wait", "allow_dependent_launch")
     # ... and the TMA variants' mbarrier, proxy fence and bulk tensor copy
@@ -210,31 +205,9 @@ def test_host_and_cuda_builds_compile_the_same_kernel_text(emu):
 
 # --- argmax on every path, exact problems: keys bit-equal to the CPU kernel's ---
 
-SIMT = [
-    (1, 1, 8),
-    (2, 65, 16),
-    (3, 130, 24),
-    (4, 300, 40),
-    (5, 63, 7),
-    (8, 129, 4104),
-    (9, 64, 33),
-    (17, 127, 1),
-    (130, 70, 16),
-]
-MMA = [
-    (1, 1, 8),
-    (8, 129, 16),
-    (9, 65, 24),
-    (16, 300, 40),
-    (17, 127, 8),
-    (32, 64, 4104),
-    (33, 129, 40),
-    (64, 65, 16),
-    (65, 130, 24),
-    (128, 70, 8),
-    (130, 3, 16),
-]
-GEMM = [(1, 1, 8), (7, 300, 40), (130, 129, 4104)]
+SIMT = shapes("1x1x8 2x65x16 3x130x24 4x300x40 5x63x7 8x129x4104 9x64x33 17x127x1 130x70x16")
+MMA = shapes("1x1x8 8x129x16 9x65x24 16x300x40 17x127x8 32x64x4104 33x129x40 64x65x16 65x130x24 128x70x8 130x3x16")
+GEMM = shapes("1x1x8 7x300x40 130x129x4104")
 
 
 @pytest.mark.parametrize("dtype", ALL, ids=str)
@@ -259,22 +232,12 @@ def test_mma_argmax(emu, gen, dtype, batch, rows, hidden_size):
 # Every variant: row tails (rows % 64, % 128), k tails (H not a multiple of a
 # stage's KC * 32 elements, fewer steps than stages, H = 4104 many steps),
 # batch 1..128 and past a variant's pass (grid y).
-VARIANT_SHAPES = [
-    (1, 1, 8),
-    (7, 65, 40),
-    (16, 129, 104),
-    (23, 300, 264),
-    (40, 64, 8),
-    (64, 200, 4104),
-    (100, 127, 72),
-    (128, 130, 24),
-    (129, 3, 16),
-]
+VARIANT_SHAPES = shapes("1x1x8 7x65x40 16x129x104 23x300x264 40x64x8 64x200x4104 100x127x72 128x130x24 129x3x16")
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
-@pytest.mark.parametrize("path", MMA_VARIANTS)
-def test_every_mma_variant_against_the_cpu_kernel(emu, gen, dtype, path):
+@pytest.mark.parametrize("path", MMA_CONFIG_PATHS)
+def test_every_mma_config_against_the_cpu_kernel(emu, gen, dtype, path):
     for i, (batch, rows, hidden_size) in enumerate(VARIANT_SHAPES):
         h, w, b = exact_problem(gen, batch, rows, hidden_size, dtype, (None, "f", "t")[i % 3])
         got = emu.shard(h, w, b, 77, rows, path=path)
@@ -283,13 +246,13 @@ def test_every_mma_variant_against_the_cpu_kernel(emu, gen, dtype, path):
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 @pytest.mark.parametrize("pair", SAME_ORDER, ids=str)
-def test_identical_rows_give_identical_bits_in_every_place_and_variant(emu, gen, dtype, pair):
+def test_identical_rows_give_identical_bits_in_every_place_and_config(emu, gen, dtype, pair):
     """Rule 5 on random floats (inexact sums): a weight row copied to rows in
     other warps, m-tiles and tiles, and a hidden row copied to other batch
     positions, give bit-identical keys (value bits) wherever they sit; the
-    variants of one summation order (split-K or not, a choice by grid size)
+    configs of one summation order (split-K or not, a choice by grid size)
     and shards cut at another row (another num_valid / vocab_start) agree bit for bit."""
-    batch = {4: 8, 5: 16, 6: 32, 10: 64, 13: 32, 14: 64, 15: 64}[pair[0]]
+    batch = min(8 * max(MMA_CONFIGS[c].nt for c in pair), 64)
     rows, hidden_size = 300, 264
     h = torch.randn(batch, hidden_size, generator=gen).to(dtype)
     w = (torch.randn(rows, hidden_size, generator=gen)).to(dtype)
@@ -297,23 +260,23 @@ def test_identical_rows_give_identical_bits_in_every_place_and_variant(emu, gen,
         w[r] = w[5]
     for b in range(1, batch, 3):
         h[b] = h[0]
-    keys = {v: emu.shard(h, w, None, 0, rows, path=f"mma/{v}") for v in pair}
+    keys = {c: emu.shard(h, w, None, 0, rows, path=f"mma/{c}") for c in pair}
     assert torch.equal(keys[pair[0]], keys[pair[1]])
-    for v in pair:  # same values for the duplicated hidden rows; ties to the smallest index
-        got = keys[v]
+    for c in pair:  # same values for the duplicated hidden rows; ties to the smallest index
+        got = keys[c]
         assert (got[1::3] == got[0]).all()
         # against float64 with the float32 error bound; the copies of row 5 tie it exactly, so only
         # row 5 may win for them (rule 1): their columns are taken out of the reference
         logits = reference_logits(h, w)
         logits[:, [17, 40, 63, 64, 150, 299]] = -math.inf
         reference = (logits, error_bound(h, w))
-        check_against_reference(decode(got), h, w, min_clear_fraction=0.5, reference=reference, context=f"mma/{v}")
+        check_against_reference(decode(got), h, w, min_clear_fraction=0.5, reference=reference, context=f"mma/{c}")
         # the value of row 5 and of its copies, as winners: plant them as the winners via a bias
         bias = torch.full((rows,), -1e4)
         bias[[5, 17, 40, 63, 64, 150, 299]] = 0.0
-        won = emu.shard(h, w, bias, 0, rows, path=f"mma/{v}")
+        won = emu.shard(h, w, bias, 0, rows, path=f"mma/{c}")
         assert (decode(won) == 5).all()
-        later = emu.shard(h, w[6:], bias[6:], 6, rows - 6, path=f"mma/{v}")  # row 5 cut away: copy 17 wins
+        later = emu.shard(h, w[6:], bias[6:], 6, rows - 6, path=f"mma/{c}")  # row 5 cut away: copy 17 wins
         assert (decode(later) == 17).all() and torch.equal(later >> 32, won >> 32)
 
 
@@ -323,39 +286,36 @@ SMEM_LIMITS = (227 * 1024, 163 * 1024, 99 * 1024, 48 * 1024)
 
 
 @pytest.mark.parametrize("smem_limit", SMEM_LIMITS)
-def test_auto_never_picks_a_variant_past_the_shared_memory_limit(emu, gen, smem_limit):
-    """choose_mma_variant under the device's opt-in limit: the variant it picks fits, sums in the
-    order class of the batch (KC = 2 up to 32, KC = 1 past it) whatever the limit, and gives the
-    bits of the unlimited choice."""
-    from localargmax.bench import predict as pm
+def test_auto_never_picks_a_config_past_the_shared_memory_limit(emu, gen, smem_limit):
+    """choose_mma_config under the device's opt-in limit: the config it picks fits, sums in the
+    order class of the batch (KC = 2 up to 32, KC = 1 past it) whatever the limit, gives the
+    bits of the unlimited choice, and is the model's cpp_mma_config."""
+    from bench import predict as pm
 
     for batch in (1, 9, 17, 32, 33, 64, 65):
         for num_valid in (300, 151936):
             for sm_count in (1, 132):
-                vid = emu.mma_variant(4096, num_valid, batch, sm_count, smem_limit)
-                assert 0 < emu.mma_variant_smem(vid) <= smem_limit, (vid, smem_limit)
-                unlimited = emu.mma_variant(4096, num_valid, batch, sm_count)
-                assert pm.MMA_VARIANTS[vid].order == pm.MMA_VARIANTS[unlimited].order
-                assert pm.cpp_mma_variant(num_valid, batch, sm_count, smem_limit) == vid
+                name = emu.mma_config(4096, num_valid, batch, sm_count, smem_limit)
+                assert 0 < MMA_CONFIGS[name].smem <= smem_limit, (name, smem_limit)
+                unlimited = emu.mma_config(4096, num_valid, batch, sm_count)
+                assert MMA_CONFIGS[name].order == MMA_CONFIGS[unlimited].order == f"KC={2 if batch <= 32 else 1}"
+                assert pm.cpp_mma_config(num_valid, batch, sm_count, smem_limit) == name
     h = torch.randn(40, 264, generator=gen).to(torch.bfloat16)
     w = torch.randn(300, 264, generator=gen).to(torch.bfloat16)
     assert torch.equal(emu.shard(h, w, path="mma", smem_limit=smem_limit), emu.shard(h, w, path="mma"))
 
 
-def test_forced_variant_past_the_shared_memory_limit_raises(emu, gen):
-    """path="mma/<id>" whose shared memory exceeds the device's opt-in limit: ValueError naming the
-    variant, its bytes and the limit (run_mma's TORCH_CHECK_VALUE); the header's bytes = the model's."""
-    from localargmax.bench import predict as pm
-
+def test_forced_config_past_the_shared_memory_limit_raises(emu, gen):
+    """A forced config whose shared memory exceeds the device's opt-in limit: ValueError naming the
+    config, its bytes and the limit (run_mma's TORCH_CHECK_VALUE); a name not in the table is refused."""
     h, w, _ = exact_problem(gen, 3, 3, 8, torch.bfloat16)
-    for m in pm.MMA_VARIANTS:
-        assert emu.mma_variant_smem(m.id) == m.smem, m
-    assert emu.mma_variant_smem(emulation.NUM_MMA_VARIANTS) == -1
-    big = max(pm.MMA_VARIANTS, key=lambda m: m.smem)
+    big = max(MMA_CONFIGS.values(), key=lambda m: m.smem)
     assert big.smem > 48 * 1024
-    with pytest.raises(ValueError, match=rf"path='mma/{big.id}' needs {big.smem} bytes .* allows {48 * 1024}"):
-        emu.shard(h, w, path=f"mma/{big.id}", smem_limit=48 * 1024)
-    assert_keys_equal(emu.shard(h, w, path=f"mma/{big.id}", smem_limit=big.smem), cpu_keys(h, w, None, 0, 3), "fits")
+    with pytest.raises(ValueError, match=rf"config '{big.name}' needs {big.smem} bytes .* allows {48 * 1024}"):
+        emu.shard(h, w, path=f"mma/{big.name}", smem_limit=48 * 1024)
+    assert_keys_equal(emu.shard(h, w, path=f"mma/{big.name}", smem_limit=big.smem), cpu_keys(h, w, None, 0, 3), "fits")
+    with pytest.raises(ValueError, match="no such mma config"):
+        emu.shard(h, w, path="mma/no_such_config")
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
@@ -387,21 +347,7 @@ def test_simt_topk_in_torch_topk_order(emu, gen, dtype, batch, rows, hidden_size
     assert (got[:, kept:] == 0).all()  # empty slots
 
 
-@pytest.mark.parametrize(
-    "path,dtype",
-    [
-        ("simt", torch.float32),
-        ("simt", torch.bfloat16),
-        ("mma", torch.float16),
-        ("mma", torch.bfloat16),
-        ("gemm", torch.bfloat16),
-        ("mma/0", torch.float16),
-        ("mma/4", torch.bfloat16),
-        ("mma/7", torch.float16),
-        ("mma/10", torch.bfloat16),
-        ("mma/11", torch.float16),
-    ],
-)
+@pytest.mark.parametrize("path,dtype", EVERY_PATH_AND_CONFIG)
 @pytest.mark.parametrize("batch,rows,hidden_size", [(5, 300, 40), (33, 129, 16)])
 def test_sample_equals_cpu_draws(emu, gen, path, dtype, batch, rows, hidden_size):
     h, w, b = exact_problem(gen, batch, rows, hidden_size, dtype)

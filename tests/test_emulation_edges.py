@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import localargmax  # noqa: F401  (registers torch.ops.localargmax)
+from localargmax._validation import MMA_CONFIGS
 from localargmax.reference import reference_logits
 from tests.support import emulation
-from tests.support.emulation_cases import TMA_TWINS, assert_keys_equal, cpu_keys, decode, exact_problem, ops
+from tests.support.emulation_cases import EVERY_PATH_AND_CONFIG, assert_keys_equal, cpu_keys, decode, exact_problem, ops
 from tests.support.reference import check_against_reference, error_bound
 
 pytestmark = pytest.mark.skipif(not emulation.have_compiler(), reason="g++ / objcopy not found")
@@ -39,7 +40,20 @@ def test_merge_keys_with_d2t_and_an_empty_shard(emu, gen):
 # --- the grid-y loop, padding rows, ties across blocks, special values ---
 
 
-@pytest.mark.parametrize("path", ["simt", "mma", "gemm", "mma/0", "mma/4", "mma/10", "mma/11", "mma/16", "mma/19"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "simt",
+        "mma",
+        "gemm",
+        "mma/n1_r64",
+        "mma/n4_r128",
+        "mma/n8_r192",
+        "mma/n16_r64",
+        "mma/n1_r64_tma",
+        "mma/n8_r256_tma",
+    ],
+)
 @pytest.mark.parametrize("max_grid_y", [1, 2])
 def test_grid_y_loop(emu, gen, path, max_grid_y):
     h, w, b = exact_problem(gen, 130, 150, 24, torch.bfloat16, "f")
@@ -50,20 +64,7 @@ def test_grid_y_loop(emu, gen, path, max_grid_y):
     assert_keys_equal(got, cpu_keys(h, w, b, 0, 150, temperature=t, seed=3, offset=5), "sample")
 
 
-# Each path with each dtype it serves (gemm: one) and every
-# tensor-core variant (alternating bf16 / fp16), for the tests of special rows.
-EVERY_PATH_AND_VARIANT = [
-    ("simt", torch.float32),
-    ("simt", torch.bfloat16),
-    ("simt", torch.float16),
-    ("mma", torch.bfloat16),
-    ("mma", torch.float16),
-    ("gemm", torch.float16),
-    *[(f"mma/{v}", (torch.bfloat16, torch.float16)[v % 2]) for v in range(emulation.NUM_MMA_VARIANTS)],
-]
-
-
-@pytest.mark.parametrize("path,dtype", EVERY_PATH_AND_VARIANT)
+@pytest.mark.parametrize("path,dtype", EVERY_PATH_AND_CONFIG)
 def test_padding_rows_never_win(emu, gen, path, dtype):
     h, w, b = exact_problem(gen, 9, 256, 16, dtype, "f" if dtype != torch.float32 else "t", lo=0, hi=2)
     w[70:] = 8.0  # padding rows past num_valid = 70, far larger than every real row
@@ -73,7 +74,7 @@ def test_padding_rows_never_win(emu, gen, path, dtype):
     assert (decode(got) < 70).all()
 
 
-@pytest.mark.parametrize("path,dtype", EVERY_PATH_AND_VARIANT)
+@pytest.mark.parametrize("path,dtype", EVERY_PATH_AND_CONFIG)
 @pytest.mark.parametrize("scramble", [False, True])
 def test_ties_across_blocks_go_to_the_smallest_index(emu, gen, path, dtype, scramble):
     """Random float data; the winning row is copied to rows in other warps, m-tiles
@@ -91,7 +92,7 @@ def test_ties_across_blocks_go_to_the_smallest_index(emu, gen, path, dtype, scra
     assert torch.equal(decode(got), decode(cpu_keys(h, w, None, 0, rows)))
 
 
-@pytest.mark.parametrize("path,dtype", EVERY_PATH_AND_VARIANT)
+@pytest.mark.parametrize("path,dtype", EVERY_PATH_AND_CONFIG)
 def test_nan_negative_zero_and_infinite_rows(emu, gen, path, dtype):
     h, w, _ = exact_problem(gen, 6, 150, 16, dtype)
     h[0] = 0.0  # every logit +-0.0: all tie, index 0 wins
@@ -116,9 +117,9 @@ def test_nan_negative_zero_and_infinite_rows(emu, gen, path, dtype):
 
 @pytest.mark.parametrize(
     "path,dtype",
-    [("simt", torch.float32), ("simt", torch.bfloat16), ("mma", torch.bfloat16), ("mma/4", torch.float16)]
-    + [(f"mma/{v}", torch.bfloat16) for v in (7, 10, 11)]
-    + [(f"mma/{v}", (torch.bfloat16, torch.float16)[v % 2]) for v in TMA_TWINS],
+    [("simt", torch.float32), ("simt", torch.bfloat16), ("mma", torch.bfloat16), ("mma/n1_r64", torch.float16)]
+    + [(f"mma/{name}", torch.bfloat16) for name in ("n1_r64_sk2", "n8_r192", "n16_r64")]
+    + [(f"mma/{m.name}", (torch.bfloat16, torch.float16)[i % 2]) for i, m in enumerate(MMA_CONFIGS.values()) if m.tma],
 )
 def test_random_floats_against_the_float64_reference(emu, gen, path, dtype):
     for batch, rows, hidden_size in ((3, 300, 4104), (20, 129, 40)):
@@ -134,7 +135,10 @@ def test_random_floats_against_the_float64_reference(emu, gen, path, dtype):
         assert ((values.double() - logits[rows, best]).abs() <= 2 * err[rows, ids] + err[rows, best]).all()
 
 
-@pytest.mark.parametrize("path", ["simt", "mma", "mma/0", "mma/4", "mma/10", "mma/11", "mma/16", "mma/19"])
+@pytest.mark.parametrize(
+    "path",
+    ["simt", "mma", "mma/n1_r64", "mma/n4_r128", "mma/n8_r192", "mma/n16_r64", "mma/n1_r64_tma", "mma/n8_r256_tma"],
+)
 def test_weight_offsets_beyond_2_31_elements(emu, gen, path):
     """A weight view whose rows lie 2**23 + 8 elements apart: rows >= 256 sit
     past element 2**31 (4 GiB of bf16 address space, mostly never touched)."""

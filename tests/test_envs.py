@@ -10,6 +10,7 @@ from localargmax import envs
 OTHER_VALUE = {
     "LOCALARGMAX_DEBUG": ("1", True),
     "LOCALARGMAX_VLLM_PLUGIN": ("0", False),
+    "LOCALARGMAX_DISPATCH_TABLE": ("/tmp/measured.json", "/tmp/measured.json"),
     "LOCALARGMAX_CUDA": ("0", False),
     "LOCALARGMAX_CUDA_ARCH": ("90a", "90a"),
     "LOCALARGMAX_BUILD_JOBS": ("3", 3),
@@ -17,7 +18,7 @@ OTHER_VALUE = {
     "LOCALARGMAX_TEST_SEED": ("17", 17),
     "LOCALARGMAX_STRESS_CASES": ("5", 5),
     "LOCALARGMAX_TEST_START": ("spawn", "spawn"),
-    "LOCALARGMAX_TEST_SKIP_PATHS": ("mma/10", "mma/10"),
+    "LOCALARGMAX_TEST_SKIP_PATHS": ("mma/n16_r64", "mma/n16_r64"),
 }
 
 
@@ -84,8 +85,8 @@ def test_debug_set_after_a_first_call_takes_effect(monkeypatch):
 
 def test_skip_paths_knob_skips_the_tests_that_force_a_path(monkeypatch):
     """LOCALARGMAX_TEST_SKIP_PATHS (set by bench/gpu_check.sh from its configs
-    step): tests whose id or parameters name the path, or take its variant id,
-    are skipped with the reason; mma/1 does not match mma/10."""
+    step): tests whose id or parameters name the path, or take its config's
+    name, are skipped with the reason; mma/n1_r64 does not match mma/n1_r64_sk2."""
     import types
 
     from tests import conftest
@@ -96,19 +97,41 @@ def test_skip_paths_knob_skips_the_tests_that_force_a_path(monkeypatch):
         return it
 
     items = [
-        item("t.py::test_forced[mma/10-bf16]"),
-        item("t.py::test_every_variant[bf16-10]", variant=10),
-        item("t.py::test_pairs[10-14]", pair=(10, 14)),
-        item("t.py::test_forced[mma/1-bf16]"),
-        item("t.py::test_every_variant[bf16-1]", variant=1),
+        item("t.py::test_forced[mma/n1_r64-bf16]"),
+        item("t.py::test_every_config[bf16-n1_r64]", config="n1_r64"),
+        item("t.py::test_pairs[n1_r64-n2_r64]", pair=("n1_r64", "n2_r64", 32)),
+        item("t.py::test_forced[mma/n1_r64_sk2-bf16]"),
+        item("t.py::test_every_config[bf16-n1_r64_sk2]", config="n1_r64_sk2"),
         item("t.py::test_path[cuda-gemm]", path="gemm"),
     ]
-    monkeypatch.setenv("LOCALARGMAX_TEST_SKIP_PATHS", " mma/10, gemm")
+    monkeypatch.setenv("LOCALARGMAX_TEST_SKIP_PATHS", " mma/n1_r64, gemm")
     conftest.pytest_collection_modifyitems(None, items)
     skipped = [bool(it.marks) for it in items]
     assert skipped == [True, True, True, False, False, True]
-    assert "mma/10 failed its first call" in items[0].marks[0].kwargs["reason"]
+    assert "mma/n1_r64 failed its first call" in items[0].marks[0].kwargs["reason"]
     monkeypatch.setenv("LOCALARGMAX_TEST_SKIP_PATHS", "")
-    fresh = [item("t.py::test_forced[mma/10-bf16]")]
+    fresh = [item("t.py::test_forced[mma/n1_r64-bf16]")]
     conftest.pytest_collection_modifyitems(None, fresh)
     assert fresh[0].marks == []
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({}, None),
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, (1, 2, 1)),
+        ({"RANK": "1", "WORLD_SIZE": "2"}, "LOCAL_RANK missing"),
+        ({"RANK": "x", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, "integers"),
+        ({"RANK": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, "< WORLD_SIZE"),
+    ],
+)
+def test_torchrun_rank_reads_all_three_or_none(env, expected, monkeypatch):
+    for k in envs.TORCHRUN_VARIABLES:
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    if isinstance(expected, str):
+        with pytest.raises(ValueError, match=expected):
+            envs.torchrun_rank()
+    else:
+        assert envs.torchrun_rank() == expected

@@ -118,8 +118,8 @@ def test_dry_run_walks_every_step_and_a_timed_out_step_leaves_the_others_files(t
         tuned = json.load(tar.extractfile("bench/dispatch_table_predicted.json"))
     bench_log = text[text.index("== bench (cap") : text.index("== tests (cap")]
     assert bench_log.index("-- tune (cap") < bench_log.index("-- bench qwen3_tp8"), bench_log[:2000]
-    assert "SKIPPED on the CPU (--tune needs a GPU" in bench_log
-    assert "--tune --tune-seconds" in SCRIPT.read_text() and "dispatch_table_measured.json" in SCRIPT.read_text()
+    assert "SKIPPED on the CPU (bench.tune needs a GPU" in bench_log
+    assert "-m bench.tune --seconds" in SCRIPT.read_text() and "dispatch_table_measured.json" in SCRIPT.read_text()
     from localargmax import dispatch
 
     dispatch.validate(tuned)

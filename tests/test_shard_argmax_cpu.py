@@ -12,7 +12,7 @@ import torch
 import localargmax
 from tests.support.keys import pack_key, same_float32, to_int64
 from tests.support.paths import (
-    CPU_PATHS,
+    bit_exact_cpu_paths,
     each_cpu_path_and_thread_count,
     use_path,
 )
@@ -37,8 +37,9 @@ from tests.support.shard_argmax_common import DTYPE_IDS, DTYPES, dominant_paddin
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("hsize", [1, 7, 8, 9, 33, 100])
 def test_generic_isa_matches_default(gen, dtype, hsize):
-    """Bit-identical keys and per-row logits from both CPU ISA variants, with
-    tiny / huge / non-finite values in a few places."""
+    """Bit-identical keys and per-row logits from every bit-exact CPU path
+    this CPU has (auto, generic, avx2, avx512), with tiny / huge / non-finite
+    values in a few places."""
     rows = 777
     hidden, weight, _ = random_problem(gen, 13, rows, hsize, dtype)
     weight[5, 0], weight[9, -1], hidden[3, 0] = float("inf"), float("nan"), 0.0
@@ -46,7 +47,8 @@ def test_generic_isa_matches_default(gen, dtype, hsize):
         hidden[4] = hidden[4] * 1e-30
     bias = torch.randn(rows, generator=gen)
     results = []
-    for path in (*CPU_PATHS, CPU_PATHS[0]):
+    paths = bit_exact_cpu_paths()
+    for path in (*paths, paths[0]):
         with use_path(path):
             results.append(
                 [
@@ -60,10 +62,10 @@ def test_generic_isa_matches_default(gen, dtype, hsize):
     weight[5, 0], weight[9, -1] = 1.0, -1.0
     for row in (0, 1, 5, 9, 63, 64, 600, 776):  # every row's own logit, through the bias trick
         vals = []
-        for path in CPU_PATHS:
+        for path in paths:
             with use_path(path):
                 vals.append(logit_at(hidden, weight, row))
-        assert same_float32(*vals), f"row {row} logit differs between ISA variants"
+        assert all(same_float32(vals[0], v) for v in vals[1:]), f"row {row} logit differs between ISA variants"
 
 
 HSIZES = (1, 2, 3, 31, 33, 127, 129, 4095, 4097)
@@ -109,7 +111,7 @@ def test_cross_block_batch_sizes(gen, batch):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_isa_and_threads_bit_identical(gen, dtype):
-    """Both CPU ISA variants, 1 and 2 threads: bit-identical keys for every
+    """Every bit-exact CPU path this CPU has, 1 and 2 threads: bit-identical keys for every
     hidden width and shard height (chunks are fixed by the problem, not by
     the thread count), an exact tie across blocks included."""
     compared = 0
@@ -211,9 +213,11 @@ def test_near_ties_only_within_error_bound(gen, dtype, twins):
 
 @pytest.mark.parametrize("op", ["argmax", "topk", "sample"])
 def test_cpu_path_keyword(gen, op):
-    """CPU paths: generic and avx2 (where the CPU has it) give bit-identical
-    keys; an unknown path, or a CUDA path on CPU, is a ValueError naming
-    ``path`` (checked by the wrapper and by the kernel itself)."""
+    """CPU paths: generic, avx2 and avx512 (where the CPU has them) give
+    bit-identical keys; a forced path the CPU lacks is a ValueError naming
+    the missing features; an unknown path, or a CUDA path on CPU, is a
+    ValueError naming ``path`` (checked by the wrapper and by the kernel
+    itself)."""
     hidden = torch.randn(5, 37, generator=gen).to(torch.bfloat16)
     weight = torch.randn(200, 37, generator=gen).to(torch.bfloat16)
     call = {
@@ -223,16 +227,18 @@ def test_cpu_path_keyword(gen, op):
     }[op]
     auto, generic = call("auto"), call("generic")
     assert torch.equal(auto, generic)
-    try:
-        avx2 = call("avx2")
-    except ValueError as e:  # a CPU without AVX2: the refusal must say why
-        assert "needs a CPU with AVX2" in str(e)
-    else:
-        assert torch.equal(avx2, generic)
-    for bad in ("mma", "simt", "mma/4", "AVX2", "", None, 3):
+    for name in ("avx2", "avx512", "avx512_bf16"):
+        try:
+            got = call(name)
+        except ValueError as e:  # a CPU without it: the refusal must say what is missing
+            assert f"path='{name}' needs a CPU with" in str(e) and "this CPU lacks" in str(e)
+        else:
+            if name != "avx512_bf16":  # vdpbf16ps: other bits for bf16 (tests/test_cpu_paths.py)
+                assert torch.equal(got, generic), name
+    for bad in ("mma", "simt", "mma/4", "AVX2", "amx", "", None, 3):
         with pytest.raises(ValueError, match="path must be one of"):
             call(bad)
-    with pytest.raises(ValueError, match="path must be 'auto', 'generic' or 'avx2' on CPU"):
+    with pytest.raises(ValueError, match="path must be 'auto', 'generic', 'avx2', 'avx512' or 'avx512_bf16' on CPU"):
         torch.ops.localargmax.shard_argmax.default(hidden, weight, None, 0, 200, "gemm")
 
 
@@ -244,8 +250,8 @@ def test_log_partition_pair_on_every_cpu_path_and_thread_count(gen, dtype):
     """shard_argmax(log_partition=True): without a transform the same keys as
     shard_argmax; ref is the value of the row's key; ref + log(sum) is the
     float64 logsumexp of the valid rows only (padding that would dominate
-    excluded), within 1e-5; the pairs are bit-identical on both ISA variants
-    and 1 or 2 threads (tiles merged in order, whatever the chunking)."""
+    excluded), within 1e-5; the pairs are bit-identical on every bit-exact
+    CPU path and 1 or 2 threads (tiles merged in order, whatever the chunking)."""
     for hsize, rows in ((7, 200), (64, 1000), (40, 4097)):
         hidden, weight, bias = random_problem(gen, 5, rows, hsize, dtype, bias="float32")
         hidden = (hidden.float() * 3).to(dtype)

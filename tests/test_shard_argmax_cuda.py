@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import localargmax
+from localargmax._validation import MMA_CONFIGS
 from localargmax.reference import reference_argmax
 from tests.support.cpp import check_cpp_test, needs_gxx, run_against_mutation
 from tests.support.paths import (
@@ -232,95 +233,86 @@ def test_cuda_path_arg_is_checked(gen):
         localargmax.shard_argmax(hidden.float().cuda(), weight.float().cuda(), path="gemm")
 
 
-MMA_VARIANT_IDS = list(range(localargmax._validation.NUM_MMA_VARIANTS))
-TMA_TWINS = {16: 4, 17: 5, 18: 13, 19: 14, 20: 15}
-"""The TMA variants (weight tiles by bulk tensor copy, sm_90+) and their cp.async twins."""
-SAME_ORDER_MMA_PAIRS = [(4, 7, 8), (5, 8, 16), (6, 9, 32), (10, 12, 64), (6, 13, 32), (10, 14, 64), (10, 15, 64)] + [
-    (twin, tma, {4: 8, 5: 16, 13: 32, 14: 64, 15: 64}[twin]) for tma, twin in TMA_TWINS.items()
+MMA_CONFIG_NAMES = list(MMA_CONFIGS)
+_CLASSES = {kc: [n for n, m in MMA_CONFIGS.items() if m.kc == kc] for kc in {m.kc for m in MMA_CONFIGS.values()}}
+SAME_ORDER_MMA_PAIRS = [
+    (a, b, 32 if kc == 2 else 64) for kc, names in _CLASSES.items() for a, b in zip(names, names[1:])
 ]
-"""DESIGN.md rule 5: (variant, variant, a batch of their class) that sum in the same order."""
+"""DESIGN.md rule 5: (config, config, a batch of their class) that sum in the same order."""
 
 
-def _tma_unsupported(variant: int) -> bool:
-    """A TMA variant on a device below compute capability 9.0 (run_mma refuses it)."""
-    return variant in TMA_TWINS and torch.cuda.get_device_capability()[0] < 9
+def _tma_unsupported(config: str) -> bool:
+    """A TMA config on a device below compute capability 9.0 (run_mma refuses it)."""
+    return MMA_CONFIGS[config].tma and torch.cuda.get_device_capability()[0] < 9
 
 
-def test_mma_variant_path_is_checked_before_the_kernel():
-    """``"mma/<id>"`` names a tensor-core variant on CUDA only: ids 0 to
-    NUM_MMA_VARIANTS - 1 (decimal, no sign or leading zero); anything else, and
-    any ``"mma/..."`` on the CPU, is a ValueError naming the path (no GPU needed)."""
-    from localargmax._validation import check_path_arg, mma_variant_of
+def test_mma_config_keyword_is_checked_before_the_kernel():
+    """The private ``_mma_config`` keyword names one tensor-core config on CUDA only, with
+    ``path`` "auto" or "mma"; a name not in the table, another path, the CPU, or ``"mma/..."``
+    in the public ``path`` is a ValueError naming the argument (no GPU needed)."""
+    from localargmax._validation import check_path_arg, mma_config_path
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    for v in MMA_VARIANT_IDS:
-        check_path_arg(f"mma/{v}", cuda)
-        assert mma_variant_of(f"mma/{v}") == v
-    past = f"mma/{len(MMA_VARIANT_IDS)}"
-    for bad in (past, "mma/-1", "mma/07", "mma/", "mma/x", "mma/ 1", "mma/1 ", "mma/٣", "MMA/4", "mma4", 4):
-        assert mma_variant_of(bad) is None
+    for name in MMA_CONFIG_NAMES:
+        assert mma_config_path("mma", name, cuda) == mma_config_path("auto", name, cuda) == f"mma/{name}"
+    assert mma_config_path("simt", None, cuda) == "simt"
+    for bad in ("n3_r64", "", "N1_R64", "n1_r64 ", 4):
+        with pytest.raises(ValueError, match="_mma_config must be one of"):
+            mma_config_path("mma", bad, cuda)
+    with pytest.raises(ValueError, match="path must be 'auto' or 'mma', got 'simt'"):
+        mma_config_path("simt", "n1_r64", cuda)
+    with pytest.raises(ValueError, match="exists on CUDA only"):
+        mma_config_path("auto", "n1_r64", cpu)
+    for bad in ("mma/n1_r64", "mma/4", "MMA", 4):
         with pytest.raises(ValueError, match=f"path must be one of .* on cuda, got {bad!r}"):
             check_path_arg(bad, cuda)
-    with pytest.raises(ValueError, match=rf"mma/<0\.\.{len(MMA_VARIANT_IDS) - 1}>"):
-        check_path_arg("mma/99", cuda)
-    with pytest.raises(ValueError, match="path must be one of .* on cpu, got 'mma/4'"):
-        check_path_arg("mma/4", cpu)
     hidden, weight = torch.randn(2, 16).to(torch.bfloat16), torch.randn(64, 16).to(torch.bfloat16)
     for call in (
-        lambda: localargmax.shard_argmax(hidden, weight, path="mma/4"),
-        lambda: localargmax.shard_sample(hidden, weight, torch.ones(2), 1, path="mma/7"),
-        lambda: localargmax.shard_topk(hidden, weight, 2, path="mma/10"),
+        lambda: localargmax.shard_argmax(hidden, weight, _mma_config="n1_r64"),
+        lambda: localargmax.shard_sample(hidden, weight, torch.ones(2), 1, _mma_config="n2_r64"),
     ):
-        with pytest.raises(ValueError, match="path must be one of .* on cpu, got 'mma/"):
+        with pytest.raises(ValueError, match="exists on CUDA only"):
             call()
-    with pytest.raises(ValueError, match="path must be 'auto', 'generic' or 'avx2' on CPU, got 'mma/4'"):
-        torch.ops.localargmax.shard_argmax.default(hidden, weight, None, 0, 64, "mma/4")
-
-
-def test_num_mma_variants_matches_the_cuda_table():
-    """The validator's id range is the MmaVariant table's (kNumMmaVariants)."""
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[1] / "csrc/cuda/shard_argmax_launch.cuh").read_text()
-    assert f"constexpr int kNumMmaVariants = {localargmax._validation.NUM_MMA_VARIANTS};" in text
+    with pytest.raises(ValueError, match="path must be one of .* on cpu, got 'mma/n1_r64'"):
+        localargmax.shard_argmax(hidden, weight, path="mma/n1_r64")
+    cpu_names = "'auto', 'generic', 'avx2', 'avx512' or 'avx512_bf16'"
+    with pytest.raises(ValueError, match=f"path must be {cpu_names} on CPU, got 'mma/n1_r64'"):
+        torch.ops.localargmax.shard_argmax.default(hidden, weight, None, 0, 64, "mma/n1_r64")
 
 
 @cuda_only
-def test_cuda_mma_variant_path_refusals(gen):
-    """The C++ op refuses an unknown variant id and a variant that cannot take
-    the inputs (H not a multiple of 8, float32, top-k), naming the path."""
+def test_cuda_mma_config_refusals(gen):
+    """The C++ op refuses an unknown config name and a config that cannot take
+    the inputs (H not a multiple of 8, float32), naming it."""
     hidden, weight, _ = random_problem(gen, 2, 64, 32, torch.bfloat16)
     h, w = hidden.cuda(), weight.cuda()
-    past = f"mma/{len(MMA_VARIANT_IDS)}"
-    with pytest.raises(ValueError, match=f"path='{past}' names no tensor-core variant"):
-        torch.ops.localargmax.shard_argmax.default(h, w, None, 0, 64, past)
-    if torch.cuda.get_device_capability()[0] < 9:  # the TMA variants: sm_90+
-        for v in TMA_TWINS:
-            with pytest.raises(ValueError, match=f"path='mma/{v}' copies the weight by TMA .* compute capability 9"):
-                torch.ops.localargmax.shard_argmax.default(h, w, None, 0, 64, f"mma/{v}")
-    with pytest.raises(ValueError, match="path must be 'auto', 'simt', 'mma', 'mma/<id>' or 'gemm'"):
-        torch.ops.localargmax.shard_argmax.default(h, w, None, 0, 64, "mma/x")
-    with pytest.raises(ValueError, match="path='mma/7' needs sm_80\\+"):
-        localargmax.shard_argmax(hidden[:, :30].cuda(), weight[:, :30].cuda(), path="mma/7")
-    with pytest.raises(ValueError, match="path='mma/4' needs bfloat16 or float16"):
-        localargmax.shard_argmax(h.float(), w.float(), path="mma/4")
-    with pytest.raises(ValueError, match="path='mma/10' does not exist for top-k"):
-        localargmax.shard_topk(h, w, 2, path="mma/10")
+    with pytest.raises(ValueError, match="mma config 'n3_r64' is not one of n1_r64, "):
+        torch.ops.localargmax.shard_argmax.default(h, w, None, 0, 64, "mma/n3_r64")
+    if torch.cuda.get_device_capability()[0] < 9:  # the TMA configs: sm_90+
+        for name in (n for n, m in MMA_CONFIGS.items() if m.tma):
+            with pytest.raises(
+                ValueError, match=f"mma config '{name}' copies the weight by TMA .* compute capability 9"
+            ):
+                localargmax.shard_argmax(h, w, _mma_config=name)
+    with pytest.raises(ValueError, match="path='mma/n1_r64_sk2' needs sm_80\\+"):
+        localargmax.shard_argmax(hidden[:, :30].cuda(), weight[:, :30].cuda(), _mma_config="n1_r64_sk2")
+    with pytest.raises(ValueError, match="path='mma/n1_r64' needs bfloat16 or float16"):
+        localargmax.shard_argmax(h.float(), w.float(), _mma_config="n1_r64")
 
 
 @cuda_only
-@pytest.mark.parametrize("variant", MMA_VARIANT_IDS)
+@pytest.mark.parametrize("config", MMA_CONFIG_NAMES)
 @pytest.mark.parametrize("dtype", HALF, ids=["bf16", "f16"])
-def test_every_cuda_mma_variant_against_the_reference(gen, variant, dtype):
-    """path='mma/<id>' runs that variant: planted winners (a wide gap) give the
-    float64 reference's ids at batches below, at and past the variant's batch
+def test_every_cuda_mma_config_against_the_reference(gen, config, dtype):
+    """_mma_config=<name> runs that config: planted winners (a wide gap) give the
+    float64 reference's ids at batches below, at and past the config's batch
     rows (extra passes), with padding rows and a k tail; argmax and sample
-    (temperature 0 is greedy). A TMA variant below sm_90 is refused instead
-    (test_cuda_mma_variant_path_refusals)."""
-    if _tma_unsupported(variant):
+    (temperature 0 is greedy). A TMA config below sm_90 is refused instead
+    (test_cuda_mma_config_refusals)."""
+    if _tma_unsupported(config):
         with pytest.raises(ValueError, match="compute capability 9"):
             hidden, weight, _ = random_problem(gen, 2, 64, 32, dtype)
-            localargmax.shard_argmax(hidden.cuda(), weight.cuda(), path=f"mma/{variant}")
+            localargmax.shard_argmax(hidden.cuda(), weight.cuda(), _mma_config=config)
         return
     for batch, hsize in ((1, 4104), (9, 136), (33, 520), (70, 4096), (129, 264)):
         hidden, weight, _ = random_problem(gen, batch, 9000, hsize, dtype)
@@ -329,32 +321,32 @@ def test_every_cuda_mma_variant_against_the_reference(gen, variant, dtype):
         bias = torch.randn(9000, generator=gen) * 0.01
         want = reference_argmax(hidden, weight[:8900], bias[:8900])
         h, w, b = hidden.cuda(), weight.cuda(), bias.cuda()
-        got = ids_of(h, w, bias=b, vocab_start=5, num_valid=8900, path=f"mma/{variant}") - 5
-        assert torch.equal(got, want), f"mma/{variant} batch {batch} H {hsize}"
+        got = ids_of(h, w, bias=b, vocab_start=5, num_valid=8900, _mma_config=config) - 5
+        assert torch.equal(got, want), f"{config} batch {batch} H {hsize}"
         sampled = localargmax.shard_sample(
-            h, w, torch.zeros(batch, device="cuda"), 3, bias=b, vocab_start=5, num_valid=8900, path=f"mma/{variant}"
+            h, w, torch.zeros(batch, device="cuda"), 3, bias=b, vocab_start=5, num_valid=8900, _mma_config=config
         )
-        assert torch.equal(localargmax.decode_keys(sampled)[0].cpu() - 5, want), f"sample mma/{variant} batch {batch}"
+        assert torch.equal(localargmax.decode_keys(sampled)[0].cpu() - 5, want), f"sample {config} batch {batch}"
 
 
 @cuda_only
 @pytest.mark.parametrize("pair", SAME_ORDER_MMA_PAIRS, ids=lambda p: f"{p[0]}-{p[1]}")
 @pytest.mark.parametrize("dtype", HALF, ids=["bf16", "f16"])
-def test_cuda_same_order_mma_variants_give_identical_keys(gen, pair, dtype):
-    """DESIGN.md rule 5: variants of one order class (4/7, 5/8, 6/9, 10/12, 6/13, 10/14, 10/15, and
-    each TMA variant with its cp.async twin: 4/16, 5/17, 13/18, 14/19, 15/20) give bit-identical
-    keys on random floats, with a bias and padding (the TMA ones on sm_90+)."""
+def test_cuda_same_order_mma_configs_give_identical_keys(gen, pair, dtype):
+    """DESIGN.md rule 5: configs of one order class (equal KC: neighbours in table order, so each
+    TMA config beside the others of its class) give bit-identical keys on random floats, with a
+    bias and padding (the TMA ones on sm_90+)."""
     a, b, batch = pair
-    if _tma_unsupported(b):
-        pytest.skip(f"mma/{b} copies by TMA: sm_90+ (its refusal below: test_cuda_mma_variant_path_refusals)")
+    if _tma_unsupported(a) or _tma_unsupported(b):
+        pytest.skip(f"{a} / {b}: a TMA config needs sm_90+ (its refusal: test_cuda_mma_config_refusals)")
     for hsize in (4096, 1032):
         hidden, weight, _ = random_problem(gen, batch, 20000, hsize, dtype)
         bias = (torch.randn(20000, generator=gen) * 0.1).cuda()
         h, w = hidden.cuda(), weight.cuda()
         keys = [
-            localargmax.shard_argmax(h, w, bias=bias, vocab_start=7, num_valid=19990, path=f"mma/{v}") for v in (a, b)
+            localargmax.shard_argmax(h, w, bias=bias, vocab_start=7, num_valid=19990, _mma_config=c) for c in (a, b)
         ]
-        assert torch.equal(keys[0], keys[1]), f"mma/{a} vs mma/{b}, H {hsize}"
+        assert torch.equal(keys[0], keys[1]), f"{a} vs {b}, H {hsize}"
 
 
 @cuda_only

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import localargmax
+from localargmax import envs
 from tests.support.keys import allreduce_max, unsigned_max
 from tests.support.launch import launch, live_descendants, timed
 from tests.support.problems import (
@@ -164,7 +165,7 @@ def test_stress_random_layouts(gen):
 
 
 def test_stress_random_cases(seed):
-    n_cases = int(os.environ.get("LOCALARGMAX_STRESS_CASES", "10000"))
+    n_cases = envs.LOCALARGMAX_STRESS_CASES
     rng = random.Random(seed)
     stats = Counter()
     fault_counts = Counter()

@@ -10,9 +10,9 @@ its results. Skipped, with the reason, only when vLLM is not installed
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import os
-import random
 
 import pytest
 
@@ -40,14 +40,25 @@ GAP = 1e-4  # top-2 gap of the float64 logits above which ids must be exact (flo
 @pytest.fixture(scope="module")
 def ranks():
     """Results of both ranks (they must agree) and the seed they used."""
+    from tests.conftest import draw_seed
     from tests.support import vllm_ranks as vllm_plugin_ranks
     from tests.support.launch import run_ranks
 
-    env = os.environ.get("LOCALARGMAX_TEST_SEED")
-    seed = int(env) if env else random.SystemRandom().randrange(2**31)
+    seed = draw_seed()
     print(f"\n[test_vllm_plugin] random seed {seed} (rerun with LOCALARGMAX_TEST_SEED={seed})")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # spawned ranks inherit it
-    results = run_ranks(vllm_plugin_ranks.worker, vllm_plugin_ranks.TP, seed, timeout=300)
+    # vLLM's acceptance estimator (the adaptive-verification reference) runs its Triton kernels
+    # interpreted: the ranks need the variable before they import triton (bench/vllm_estimator.py),
+    # so they are spawned (a forkserver started earlier in the suite may have imported triton)
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        results = run_ranks(vllm_plugin_ranks.worker, vllm_plugin_ranks.TP, seed, timeout=300, start_method="spawn")
+    finally:
+        if saved is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
     return results
 
 
@@ -223,3 +234,62 @@ def test_each_fallback_reason_logs_once(res):
     logged = res["fallback_warnings"]
     assert set(logged) == set(FALLBACKS.values()), logged
     assert all(n == 1 for n in logged.values()), logged
+
+
+# ----------------------------------------------------------------------------- adaptive verification
+
+
+def test_adaptive_verification_config_lifted_with_the_plugin_only(res):
+    """SpeculativeConfig(enable_adaptive_verification, use_local_argmax_reduction):
+    vLLM 0.33 refuses it; with the plugin active it builds (both flags kept)."""
+    r = res["adaptive_config"]
+    assert r["active"]
+    assert r["with_plugin"] == {"built": True, "flags": [True, True]}, r
+    assert not r["without_plugin"]["built"] and "Adaptive verification" in r["without_plugin"]["error"], r
+    assert r["reinstalled"]["built"], r
+
+
+def _band(log_odds: float) -> str:
+    return "below 16" if log_odds < 16 else "16 to 40" if log_odds <= 40 else "above 40"
+
+
+@pytest.mark.parametrize("transform", ["plain", "scale_softcap"])
+@pytest.mark.parametrize("mode", ["shared_step", "per_row_step"])
+def test_speculator_writes_the_estimator_state_from_exact_log_odds(res, transform, mode):
+    """DraftModelSpeculator.load_model builds the estimator only with the
+    plugin; sample_draft's local-argmax branch (one fused call with log-odds)
+    returns vLLM's ids and writes features, predictions and confidences:
+    within 1e-5 of float64's log-odds up to the clamp (40, which both reach
+    above it); within 1e-5 of vLLM's own predict on the gathered logits where
+    vLLM's float32 is accurate (within 5e-6 of float64), and closer to
+    float64 than vLLM's everywhere else (where its total - 1 loses digits:
+    from log-odds ~5 on, all of them by ~16); padding rows write nothing
+    vLLM reads."""
+    r = res["adaptive_speculator"][transform]
+    assert "Adaptive verification" in r["refused_without_plugin"], r["refused_without_plugin"]
+    c = r[mode]
+    assert c["fused_calls"] == 1 and c["ids"] == c["vllm_ids"] and c["conf_written_same"]
+    assert c["slope"] == c["vllm_slope"]
+    bands = collections.Counter()
+    for row in c["rows"]:
+        f64, (feat, pred, conf), (vfeat, vpred, vconf) = row["f64"], row["ours"], row["vllm"]
+        bands[_band(f64)] += 1
+        assert pred == conf, row  # the prediction and the confidence are one value
+        if f64 > 40:
+            assert feat == vfeat == 40.0, row
+            continue
+        assert abs(feat - f64) <= 1e-5 * max(1.0, abs(f64)), row
+        if abs(vfeat - f64) <= 5e-6:
+            assert abs(feat - vfeat) <= 1e-5 and abs(pred - vpred) <= 1e-5 and abs(conf - vconf) <= 1e-5, row
+        else:
+            assert abs(feat - f64) <= abs(vfeat - f64), row
+    print(mode, transform, dict(bands))
+    assert sum(bands.values()) == 9, bands  # every request row (the padding rows excluded)
+
+
+def test_the_speculator_cases_reach_every_log_odds_band(res):
+    """Across the cases, rows below 16 (vLLM accurate or nearly), 16 to 40
+    (vLLM's total - 1 has no digits left) and above 40 (the clamp)."""
+    bands = {_band(row["f64"]) for t in ("plain", "scale_softcap") for m in ("shared_step", "per_row_step")
+             for row in res["adaptive_speculator"][t][m]["rows"]}  # fmt: skip
+    assert bands == {"below 16", "16 to 40", "above 40"}, bands

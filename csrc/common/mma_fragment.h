@@ -1,5 +1,5 @@
 // Which k of a 32-element chunk sits in which half of which mma.sync register,
-// for the tensor-core shard-argmax kernel (cuda/shard_argmax_mma_kernel.cuh).
+// for the tensor-core shard-argmax kernel (cuda/fused_keys_mma.cuh).
 // LAM_HD (host and device) so tests/cpp/test_mma_fragment.cpp (driven by
 // tests/test_mma_fragment_cpp.py) can check it on the CPU against an
 // emulation of mma.sync written from the PTX ISA's fragment tables.

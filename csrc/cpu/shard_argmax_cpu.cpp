@@ -20,6 +20,7 @@
 #include "../checks.h"
 #include "../common/philox.h"
 #include "../impl_shard_ops.h"
+#include "cpu_path.h"
 #include "shard_argmax_tiles.h"
 
 namespace localargmax {
@@ -28,23 +29,20 @@ namespace {
 
 using TilesFn = void (*)(const ShardArgmaxProblem&, int64_t, int64_t, float*, uint64_t*);
 
-bool cpu_has_avx2() {
-#if defined(__x86_64__) || defined(__i386__)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-#else
-  return false;
-#endif
-}
+// The tile function of a CPU path name (cpu_path.h: choose_cpu_path on this
+// CPU's features; "auto" -> avx512, avx2 or generic, all bit-identical;
+// "avx512_bf16" only by name).
+struct TilesChoice {
+  TilesFn fn;
+  bool bf16_pairs;  // avx512_bf16: bfloat16 weights take vdpbf16ps (needs p.hidden_bf16)
+};
 
-// The CPU paths: "avx2" (AVX2 + FMA + F16C), "generic" (baseline ISA), "auto"
-// = avx2 when the CPU has it. Both give bit-identical keys (see
-// shard_argmax_tiles.h).
-TilesFn pick_tiles_fn(const std::string& path) {
-  TORCH_CHECK_VALUE(path == "auto" || path == "generic" || path == "avx2",
-                    "shard_argmax: path must be 'auto', 'generic' or 'avx2' on CPU, got '", path, "'");
-  if (path == "generic") return shard_argmax_tiles_generic;
-  TORCH_CHECK_VALUE(path == "auto" || cpu_has_avx2(), "shard_argmax: path='avx2' needs a CPU with AVX2, FMA and F16C");
-  return cpu_has_avx2() ? shard_argmax_tiles_avx2 : shard_argmax_tiles_generic;
+TilesChoice pick_tiles_fn(const std::string& path) {
+  const std::string chosen = choose_cpu_path(path, detect_cpu_features());
+  if (chosen == "avx512_bf16") return {shard_argmax_tiles_avx512_bf16, true};
+  if (chosen == "avx512") return {shard_argmax_tiles_avx512, false};
+  if (chosen == "avx2") return {shard_argmax_tiles_avx2, false};
+  return {shard_argmax_tiles_generic, false};
 }
 
 WeightDtype weight_dtype_of(at::ScalarType t) {
@@ -65,18 +63,20 @@ struct PartitionRequest {
   float scale;
   float soft_cap;  // 0: none
   at::Tensor* out;
+  const at::Tensor* temperature = nullptr;  // [batch] float32 T of the sums (shard_argmax_lse), or nullptr
 };
 
 at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                         int64_t vocab_start, int64_t num_valid, int64_t topk, const at::Tensor& temperature,
                         uint64_t seed, uint64_t offset, const std::string& path,
                         const PartitionRequest* partition = nullptr) {
-  const TilesFn tiles_fn = pick_tiles_fn(path);
+  const TilesChoice choice = pick_tiles_fn(path);
+  const TilesFn tiles_fn = choice.fn;
   const int64_t batch = hidden.size(0);
   const int64_t hidden_size = hidden.size(1);
   at::Tensor keys = at::zeros({batch, topk}, hidden.options().dtype(at::kLong));
   if (partition != nullptr) {
-    // (ref, sum) = (-inf, 0): no entry (an empty shard)
+    // (ref, others) = (-inf, 0): no entry (an empty shard)
     *partition->out = at::empty({batch, 2}, hidden.options().dtype(at::kFloat));
     partition->out->select(1, 0).fill_(-INFINITY);
     partition->out->select(1, 1).fill_(0.0);
@@ -91,8 +91,19 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
   at::Tensor temperature_f32;
   if (temperature.defined()) temperature_f32 = temperature.to(at::kFloat).contiguous();
 
+  // avx512_bf16 with bfloat16 weights: the hidden states as zero-padded
+  // bfloat16 pairs too (hidden has the weight's dtype: exact).
+  at::Tensor hidden_bf16;
+  const int64_t hidden_pad_bf16 = (hidden_size + kBf16Pairs - 1) / kBf16Pairs * kBf16Pairs;
+  if (choice.bf16_pairs && weight.scalar_type() == at::kBFloat16) {
+    hidden_bf16 = at::zeros({batch, hidden_pad_bf16}, hidden.options().dtype(at::kBFloat16));
+    hidden_bf16.narrow(1, 0, hidden_size).copy_(hidden);
+  }
+
   ShardArgmaxProblem p;
   p.hidden = hidden_f32.data_ptr<float>();
+  p.hidden_bf16 = hidden_bf16.defined() ? static_cast<const uint16_t*>(hidden_bf16.data_ptr()) : nullptr;
+  p.hidden_pad_bf16 = hidden_pad_bf16;
   p.weight = weight.data_ptr();
   p.weight_dtype = weight_dtype_of(weight.scalar_type());
   p.ldw = weight.size(0) > 1 ? weight.stride(0) : hidden_size;
@@ -109,6 +120,8 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
   const int64_t num_tiles = (num_valid + kTileRows - 1) / kTileRows;
   std::vector<PartitionState> tile_partition;
   p.partition = nullptr;
+  p.partition_temperature = nullptr;
+  at::Tensor partition_t;
   p.scale = 1.0f;
   p.soft_cap = 0.0f;
   if (partition != nullptr) {
@@ -116,6 +129,10 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
     p.partition = tile_partition.data();
     p.scale = partition->scale;
     p.soft_cap = partition->soft_cap;
+    if (partition->temperature != nullptr) {
+      partition_t = partition->temperature->contiguous();
+      p.partition_temperature = partition_t.data_ptr<float>();
+    }
   }
 
   const int64_t num_chunks = std::min<int64_t>(num_tiles, 4 * static_cast<int64_t>(at::get_num_threads()));
@@ -133,11 +150,12 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
     // The tiles' pairs, merged in tile order: independent of the chunking.
     float* pairs = partition->out->data_ptr<float>();
     for (int64_t b = 0; b < batch; ++b) {
-      const float t = p.temperature != nullptr && p.temperature[b] > 0.0f ? p.temperature[b] : 1.0f;
+      const float* tp = p.partition_temperature != nullptr ? p.partition_temperature : p.temperature;
+      const float t = tp != nullptr && tp[b] > 0.0f ? tp[b] : 1.0f;
       PartitionState acc = partition_init();
       for (int64_t tile = 0; tile < num_tiles; ++tile) partition_merge(acc, tile_partition[tile * batch + b], t);
       pairs[2 * b] = acc.ref;
-      pairs[2 * b + 1] = acc.sum;
+      pairs[2 * b + 1] = partition_others(acc);
     }
   }
   auto* out = reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>());
@@ -194,11 +212,14 @@ at::Tensor shard_sample_cpu(const at::Tensor& hidden, const at::Tensor& weight, 
 std::tuple<at::Tensor, at::Tensor> shard_argmax_lse_cpu(const at::Tensor& hidden, const at::Tensor& weight,
                                                         const std::optional<at::Tensor>& bias, int64_t vocab_start,
                                                         int64_t num_valid, double scale, double soft_cap,
-                                                        c10::string_view path) {
+                                                        c10::string_view path,
+                                                        const std::optional<at::Tensor>& temperature) {
   check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
   check_transform_args(scale, soft_cap);
+  if (temperature.has_value()) check_temperature_arg("shard_argmax", hidden, *temperature);
   at::Tensor pairs;
-  const PartitionRequest req{static_cast<float>(scale), static_cast<float>(soft_cap), &pairs};
+  const PartitionRequest req{static_cast<float>(scale), static_cast<float>(soft_cap), &pairs,
+                             temperature.has_value() ? &*temperature : nullptr};
   at::Tensor keys =
       reduce_shard(hidden, weight, bias, vocab_start, num_valid, 1, at::Tensor(), 0, 0, std::string(path), &req);
   return {keys.view({-1}), pairs};

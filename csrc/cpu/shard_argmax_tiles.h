@@ -1,12 +1,17 @@
 // The CPU fused "hidden x weight_shard^T -> per-row best key" kernel, on a
-// range of vocabulary tiles. No torch headers here: this header is compiled
-// twice (shard_argmax_tiles_avx2.cpp with -mavx2 -mfma -mf16c, and
-// shard_argmax_tiles_generic.cpp with the baseline ISA) and the caller in
-// shard_argmax_cpu.cpp picks one at run time. Both variants do exactly the
-// same float operations in the same order (8 independent float32 lanes, one
-// correctly rounded fused multiply-add per step, no other contraction, a fixed
-// final tree), so they give bit-identical logits, and the per-row reduction order depends on
-// k only (DESIGN.md rule 5).
+// range of vocabulary tiles. No torch headers here: the body
+// (shard_argmax_tiles_impl.inc) is compiled four times (generic: baseline ISA;
+// avx2: -mavx2 -mfma -mf16c; avx512: + -mavx512f; avx512_bf16: + -mavx512bw
+// -mavx512bf16) and the caller in shard_argmax_cpu.cpp picks one at run time
+// (cpu_path.h). generic, avx2 and avx512 do exactly the same float operations
+// in the same order (8 independent float32 lanes per (weight row, batch row),
+// one correctly rounded fused multiply-add per step, no other contraction, a
+// fixed final tree; avx512 holds two weight rows' 8 lanes in one zmm), so they
+// give bit-identical logits. avx512_bf16 does the same for float32 / float16
+// weights; for bfloat16 weights it accumulates with vdpbf16ps (its own
+// summation order, denormals flushed): other bits, the same for every
+// (row, k) wherever the row sits. In every variant the per-row reduction
+// order depends on k only (DESIGN.md rule 5).
 #pragma once
 
 #include <cstdint>
@@ -39,12 +44,22 @@ struct ShardArgmaxProblem {
   // every logit is first transformed (transform_logit: soft-cap, then scale)
   // and the keys carry the transformed values.
   PartitionState* partition;
+  // [batch] T > 0 of the log-partition's sums (shard_argmax_lse's
+  // temperature: the log-odds at the request's T), or nullptr: the sampling
+  // T of rows with T > 0, else 1.
+  const float* partition_temperature;
   float scale;             // logit scale (> 0), with partition only
   float soft_cap;          // soft-cap c (> 0), 0 for none; with partition only
+  // avx512_bf16 with bfloat16 weights only (else nullptr): the hidden states
+  // as bfloat16 (exact: hidden has the weight's dtype), [batch, hidden_pad_bf16],
+  // zero-padded to hidden_pad_bf16 = H rounded up to a multiple of kBf16Pairs.
+  const uint16_t* hidden_bf16;
+  int64_t hidden_pad_bf16;
 };
 
 constexpr int kLanes = 8;        // float32 lanes per accumulator
 constexpr int64_t kTileRows = 64;  // vocabulary rows per parallel work item
+constexpr int64_t kBf16Pairs = 32;  // bfloat16 elements per vdpbf16ps step (16 lanes x 2)
 
 // Reduces rows [tile_begin * kTileRows, min(tile_end * kTileRows, num_valid))
 // and folds each batch row's keys into best_keys[b * topk, (b + 1) * topk)
@@ -58,6 +73,10 @@ void shard_argmax_tiles_avx2(const ShardArgmaxProblem& p, int64_t tile_begin,
                              int64_t tile_end, float* scratch, uint64_t* best_keys);
 void shard_argmax_tiles_generic(const ShardArgmaxProblem& p, int64_t tile_begin,
                                 int64_t tile_end, float* scratch, uint64_t* best_keys);
+void shard_argmax_tiles_avx512(const ShardArgmaxProblem& p, int64_t tile_begin,
+                               int64_t tile_end, float* scratch, uint64_t* best_keys);
+void shard_argmax_tiles_avx512_bf16(const ShardArgmaxProblem& p, int64_t tile_begin,
+                                    int64_t tile_end, float* scratch, uint64_t* best_keys);
 
 }  // namespace cpu
 }  // namespace localargmax

@@ -1,4 +1,4 @@
-// The second half of the large-batch "gemm" path (see shard_argmax_cuda.cu):
+// The second half of the large-batch "gemm" path (see shard_ops_cuda.cu):
 // float32 logits [batch, num_valid] written by cuBLAS -> one packed key per
 // batch row, folded into out.keys with a 64-bit atomicMax. Bias, temperature
 // and Gumbel noise are applied exactly as the fused kernel applies them, so
@@ -10,7 +10,7 @@
 #include "../common/packed_key.h"
 #include "../common/philox.h"
 #include "device_runtime.cuh"
-#include "shard_argmax_kernel.cuh"
+#include "fused_keys_simt.cuh"
 
 namespace localargmax {
 namespace cuda {
@@ -33,7 +33,7 @@ __device__ __forceinline__ PartitionState warp_merge_partition(PartitionState s,
   for (int offset = 16; offset > 0; offset /= 2) {
     const PartitionState other{__shfl_xor_sync(0xFFFFFFFFu, s.best_key, offset),
                                __shfl_xor_sync(0xFFFFFFFFu, s.ref, offset),
-                               __shfl_xor_sync(0xFFFFFFFFu, s.sum, offset)};
+                               __shfl_xor_sync(0xFFFFFFFFu, s.others, offset)};
     partition_merge(s, other, t);
   }
   return s;

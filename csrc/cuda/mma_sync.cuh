@@ -26,50 +26,58 @@
 //     exits. Below sm_90 these trap (the launcher never runs a TMA variant there).
 #pragma once
 
+#include <type_traits>
+
 #include "device_runtime.cuh"
 
 namespace localargmax {
 namespace cuda {
 namespace {
 
+// c += a * b for one m16n8k16 tile of T = __nv_bfloat16 or __half (float32
+// accumulators; the fragments' layout: common/mma_fragment.h).
 template <typename T>
 __device__ __forceinline__ void mma_16816(float (&c)[4], unsigned int a0, unsigned int a1, unsigned int a2,
-                                          unsigned int a3, unsigned int b0, unsigned int b1);
-
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], unsigned int a0, unsigned int a1,
-                                                         unsigned int a2, unsigned int a3, unsigned int b0,
-                                                         unsigned int b1) {
+                                          unsigned int a3, unsigned int b0, unsigned int b1) {
+  constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#define LAM_MMA(TYPE)                                                                                \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE                                \
+               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                         \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                      \
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+  if constexpr (bf16) {
+    LAM_MMA("bf16");
+  } else {
+    LAM_MMA("f16");
+  }
+#undef LAM_MMA
 #elif defined(__CUDACC__)
   __trap();  // the launcher never picks this kernel below sm_80
 #else
-  emu::mma_m16n8k16(emu::MmaInput::kBFloat16, c, a0, a1, a2, a3, b0, b1);
-#endif
-}
-
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], unsigned int a0, unsigned int a1, unsigned int a2,
-                                                  unsigned int a3, unsigned int b0, unsigned int b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#elif defined(__CUDACC__)
-  __trap();
-#else
-  emu::mma_m16n8k16(emu::MmaInput::kFloat16, c, a0, a1, a2, a3, b0, b1);
+  emu::mma_m16n8k16(bf16 ? emu::MmaInput::kBFloat16 : emu::MmaInput::kFloat16, c, a0, a1, a2, a3, b0, b1);
 #endif
 }
 
 #if defined(__CUDACC__)
+// LAM_SM80(stmt) / LAM_SM90(stmt): stmt in code for sm_80+ / sm_90+, nothing
+// below; the _OR_TRAP forms trap below instead (the launcher never runs a
+// kernel that needs them there: the pipelined kernel below sm_80, the TMA
+// configs below sm_90).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define LAM_SM80(...) __VA_ARGS__
+#define LAM_SM80_OR_TRAP(...) __VA_ARGS__
+#else
+#define LAM_SM80(...)
+#define LAM_SM80_OR_TRAP(...) __trap()
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define LAM_SM90(...) __VA_ARGS__
+#define LAM_SM90_OR_TRAP(...) __VA_ARGS__
+#else
+#define LAM_SM90(...)
+#define LAM_SM90_OR_TRAP(...) __trap()
+#endif
 // The 32-bit shared-window address of a generic pointer into shared memory:
 // what cp.async, mbarrier and the bulk tensor copy name as their shared operand.
 __device__ __forceinline__ unsigned int shared_address(const void* p) {
@@ -78,37 +86,21 @@ __device__ __forceinline__ unsigned int shared_address(const void* p) {
 // 16 bytes global -> shared, asynchronous (cp.async.cg: cached in L2 only).
 // !valid: nothing is read and the 16 shared bytes become zeros.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(smem)), "l"(gmem),
-               "r"(valid ? 16 : 0)
-               : "memory");
-#else
-  __trap();  // the launcher never picks the pipelined kernel below sm_80
-#endif
+  LAM_SM80_OR_TRAP(asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(smem)),
+                                "l"(gmem), "r"(valid ? 16 : 0)
+                                : "memory"));
 }
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
+__device__ __forceinline__ void cp_async_commit() { LAM_SM80(asm volatile("cp.async.commit_group;\n" ::: "memory")); }
 // Waits until at most N of this thread's committed groups are pending.
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
+  LAM_SM80(asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"));
 }
 // Programmatic dependent launch: wait for the grids this one depends on
 // (their memory visible), and let the next grid start its prologue.
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
+__device__ __forceinline__ void grid_dependency_wait() { LAM_SM90(asm volatile("griddepcontrol.wait;\n" ::: "memory")); }
 __device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+  LAM_SM90(asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"));
 }
 // The block's dynamic shared memory (the size the launch gives), 128-byte
 // aligned (a bulk tensor copy's destination must be; the pipe kernels'
@@ -127,72 +119,57 @@ using WeightTensorMap = CUtensorMap;
 // mbarrier.init: `count` arrivals complete a phase (with the pending
 // transaction bytes at zero).
 __device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned int count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count) : "memory");
-#else
-  __trap();  // the launcher never runs a TMA variant below sm_90
-#endif
+  LAM_SM90_OR_TRAP(asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count)
+                                : "memory"));
 }
 // Makes the mbarrier inits visible to the asynchronous proxy (the bulk copies'
 // complete_tx) before any copy names them (PTX ISA, "membar / fence":
 // fence.mbarrier_init); a __syncthreads after it makes them visible to the
 // block's threads.
 __device__ __forceinline__ void mbarrier_init_fence() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
+  LAM_SM90(asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"));
 }
 // One arrival that also adds `bytes` to the phase's expected transaction count.
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned int bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes)
-               : "memory");
-#else
-  __trap();
-#endif
+  LAM_SM90_OR_TRAP(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)),
+                                "r"(bytes)
+                                : "memory"));
 }
 // Waits until the phase of parity `parity` has completed (try_wait.parity in a
 // loop; its acquire makes the bulk copies' writes of that phase visible).
 __device__ __forceinline__ void mbarrier_wait_parity(unsigned long long* bar, unsigned int parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   unsigned int done = 0;
   while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(shared_address(bar)), "r"(parity)
-        : "memory");
+    LAM_SM90_OR_TRAP(
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, "
+                     "p;\n}\n"
+                     : "=r"(done)
+                     : "r"(shared_address(bar)), "r"(parity)
+                     : "memory"));
   }
-#else
-  __trap();
-#endif
 }
 // Orders this thread's (and, after a barrier, the block's) generic-proxy
 // accesses of shared memory before later async-proxy ones (a bulk copy into
 // the same bytes): PTX ISA, "Memory Consistency Model" / "Proxies" and
 // "membar / fence" (fence.proxy.async).
 __device__ __forceinline__ void fence_proxy_async_shared() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#else
-  __trap();
-#endif
+  LAM_SM90_OR_TRAP(asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"));
 }
 // The box of `map` at coordinates (x innermost, y) into shared memory at
 // `smem` (128-byte aligned), out-of-bounds elements zero, completing its
 // bytes on the mbarrier `bar` (complete_tx).
 __device__ __forceinline__ void tma_load_2d(void* smem, const WeightTensorMap* map, int x, int y,
                                             unsigned long long* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
-          "r"(shared_address(smem)),
-      "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(shared_address(bar))
-      : "memory");
-#else
-  __trap();
-#endif
+  LAM_SM90_OR_TRAP(asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], "
+                                "[%1, {%2, %3}], [%4];\n" ::"r"(shared_address(smem)),
+                                "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y),
+                                "r"(shared_address(bar))
+                                : "memory"));
 }
+#undef LAM_SM80
+#undef LAM_SM80_OR_TRAP
+#undef LAM_SM90
+#undef LAM_SM90_OR_TRAP
 #else
 inline uint4* dynamic_shared_memory() { return static_cast<uint4*>(emu::dynamic_shared()); }
 inline void cp_async16(void* smem, const void* gmem, bool valid, int line = __builtin_LINE()) {

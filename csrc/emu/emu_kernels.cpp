@@ -1,5 +1,5 @@
 // The CUDA kernels, compiled from their unmodified headers for the host SIMT
-// emulation (simt_emu.h), with the launch choices of shard_argmax_launch.cuh,
+// emulation (simt_emu.h), with the launch choices of shard_launch.cuh,
 // behind a C ABI for tests/test_emulation.py (ctypes). This translation unit
 // is the instrumented one (-fsanitize=thread hooks, simt_emu.cpp); it must
 // hold no static data of its own: its .bss becomes shared memory.
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "../cuda/merge_keys_kernel.cuh"
-#include "../cuda/shard_argmax_launch.cuh"
+#include "../cuda/shard_launch.cuh"
 #include "simt_emu_runtime.h"
 
 namespace emu {
@@ -28,8 +28,8 @@ const char* kernel_name() {
 
 template <typename T, int... I>
 void name_mma(std::integer_sequence<int, I...>) {
-  (emu::name_kernel(reinterpret_cast<const void*>(MmaVariant<I>::template kernel<T>()),
-                    kernel_name<MmaVariant<I>::template kernel<T>()>()),
+  (emu::name_kernel(reinterpret_cast<const void*>(MmaKernel<I>::template kernel<T>()),
+                    kernel_name<MmaKernel<I>::template kernel<T>()>()),
    ...);
 }
 
@@ -50,7 +50,7 @@ void name_typed() {
   LAM_NB(1) LAM_NB(2) LAM_NB(4) LAM_NB(8)
 #undef LAM_NB
   if constexpr (!std::is_same_v<T, float>) {
-    name_mma<T>(std::make_integer_sequence<int, kNumMmaVariants>{});
+    name_mma<T>(std::make_integer_sequence<int, kNumMmaConfigs>{});
     simt(logits_to_keys_kernel<T>, kernel_name<logits_to_keys_kernel<T>>());
     simt(logits_to_keys_kernel<T, true>, kernel_name<logits_to_keys_kernel<T, true>>());
   }
@@ -73,7 +73,7 @@ void name_all() {
   emu::name_kernel(reinterpret_cast<const void*>(merge_partition_kernel), kernel_name<merge_partition_kernel>());
 }
 
-// The launch functor of shard_argmax_launch.cuh for the emulation (the
+// The launch functor of shard_launch.cuh for the emulation (the
 // launches without dynamic shared memory, and the tensor-core ones with it).
 struct EmuLaunch {
   bool* ok;
@@ -83,9 +83,9 @@ struct EmuLaunch {
     auto call = [&] { kernel(args...); };
     using Call = decltype(call);
     emu::note_launch(reinterpret_cast<const void*>(kernel), family);
-    // as shard_argmax_mma.cu launches it on sm_90+ (the emulation checks the stricter case)
+    // as shard_mma.cu launches it on sm_90+ (the emulation checks the stricter case)
     emu::set_programmatic_launch(std::string(family) == kMmaPipeFamily);
-    // the opt-in rule of shard_argmax_mma.cu's launcher (cudaFuncSetAttribute there)
+    // the opt-in rule of shard_mma.cu's launcher (cudaFuncSetAttribute there)
     if (needs_smem_opt_in(smem)) emu::set_max_dynamic_shared(reinterpret_cast<const void*>(kernel), smem.bytes);
     *ok = *ok && emu::launch(family, [](void* c) { (*static_cast<Call*>(c))(); }, &call, grid, block,
                              static_cast<size_t>(smem.bytes), reinterpret_cast<const void*>(kernel),
@@ -95,8 +95,8 @@ struct EmuLaunch {
   void operator()(const char* family, void (*kernel)(P...), dim3 grid, dim3 block, const Args&... args) const {
     (*this)(family, kernel, grid, block, DynamicSmem{0}, args...);
   }
-  // The TMA variants' tensor map, from the fields the CUDA launcher encodes
-  // its CUtensorMap from (shard_argmax_launch.cuh, weight_tiles).
+  // The TMA configs' tensor map, from the fields the CUDA launcher encodes
+  // its CUtensorMap from (shard_launch.cuh, weight_tiles).
   emu::TensorMap2d weight_map(const WeightTiles& t, bool /*bf16*/, const void* /*kernel*/) const {
     return emu::TensorMap2d{t.base, {t.dims[0], t.dims[1]}, t.row_stride_bytes, {t.box[0], t.box[1]}, t.elem_bytes};
   }
@@ -110,16 +110,16 @@ void smem_probe_kernel(int dynamic_bytes) {  // a host function: kernels live in
 
 template <typename T>
 int run_shard(int path, int topk_mode, const ShardArgmaxProblem<T>& p, int64_t max_grid_y, int sm_count,
-              int variant, int smem_limit) {
+              int config, int smem_limit) {
   bool ok = true;
   if (path == 1) {
     if constexpr (std::is_same_v<T, float>) {
       return 2;
     } else {
       if (!mma_takes(p)) return 2;
-      if (variant >= kNumMmaVariants) return 4;
-      if (variant >= 0 && !mma_variant_fits(variant, smem_limit)) return 5;  // run_mma's ValueError
-      launch_mma(p, EmuLaunch{&ok}, max_grid_y, sm_count, variant, smem_limit);
+      if (config >= kNumMmaConfigs) return 4;
+      if (config >= 0 && !mma_config_fits(config, smem_limit)) return 5;  // run_mma's ValueError
+      launch_mma(p, EmuLaunch{&ok}, max_grid_y, sm_count, config, smem_limit);
     }
   } else if (topk_mode) {
     launch_simt<T, true>(p, EmuLaunch{&ok}, max_grid_y);
@@ -133,8 +133,9 @@ template <typename T>
 ShardArgmaxProblem<T> problem(const void* hidden, int64_t ldh, const void* weight, int64_t ldw, const void* bias_t,
                               const float* bias_f, int64_t batch, int64_t hidden_size, int64_t num_valid,
                               int64_t vocab_start, const ShardReduce& out) {
-  return ShardArgmaxProblem<T>{static_cast<const T*>(hidden), ldh, static_cast<const T*>(weight), ldw,
-                               static_cast<const T*>(bias_t), bias_f, batch, hidden_size, num_valid, vocab_start, out};
+  const auto [typed, f32] = bias_of<T>(Bias{bias_f != nullptr ? static_cast<const void*>(bias_f) : bias_t, bias_f != nullptr});
+  return ShardArgmaxProblem<T>{static_cast<const T*>(hidden), ldh, static_cast<const T*>(weight), ldw, typed, f32, batch,
+                               hidden_size, num_valid, vocab_start, out};
 }
 
 }  // namespace
@@ -148,19 +149,20 @@ extern "C" {
 // dtype: 0 float32, 1 bfloat16, 2 float16. path: 0 CUDA-core ("simt"), 1
 // tensor-core ("mma"). Returns 0, 1 (a checked failure: lam_emu_last_error),
 // 2 (the mma kernel does not take this problem), 3 (dtype not built), 4
-// (no such mma variant) or 5 (the forced variant's shared memory exceeds
-// smem_limit). mma: variant < 0 is launch_mma's choice for a device of
+// (no such mma config) or 5 (the forced config's shared memory exceeds
+// smem_limit). mma: config < 0 is launch_mma's choice for a device of
 // sm_count SMs and smem_limit bytes of opt-in shared memory per block, else
-// that variant of its table.
+// that row of kMmaConfigs (mma_configs.h).
 int lam_emu_shard(int dtype, int path, int topk_mode, const void* hidden, int64_t ldh, const void* weight,
                   int64_t ldw, const void* bias_t, const float* bias_f, int64_t batch, int64_t hidden_size,
                   int64_t num_valid, int64_t vocab_start, unsigned long long* keys, unsigned long long* block_topk,
                   int topk, const float* temperature, uint64_t seed, uint64_t offset, int64_t max_grid_y,
-                  int sm_count, int variant, int smem_limit) {
+                  int sm_count, int config, int smem_limit) {
   name_all();
-  const ShardReduce out{keys, block_topk, topk, temperature, seed, offset};
+  const ShardReduce out{
+      .keys = keys, .block_topk = block_topk, .topk = topk, .temperature = temperature, .seed = seed, .offset = offset};
 #define LAM_ARGS hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size, num_valid, vocab_start, out
-#define LAM_LAUNCH max_grid_y, sm_count, variant, smem_limit
+#define LAM_LAUNCH max_grid_y, sm_count, config, smem_limit
   if (dtype == 1) return run_shard(path, topk_mode, problem<__nv_bfloat16>(LAM_ARGS), LAM_LAUNCH);
   if constexpr (kAllDtypes) {
     if (dtype == 0) return run_shard(path, topk_mode, problem<float>(LAM_ARGS), LAM_LAUNCH);
@@ -171,31 +173,32 @@ int lam_emu_shard(int dtype, int path, int topk_mode, const void* hidden, int64_
 #undef LAM_ARGS
 }
 
-// launch_mma's auto choice (an id of MmaVariant), the number of variants, a
-// variant's shared memory per block (static + dynamic; -1: no such id) and
-// whether it copies the weight by TMA (sm_90+ only on the GPU).
-int lam_emu_mma_variant(int64_t hidden_size, int64_t num_valid, int64_t batch, int sm_count, int smem_limit) {
-  return choose_mma_variant<__nv_bfloat16>(hidden_size, num_valid, batch, sm_count, smem_limit);
+// launch_mma's auto choice (a row of kMmaConfigs), the number of rows, and
+// row i's name (nullptr past the table), as the emulation compiled them.
+int lam_emu_mma_config(int64_t hidden_size, int64_t num_valid, int64_t batch, int sm_count, int smem_limit) {
+  return choose_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit);
 }
-int lam_emu_mma_variant_smem(int id) { return mma_variant_smem(id); }
-int lam_emu_num_mma_variants() { return kNumMmaVariants; }
-int lam_emu_mma_variant_tma(int id) { return mma_variant_tma(id) ? 1 : 0; }
+int lam_emu_num_mma_configs() { return kNumMmaConfigs; }
+const char* lam_emu_mma_config_name(int i) { return i >= 0 && i < kNumMmaConfigs ? kMmaConfigs[i].name : nullptr; }
 
 // lam_emu_shard on the CUDA-core kernel with the log-partition (the *_lse
 // ops): per-block states into `states` [blocks, batch] (then
-// lam_emu_merge_partition, as shard_argmax_cuda.cu does).
+// lam_emu_merge_partition, as shard_ops_cuda.cu does); partition_temperature:
+// shard_argmax_lse's [batch] T > 0 of the sums, or nullptr.
 int lam_emu_shard_lse(int dtype, int topk_mode, const void* hidden, int64_t ldh, const void* weight, int64_t ldw,
                       const void* bias_t, const float* bias_f, int64_t batch, int64_t hidden_size, int64_t num_valid,
                       int64_t vocab_start, unsigned long long* keys, unsigned long long* block_topk, int topk,
                       const float* temperature, uint64_t seed, uint64_t offset, int64_t max_grid_y, void* states,
-                      float scale, float soft_cap) {
+                      float scale, float soft_cap, const float* partition_temperature) {
   name_all();
-  ShardReduce out{keys, block_topk, topk, temperature, seed, offset};
+  ShardReduce out{
+      .keys = keys, .block_topk = block_topk, .topk = topk, .temperature = temperature, .seed = seed, .offset = offset};
   out.block_partition = static_cast<localargmax::PartitionState*>(states);
+  out.partition_temperature = partition_temperature != nullptr ? partition_temperature : temperature;  // as the host
   out.scale = scale;
   out.soft_cap = soft_cap;
 #define LAM_ARGS hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size, num_valid, vocab_start, out
-  int rc = 3;  // path 0 (simt): the SM count and variant do not apply
+  int rc = 3;  // path 0 (simt): the SM count and config do not apply
   if (dtype == 1) rc = run_shard(0, topk_mode, problem<__nv_bfloat16>(LAM_ARGS), max_grid_y, 1, -1, 0);
   if constexpr (kAllDtypes) {
     if (dtype == 0) rc = run_shard(0, topk_mode, problem<float>(LAM_ARGS), max_grid_y, 1, -1, 0);
@@ -216,15 +219,18 @@ int lam_emu_merge_partition(const void* states, int64_t blocks, int64_t batch, c
 }
 
 // The gemm path's keys kernel over float32 logits [rows, ldl] of batch rows b0..
-// (states: the log-partition states [blocks, batch], or nullptr).
+// (states: the log-partition states [blocks, batch], or nullptr;
+// partition_temperature as in lam_emu_shard_lse).
 int lam_emu_logits_to_keys(int dtype, const float* logits, int64_t ldl, int64_t rows, int64_t b0, const void* bias_t,
                            const float* bias_f, int64_t batch, int64_t num_valid, int64_t vocab_start,
                            unsigned long long* keys, const float* temperature, uint64_t seed, uint64_t offset,
-                           int64_t max_grid_y, void* states, float scale, float soft_cap) {
+                           int64_t max_grid_y, void* states, float scale, float soft_cap,
+                           const float* partition_temperature) {
   name_all();
   bool ok = true;
-  ShardReduce out{keys, nullptr, 1, temperature, seed, offset};
+  ShardReduce out{.keys = keys, .temperature = temperature, .seed = seed, .offset = offset};
   out.block_partition = static_cast<localargmax::PartitionState*>(states);
+  out.partition_temperature = partition_temperature != nullptr ? partition_temperature : temperature;  // as the host
   out.scale = scale;
   out.soft_cap = soft_cap;
 #define LAM_ARGS nullptr, 0, nullptr, 0, bias_t, bias_f, batch, 0, num_valid, vocab_start, out
@@ -249,7 +255,7 @@ int lam_emu_merge_keys(const unsigned long long* keys, int64_t tp, int64_t batch
   return ok ? 0 : 1;
 }
 
-// launch_features (shard_argmax_launch.cuh) of a kernel's cudaFuncAttributes
+// launch_features (shard_launch.cuh) of a kernel's cudaFuncAttributes
 // on a device: bit 0 PDL, bit 1 TMA.
 int lam_emu_launch_features(int ptx_version, int binary_version, int device_major) {
   const LaunchFeatures f = launch_features(ptx_version, binary_version, device_major);
@@ -257,7 +263,7 @@ int lam_emu_launch_features(int ptx_version, int binary_version, int device_majo
 }
 
 // A launch of static_bytes + dynamic_bytes of shared memory through the
-// emulation's launch functor, which opts in as shard_argmax_mma.cu's launcher
+// emulation's launch functor, which opts in as shard_mma.cu's launcher
 // does (needs_smem_opt_in); with raw != 0, through emu::launch directly with
 // the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize set to opt_in
 // bytes (0: the 48 KiB default). Returns 0 launched, 1 refused

@@ -126,7 +126,7 @@ void set_programmatic_launch(bool on);
 
 // The emulated tensor map of a 2-D bulk tensor copy (the CUtensorMap the
 // CUDA launcher encodes with cuTensorMapEncodeTiled from the same fields:
-// shard_argmax_launch.cuh, WeightTiles): dims and box innermost first, the
+// shard_launch.cuh, WeightTiles): dims and box innermost first, the
 // row stride in bytes, no swizzle, no interleave, out-of-bounds elements zero.
 struct alignas(64) TensorMap2d {
   const void* base;

@@ -9,7 +9,6 @@ import math
 import os
 import shlex
 import sys
-from pathlib import Path
 
 from .. import envs
 
@@ -172,38 +171,17 @@ examples:
   localargmax-bench --kernel-only --op topk --k 8 --log-probs --model qwen3 --batch 1,8,64 --tp 8
   localargmax-bench --kernel-only --op sample --device cuda --model llama3-70b --tp 1,2,4,8 --json out.json
   localargmax-bench --smoke --json out.json           # tiny, for tests (or LOCALARGMAX_BENCH_SMOKE=1)
-  localargmax-bench --predict                         # PREDICTED H200 table (model, no GPU needed)
-  localargmax-bench --predict --model qwen3 --tp 1,2 --batch 1,64 --latency-ns 800
-  localargmax-bench --predict --json bench/results/predicted_h200.json --write-table localargmax/dispatch_table.json
-  localargmax-bench --tune                            # GPU: time paths + mma variants, write the MEASURED table
+
+from a checkout of the repository (not installed with the package):
+  python -m bench.predict_cli --help                  # the bandwidth model: PREDICTED H200 times, no GPU
+  python -m bench.tune --help                         # GPU: time the paths, write a MEASURED dispatch table
 """
 
-PREDICT_HELP = """--predict: the bandwidth model (localargmax/bench/predict.py), no GPU needed;
-every figure is PREDICTED. Per shape (default: the engine shapes of issue
-#15: qwen3 tp 1/4/8, llama3 tp 8, deepseek-v3 tp 8, rank 0's shard; or
---model with --tp) and batch (default 1,2,4,...,256, or --batch), one row per
-variant: simt (the NB its launcher runs at that batch), every tensor-core
-variant of the MmaVariant table (mma/0 .. mma/20; the ops run one as
-path="mma/<id>"), gemm, and the fastest and the cheapest not-built design
-points of the model's search space meeting the bar (>= 0.88 of copy at
-batch <= 64). Per call: CTAs per SM from
-registers (read from the built .so with cuobjdump, or the ptxas lines of
-build/cmake-*/build.log; else the MmaVariant table's figures, and it says so;
---registers FILE reads a saved dump), threads and shared memory; rounds of
-CTAs (wave quantisation); per round the longest of the latency-bound CTA time
-(Little's law: bytes in flight per CTA per memory latency), the bytes at the
-read-stream and L2 bandwidths, instruction issue and tensor-core FLOPs; plus
-the fixed launch and zero-fill costs. The device's constants and their
-sources are in the JSON (--json). --write-table PATH also writes the
-dispatch table from the model (source "predicted"), the file the package
-ships as localargmax/dispatch_table.json.
---tune (GPU and a CUDA build; exit 2 otherwise): times simt, gemm and each
-pipelined mma variant a cell may take (path="mma/<id>") on the engine shapes,
-smallest shard first, with CUDA-graph replay and writes the table with the
-measured choices (source "measured"; cells without an engine shape, or not
-reached within --tune-seconds, keep the model's), to --write-table PATH or the
-package's table; --json PATH gets the timings.
-"""
+CHECKOUT_TOOLS = {
+    "--predict": "python -m bench.predict_cli",
+    "--tune": "python -m bench.tune",
+}
+"""Options of earlier versions whose tools now run from a checkout: the command each names."""
 
 MODELS = ("minilm", "synthetic", "qwen3", "llama3", "llama3-70b", "deepseek-v3")
 SMOKE_ENV = "LOCALARGMAX_BENCH_SMOKE"
@@ -219,7 +197,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     from .report import DEFINITIONS
     from .runner import DTYPES, OP_METHODS, OPS
 
-    description = DESCRIPTION.format(**DEFINITIONS) + "\n" + PREDICT_HELP
+    description = DESCRIPTION.format(**DEFINITIONS)
     p = argparse.ArgumentParser(
         prog=prog, description=description, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -263,27 +241,18 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--methods", help=f"comma-separated subset of the --op's methods (default: all of them; {methods_help})"
     )
-    p.add_argument(
-        "--steps",
-        type=_int_at_least(1),
-        help="timed steps per row (default: 100 minilm, 10 big shapes on CPU; 200 on CUDA)",
-    )
-    p.add_argument(
-        "--warmup",
-        type=_int_at_least(0),
-        help="untimed steps before them (default: 10 minilm, 2 big shapes on CPU; 20 on CUDA)",
-    )
-    p.add_argument(
-        "--threads",
-        type=_int_at_least(1),
-        help="torch threads per rank (default max(1, cpu_count // tp); --kernel-only: cpu_count - 1, leaving a core)",
-    )
-    p.add_argument(
-        "--seed",
-        type=_int_at_least(0),
-        default=0,
-        help="seed of sampled positions, synthetic weights and --op sample's noise (default 0)",
-    )
+    for flag, least, default, text in (  # the integer options: (flag, smallest value, default, help)
+        ("--steps", 1, None, "timed steps per row (default: 100 minilm, 10 big shapes on CPU; 200 on CUDA)"),
+        ("--warmup", 0, None, "untimed steps before them (default: 10 minilm, 2 big shapes on CPU; 20 on CUDA)"),
+        (
+            "--threads",
+            1,
+            None,
+            "torch threads per rank (default max(1, cpu_count // tp); --kernel-only: cpu_count - 1)",
+        ),
+        ("--seed", 0, 0, "seed of sampled positions, synthetic weights and --op sample's noise (default 0)"),
+    ):
+        p.add_argument(flag, type=_int_at_least(least), default=default, help=text)
     p.add_argument(
         "--timeout",
         type=_float_above(0.0),
@@ -317,34 +286,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         default=10.0,
         help="--kernel-only: cut timed calls to fit this many seconds per row (default 10; 0 = no cut)",
     )
-    p.add_argument(
-        "--predict", action="store_true", help="print the bandwidth model's PREDICTED table (see --predict above)"
-    )
-    p.add_argument(
-        "--tune", action="store_true", help="GPU: time the CUDA paths and mma variants, write the measured table"
-    )
-    p.add_argument(
-        "--tune-seconds",
-        type=_float_above(0.0),
-        help="--tune: stop timing after this many seconds (cells not reached keep the model's choice)",
-    )
-    p.add_argument(
-        "--tune-skip",
-        metavar="PATHS",
-        help="--tune: comma-separated paths not to time (e.g. mma/10,mma/16: configs that failed a first call)",
-    )
-    p.add_argument(
-        "--write-table",
-        nargs="?",
-        const=str(Path(__file__).resolve().parents[1] / "dispatch_table.json"),
-        metavar="PATH",
-        help="--predict / --tune: write the dispatch table (default PATH: localargmax/dispatch_table.json)",
-    )
-    p.add_argument("--gpu", default="H200", choices=("H200",), help="--predict: the device spec (default H200)")
-    p.add_argument(
-        "--latency-ns", type=_float_above(0.0), help="--predict: memory latency in ns (default: the spec's, 700)"
-    )
-    p.add_argument("--registers", metavar="FILE", help="--predict: registers from this cuobjdump dump or build log")
+    for flag, command in CHECKOUT_TOOLS.items():
+        p.add_argument(flag, action="store_true", help=f"runs from a checkout of the repository: {command} --help")
     p.add_argument(
         "--smoke",
         action="store_true",
@@ -416,7 +359,7 @@ def make_config(args, command: list[str]):
     import torch
 
     from .. import MAX_TOPK
-    from .runner import OP_METHODS, RunConfig, under_torchrun
+    from .runner import OP_METHODS, RunConfig
 
     smoke = args.smoke or envs.LOCALARGMAX_BENCH_SMOKE
     synthetic = args.model != "minilm"
@@ -464,14 +407,15 @@ def make_config(args, command: list[str]):
         raise UsageError("--tp takes one number (a list only with --kernel-only)")
     if (args.no_compile or args.no_plot) and not args.kernel_only:
         raise UsageError("--no-compile and --no-plot go with --kernel-only")
-    if under_torchrun() and not args.kernel_only:
-        world = int(os.environ["WORLD_SIZE"])
+    torchrun = envs.torchrun_rank()
+    if torchrun is not None and not args.kernel_only:
+        world = torchrun.world_size
         if tps not in (None, [world]):
             raise UsageError(f"--tp {args.tp} but torchrun started WORLD_SIZE={world} ranks")
         tp = world
     else:
         tp = 1 if args.kernel_only else (tps[0] if tps is not None else 2)
-    if args.device == "cuda" and not under_torchrun() and tp > torch.cuda.device_count():
+    if args.device == "cuda" and torchrun is None and tp > torch.cuda.device_count():
         raise UsageError(f"--tp {tp} needs {tp} GPUs, this machine has {torch.cuda.device_count()}")
     big = synthetic and not smoke
     cuda = args.device == "cuda"
@@ -540,8 +484,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     prog = prog or "localargmax-bench"
     parser = build_parser(prog)
     args = parser.parse_args(argv)
-    if args.predict or args.tune or args.write_table:
-        return _model_or_tune(args, shlex.join(shlex.split(prog) + argv), prog)
+    for flag, command in CHECKOUT_TOOLS.items():
+        if getattr(args, flag[2:]):
+            print(
+                f"{prog}: {flag} is not part of the installed package; from a checkout of the repository "
+                f"(its root folder) run: {command} --help",
+                file=sys.stderr,
+            )
+            return 2
     try:
         cfg, build_shapes, smoke = make_config(args, shlex.split(prog) + argv)
         shapes = build_shapes()
@@ -575,31 +525,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
-
-
-def _model_or_tune(args, command: str, prog: str) -> int:
-    """``--predict`` / ``--tune`` (they take only the model options)."""
-    if args.predict == args.tune:
-        print(f"{prog}: error: give one of --predict or --tune (--write-table goes with them)", file=sys.stderr)
-        return 2
-    if args.kernel_only or args.device != "cpu" or args.op or args.methods:
-        print(
-            f"{prog}: error: --predict / --tune take --model, --tp, --batch, --json and the model options",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        if args.tune:
-            from .tune import run_tune
-
-            skip = {x.strip() for x in (args.tune_skip or "").split(",") if x.strip()}
-            return run_tune(args.write_table, args.json, command, args.tune_seconds, skip)
-        from .predict_cli import run_predict
-
-        return run_predict(args, command)
-    except (ValueError, KeyError, OSError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
 
 
 def kernel_shards(args, shape) -> list[tuple]:

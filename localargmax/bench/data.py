@@ -22,7 +22,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import os
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -292,8 +291,6 @@ def minilm_shapes(draft_vocab: int, max_batch: int, seed: int = 0, pool_min: int
     token positions are sampled with ``seed``. Token counts of the whole corpus
     give the d2t table.
     """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     folder = minilm_dir()
     from safetensors.torch import load_file
     from tokenizers import Tokenizer
@@ -301,6 +298,7 @@ def minilm_shapes(draft_vocab: int, max_batch: int, seed: int = 0, pool_min: int
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
     weight = load_file(str(folder / "model.safetensors"))[MINILM_EMBEDDING_KEY].float().contiguous()
     vocab, hidden_size = weight.shape
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -345,3 +343,22 @@ def minilm_shapes(draft_vocab: int, max_batch: int, seed: int = 0, pool_min: int
             )
         )
     return shapes
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes free on ``device``: the GPU's (``torch.cuda.mem_get_info``), else the
+    host's ``MemAvailable`` (/proc/meminfo; 0 where it cannot be read)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return _mem_available()
+
+
+def _mem_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

@@ -49,29 +49,14 @@ import torch
 import torch.distributed as dist
 
 from .. import decode_keys, lm_head_argmax, shard_argmax
-from .data import Shape, reference_ids
+from .data import Shape, free_memory, reference_ids
 from .runner import DTYPES, SAMPLE_OFFSET, RunConfig, free_port
 from .timing import time_cuda
 
 
 def buffer_count(nbytes: int, device: torch.device) -> int:
     """2 weight copies when two fit in 40% of the free memory, else 1."""
-    if device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0]
-    else:
-        free = _mem_available()
-    return 2 if 2 * nbytes <= 0.4 * free else 1
-
-
-def _mem_available() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return 2 if 2 * nbytes <= 0.4 * free_memory(device) else 1
 
 
 def as_float32_matrix(weight: torch.Tensor) -> torch.Tensor:
@@ -84,7 +69,7 @@ def as_float32_matrix(weight: torch.Tensor) -> torch.Tensor:
 
 
 # Rows that force one CUDA path of shard_argmax (its `path` argument, see
-# csrc/cuda/shard_argmax_cuda.cu): bf16 / fp16 on CUDA only.
+# csrc/cuda/shard_ops_cuda.cu): bf16 / fp16 on CUDA only.
 CUDA_PATH_METHODS = {"simt": "fused-simt", "mma": "fused-mma", "gemm": "gemm-keys"}
 SIMT_MAX_BATCH = 8  # forced simt rows only up to here: issue-bound past it (ms per call), they tell nothing
 

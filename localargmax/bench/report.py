@@ -26,9 +26,20 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-CPU_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
-"""The CPU's ISA features that decide the CPU timings here (the fused kernel's
-AVX2 path; torch's AVX-512 / AMX GEMM), recorded present or absent."""
+CPU_FEATURES = (
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+)
+"""The CPU's ISA features that decide the CPU timings here (the fused
+kernel's paths, localargmax._C._cpu_path; torch's AVX-512 / AMX GEMM),
+recorded present or absent."""
 
 
 def cpu_features(flags: str | None = None) -> dict:
@@ -48,15 +59,34 @@ def cpu_features(flags: str | None = None) -> dict:
 
 
 def cpu_auto_path() -> str:
-    """The CPU kernel ``path="auto"`` runs: ``"avx2"`` where the library's AVX2
-    path takes a call on this CPU, else ``"generic"`` (asked of the op itself)."""
-    from .. import shard_argmax
+    """The CPU kernel ``path="auto"`` runs on this CPU: ``"avx512"``,
+    ``"avx2"`` or ``"generic"`` (the op's own choice from CPUID,
+    ``localargmax._C._cpu_path``; never the opt-in ``"avx512_bf16"``)."""
+    from .. import _C
 
-    try:
-        shard_argmax(torch.ones(1, 8), torch.ones(4, 8), path="avx2")
-    except ValueError:
-        return "generic"
-    return "avx2"
+    return _C._cpu_path("auto")
+
+
+def cpu_paths_available() -> list[str]:
+    """The named CPU paths (generic, avx2, avx512, avx512_bf16) this CPU can
+    run: those the op's own choice (``localargmax._C._cpu_path``) accepts."""
+    from .. import _C
+    from .._validation import CPU_PATHS
+
+    have = []
+    for name in CPU_PATHS:
+        try:
+            _C._cpu_path(name)
+        except ValueError:
+            continue
+        have.append(name)
+    return have
+
+
+def _inner_loop(path: str) -> str:
+    from .._validation import CPU_PATHS
+
+    return CPU_PATHS[path].inner_loop if path in CPU_PATHS else path
 
 
 def env_info(device: str, threads: int) -> dict:
@@ -344,7 +374,7 @@ def cpu_legend(rows: list[dict], features: dict, path: str) -> str | None:
     fast = [n for n in ("amx_bf16", "avx512_bf16", "avx512f") if features.get(n)]
     gemm = f"torch's GEMM here can use {', '.join(fast)}" if fast else "torch's GEMM here has AVX2 at most"
     return (
-        f"CPU: fused vs unfused-local is the local kernel (path {path!r}: AVX2 + FMA inner loops at most) against "
+        f"CPU: fused vs unfused-local is the local kernel (path {path!r}: {_inner_loop(path)}) against "
         f"torch's matmul + max on this CPU; {gemm}, so where it runs wider tiles unfused-local can win at batch >= 8"
     )
 

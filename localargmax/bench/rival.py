@@ -36,12 +36,11 @@ import torch
 FI2_SOURCE = (
     "FlashSampling (arXiv 2603.15854, 2026), Tables 4 (D=4096, V=151,936) and 5 (D=8192, V=128,256): "
     "kernel speedup of FlashSampling over FI2 = cuBLAS logits + FlashInfer sampling_from_logits "
-    "(Gumbel-max), H200, bf16, median of 100 iterations; transcribed in shared/reviews/anchors.md"
+    "(Gumbel-max), H200, bf16, median of 100 iterations"
 )
 MULTINOMIAL_SOURCE = (
     "FlashSampling (arXiv 2603.15854, 2026): speedup over compiled torch matmul + softmax + "
-    "multinomial, H200, bf16, D=4096 (V=151,936): 1.35 at B=1, 1.67 at B=64, 1.22 at B=256; "
-    "transcribed in shared/reviews/anchors.md"
+    "multinomial, H200, bf16, D=4096 (V=151,936): 1.35 at B=1, 1.67 at B=64, 1.22 at B=256"
 )
 
 PUBLISHED: dict[tuple[int, int], dict[str, dict[int, float]]] = {

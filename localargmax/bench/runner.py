@@ -14,7 +14,7 @@ ids (``topk``, tree drafting) or a sample of ``softmax(logits / T)``
 from __future__ import annotations
 
 import datetime
-import os
+import signal
 import socket
 import sys
 import time
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import lm_head_argmax, lm_head_sample, lm_head_topk
+from .. import envs, lm_head_argmax, lm_head_sample, lm_head_topk
 from ..baselines import (
     FLOAT32_EXACT_INDEX_LIMIT,
     full_gather_argmax,
@@ -33,9 +33,9 @@ from ..baselines import (
     full_gather_topk,
     unfused_local_argmax,
 )
-from ..collective import HEADER_LEN
+from ..collective import payload_length
 from . import report
-from .data import Shape, full_weight, reference_ids, reference_topk, weight_shard
+from .data import Shape, free_memory, full_weight, reference_ids, reference_topk, weight_shard
 
 METHODS = ("full-gather", "unfused-local", "fused", "fused-allreduce")
 """The methods of the multi-rank benchmark (``--op argmax``), in table order."""
@@ -99,7 +99,7 @@ def comm_bytes(method: str, batch: int, rows: int, itemsize: int, tp: int, k: in
     elif method == "unfused-local":
         payload = 8 * batch
     else:
-        payload = 8 * (k * batch + HEADER_LEN)
+        payload = 8 * payload_length(batch, k)
     if method == "fused-allreduce":
         return payload, int(round(2 * (tp - 1) / tp * payload))
     return payload, (tp - 1) * payload
@@ -349,12 +349,7 @@ def sample_reference(
     return these ids. None (with a message) when the full matrix would take
     more than 40% of the free memory of ``device``."""
     nbytes = shape.lm_rows * shape.hidden * torch.empty((), dtype=dtype).element_size()
-    if device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0]
-    else:
-        from .kernel import _mem_available
-
-        free = _mem_available()
+    free = free_memory(device)
     if nbytes > 0.4 * free:
         print(
             f"skipping tp_invariance for {shape.name}: the full lm_head ({nbytes / 2**30:.1f} GiB) does not fit "
@@ -382,8 +377,9 @@ def launch(cfg: RunConfig, shapes: Sequence[Shape]) -> int:
     Spawned ranks are joined; on Ctrl-C or when one rank fails, the others are
     terminated, so no rank is left behind.
     """
-    if under_torchrun():
-        run_rank(int(os.environ["LOCAL_RANK"]), cfg, shapes, None)
+    torchrun = envs.torchrun_rank()
+    if torchrun is not None:
+        run_rank(torchrun.local_rank, cfg, shapes, None)
         return 0
     import torch.multiprocessing as mp
 
@@ -393,19 +389,18 @@ def launch(cfg: RunConfig, shapes: Sequence[Shape]) -> int:
         while not ctx.join():
             pass
     except KeyboardInterrupt:
-        _terminate(ctx.processes)
-        print("localargmax-bench: interrupted; ranks terminated", file=sys.stderr)
+        print("localargmax-bench: interrupted; terminating the ranks", file=sys.stderr)
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+        try:
+            _terminate(ctx.processes)
+        finally:
+            signal.signal(signal.SIGINT, previous)
         return 130
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:  # join() stopped the other ranks
         _terminate(ctx.processes)
         print(f"localargmax-bench: a rank failed:\n{exc}", file=sys.stderr)
         return 1
     return 0
-
-
-def under_torchrun() -> bool:
-    """Whether torchrun (or a similar launcher) started this process as one rank."""
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
 
 def _terminate(processes) -> None:

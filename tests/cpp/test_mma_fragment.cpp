@@ -1,6 +1,6 @@
 // Checks csrc/common/mma_fragment.h (how the tensor-core kernel feeds
 // mma.sync m16n8k16) on the CPU: a warp's register contents are built exactly
-// as shard_argmax_mma_kernel.cuh builds them (16-byte loads at k = 8t, words
+// as fused_keys_mma.cuh builds them (16-byte loads at k = 8t, words
 // picked by mma_a_word / mma_a_row_half / mma_b_word), an emulated mma.sync
 // multiplies them, written from the PTX ISA fragment tables independently of
 // the header, and the result is compared with the direct product over the

@@ -11,6 +11,7 @@ launch; see csrc/emu/simt_emu.h for what else is checked.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import math
 import os
@@ -22,14 +23,15 @@ from collections.abc import Sequence
 
 import torch
 
+from localargmax._validation import MMA_CONFIGS
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
 # The built libraries, keyed by sources and flags, in the system's temporary
 # folder (the suite writes nothing into the checkout).
 BUILD = pathlib.Path(tempfile.gettempdir()) / f"localargmax-emu-{os.getuid()}"
 MAX_GRID_Y = 65535
-DEFAULT_SM_COUNT = 132  # kDefaultSmCount of shard_argmax_launch.cuh (H200)
-NUM_MMA_VARIANTS = 21  # kNumMmaVariants
+DEFAULT_SM_COUNT = 132  # kDefaultSmCount of shard_launch.cuh (H200)
 DEFAULT_SMEM_LIMIT = 227 * 1024  # kDefaultSmemLimit: opt-in shared memory per block (H100 / H200)
 _KERNEL_FLAGS = ["-O1", "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0"]
 _COMMON_FLAGS = [
@@ -57,27 +59,27 @@ _ENTRY_POINTS = {
     "lam_emu_smem_probe": (_i32, [_i32, _i32, _i32, _i32]),  # static_bytes, dynamic_bytes, raw, opt_in
     "lam_emu_launch_features": (_i32, [_i32, _i32, _i32]),  # ptx_version, binary_version, device_major
     # dtype, path, topk_mode, hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size, num_valid,
-    # vocab_start, keys, block_topk, topk, temperature, seed, offset, max_grid_y, sm_count, variant, smem_limit
+    # vocab_start, keys, block_topk, topk, temperature, seed, offset, max_grid_y, sm_count, config, smem_limit
     "lam_emu_shard": (
         _i32,
         [_i32, _i32, _i32, _p, _i64, _p, _i64, _p, _p, *[_i64] * 4, _p, _p, _i32, _p, _u64, _u64]
         + [_i64, _i32, _i32, _i32],
     ),
-    "lam_emu_mma_variant": (_i32, [_i64, _i64, _i64, _i32, _i32]),
-    "lam_emu_mma_variant_smem": (_i32, [_i32]),
-    "lam_emu_num_mma_variants": (_i32, []),
-    "lam_emu_mma_variant_tma": (_i32, [_i32]),
-    # ... as lam_emu_shard to max_grid_y, then states, scale, soft_cap
+    "lam_emu_mma_config": (_i32, [_i64, _i64, _i64, _i32, _i32]),
+    "lam_emu_num_mma_configs": (_i32, []),
+    "lam_emu_mma_config_name": (ctypes.c_char_p, [_i32]),
+    # ... as lam_emu_shard to max_grid_y, then states, scale, soft_cap, partition_temperature
     "lam_emu_shard_lse": (
         _i32,
-        [_i32, _i32, _p, _i64, _p, _i64, _p, _p, *[_i64] * 4, _p, _p, _i32, _p, _u64, _u64] + [_i64, _p, _f32, _f32],
+        [_i32, _i32, _p, _i64, _p, _i64, _p, _p, *[_i64] * 4, _p, _p, _i32, _p, _u64, _u64]
+        + [_i64, _p, _f32, _f32, _p],
     ),
     "lam_emu_merge_partition": (_i32, [_p, _i64, _i64, _p, _p]),
     # dtype, logits, ldl, rows, b0, bias_t, bias_f, batch, num_valid, vocab_start, keys, temperature, seed,
-    # offset, max_grid_y, states, scale, soft_cap
+    # offset, max_grid_y, states, scale, soft_cap, partition_temperature
     "lam_emu_logits_to_keys": (
         _i32,
-        [_i32, _p, _i64, _i64, _i64, _p, _p, _i64, _i64, _i64, _p, _p, _u64, _u64] + [_i64, _p, _f32, _f32],
+        [_i32, _p, _i64, _i64, _i64, _p, _p, _i64, _i64, _i64, _p, _p, _u64, _u64] + [_i64, _p, _f32, _f32, _p],
     ),
     "lam_emu_merge_keys": (_i32, [_p, _i64, _i64, _i32, _p, _i64, _p, _p]),
 }
@@ -89,7 +91,14 @@ class EmuError(AssertionError):
 
 
 def sources(csrc: pathlib.Path = CSRC) -> list[pathlib.Path]:
-    return sorted([*(csrc / "emu").glob("*"), *(csrc / "cuda").glob("*.cuh"), *(csrc / "common").glob("*.h")])
+    return sorted(
+        [
+            *(csrc / "emu").glob("*"),
+            *(csrc / "cuda").glob("*.cuh"),
+            *(csrc / "cuda").glob("*.h"),
+            *(csrc / "common").glob("*.h"),
+        ]
+    )
 
 
 def have_compiler() -> bool:
@@ -174,7 +183,7 @@ class PlacedWeight:
 
 class Emulator:
     """One loaded build. Methods mirror the CUDA ops' launchers
-    (csrc/cuda/shard_argmax_cuda.cu, merge_keys_cuda.cu) step by step."""
+    (csrc/cuda/shard_ops_cuda.cu, merge_keys_cuda.cu) step by step."""
 
     def __init__(self, lib: pathlib.Path):
         self.path = lib
@@ -196,7 +205,7 @@ class Emulator:
         return self.lib.lam_emu_last_error().decode()
 
     def launch_features(self, ptx_version: int, binary_version: int, device_major: int) -> dict:
-        """launch_features of shard_argmax_launch.cuh: ``{"pdl": bool, "tma": bool}``."""
+        """launch_features of shard_launch.cuh: ``{"pdl": bool, "tma": bool}``."""
         bits = self.lib.lam_emu_launch_features(ptx_version, binary_version, device_major)
         return {"pdl": bool(bits & 1), "tma": bool(bits & 2)}
 
@@ -248,10 +257,10 @@ class Emulator:
 
     def _gemm_keys(self, hidden, weight, gemm_chunk, keys_args, partition_args):
         """The gemm path: float32 logits per batch chunk (torch matmul stands in
-        for cuBLAS; chunk as shard_argmax_gemm.cu), then logits_to_keys_kernel on
+        for cuBLAS; chunk as shard_gemm.cu), then logits_to_keys_kernel on
         each: ``keys_args`` = (bias_t, bias_f, batch, num_valid, vocab_start,
         keys, temperature, seed, offset, max_grid_y), ``partition_args`` =
-        (states or None, scale, soft_cap)."""
+        (states or None, scale, soft_cap, partition_temperature or None)."""
         batch, w32 = hidden.size(0), weight.float()
         chunk = gemm_chunk or max(1, (1 << 30) // 4 // weight.size(0))
         for b0 in range(0, batch, chunk):
@@ -272,9 +281,9 @@ class Emulator:
         if rc == 3:
             raise ValueError("this emulation build has no kernels for the dtype (bf16_only)")
         if rc == 4:
-            raise ValueError("no such mma variant")
+            raise ValueError("no such mma config")
         if rc == 5:
-            raise ValueError("the forced mma variant's shared memory exceeds the device's limit")
+            raise ValueError("the forced mma config's shared memory exceeds the device's limit")
         if rc != 0:
             raise EmuError(self.lib.lam_emu_last_error().decode())
 
@@ -297,31 +306,37 @@ class Emulator:
         order_seed=1,
         gemm_chunk=None,
         sm_count=DEFAULT_SM_COUNT,
-        variant=None,
+        config=None,
         smem_limit=DEFAULT_SMEM_LIMIT,
         log_partition=False,
         scale=1.0,
         soft_cap=None,
+        partition_temperature=None,
     ):
         """shard_argmax (k None, temperature None), shard_topk (k) or
         shard_sample (temperature) through the emulated kernel of `path`
-        ("simt", "mma", "mma/<variant id>" or "gemm"). weight: a tensor, or a PlacedWeight (a
-        view too large to copy, already in the arena). mma: `variant` (an id of
-        MmaVariant, shard_argmax_launch.cuh) forces a variant, else launch_mma
-        chooses for a device of `sm_count` SMs and `smem_limit` bytes of opt-in
-        shared memory per block (a forced variant past it raises ValueError
-        naming it, its bytes and the limit, as run_mma does). log_partition: the *_lse op
-        (simt or gemm, as on CUDA): returns (keys, pairs [B, 2])."""
+        ("simt", "mma", "mma/<config name>" or "gemm"). weight: a tensor, or a PlacedWeight (a
+        view too large to copy, already in the arena). mma: `config` (a name of
+        csrc/cuda/mma_configs.h) forces a config, else launch_mma chooses for a
+        device of `sm_count` SMs and `smem_limit` bytes of opt-in shared memory
+        per block (a forced config past it raises ValueError naming it, its
+        bytes and the limit, as run_mma does). log_partition: the *_lse op
+        (simt or gemm, as on CUDA): returns (keys, pairs [B, 2]);
+        partition_temperature: shard_argmax_lse's [B] float32 T > 0 of the sums."""
         if log_partition:
             if path.startswith("mma"):
                 raise ValueError(f"log_partition: path={path!r} cannot compute the log-partition on CUDA")
             args = (k, temperature, seed, offset, max_grid_y, scramble, order_seed, scale, soft_cap or 0.0)
-            return self._shard_lse(hidden, weight, bias, vocab_start, num_valid, *args, path, gemm_chunk)
-        if path.startswith("mma/"):  # "mma/<id>": that variant
-            path, variant = "mma", int(path[4:])
-        if variant is not None and 0 <= variant < NUM_MMA_VARIANTS and self.mma_variant_smem(variant) > smem_limit:
+            return self._shard_lse(
+                hidden, weight, bias, vocab_start, num_valid, *args, path, gemm_chunk, partition_temperature
+            )
+        if path.startswith("mma/"):  # "mma/<name>": that config
+            path, config = "mma", path[4:]
+        known = self.mma_configs
+        row = -1 if config is None else known.index(config) if config in known else len(known)  # past the table: rc 4
+        if config in MMA_CONFIGS and MMA_CONFIGS[config].smem > smem_limit:
             raise ValueError(
-                f"shard_argmax: path='mma/{variant}' needs {self.mma_variant_smem(variant)} bytes of shared memory "
+                f"shard_argmax: mma config '{config}' needs {MMA_CONFIGS[config].smem} bytes of shared memory "
                 f"per block; this device allows {smem_limit} (cudaDevAttrMaxSharedMemoryPerBlockOptin)"
             )
         weight_ptr = weight.ptr if isinstance(weight, PlacedWeight) else None
@@ -339,7 +354,7 @@ class Emulator:
             assert not topk and weight.dtype != torch.float32
             keys = self._alloc("keys", batch * 8)
             keys_args = [bt, bf, batch, num_valid, vocab_start, keys, tp, seed, offset, max_grid_y]
-            self._gemm_keys(hidden, weight, gemm_chunk, keys_args, [None, 1.0, 0.0])
+            self._gemm_keys(hidden, weight, gemm_chunk, keys_args, [None, 1.0, 0.0, None])
             return self._read(keys, (batch,), torch.int64)
         hp = self._place("hidden", hidden)
         wp = weight_ptr if weight_ptr is not None else self._place("weight", weight)
@@ -373,7 +388,7 @@ class Emulator:
                 offset,
                 max_grid_y,
                 sm_count,
-                -1 if variant is None else variant,
+                row,
                 smem_limit,
             )
         )
@@ -384,30 +399,27 @@ class Emulator:
         flipped = lists.permute(1, 0, 2).reshape(batch, blocks_x * k) ^ SIGN
         return flipped.topk(k, 1, True, True).values ^ SIGN
 
-    def mma_variant(
+    def mma_config(
         self,
         hidden_size: int,
         num_valid: int,
         batch: int,
         sm_count: int = DEFAULT_SM_COUNT,
         smem_limit: int = DEFAULT_SMEM_LIMIT,
-    ) -> int:
-        """launch_mma's auto choice: an id of MmaVariant (shard_argmax_launch.cuh)."""
-        return self.lib.lam_emu_mma_variant(hidden_size, num_valid, batch, sm_count, smem_limit)
+    ) -> str:
+        """launch_mma's auto choice (choose_mma_config): a config's name."""
+        return self.mma_configs[self.lib.lam_emu_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit)]
 
-    def mma_variant_smem(self, vid: int) -> int:
-        """Shared memory per block (static + dynamic bytes) of MmaVariant ``vid``; -1: no such id."""
-        return self.lib.lam_emu_mma_variant_smem(vid)
-
-    def mma_variant_tma(self, vid: int) -> bool:
-        """Whether MmaVariant ``vid`` copies its weight tiles by TMA (sm_90+ only on a GPU)."""
-        return bool(self.lib.lam_emu_mma_variant_tma(vid))
+    @functools.cached_property
+    def mma_configs(self) -> list[str]:
+        """The config names in table order, as this emulation library compiled them."""
+        return [self.lib.lam_emu_mma_config_name(i).decode() for i in range(self.lib.lam_emu_num_mma_configs())]
 
     def _shard_lse(
         self, hidden, weight, bias, vocab_start, num_valid, k, temperature, seed, offset, max_grid_y, scramble,
-        order_seed, scale, soft_cap, path="simt", gemm_chunk=None
+        order_seed, scale, soft_cap, path="simt", gemm_chunk=None, partition_temperature=None
     ):  # fmt: skip
-        """The *_lse ops' CUDA launcher (shard_argmax_cuda.cu) step by step:
+        """The *_lse ops' CUDA launcher (shard_ops_cuda.cu) step by step:
         the simt kernel (or, path "gemm", the logits then the keys kernel)
         with per-block states, then merge_partition_kernel."""
         num_valid = weight.size(0) if num_valid is None else num_valid
@@ -419,6 +431,9 @@ class Emulator:
         self._reset(scramble, order_seed)
         hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
         bt, bf, tp = self._place_bias_and_temperature(bias, weight, temperature)
+        own_t = partition_temperature is not None
+        pt = self._place("partition_temperature", partition_temperature.contiguous()) if own_t else None
+        merge_t = pt if own_t else tp  # the temperature the merge uses, as shard_ops_cuda.cu picks it
         blocks_x = (num_valid + 63) // 64
         keys = None if topk else self._alloc("keys", batch * 8)
         states = self._alloc("partition_states", blocks_x * batch * 16, fill=0xA5)  # at::empty: garbage
@@ -426,9 +441,9 @@ class Emulator:
         if path == "gemm":
             assert not topk and weight.dtype != torch.float32
             keys_args = [bt, bf, batch, num_valid, vocab_start, keys, tp, seed, offset, max_grid_y]
-            self._gemm_keys(hidden, weight, gemm_chunk, keys_args, [states, scale, soft_cap])
+            self._gemm_keys(hidden, weight, gemm_chunk, keys_args, [states, scale, soft_cap, pt])
             used = (num_valid + 4095) // 4096  # keys_blocks
-            self._check(self.lib.lam_emu_merge_partition(states, used, batch, tp, pairs))
+            self._check(self.lib.lam_emu_merge_partition(states, used, batch, merge_t, pairs))
             return self._read(keys, (batch,), torch.int64), self._read(pairs, (batch, 2), torch.float32)
         hp, wp = self._place("hidden", hidden), self._place("weight", weight)
         block_topk = self._alloc("block_topk", blocks_x * batch * k * 8, fill=0xA5) if topk else None
@@ -436,10 +451,10 @@ class Emulator:
             self.lib.lam_emu_shard_lse(
                 *[_DTYPES[weight.dtype], int(topk), hp, _row_stride(hidden), wp, _row_stride(weight), bt, bf],
                 *[batch, hidden.size(1), num_valid, vocab_start, keys, block_topk, k or 1, tp, seed, offset],
-                *[max_grid_y, states, scale, soft_cap],
+                *[max_grid_y, states, scale, soft_cap, pt],
             )
         )
-        self._check(self.lib.lam_emu_merge_partition(states, blocks_x, batch, tp, pairs))
+        self._check(self.lib.lam_emu_merge_partition(states, blocks_x, batch, merge_t, pairs))
         out_pairs = self._read(pairs, (batch, 2), torch.float32)
         if not topk:
             return self._read(keys, (batch,), torch.int64), out_pairs

@@ -8,11 +8,26 @@ from __future__ import annotations
 import torch
 
 import localargmax  # noqa: F401  (registers torch.ops.localargmax)
+from localargmax._validation import MMA_CONFIGS
 
-TMA_TWINS = {16: 4, 17: 5, 18: 13, 19: 14, 20: 15}  # TMA variant -> its cp.async twin (same sums)
 ops = torch.ops.localargmax
 HALF = (torch.bfloat16, torch.float16)
 ALL = (torch.float32, *HALF)
+
+
+def shapes(text: str) -> list[tuple[int, int, int]]:
+    """Problem shapes written ``"B x rows x H"`` apart by spaces: ``shapes("1x1x8 9x65x24")``."""
+    return [tuple(int(n) for n in item.split("x")) for item in text.split()]
+
+
+# Each path with each dtype it serves (gemm: one) and every tensor-core config
+# forced (alternating bf16 / fp16).
+EVERY_PATH_AND_CONFIG = [
+    *[("simt", dtype) for dtype in ALL],
+    *[("mma", dtype) for dtype in HALF],
+    ("gemm", torch.float16),
+    *[(f"mma/{name}", HALF[i % 2]) for i, name in enumerate(MMA_CONFIGS)],
+]
 
 
 def exact_problem(gen, batch, rows, hidden_size, dtype, bias=None, lo=-3, hi=3):

@@ -102,15 +102,19 @@ def launch(
     wall_timeout: float = 240.0,
     env: dict[str, str] | None = None,
     fail_fast: bool = False,
+    start_method: str | None = None,
 ) -> Launch:
     """Run ``worker(rank, world_size, *args)`` (a module-level function) on
     ``world_size`` gloo ranks whose group has ``timeout=pg_timeout`` seconds;
     ``env`` is set in each rank first. Waits until every rank has reported or
     exited; ranks still running after ``wall_timeout`` seconds (or, with
     ``fail_fast``, 3 s after the first rank failed) are killed and reported
-    "hung". Every process is joined before this returns."""
-    ctx = multiprocessing.get_context(START_METHOD)
-    if START_METHOD == "forkserver":
+    "hung". Every process is joined before this returns. ``start_method``:
+    another than :data:`START_METHOD` ("spawn": ranks that see this process's
+    environment as it is now, not the forkserver's)."""
+    method = start_method or START_METHOD
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
         ctx.set_forkserver_preload(_PRELOAD + [worker.__module__])  # effective until the server starts
     results = ctx.Queue()
     barrier = ctx.Barrier(world_size)
@@ -167,11 +171,13 @@ def launch(
     return Launch(out, time.monotonic() - t0, [p.pid for p in procs])
 
 
-def run_ranks(worker: Callable, world_size: int, *args, timeout: float = 240.0) -> list:
+def run_ranks(
+    worker: Callable, world_size: int, *args, timeout: float = 240.0, start_method: str | None = None
+) -> list:
     """:func:`launch` with ``fail_fast``: the ranks' return values (plain
     picklable data) by rank, or :class:`RankFailure` naming every rank that
     raised (with its traceback), died or hung."""
-    result = launch(worker, world_size, *args, wall_timeout=timeout, fail_fast=True)
+    result = launch(worker, world_size, *args, wall_timeout=timeout, fail_fast=True, start_method=start_method)
     bad = [f"rank {r} {o.status}:\n{o.value}" for r, o in enumerate(result.ranks) if o.status != "ok"]
     if bad:
         raise RankFailure("\n".join(bad))

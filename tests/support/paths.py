@@ -1,7 +1,8 @@
 """The kernel paths an op can run on, and the one helper that selects one.
 
-CPU: the ``default`` build of the kernel (AVX2/FMA/F16C where the CPU has them)
-and the portable ``generic`` one. CUDA: ``simt`` (CUDA-core fused kernel),
+CPU: the ``default`` build of the kernel (``path="auto"``: AVX-512F, else
+AVX2/FMA/F16C, where the CPU has them) and the portable ``generic`` one; the
+named ISA paths (:data:`CPU_ISA_PATHS`) where the tests ask for them. CUDA: ``simt`` (CUDA-core fused kernel),
 ``mma`` (tensor-core fused kernel, bf16/fp16) and ``gemm`` (cuBLAS float32
 logits, then a logits-to-keys kernel). :func:`use_path` is the only place that
 knows how a path is chosen (the ops' ``path=`` keyword).
@@ -19,17 +20,23 @@ import pytest
 import torch
 
 import localargmax
+from localargmax._validation import CPU_PATHS as CPU_TABLE
 
 
 class KernelPath(NamedTuple):
     device: str  # "cpu" or "cuda"
-    name: str  # CPU ISA ("default", "generic") or CUDA path ("simt", "mma", "gemm")
+    name: str  # CPU ("default", or a name of CPU_ISA_PATHS) or CUDA path ("simt", "mma", "gemm")
 
     def __str__(self) -> str:
         return self.device if self.name == "default" else f"{self.device}-{self.name}"
 
 
 CPU_PATHS = (KernelPath("cpu", "default"), KernelPath("cpu", "generic"))
+CPU_ISA_PATHS = tuple(CPU_TABLE)
+"""Every CPU path the ops' ``path=`` names (besides ``"auto"``): the C++ table's."""
+BIT_EXACT_CPU_PATHS = tuple(name for name, p in CPU_TABLE.items() if p.bit_exact)
+"""The CPU paths whose keys are bit-identical to generic's for every dtype
+(DESIGN.md rule 5; ``avx512_bf16`` only for float32 / float16 weights)."""
 CUDA_PATHS = tuple(KernelPath("cuda", name) for name in ("simt", "mma", "gemm"))
 ALL_PATHS = CPU_PATHS + CUDA_PATHS
 
@@ -41,10 +48,30 @@ def unavailable(path: KernelPath) -> str | None:
             return "no CUDA device"
         if not localargmax.WITH_CUDA:
             return "built without CUDA kernels"
+    elif path.name != "default":
+        return cpu_path_unavailable(path.name)
     return None
 
 
-_KEYWORD = {"default": "auto", "generic": "generic", "simt": "simt", "mma": "mma", "gemm": "gemm"}
+def cpu_path_unavailable(name: str) -> str | None:
+    """Why this CPU cannot run the CPU path ``name`` (the op's own refusal,
+    naming the missing CPU features), or None if it can."""
+    try:
+        localargmax._C._cpu_path(name)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def bit_exact_cpu_paths() -> tuple[KernelPath, ...]:
+    """:data:`CPU_PATHS` and every other path of :data:`BIT_EXACT_CPU_PATHS`
+    this CPU has (auto's own choice is ``default`` already)."""
+    auto = localargmax._C._cpu_path("auto")
+    extra = [KernelPath("cpu", n) for n in BIT_EXACT_CPU_PATHS if n not in ("generic", auto)]
+    return CPU_PATHS + tuple(p for p in extra if cpu_path_unavailable(p.name) is None)
+
+
+_KEYWORD = {"default": "auto", **{n: n for n in CPU_ISA_PATHS}, "simt": "simt", "mma": "mma", "gemm": "gemm"}
 _OPS = ("shard_argmax", "shard_topk", "shard_sample")
 
 
@@ -95,12 +122,13 @@ def poison_cuda_allocator() -> None:
 
 
 def each_cpu_path_and_thread_count(threads=(1, 2)) -> Iterator[tuple[str, int]]:
-    """``(path name, threads)`` for every CPU path and torch thread count in
-    turn, that path bound and that many threads set; torch's thread count is
-    restored afterwards."""
+    """``(path name, threads)`` for every bit-exact CPU path this CPU has
+    (:func:`bit_exact_cpu_paths`) and torch thread count in turn, that path
+    bound and that many threads set; torch's thread count is restored
+    afterwards."""
     saved = torch.get_num_threads()
     try:
-        for path in CPU_PATHS:
+        for path in bit_exact_cpu_paths():
             for n in threads:
                 torch.set_num_threads(n)
                 with use_path(path):

@@ -249,5 +249,19 @@ def simulated_sample_log_probs(hidden, shards, temperature, seed, offset=0, *, d
     return _simulate(hidden, shards, shard_op, step)
 
 
+def simulated_argmax_log_odds(hidden, shards, temperature=None, *, log_probs=False, d2t=None, **lp):
+    """lm_head_argmax(return_log_odds=True, temperature=...) on every simulated
+    rank: (ids, log_odds), or (ids, log_probs, log_odds) with ``log_probs``."""
+    t = temperature
+    if t is not None and not isinstance(t, torch.Tensor):
+        t = torch.full((hidden.shape[0],), float(t))
+    shard_op = partial(localargmax.shard_argmax, log_partition=True, temperature=t, **_op_transform(lp))
+    step = partial(
+        localargmax.lm_head_argmax, d2t=d2t, return_log_probs=log_probs, return_log_odds=True,
+        temperature=temperature, **lp,
+    )  # fmt: skip
+    return _simulate(hidden, shards, shard_op, step)
+
+
 def _op_transform(lp: dict) -> dict:
     return {"scale": lp.get("logit_scale", 1.0), "soft_cap": lp.get("soft_cap")}

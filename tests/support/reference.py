@@ -155,6 +155,23 @@ def ref_log_probs(logits64: torch.Tensor, scale=1.0, soft_cap=None, temperature=
     return x - torch.logsumexp(x, dim=1, keepdim=True)
 
 
+def ref_log_odds(logits64: torch.Tensor, ids: torch.Tensor, scale=1.0, soft_cap=None, temperature=None):
+    """``[B]`` float64 ``-log Σ_{z ≠ a} exp((x_z - x_a) / T)`` of the
+    transformed logits ``x`` at the entries ``a = ids`` (the argmax), summed
+    directly (no ``total - 1``); ``T <= 0`` rows and ``None`` use 1. NaN where
+    ``x_a`` is NaN or infinite, ``+inf`` where every other entry is ``-inf``."""
+    x = ref_transform(logits64, scale, soft_cap)
+    t = torch.ones(x.shape[0], dtype=torch.float64)
+    if temperature is not None:
+        t = temperature.detach().cpu().double()
+        t = torch.where(t > 0, t, 1.0)
+    top = x.gather(1, ids[:, None])
+    d = (x - top) / t[:, None]
+    d.scatter_(1, ids[:, None], -math.inf)  # leave the argmax out
+    d = torch.where(x == -math.inf, -math.inf, d)
+    return torch.where(top[:, 0].isfinite(), -torch.logsumexp(d, dim=1), math.nan)
+
+
 def log_prob_tolerance(hidden, weight, bias=None, scale=1.0, soft_cap=None, temperature=None, tp=1) -> float:
     """A bound on |float32 fused log-probability - float64 reference|: each
     logit is off by at most :func:`error_bound` (times the scale; the soft-cap

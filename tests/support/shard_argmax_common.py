@@ -42,10 +42,10 @@ def dominant_padding(hidden, weight, num_valid):
 
 
 def log_partition_error(pairs, hidden, weight, bias, num_valid, scale=1.0, soft_cap=None) -> float:
-    """Largest |ref + log(sum) - float64 logsumexp of the valid rows' transformed logits|."""
+    """Largest |ref + log1p(others) - float64 logsumexp of the valid rows' transformed logits|."""
     b = None if bias is None else bias[:num_valid]
     x = ref_transform(ref_logits(hidden, weight[:num_valid], b), scale, soft_cap)
-    got = pairs[:, 0].double() + pairs[:, 1].double().log()
+    got = pairs[:, 0].double() + pairs[:, 1].double().log1p()
     return float((got - torch.logsumexp(x, dim=1)).abs().max())
 
 

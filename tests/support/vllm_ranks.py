@@ -16,6 +16,16 @@ import os
 import torch
 
 from tests.support.reference import ref_logits, ref_transform
+from tests.support.vllm_adaptive_cases import config_case, speculator_case
+from tests.support.vllm_common import (
+    WarningLog,
+    both,
+    head_of,
+    processor,
+    random_case,
+    vllm_setup,
+)
+from tests.support.vllm_proposer_cases import eagle3_case, proposer_case
 
 TP = 2
 SCALE_SOFTCAP, LOG_PROBS = {"scale": 2.0, "soft_cap": 3.0}, {"log_probs": True}
@@ -41,62 +51,6 @@ TOPK_CASES = {  # name: (vocab, hidden size, batch, k, dtype, keywords of _topk_
 }
 
 
-class _WarningLog(logging.Handler):
-    """The plugin's WARNING records (fallback reasons, once each)."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages, self.reasons = [], []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-        if record.args:
-            self.reasons.append(str(record.args[0]))
-
-
-def _vllm_setup(rank: int, world_size: int):
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-
-    cfg = VllmConfig()
-    ctx = set_current_vllm_config(cfg)
-    ctx.__enter__()
-    init_distributed_environment(world_size, rank, "env://", rank, backend="gloo")
-    initialize_model_parallel(tensor_model_parallel_size=world_size)
-    return ctx, cfg
-
-
-def _head(full: torch.Tensor, *, bias: bool = False, org_vocab=None):
-    """vLLM's ParallelLMHead holding ``full [V, H]`` (loaded as a checkpoint is)."""
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
-
-    vocab, hidden = full.shape
-    head = ParallelLMHead(vocab, hidden, bias=bias, params_dtype=full.dtype, org_num_embeddings=org_vocab)
-    head.weight.weight_loader(head.weight, full[: head.org_vocab_size])  # LoRA-added rows stay as created
-    _after_loading(head)
-    return head
-
-
-def _after_loading(layer) -> None:
-    """vLLM's CPU gemm set-up of a loaded layer (``cpu_linear``), as vLLM's CPU
-    path ends up on this CPU with this vLLM build. vLLM's dispatch
-    (``quant_method.process_weights_after_loading``) picks, on a CPU with AMX
-    tiles and a small bf16 / fp16 weight, its sgl kernel through
-    ``torch.ops._C.convert_weight_packed``: an op only vLLM's CPU build has,
-    not the PyPI wheel (vLLM's CUDA build) the tests install. There the layer
-    gets vLLM's own fallback, torch's linear; elsewhere vLLM's dispatch runs."""
-    from vllm.model_executor.layers.utils import check_cpu_sgl_kernel
-
-    n, k = layer.weight.shape
-    if check_cpu_sgl_kernel(n, k, layer.weight.dtype) and not hasattr(torch.ops._C, "convert_weight_packed"):
-        layer.cpu_linear = torch.nn.functional.linear
-    else:
-        layer.quant_method.process_weights_after_loading(layer)
-    if not hasattr(layer, "cpu_linear"):  # a dispatch that leaves the layer on vLLM's default
-        layer.cpu_linear = torch.nn.functional.linear
-
-
 _RAW_COLLECTIVES = ("all_gather_into_tensor", "all_gather", "all_reduce", "all_gather_object", "broadcast", "gather")
 _FUNCOL = ("all_gather_tensor", "all_gather_single", "all_reduce", "wait_tensor")
 
@@ -116,7 +70,8 @@ def _collective_case(plugin, gen, rank, seed):
     calls = {"coordinator": 0, "raw_outside": []}
     depth = [0]
     saved = {("dist", n): getattr(dist, n) for n in _RAW_COLLECTIVES}
-    saved.update({("funcol", n): getattr(funcol, n) for n in _FUNCOL})
+    # torch 2.11 has no funcol.all_gather_single
+    saved.update({("funcol", n): getattr(funcol, n) for n in _FUNCOL if hasattr(funcol, n)})
     saved[("coordinator", "all_gather")] = GroupCoordinator.all_gather
 
     def coordinator_gather(self, input_, dim=-1):
@@ -138,11 +93,12 @@ def _collective_case(plugin, gen, rank, seed):
     vocab, hsize = 1000, 32
     full = torch.randn(vocab, hsize, generator=gen)
     hidden = torch.randn(6, hsize, generator=gen)
-    head, lp = _head(full), _processor(vocab)
+    head, lp = head_of(full), processor(vocab)
     GroupCoordinator.all_gather = coordinator_gather
     for module, obj, names in (("dist", dist, _RAW_COLLECTIVES), ("funcol", funcol, _FUNCOL)):
         for n in names:
-            setattr(obj, n, spy(module, n))
+            if (module, n) in saved:
+                setattr(obj, n, spy(module, n))
     try:
         ids = lp.get_top_tokens(head, hidden)
         top_ids, log_probs = lp.get_top_k_tokens(head, hidden, 4, return_log_probs=True)
@@ -197,8 +153,8 @@ def _amx_forced_case(plugin, gen):
 
         full = (torch.randn(999, 64, generator=gen) / 8).to(torch.bfloat16)
         hidden = torch.randn(8, 64, generator=gen).to(torch.bfloat16)
-        head = _head(full)
-        ours = _processor(999).get_top_tokens(head, hidden)
+        head = head_of(full)
+        ours = processor(999).get_top_tokens(head, hidden)
         logits = ref_logits(hidden, full)
         top2 = logits.topk(2, dim=1).values
         return {
@@ -211,45 +167,12 @@ def _amx_forced_case(plugin, gen):
         torch.cpu._is_amx_tile_supported, torch.cpu._is_amx_fp16_supported = saved
 
 
-def _processor(vocab: int, scale: float = 1.0, soft_cap=None, logits_as_input: bool = False):
-    from vllm.model_executor.layers.logits_processor import LogitsProcessor
-
-    return LogitsProcessor(vocab, scale=scale, soft_cap=soft_cap, logits_as_input=logits_as_input)
-
-
-def _shard_bias(head, bias_full):
-    """This rank's ``[rows]`` embedding bias (zeros on padding rows), as vLLM lays it out."""
-    idx = head.shard_indices
-    out = torch.zeros(head.weight.shape[0], dtype=bias_full.dtype)
-    n = idx.org_vocab_end_index - idx.org_vocab_start_index
-    out[:n] = bias_full[idx.org_vocab_start_index : idx.org_vocab_end_index]
-    return out
-
-
-def _both(plugin, lp, head, hidden, method, *args, **kwargs):
-    """(vLLM's original method, the installed one via LogitsProcessor)."""
-    theirs = plugin._ORIGINAL[method](lp, head, hidden, *args, **kwargs)
-    ours = getattr(lp, method)(head, hidden, *args, **kwargs)
-    return theirs, ours
-
-
-def _random_case(gen, vocab, hsize, batch, dtype, bias, scale, soft_cap):
-    """A random head ``full [V, H]``, ``hidden [B, H]``, the full bias (or None), vLLM's head and
-    processor over them, and this rank's embedding-bias shard (or None)."""
-    full = (torch.randn(vocab, hsize, generator=gen) / hsize**0.5).to(dtype)
-    hidden = torch.randn(batch, hsize, generator=gen).to(dtype)
-    bias_full = torch.randn(vocab, generator=gen).to(dtype) if bias else None
-    head = _head(full)
-    eb = _shard_bias(head, bias_full) if bias else None
-    return full, hidden, bias_full, head, _processor(vocab, scale, soft_cap), eb
-
-
 def _argmax_case(plugin, gen, vocab, hsize, batch, dtype, *, bias=False, scale=1.0, soft_cap=None, head_dtype=None):
-    full, hidden, bias_full, head, lp, eb = _random_case(gen, vocab, hsize, batch, dtype, bias, scale, soft_cap)
+    full, hidden, bias_full, head, lp, eb = random_case(gen, vocab, hsize, batch, dtype, bias, scale, soft_cap)
     if head_dtype is not None:
         lp.head_dtype = head_dtype
     before = plugin.stats().get("fused", 0)
-    theirs, ours = _both(plugin, lp, head, hidden, "get_top_tokens", eb)
+    theirs, ours = both(plugin, lp, head, hidden, "get_top_tokens", eb)
     ref = ref_transform(ref_logits(hidden, full, bias_full), scale, soft_cap)
     top2 = ref.topk(2, dim=1).values
     return {
@@ -263,9 +186,9 @@ def _argmax_case(plugin, gen, vocab, hsize, batch, dtype, *, bias=False, scale=1
 
 
 def _topk_case(plugin, gen, vocab, hsize, batch, k, dtype, *, bias=False, scale=1.0, soft_cap=None, log_probs=False):
-    full, hidden, bias_full, head, lp, eb = _random_case(gen, vocab, hsize, batch, dtype, bias, scale, soft_cap)
+    full, hidden, bias_full, head, lp, eb = random_case(gen, vocab, hsize, batch, dtype, bias, scale, soft_cap)
     before = plugin.stats().get("fused", 0)
-    (tid, tval), (oid, oval) = _both(plugin, lp, head, hidden, "get_top_k_tokens", k, eb, return_log_probs=log_probs)
+    (tid, tval), (oid, oval) = both(plugin, lp, head, hidden, "get_top_k_tokens", k, eb, return_log_probs=log_probs)
     raw = ref_logits(hidden, full, bias_full)
     rval, rid = raw.topk(k, dim=1)
     if log_probs:  # soft-cap, then scale, over the whole vocabulary; x - logsumexp(x)
@@ -301,9 +224,9 @@ def _past_2_24_case(plugin):
             head.weight[winner - idx.org_vocab_start_index] = torch.tensor([1.0, 1.0])
             head.weight[winner - 1 - idx.org_vocab_start_index] = torch.tensor([0.5, 0.5])
     hidden = torch.ones(3, hsize)
-    lp = _processor(vocab)
-    theirs, ours = _both(plugin, lp, head, hidden, "get_top_tokens")
-    (tid, _), (oid, _) = _both(plugin, lp, head, hidden, "get_top_k_tokens", 2)
+    lp = processor(vocab)
+    theirs, ours = both(plugin, lp, head, hidden, "get_top_tokens")
+    (tid, _), (oid, _) = both(plugin, lp, head, hidden, "get_top_k_tokens", 2)
     return {
         "vllm": theirs.tolist(),
         "ours": ours.tolist(),
@@ -323,10 +246,10 @@ def _bf16_near_tie_case(plugin):
     full[3] = torch.tensor([1.0, 0.0])
     full[vocab - 5] = torch.tensor([1.0, 2.0**-10])
     hidden = torch.ones(2, hsize, dtype=torch.bfloat16)
-    head = _head(full)
-    lp = _processor(vocab)
-    theirs, ours = _both(plugin, lp, head, hidden, "get_top_tokens")
-    (tid, tval), (oid, oval) = _both(plugin, lp, head, hidden, "get_top_k_tokens", 2)
+    head = head_of(full)
+    lp = processor(vocab)
+    theirs, ours = both(plugin, lp, head, hidden, "get_top_tokens")
+    (tid, tval), (oid, oval) = both(plugin, lp, head, hidden, "get_top_k_tokens", 2)
     ref = ref_logits(hidden, full)
     return {
         "vllm": theirs.tolist(),
@@ -338,27 +261,6 @@ def _bf16_near_tie_case(plugin):
         "ours_topk_values": oval.tolist(),
         "ref_topk_values": ref.topk(2, dim=1).values.tolist(),
     }
-
-
-class _Target(torch.nn.Module):
-    """A target model with its own lm_head (what the proposer's _maybe_share_lm_head inspects)."""
-
-    def __init__(self, gen, vocab, hsize):
-        super().__init__()
-        self.model = torch.nn.Module()
-        self.lm_head = _head(torch.randn(vocab, hsize, generator=gen))
-
-
-def _proposer(draft, target):
-    """vLLM's EagleProposer methods around ``draft`` (none of its GPU set-up), the switch on, the head check run."""
-    from vllm.v1.spec_decode.eagle import EagleProposer
-
-    proposer = EagleProposer.__new__(EagleProposer)
-    proposer.vllm_config = _Stub(speculative_config=None)
-    proposer.use_local_argmax_reduction = True
-    proposer.model = draft
-    proposer._maybe_share_lm_head(target)
-    return proposer
 
 
 class _FakeQuantMethod:
@@ -395,26 +297,26 @@ def _fallback_cases(plugin, gen):
 
         out[name] = {"vllm": as_data(theirs), "ours": as_data(ours), "stats": delta}
 
-    head = _head(full)
-    run("logits_as_input", _processor(vocab, logits_as_input=True), head, "get_top_tokens")
-    run("non_positive_scale", _processor(vocab, scale=-1.0), head, "get_top_tokens")
-    run("non_positive_scale_topk", _processor(vocab, scale=0.0), head, "get_top_k_tokens", 3)
+    head = head_of(full)
+    run("logits_as_input", processor(vocab, logits_as_input=True), head, "get_top_tokens")
+    run("non_positive_scale", processor(vocab, scale=-1.0), head, "get_top_tokens")
+    run("non_positive_scale_topk", processor(vocab, scale=0.0), head, "get_top_k_tokens", 3)
     run(
         "return_log_probs_logits_as_input",
-        _processor(vocab, logits_as_input=True),
+        processor(vocab, logits_as_input=True),
         head,
         "get_top_k_tokens",
         3,
         return_log_probs=True,
     )
     bias2d = torch.randn(1, head.weight.shape[0], generator=gen)
-    run("bias_other_shape", _processor(vocab), head, "get_top_tokens", bias2d)
-    run("k_over_64", _processor(vocab), head, "get_top_k_tokens", 65)
-    quant = _head(full)
+    run("bias_other_shape", processor(vocab), head, "get_top_tokens", bias2d)
+    run("k_over_64", processor(vocab), head, "get_top_k_tokens", 65)
+    quant = head_of(full)
     quant.quant_method = _FakeQuantMethod()
-    run("quantized_lm_head", _processor(vocab), quant, "get_top_tokens")
-    lora = _head(torch.randn(vocab + 10, hsize, generator=gen), org_vocab=vocab)
-    run("added_vocab", _processor(vocab + 10), lora, "get_top_tokens")
+    run("quantized_lm_head", processor(vocab), quant, "get_top_tokens")
+    lora = head_of(torch.randn(vocab + 10, hsize, generator=gen), org_vocab=vocab)
+    run("added_vocab", processor(vocab + 10), lora, "get_top_tokens")
     return out
 
 
@@ -445,7 +347,7 @@ def _bytes_case(plugin, gen):
     try:
         for dtype in (torch.float32, torch.bfloat16):
             full = torch.randn(1000, 32, generator=gen).to(dtype)
-            head, lp = _head(full), _processor(1000)
+            head, lp = head_of(full), processor(1000)
             for batch in (1, 8, 64):
                 hidden = torch.randn(batch, 32, generator=gen).to(dtype)
                 for method, args, kw in (
@@ -454,7 +356,7 @@ def _bytes_case(plugin, gen):
                     ("get_top_k_tokens", (8,), {"return_log_probs": True}),
                 ):
                     sent.update(vllm=0, ours=0, ours_wire=0)
-                    _both(plugin, lp, head, hidden, method, *args, **kw)
+                    both(plugin, lp, head, hidden, method, *args, **kw)
                     rows.append(
                         {
                             "dtype": str(dtype).split(".")[1],
@@ -472,149 +374,14 @@ def _bytes_case(plugin, gen):
     return rows
 
 
-def _proposer_case(plugin, gen):
-    """The seed's switch through vLLM's own proposer code: a draft model with
-    vLLM's LocalArgmaxMixin (ParallelLMHead, LogitsProcessor, d2t Parameter);
-    ``SpecDecodeBaseProposer._maybe_share_lm_head`` (the check that the draft
-    has get_top_tokens when use_local_argmax_reduction is set) and
-    ``_greedy_sample`` (which calls model.get_top_tokens) run unmodified."""
-    from vllm.config import SpeculativeConfig
-    from vllm.model_executor.models.interfaces import LocalArgmaxMixin
-
-    import localargmax
-
-    draft_vocab, target_vocab, hsize, batch = 600, 5000, 24, 5
-
-    class Draft(LocalArgmaxMixin, torch.nn.Module):
-        has_own_lm_head = True
-
-        def __init__(self):
-            super().__init__()
-            self.lm_head = _head(torch.randn(draft_vocab, hsize, generator=gen))
-            self.logits_processor = _processor(draft_vocab)
-            d2t = localargmax.build_d2t(torch.rand(target_vocab, generator=gen), draft_vocab)
-            self.draft_id_to_target_id = torch.nn.Parameter(d2t, requires_grad=False)
-
-    class NoTopTokens(torch.nn.Module):
-        has_own_lm_head = True
-
-    draft = Draft()
-    proposer = _proposer(draft, _Target(gen, target_vocab, hsize))
-    out = {"switch_field_default": SpeculativeConfig.__dataclass_fields__["use_local_argmax_reduction"].default}
-
-    hidden = torch.randn(batch, hsize, generator=gen)
-    before = plugin.stats().get("fused", 0)
-    ours = proposer._greedy_sample(hidden)
-    out["fused_calls"] = plugin.stats().get("fused", 0) - before
-    theirs = plugin._ORIGINAL["get_top_tokens"](draft.logits_processor, draft.lm_head, hidden)
-    theirs = theirs + draft.draft_id_to_target_id[theirs]
-    full = torch.empty(draft_vocab, hsize)
-    # the reference needs the full draft matrix: gather the shards back
-    from vllm.distributed import tensor_model_parallel_all_gather
-
-    shards = tensor_model_parallel_all_gather(draft.lm_head.weight.detach().clone(), dim=0)
-    full = shards[:draft_vocab] if shards.shape[0] >= draft_vocab else full
-    ref = (hidden.double() @ full.double().T).argmax(dim=1)
-    ref = ref + draft.draft_id_to_target_id[ref]
-    out.update(ours=ours.tolist(), vllm=theirs.tolist(), ref=ref.tolist())
-
-    proposer.model = NoTopTokens()
-    proposer.model.lm_head = draft.lm_head
-    try:
-        proposer._maybe_share_lm_head(_Target(gen, target_vocab, hsize))
-        out["missing_check"] = "no error"
-    except ValueError as e:
-        out["missing_check"] = str(e)
-    return out
-
-
-class _Stub:
-    """A config stand-in: the given attributes, None for any other (vLLM reads many optional ones)."""
-
-    def __init__(self, **attrs):
-        self.__dict__.update(attrs)
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return None
-
-
-def _eagle3_case(plugin, gen, cfg):
-    """vLLM's own EAGLE-3 draft class (Eagle3LlamaForCausalLM: LlamaForCausalLM
-    with LocalArgmaxMixin, a 600-token draft vocabulary, a d2t Parameter)
-    built on CPU at TP = 2, its lm_head and d2t loaded by its own
-    load_weights, drafting through the proposer's _greedy_sample. vLLM 0.33
-    needs a ModelConfig / SpeculativeConfig made from a checkpoint to build it;
-    stand-ins carry what the constructor reads (layer count, vocab sizes, the
-    transformers LlamaConfig). The draft's forward (attention) is not run:
-    hidden states are random."""
-    from transformers import LlamaConfig
-    from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
-
-    import localargmax
-
-    target_vocab, draft_vocab, hsize = 5000, 600, 64
-    hf = LlamaConfig(
-        vocab_size=target_vocab,
-        hidden_size=hsize,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        draft_vocab_size=draft_vocab,
-    )
-    saved = cfg.model_config, cfg.speculative_config
-    object.__setattr__(
-        cfg,
-        "model_config",
-        _Stub(
-            get_total_num_hidden_layers=lambda: 2,
-            get_vocab_size=lambda: target_vocab,
-            hf_config=hf,
-            dtype=torch.float32,
-            is_moe=False,
-        ),
-    )
-    object.__setattr__(
-        cfg, "speculative_config", _Stub(draft_model_config=_Stub(hf_config=hf), parallel_drafting=False)
-    )
-    try:
-        model = Eagle3LlamaForCausalLM(vllm_config=cfg)
-    finally:
-        object.__setattr__(cfg, "model_config", saved[0])
-        object.__setattr__(cfg, "speculative_config", saved[1])
-    full = torch.randn(draft_vocab, hsize, generator=gen)
-    d2t = localargmax.build_d2t(torch.rand(target_vocab, generator=gen), draft_vocab)
-    model.load_weights([("lm_head.weight", full), ("d2t", d2t)])
-    _after_loading(model.lm_head)
-
-    proposer = _proposer(model, _Target(gen, target_vocab, hsize))
-    hidden = torch.randn(6, hsize, generator=gen)
-    before = plugin.stats().get("fused", 0)
-    ours = proposer._greedy_sample(hidden)
-    fused = plugin.stats().get("fused", 0) - before
-    theirs = plugin._ORIGINAL["get_top_tokens"](model.logits_processor, model.lm_head, hidden)
-    ref = (hidden.double() @ full.double().T).argmax(dim=1)
-    return {
-        "class": type(model).__name__,
-        "kept_own_head": model.lm_head.weight.shape[0] < target_vocab,
-        "d2t_loaded": torch.equal(model.draft_id_to_target_id.data, d2t),
-        "fused_calls": fused,
-        "ours": ours.tolist(),
-        "vllm": (theirs + d2t[theirs]).tolist(),
-        "ref": (ref + d2t[ref]).tolist(),
-    }
-
-
 def _agreement_sweep(plugin, gen, batch=256, vocab=4000, hsize=64):
     """Random data, many rows: how often each path's argmax equals float64's."""
     out = {}
     for dtype in (torch.float32, torch.bfloat16):
         full = (torch.randn(vocab, hsize, generator=gen) / hsize**0.5).to(dtype)
         hidden = torch.randn(batch, hsize, generator=gen).to(dtype)
-        head, lp = _head(full), _processor(vocab)
-        theirs, ours = _both(plugin, lp, head, hidden, "get_top_tokens")
+        head, lp = head_of(full), processor(vocab)
+        theirs, ours = both(plugin, lp, head, hidden, "get_top_tokens")
         logits = ref_logits(hidden, full)
         ref, top2 = logits.argmax(dim=1), logits.topk(2, dim=1).values
         clear = (top2[:, 0] - top2[:, 1]) > 1e-4  # rows away from float32-accumulation near-ties
@@ -629,12 +396,12 @@ def _agreement_sweep(plugin, gen, batch=256, vocab=4000, hsize=64):
 
 def _bad_input_case(plugin, gen):
     """A hidden size that does not match the head: both methods raise on every rank, ours naming the argument."""
-    head = _head(torch.randn(500, 16, generator=gen))
+    head = head_of(torch.randn(500, 16, generator=gen))
     hidden = torch.randn(3, 17, generator=gen)
     out = {}
-    for name, fn in (("vllm", plugin._ORIGINAL["get_top_tokens"]), ("ours", type(_processor(500)).get_top_tokens)):
+    for name, fn in (("vllm", plugin._ORIGINAL["get_top_tokens"]), ("ours", type(processor(500)).get_top_tokens)):
         try:
-            fn(_processor(500), head, hidden)
+            fn(processor(500), head, hidden)
             out[name] = "no error"
         except Exception as e:  # noqa: BLE001
             out[name] = f"{type(e).__name__}: {e}"
@@ -661,12 +428,12 @@ def _switch_case(plugin):
 
 
 def worker(rank: int, world_size: int, seed: int):
-    ctx, cfg = _vllm_setup(rank, world_size)
+    ctx, cfg = vllm_setup(rank, world_size)
     from vllm.plugins import load_general_plugins
 
     import localargmax.integrations.vllm as plugin
 
-    warnings = _WarningLog()
+    warnings = WarningLog()
     logging.getLogger("localargmax.integrations.vllm").addHandler(warnings)
     load_general_plugins()  # vLLM's own entry-point loader, as in every vLLM process
     out = {"active_after_vllm_loader": plugin.is_active()}
@@ -679,12 +446,14 @@ def worker(rank: int, world_size: int, seed: int):
     out["bf16_near_tie"] = _bf16_near_tie_case(plugin)
     out["fallback"] = _fallback_cases(plugin, gen)
     out["bytes"] = _bytes_case(plugin, gen)
-    out["proposer"] = _proposer_case(plugin, gen)
-    out["eagle3"] = _eagle3_case(plugin, gen, cfg)
+    out["proposer"] = proposer_case(plugin, gen)
+    out["eagle3"] = eagle3_case(plugin, gen, cfg)
     out["bad_input"] = _bad_input_case(plugin, gen)
     out["sweep"] = _agreement_sweep(plugin, gen)
     out["amx_forced"] = _amx_forced_case(plugin, gen)
     out["collective"] = _collective_case(plugin, gen, rank, seed)
+    out["adaptive_config"] = config_case(plugin)
+    out["adaptive_speculator"] = speculator_case(plugin, gen, cfg)
     out["fallback_warnings"] = {
         reason: sum(reason in m for m in warnings.messages) for reason in sorted(set(warnings.reasons))
     }

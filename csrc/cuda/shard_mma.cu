@@ -1,32 +1,29 @@
 // The tensor-core path ("mma") of shard_argmax / shard_sample, bf16 / fp16 on
-// sm_80+ (shard_argmax_mma_kernel.cuh). See shard_argmax_paths.h.
+// sm_80+ (fused_keys_mma.cuh). See shard_paths.h.
 //
-// launch_mma (shard_argmax_launch.cuh) runs the variant the op's path names
-// ("mma/<id>"), else picks one from the shared arguments and the device's SM
-// count. Where the loaded code and the device allow it (launch_features of
-// the kernel's cudaFuncAttributes: sm_90+ code on an sm_90+ device) the
-// pipelined variants are
-// launched with programmatic stream serialization (PDL): they issue their
-// first weight stages, then griddepcontrol.wait before they read anything an
-// earlier kernel writes (hidden, bias, temperature, keys), so the weight
-// streams while the kernel before them (the keys' zero fill, or the copy of a
-// misaligned hidden) drains. The register-double-buffered variants do not
-// wait, so they are launched without the attribute. The pipelined variants'
-// stages are dynamic shared memory (MmaVariant::kDynamicSmem bytes): past 48
-// KiB of static + dynamic (needs_smem_opt_in) the launcher raises the kernel's
-// cudaFuncAttributeMaxDynamicSharedMemorySize
-// once per device and instantiation; auto never picks a variant over the
-// device's opt-in limit, and a forced one raises ValueError. The TMA variants
-// (sm_90+; forced only) get the weight's tensor map encoded per call, and a
-// forced one below sm_90 raises ValueError.
-#include <cstring>
+// launch_mma (shard_launch.cuh) runs the config the op names
+// ("mma/<name>", mma_configs.h), else picks one from the shared arguments and
+// the device's SM count. Where the loaded code and the device allow it
+// (launch_features of the kernel's cudaFuncAttributes: sm_90+ code on an
+// sm_90+ device) the kernel is launched with programmatic stream
+// serialization (PDL): it issues its first weight stages, then
+// griddepcontrol.wait before it reads anything an earlier kernel writes
+// (hidden, bias, temperature, keys), so the weight streams while the kernel
+// before it (the keys' zero fill, or the copy of a misaligned hidden) drains.
+// The stages are dynamic shared memory (MmaConfig::dynamic_smem): past 48 KiB
+// of static + dynamic (needs_smem_opt_in) the launcher raises the kernel's
+// cudaFuncAttributeMaxDynamicSharedMemorySize once per device and
+// instantiation; auto never picks a config over the device's opt-in limit,
+// and a forced one raises ValueError. The TMA configs (sm_90+; forced only)
+// get the weight's tensor map encoded per call, and a forced one below sm_90
+// raises ValueError.
 #include <map>
 #include <mutex>
 #include <set>
 #include <utility>
 
-#include "shard_argmax_launch.cuh"
-#include "shard_argmax_paths.h"
+#include "shard_launch.cuh"
+#include "shard_paths.h"
 
 namespace localargmax {
 namespace cuda {
@@ -62,13 +59,13 @@ LaunchFeatures kernel_features(const void* kernel, int device, int major) {
 struct MmaLaunch {
   int major;  // the device's compute capability major
   int device;
-  // The weight's tensor map for a TMA variant (sm_90+), encoded per call from
+  // The weight's tensor map for a TMA config (sm_90+), encoded per call from
   // weight_tiles' fields with the driver's cuTensorMapEncodeTiled, reached
   // through the runtime (cudaGetDriverEntryPointByVersion) so that nothing
   // links libcuda.
   CUtensorMap weight_map(const WeightTiles& t, bool bf16, const void* kernel) const {
     TORCH_CHECK_VALUE(kernel_features(kernel, device, major).tma,
-                      "shard_argmax: this TMA mma variant's loaded code was not compiled for sm_90+ (an older-arch "
+                      "shard_argmax: this TMA mma config's loaded code was not compiled for sm_90+ (an older-arch "
                       "build JIT-compiled for this device has no bulk tensor copy); build for this GPU "
                       "(LOCALARGMAX_CUDA_ARCH=90a) or pick another path");
     using Encode = decltype(&cuTensorMapEncodeTiled);
@@ -77,7 +74,7 @@ struct MmaLaunch {
       cudaDriverEntryPointQueryResult found{};
       C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
       TORCH_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
-                  "shard_argmax: the CUDA driver has no cuTensorMapEncodeTiled (needed by the TMA mma variants)");
+                  "shard_argmax: the CUDA driver has no cuTensorMapEncodeTiled (needed by the TMA mma configs)");
       return reinterpret_cast<Encode>(fn);
     }();
     CUtensorMap map;
@@ -95,10 +92,9 @@ struct MmaLaunch {
     return map;
   }
   template <typename... P, typename... Args>
-  void operator()(const char* family, void (*kernel)(P...), dim3 grid, dim3 block, DynamicSmem smem,
+  void operator()(const char*, void (*kernel)(P...), dim3 grid, dim3 block, DynamicSmem smem,
                   const Args&... args) const {
     if (needs_smem_opt_in(smem)) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem.bytes, device);
-    const bool pipe = std::strcmp(family, kMmaPipeFamily) == 0;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -108,7 +104,7 @@ struct MmaLaunch {
     config.dynamicSmemBytes = static_cast<size_t>(smem.bytes);
     config.stream = c10::cuda::getCurrentCUDAStream();
     config.attrs = attr;
-    config.numAttrs = pipe && kernel_features(reinterpret_cast<const void*>(kernel), device, major).pdl ? 1 : 0;
+    config.numAttrs = kernel_features(reinterpret_cast<const void*>(kernel), device, major).pdl ? 1 : 0;
     C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<P>(args)...));
   }
 };
@@ -135,17 +131,20 @@ MmaDevice mma_device(int device) {
 }  // namespace
 
 template <typename T>
-void run_mma(const ShardArgmaxProblem<T>& p, int variant) {
+void run_mma(const ShardArgmaxProblem<T>& p, int config) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   const MmaDevice d = mma_device(device);
-  TORCH_CHECK_VALUE(!mma_variant_tma(variant) || d.major >= 9, "shard_argmax: path='mma/", variant,
-                    "' copies the weight by TMA (bulk tensor copy), which needs compute capability 9.0 or newer; "
-                    "this device (", device, ") is ", d.major, ".x");
-  TORCH_CHECK_VALUE(variant < 0 || mma_variant_fits(variant, d.smem_limit), "shard_argmax: path='mma/", variant,
-                    "' needs ", mma_variant_smem(variant), " bytes of shared memory per block; this device (",
-                    device, ") allows ", d.smem_limit, " (cudaDevAttrMaxSharedMemoryPerBlockOptin)");
-  launch_mma(p, MmaLaunch{d.major, device}, kMaxGridY, d.sms, variant, d.smem_limit);
+  if (config >= 0) {
+    const MmaConfig& c = kMmaConfigs[config];
+    TORCH_CHECK_VALUE(!c.tma || d.major >= 9, "shard_argmax: mma config '", c.name,
+                      "' copies the weight by TMA (bulk tensor copy), which needs compute capability 9.0 or newer; "
+                      "this device (", device, ") is ", d.major, ".x");
+    TORCH_CHECK_VALUE(mma_config_fits(config, d.smem_limit), "shard_argmax: mma config '", c.name, "' needs ",
+                      c.smem(), " bytes of shared memory per block; this device (", device, ") allows ",
+                      d.smem_limit, " (cudaDevAttrMaxSharedMemoryPerBlockOptin)");
+  }
+  launch_mma(p, MmaLaunch{d.major, device}, kMaxGridY, d.sms, config, d.smem_limit);
 }
 
 template void run_mma<__half>(const ShardArgmaxProblem<__half>&, int);

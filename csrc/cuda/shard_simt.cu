@@ -1,8 +1,8 @@
 // The CUDA-core path ("simt") of the shard ops: every dtype and shape, and the
-// only path of shard_topk (shard_argmax_kernel.cuh; TOPK = true writes each
-// block's top-k keys per batch row). See shard_argmax_paths.h.
-#include "shard_argmax_launch.cuh"
-#include "shard_argmax_paths.h"
+// only path of shard_topk (fused_keys_simt.cuh; TOPK = true writes each
+// block's top-k keys per batch row). See shard_paths.h.
+#include "shard_launch.cuh"
+#include "shard_paths.h"
 
 namespace localargmax {
 namespace cuda {

@@ -1,12 +1,14 @@
-"""The dispatch table (localargmax/dispatch_table.json) and how it is made.
+"""Dispatch tables and how they are made (from the repository root):
 
-* ``localargmax-bench --predict --write-table``: every cell's path from the
-  bandwidth model (:mod:`localargmax.bench.predict`), ``"source":
-  "predicted"``;
-* ``localargmax-bench --tune`` (GPU): each path timed on the engine shapes
-  with CUDA-graph replay (:mod:`localargmax.bench.timing`); cells holding an
-  engine shape take the fastest measured path (``"source": "measured"``), the
-  others keep the model's choice (their entries say ``"predicted"``).
+* ``python -m bench.predict_cli --write-table PATH``: every cell's path from
+  the bandwidth model (:mod:`bench.predict`), ``"source": "predicted"``
+  (``path="auto"`` never reads one);
+* ``python -m bench.tune --write-table PATH`` (GPU): each path timed on the
+  engine shapes with CUDA-graph replay (:mod:`localargmax.bench.timing`);
+  cells holding an engine shape take the fastest measured path (``"source":
+  "measured"``), the others keep the model's choice (their entries say
+  ``"predicted"``). ``LOCALARGMAX_DISPATCH_TABLE=PATH`` makes ``path="auto"``
+  follow it (:mod:`localargmax.dispatch`).
 
 A table covers, per arch and dtype, every (hidden size, shard rows, batch)
 in ``[0, 2**31)`` with buckets (the ``edges``): rows in units of one 128-row
@@ -31,10 +33,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ..dispatch import SCHEMA
+from localargmax.dispatch import SCHEMA
+
 from . import predict as pm
 
-TABLE_PATH = Path(__file__).resolve().parents[1] / "dispatch_table.json"
 TABLE_DTYPES = ("bfloat16", "float16")
 LIMIT = 2**31
 HYSTERESIS = 1.03
@@ -42,31 +44,31 @@ PATHS = ("simt", "mma", "gemm")
 
 Timer = Callable[[str, int, int, int], "float | None"]
 """``timer(path, rows, hidden, batch)`` -> seconds per call, or None (not timed); ``path`` is an
-ops' path: ``"simt"``, ``"gemm"`` or ``"mma/<id>"``."""
+path or config: ``"simt"``, ``"gemm"`` or ``"mma/<name>"`` (:func:`localargmax._validation.op_kwargs`)."""
 
 
 def candidates(batch: int) -> tuple[str, ...]:
-    """The ops' paths a cell can choose at ``batch``: simt, the pipelined mma
-    variants of C++ auto's summation-order class there
-    (:func:`localargmax.bench.predict.mma_candidates`), gemm."""
+    """The paths a cell can choose at ``batch``: simt, the mma configs of
+    C++ auto's summation-order class there
+    (:func:`bench.predict.mma_candidates`), gemm."""
     return ("simt", *(f"mma/{i}" for i in pm.mma_candidates(batch)), "gemm")
 
 
 def timed(batch: int) -> tuple[str, ...]:
-    """What ``--tune`` times at ``batch``: the :func:`candidates`, then the TMA twins of their
-    order class (:func:`localargmax.bench.predict.mma_tma_twins`, sm_90+): timed and recorded in
+    """What ``bench.tune`` times at ``batch``: the :func:`candidates`, then the TMA twins of their
+    order class (:func:`bench.predict.mma_tma_twins`, sm_90+): timed and recorded in
     the measurements (the GPU run decides whether a table should name them), never chosen."""
     return (*candidates(batch), *(f"mma/{i}" for i in pm.mma_tma_twins(batch)))
 
 
-def _path_and_variant(candidate: str) -> tuple[str, int | None]:
-    return ("mma", int(candidate[4:])) if candidate.startswith("mma/") else (candidate, None)
+def _path_and_config(candidate: str) -> tuple[str, str | None]:
+    return ("mma", candidate[4:]) if candidate.startswith("mma/") else (candidate, None)
 
 
 def incumbent_of(rows: int, batch: int) -> str:
-    """C++ ``auto``'s choice as a candidate (``rows`` stands for num_valid in choose_mma_variant)."""
-    path = pm.cpp_auto_path(batch, rows=rows)
-    return f"mma/{pm.cpp_mma_variant(rows, batch)}" if path == "mma" else path
+    """C++ ``auto``'s choice as a candidate (``rows`` stands for num_valid in choose_mma_config)."""
+    path = pm.cpp_auto_path(batch)
+    return f"mma/{pm.cpp_mma_config(rows, batch)}" if path == "mma" else path
 
 
 def bucket_edges(spec: pm.DeviceSpec) -> dict:
@@ -138,7 +140,7 @@ def build_table(
     """The table document. ``timer`` decides every cell; with
     ``measured_cell(rng_h, rng_r, rng_b) -> ([(rows, hidden)], [batch]) or
     None`` a cell with timed samples is decided on them and marked measured
-    (``--tune``). A cell's batches all lie on one side of batch 32, so its
+    (``bench.tune``). A cell's batches all lie on one side of batch 32, so its
     candidates (:func:`candidates`) are those of its lowest batch."""
     edges = bucket_edges(spec)
     entries = []
@@ -151,14 +153,14 @@ def build_table(
                 samples, batches = found if found else (model_samples(rng_h, rng_r, shapes), batches)
                 incumbent = incumbent_of(samples[0][0], batches[0])
                 chosen, worst, at = choose_cell(samples, batches, timer, incumbent)
-                path, vid = _path_and_variant(chosen)
+                path, config = _path_and_config(chosen)
                 entries.append(
                     {
                         "hidden": list(rng_h),
                         "rows": list(rng_r),
                         "batch": list(rng_b),
                         "path": path,
-                        "variant": vid,
+                        "config": config,
                         "source": cell_source,
                         "at": {"rows": at["rows"], "hidden": at["hidden"], "batch": at["batch"]},
                         "us": {p: round(at[p] * 1e6, 1) for p in candidates(batches[0]) if p in at},
@@ -188,23 +190,23 @@ def registers_of_table(doc: dict) -> pm.Registers:
 
 
 def predicted_table(spec: pm.DeviceSpec, registers: pm.Registers, commit: str | None = None) -> dict:
-    """The model's table (``--predict --write-table``)."""
-    meta = _meta(spec, registers, commit, "localargmax-bench --predict --write-table")
+    """The model's table (``python -m bench.predict_cli --write-table``)."""
+    meta = _meta(spec, registers, commit, "python -m bench.predict_cli --write-table")
     return build_table(spec, model_timer(spec, registers), "predicted", pm.engine_shapes(), meta=meta)
 
 
 def _meta(spec, registers, commit, generated_by) -> dict:
     return {
         "generated_by": generated_by,
-        "model": {"module": "localargmax.bench.predict", "version": pm.MODEL_VERSION, "sha256": pm.model_sha256()},
+        "model": {"module": "bench.predict", "version": pm.MODEL_VERSION},
         "device": spec.name,
         "commit": commit if commit is not None else git_commit(),
         "registers_source": registers.source,
         "registers": dict(sorted(registers.by_variant.items())),
         "note": "keys: arch, dtype, hidden size, shard rows (weight.shape[0], padding included: equal on every "
-        "rank), batch; each range is [lo, hi). path 'mma' names its MmaVariant id (the op runs it as "
-        "path='mma/<id>'; only ids of C++ auto's summation-order class at that batch); simt and gemm size "
-        "themselves by the batch (variant null).",
+        "rank), batch; each range is [lo, hi). path 'mma' names its config (csrc/cuda/mma_configs.h; only "
+        "configs of C++ auto's summation-order class at that batch); simt and gemm size themselves by the "
+        "batch (config null).",
     }
 
 
@@ -242,15 +244,15 @@ def dumps(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_table(doc: dict, path: str | Path = TABLE_PATH) -> None:
-    from ..dispatch import validate
-    from .report import write_output
+def write_table(doc: dict, path: str | Path) -> None:
+    from localargmax.bench.report import write_output
+    from localargmax.dispatch import validate
 
     validate(doc)
     write_output(path, dumps(doc))
 
 
-# --- --tune ---------------------------------------------------------------------------------------------------
+# --- the GPU tune -----------------------------------------------------------------------------------------------
 
 TUNE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
 SIMT_MAX_BATCH = 8  # simt is issue-bound past it (ms per call at tp 1): not timed
@@ -271,7 +273,7 @@ def tune(
     on_error=None,
     skip: set | frozenset = frozenset(),
 ) -> dict:
-    """Time every candidate (path and mma variant, :func:`candidates`) on
+    """Time every candidate (path and mma config, :func:`candidates`) on
     ``shapes`` x ``batches`` with ``timer`` (the GPU's, or a fake one in
     tests) and build the measured table: cells with an engine shape and a
     timed batch are decided by the timings, the rest by the model.
@@ -310,7 +312,7 @@ def tune(
                     progress(f"tune {s.label} rows={s.padded_rows} H={s.hidden} B={b} {p} ...")
                 key = (p, s.padded_rows, s.hidden, b)
                 if p in skip:
-                    measured[key], errors[key] = None, "skipped: failed its first call (--tune-skip)"
+                    measured[key], errors[key] = None, "skipped: failed its first call (--skip)"
                     continue
                 try:
                     measured[key] = timer(p, s.padded_rows, s.hidden, b)
@@ -343,15 +345,14 @@ def _tune_doc(spec, registers, commit, device_name, measured: dict, errors: dict
         # (each cell holds at most one engine shape and one tune batch: a cut leaves it whole or untimed)
         return (inside, timed) if inside and timed else None
 
-    meta = _meta(spec, registers, commit, "localargmax-bench --tune")
+    meta = _meta(spec, registers, commit, "python -m bench.tune")
     meta["measured_on"] = device_name
     # cells without a timed shape are decided as in the predicted table (same samples)
     doc = build_table(spec, merged, "measured", pm.engine_shapes(), measured_cell=measured_cell, meta=meta)
     doc["tune_cut"] = cut
     doc["measurements"] = [
         {
-            "path": _path_and_variant(p)[0],
-            "variant": _path_and_variant(p)[1],
+            **dict(zip(("path", "config"), _path_and_config(p))),
             "rows": r,
             "hidden": h,
             "batch": b,
@@ -364,14 +365,15 @@ def _tune_doc(spec, registers, commit, device_name, measured: dict, errors: dict
 
 
 def cuda_timer(steps: int = 60, warmup: int = 5, budget_s: float = 2.0) -> Timer:
-    """Seconds per ``shard_argmax(hidden, weight, path=path)`` call (``path``:
-    ``"simt"``, ``"gemm"`` or ``"mma/<id>"``) on the current GPU (bf16,
+    """Seconds per ``shard_argmax(hidden, weight, **op_kwargs(path))`` call (``path``:
+    ``"simt"``, ``"gemm"`` or ``"mma/<name>"``) on the current GPU (bf16,
     N(0, 1/H) weights, two rotating copies), by CUDA-graph replay
     (:func:`localargmax.bench.timing.time_cuda`); the median sample."""
     import torch
 
-    from .. import shard_argmax
-    from .timing import time_cuda
+    from localargmax import shard_argmax
+    from localargmax._validation import op_kwargs
+    from localargmax.bench.timing import time_cuda
 
     cache: dict = {}
 
@@ -382,33 +384,35 @@ def cuda_timer(steps: int = 60, warmup: int = 5, budget_s: float = 2.0) -> Timer
             w = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16) / math.sqrt(hidden)
             cache[(rows, hidden)] = [w, w.clone()]
         h = torch.randn(batch, hidden, device="cuda", dtype=torch.bfloat16)
-        times, _ = time_cuda(lambda w: shard_argmax(h, w, path=path), cache[(rows, hidden)], steps, warmup, budget_s)
+        times, _ = time_cuda(
+            lambda w: shard_argmax(h, w, **op_kwargs(path)), cache[(rows, hidden)], steps, warmup, budget_s
+        )
         return statistics.median(times)
 
     return timer
 
 
 def run_tune(
-    table_path: str | None, json_path: str | None, command: str, seconds: float | None = None, skip=frozenset()
+    table_path: str, json_path: str | None, command: str, seconds: float | None = None, skip=frozenset()
 ) -> int:
-    """``--tune``: exit 2 without a usable GPU, else time (for at most ``seconds`` when given), write
-    the table (and the timings as JSON)."""
+    """Exit 2 without a usable GPU, else time (for at most ``seconds`` when given), write the table
+    (and the timings as JSON)."""
     import torch
 
-    from .. import WITH_CUDA
+    from localargmax import WITH_CUDA
 
     if not torch.cuda.is_available() or not WITH_CUDA:
         why = "no CUDA device" if not torch.cuda.is_available() else "this build of localargmax has no CUDA kernels"
         print(
-            f"localargmax-bench --tune: needs a GPU and a CUDA build ({why}). On this machine use "
-            "--predict (--write-table) for the model's table.",
+            f"python -m bench.tune: needs a GPU and a CUDA build ({why}). On this machine "
+            "python -m bench.predict_cli --write-table PATH writes the model's table.",
             file=sys.stderr,
         )
         return 2
     major, minor = torch.cuda.get_device_capability()
     spec = pm.DEVICES["H200"]
     if f"sm_{major}{minor}" != spec.arch:
-        print(f"--tune: device is sm_{major}{minor}; the table's buckets use the {spec.name} spec", file=sys.stderr)
+        print(f"bench.tune: device is sm_{major}{minor}; the table's buckets use the {spec.name} spec", file=sys.stderr)
         spec = dataclasses.replace(
             spec, arch=f"sm_{major}{minor}", sms=torch.cuda.get_device_properties(0).multi_processor_count
         )
@@ -418,11 +422,11 @@ def run_tune(
         try:
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 (a sticky error: later candidates fail and are recorded too)
-            print(f"--tune: synchronize after a failed candidate: {e}", file=sys.stderr)
+            print(f"bench.tune: synchronize after a failed candidate: {e}", file=sys.stderr)
 
     def checkpoint(partial):
         partial["command"] = command
-        write_table(partial, table_path or TABLE_PATH)
+        write_table(partial, table_path)
 
     doc = tune(
         spec,
@@ -436,13 +440,50 @@ def run_tune(
         skip=skip,
     )
     if doc["tune_cut"]:
-        print(f"--tune: stopped timing at {doc['tune_cut']}; later cells keep the model's choice", file=sys.stderr)
+        print(f"bench.tune: stopped timing at {doc['tune_cut']}; later cells keep the model's choice", file=sys.stderr)
     doc["command"] = command
-    write_table(doc, table_path or TABLE_PATH)
-    print(f"wrote the measured dispatch table to {table_path or TABLE_PATH}", file=sys.stderr)
+    write_table(doc, table_path)
+    print(
+        f"wrote the measured dispatch table to {table_path}; LOCALARGMAX_DISPATCH_TABLE={table_path} makes "
+        "path='auto' follow it",
+        file=sys.stderr,
+    )
     if json_path:
         text = json.dumps({"tune_cut": doc["tune_cut"], "measurements": doc["measurements"]}, indent=1)
-        from .report import write_output
+        from localargmax.bench.report import write_output
 
         write_output(json_path, text + "\n")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.tune``: 0 ok, 2 no GPU / CUDA build or bad options."""
+    import argparse
+    import shlex
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.tune",
+        description="GPU: time simt, gemm and each mma config a cell may take (csrc/cuda/mma_configs.h) on the engine "
+        "shapes, smallest shard first, with CUDA-graph replay, and write the measured dispatch table (cells "
+        "without an engine shape, or not reached within --seconds, keep the bandwidth model's choice). "
+        "LOCALARGMAX_DISPATCH_TABLE=PATH then makes path='auto' follow it.",
+    )
+    p.add_argument("--write-table", metavar="PATH", required=True, help="where the measured table goes")
+    p.add_argument("--json", metavar="PATH", help="also write every timing (and error) as JSON")
+    p.add_argument("--seconds", type=float, help="stop timing after this many seconds")
+    p.add_argument("--skip", metavar="PATHS", help="comma-separated paths not to time (configs that failed a call)")
+    args = p.parse_args(argv)
+    if args.seconds is not None and not (math.isfinite(args.seconds) and args.seconds > 0):
+        p.error(f"--seconds must be > 0, got {args.seconds}")
+    skip = {x.strip() for x in (args.skip or "").split(",") if x.strip()}
+    try:
+        command = shlex.join(["python", "-m", "bench.tune", *argv])
+        return run_tune(args.write_table, args.json, command, args.seconds, skip)
+    except (ValueError, OSError) as exc:
+        print(f"python -m bench.tune: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

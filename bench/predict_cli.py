@@ -1,32 +1,32 @@
-"""``localargmax-bench --predict``: the bandwidth model's table, labelled
-PREDICTED everywhere (text, JSON, README).
+"""``python -m bench.predict_cli`` (from the repository root): the bandwidth
+model's table of the CUDA paths, labelled PREDICTED everywhere (text, JSON,
+bench/README.md). No GPU needed.
 
 Per shape and batch, one row per built variant: ``simt`` (the NB its
-launcher runs at that batch), every tensor-core variant of the MmaVariant
-table (``mma/0`` .. ``mma/20``: 0-3 the register-buffered kernel, 4-15 the
-cp.async-pipelined one, 16-20 their TMA twins; the ops run each as
-``path="mma/<id>"``) and
-``gemm``; then the fastest not-built design point of the model's search space
-(``proposed-best``) and the cheapest one that meets the bar
-(``proposed-min``: fewest stages, no PDL when possible, smallest split-K).
-``role`` marks C++ ``auto``'s choice (``auto``) and the dispatch table's
-(``table``). ``--json`` adds a summary
-per shape and batch (the README table).
+launcher runs at that batch), every config of the tensor-core kernel
+(``mma/<name>``, csrc/cuda/mma_configs.h) and ``gemm``. ``role`` marks
+C++ ``auto``'s choice (``auto``) and the model's own choice (``model``: what
+a table written with ``--write-table`` names; ``path="auto"`` follows C++'s
+choice unless a measured table is set, see localargmax.dispatch). ``--json``
+adds a summary per shape and batch (bench/README.md's table).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
+import shlex
 import sys
+
+from localargmax.bench.report import write_output
 
 from . import predict as pm
 from . import tune
-from .report import write_output
 
 LABEL = "PREDICTED (bandwidth model, not measured)"
 LEGEND = (
-    "PREDICTED, not measured: localargmax.bench.predict's Little's-law model of one call on an {device} "
+    "PREDICTED, not measured: bench/predict.py's Little's-law model of one call on an {device} "
     "({sms} SMs, copy {copy:.2f} TB/s, read stream {stream:.2f} TB/s, latency {lat:.0f} ns, range {lo:.0f}-{hi:.0f} ns "
     "in the JSON). of_copy = shard weight bytes / time / copy bandwidth; bar = {bar} of copy at batch <= {bar_b}. "
     "Registers: {regs}."
@@ -49,7 +49,6 @@ def prediction_row(spec, shape: pm.EngineShape, batch: int, v: pm.Variant, role:
         "batch": batch,
         "variant": v.name,
         "path": v.path,
-        "built": v.built,
         "role": role,
         "predicted_us": round(p.us, 2),
         "predicted_us_range": [round(lo.us, 2), round(hi.us, 2)],
@@ -66,23 +65,18 @@ def prediction_row(spec, shape: pm.EngineShape, batch: int, v: pm.Variant, role:
 
 
 def predicted_rows(spec, shapes, batches, registers, table) -> tuple[list[dict], list[dict]]:
-    """(rows, summary): every built variant's prediction (simt, each MmaVariant id, gemm) and the
-    proposed ones, and per shape and batch the auto / table / proposed figures (the README table)."""
+    """(rows, summary): every built variant's prediction (simt, each mma config, gemm), and per
+    shape and batch the figures of C++ auto's and the model's choices (bench/README.md's table)."""
     rows, summary = [], []
     for s in shapes:
         for b in batches:
-            auto = tune.incumbent_of(s.rows, b)  # C++ auto (choose_mma_variant sees num_valid)
+            auto = tune.incumbent_of(s.rows, b)  # C++ auto (choose_mma_config sees num_valid)
             chosen = table.choose(spec.arch, "bfloat16", s.hidden, s.padded_rows, b)
             table_path = chosen.op_path if chosen is not None else auto
             got = {}
-            for path in ("simt", *(f"mma/{m.id}" for m in pm.MMA_VARIANTS), "gemm"):
-                role = [r for r, p in (("auto", auto), ("table", table_path)) if p == path]
+            for path in ("simt", *(f"mma/{name}" for name in pm.MMA_CONFIGS), "gemm"):
+                role = [r for r, p in (("auto", auto), ("model", table_path)) if p == path]
                 got[path] = prediction_row(spec, s, b, pm.todays_variant(path, b), role, registers)
-            best = pm.best(spec, pm.proposed_variants(b), s.rows, s.hidden, b, registers)
-            got["proposed-best"] = prediction_row(spec, s, b, best.variant, ["proposed-best"], registers)
-            smallest = pm.smallest_meeting_bar(spec, s.rows, s.hidden, b, registers)
-            if smallest is not None:
-                got["proposed-min"] = prediction_row(spec, s, b, smallest.variant, ["proposed-min"], registers)
             rows += got.values()
             summary.append(
                 {
@@ -92,34 +86,19 @@ def predicted_rows(spec, shapes, batches, registers, table) -> tuple[list[dict],
                     "hidden": s.hidden,
                     "batch": b,
                     "auto": _brief(got[auto]),
-                    "table": _brief(got[table_path]),
-                    "proposed_best": _brief(got["proposed-best"]),
-                    "proposed_min": _brief(got["proposed-min"]) if smallest is not None else None,
-                    "table_meets_bar": got[table_path]["fraction_of_copy"] >= pm.BAR_FRACTION,
+                    "model": _brief(got[table_path]),
+                    "model_meets_bar": got[table_path]["fraction_of_copy"] >= pm.BAR_FRACTION,
                 }
             )
     return rows, summary
 
 
 def _brief(row: dict) -> dict:
-    return {
-        "variant": row["variant"],
-        "short": short_name(row["variant"]),
-        "us": row["predicted_us"],
-        "of_copy": row["fraction_of_copy"],
-    }
-
-
-def short_name(name: str) -> str:
-    """``mma(stages=3,tile_rows=128,split_k=2,...,pdl=1,...)`` -> ``mma S3 R128 K2 +pdl``; today's names as they are."""
-    if "stages=" not in name:
-        return name
-    p = dict(kv.split("=") for kv in name[name.index("(") + 1 : -1].split(","))
-    return f"mma S{p['stages']} R{p['tile_rows']} K{p['split_k']}" + (" +pdl" if p.get("pdl") == "1" else "")
+    return {"variant": row["variant"], "us": row["predicted_us"], "of_copy": row["fraction_of_copy"]}
 
 
 def _meets(summary_row: dict) -> bool:
-    return summary_row["batch"] > pm.BAR_MAX_BATCH or summary_row["table_meets_bar"]
+    return summary_row["batch"] > pm.BAR_MAX_BATCH or summary_row["model_meets_bar"]
 
 
 def legend(spec, registers) -> str:
@@ -162,8 +141,9 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def predicted_doc(spec, shapes, batches, registers, command: str) -> dict:
+    from localargmax.dispatch import DispatchTable
+
     table_doc = tune.predicted_table(spec, registers, commit="")
-    from ..dispatch import DispatchTable
 
     rows, summary = predicted_rows(spec, shapes, batches, registers, DispatchTable(table_doc))
     return {
@@ -192,14 +172,67 @@ def dumps(doc: dict) -> str:
     return "\n".join(parts) + "\n}\n"
 
 
+EXAMPLES = """\
+examples (from the repository root):
+  python -m bench.predict_cli                                  # every engine shape, batches 1..256
+  python -m bench.predict_cli --model qwen3 --tp 1,8 --batch 1,64 --latency-ns 800
+  python -m bench.predict_cli --json bench/results/predicted_h200.json   # bench/README.md's table
+  python -m bench.predict_cli --write-table /tmp/predicted.json          # the model's dispatch table
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.predict_cli",
+        description="PREDICTED times of one shard_argmax call per CUDA path and mma variant on an H200, from "
+        "a Little's-law bandwidth model (bench/predict.py; docs/model.md). No GPU needed. Registers come from "
+        "the built .so (cuobjdump), else the build log, else the defaults of bench/predict.py (it says which).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", choices=sorted(pm.PRESET_SHAPES), help="one model's shards (default: the engine shapes)")
+    p.add_argument("--tp", help="--model: comma-separated TP sizes, rank 0's shard (default 1)")
+    p.add_argument("--batch", help="comma-separated batch sizes (default 1,2,4,...,256)")
+    p.add_argument("--json", metavar="PATH", help="write the rows and the summary as JSON ('-' = stdout)")
+    p.add_argument(
+        "--write-table",
+        metavar="PATH",
+        help="also write the model's dispatch table (source 'predicted'; path='auto' never reads one)",
+    )
+    p.add_argument("--gpu", default="H200", choices=sorted(pm.DEVICES), help="the device spec (default H200)")
+    p.add_argument("--latency-ns", type=float, help="memory latency in ns (default: the spec's)")
+    p.add_argument("--registers", metavar="FILE", help="registers from this cuobjdump dump or build log")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, print the table; 0 ok, 2 bad options."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        for name in ("tp", "batch"):
+            text = getattr(args, name)
+            if text is not None and (not text.replace(",", "").isdigit() or min(int(x) for x in text.split(",")) < 1):
+                parser.error(f"--{name} must be comma-separated integers >= 1, got {text!r}")
+        if args.tp and not args.model:
+            parser.error("--tp goes with --model")
+        if args.latency_ns is not None and not args.latency_ns > 0:
+            parser.error(f"--latency-ns must be > 0, got {args.latency_ns}")
+        return run_predict(args, shlex.join(["python", "-m", "bench.predict_cli", *argv]))
+    except (ValueError, KeyError, OSError) as exc:
+        print(f"python -m bench.predict_cli: error: {exc}", file=sys.stderr)
+        return 2
+
+
 def run_predict(args, command: str) -> int:
-    """``--predict``: print the table (and write ``--json`` / ``--write-table``)."""
+    """Print the table (and write ``--json`` / ``--write-table``)."""
     spec = pm.DEVICES[args.gpu]
     if args.latency_ns is not None:
         spec = pm.with_latency(spec, args.latency_ns * 1e-9)
     registers = pm.read_registers(path=args.registers)
     tps = [int(x) for x in args.tp.split(",")] if args.tp else None
-    if args.model not in (None, "minilm", "synthetic"):
+    if args.model is not None:
         shapes = pm.engine_shapes([(args.model, tp) for tp in (tps or [1])])
     else:
         shapes = pm.engine_shapes()
@@ -210,16 +243,15 @@ def run_predict(args, command: str) -> int:
     print(format_rows(doc["rows"]), file=out)
     print(f"- {doc['legend']}", file=out)
     print(
-        "- role: auto = C++ path='auto' (its mma variant by choose_mma_variant); table = the dispatch table's "
-        "choice (predicted; path='mma/<id>' for an mma cell); proposed-best / proposed-min = fastest / cheapest "
-        "design point of the model's search space (not built: deeper stages, 256-row tiles, fused init) / "
-        "meeting the bar",
+        "- role: auto = C++ path='auto' (its mma config by choose_mma_config); model = the model's choice "
+        "(path='auto' runs C++'s choice unless a measured table is set)",
         file=out,
     )
     missed = [f"{s['shape']} tp{s['tp']} B={s['batch']}" for s in doc["summary"] if not _meets(s)]
     verdict = "met" if not missed else "missed at " + ", ".join(missed)
     print(
-        f"- PREDICTED bar (>= {pm.BAR_FRACTION} of copy at batch <= {pm.BAR_MAX_BATCH}), table's choices: {verdict}",
+        f"- PREDICTED bar (>= {pm.BAR_FRACTION} of copy at batch <= {pm.BAR_MAX_BATCH}), "
+        f"the model's choices: {verdict}",
         file=out,
     )
     if args.json:
@@ -230,3 +262,7 @@ def run_predict(args, command: str) -> int:
         tune.write_table(table_doc, args.write_table)
         print(f"wrote the PREDICTED dispatch table to {args.write_table}", file=out)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

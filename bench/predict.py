@@ -1,5 +1,5 @@
 """A bandwidth model of the CUDA paths: PREDICTED times, no GPU needed
-(``localargmax-bench --predict``).
+(``python -m bench.predict_cli`` from the repository root).
 
 For one (device, kernel variant, shard ``[rows, H]``, batch) it predicts the
 time of one ``shard_argmax`` call and its fraction of the device's copy
@@ -28,15 +28,15 @@ per SM); a kernel with less in flight is latency-bound at
 modelled as cuBLAS at a fixed efficiency plus the logits round trip.
 
 Every figure is a prediction: the constants are in :data:`DEVICES` with their
-sources (shared/reviews/cuda_h200_review.md §2, shared/reviews/anchors.md);
-tests/test_bench_predict.py checks the arithmetic and the agreement with the
-review's table. A GPU run (``localargmax-bench --tune``) replaces the choices.
+sources; tests/test_bench_predict.py checks the arithmetic and the agreement
+with a hand-worked table. A GPU run (``python -m bench.tune``) replaces the
+choices with measured ones.
 """
 
 from __future__ import annotations
 
 import glob
-import hashlib
+import importlib.util
 import math
 import os
 import re
@@ -46,11 +46,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..dispatch import CPP_GEMM_MIN_BATCH, CPP_SIMT_MAX_BATCH, CPP_SIMT_MAX_ROWS_PER_SM
+from localargmax import _C
+from localargmax._validation import MMA_CONFIGS, MmaConfig, op_kwargs
+from localargmax.dispatch import CPP_GEMM_MIN_BATCH
 
-MODEL_VERSION = "2"
-"""Bumped when the model's structure changes (the table records it and the
-sha256 of this file)."""
+MODEL_VERSION = "3"
+"""Bumped when the model's structure changes (the tables it writes record it)."""
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -136,131 +137,28 @@ DEVICES = {"H200": H200}
 # --- kernel variants ----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class MmaSpec:
-    """One row of the ``MmaVariant`` table (csrc/cuda/shard_argmax_launch.cuh):
-    ``reg`` = shard_argmax_mma_kernel<T, NT, KV> (ids 0-3, forced only),
-    ``pipe`` = shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST, MINB>
-    (ids 4-15), ``tma`` = the same kernel with its weight tiles copied by TMA
-    (``<..., MINB, true>``, ids 16-20: the twins of 4, 5, 13, 14, 15, the same
-    sums; sm_90+ only, forced only: neither C++ auto nor :func:`mma_candidates`
-    takes them, ``--tune`` times them beside their twins).
-    tests/test_bench_predict.py checks this mirror against the header
-    (parameters, shared memory, registers, kNumMmaVariants)."""
-
-    id: int
-    kind: str  # "reg" | "pipe" | "tma"
-    nt: int  # 8-row n-tiles: 8 NT batch rows per pass
-    kv: int = 0  # reg: 32-element k chunks per load step
-    mt: int = 0  # pipe: 16-row m-tiles per warp
-    wm: int = 0  # pipe: warps along the rows
-    sk: int = 1  # pipe: split-K warp groups inside the tile
-    kc: int = 0  # pipe: 32-element chunks per stage (= float32 partial sums per logit)
-    st: int = 0  # pipe: shared-memory stages
-    minb: int = 0  # pipe: __launch_bounds__ minimum blocks per SM
-
-    @property
-    def rows(self) -> int:
-        return 128 if self.kind == "reg" else self.wm * self.mt * 16
-
-    @property
-    def threads(self) -> int:
-        return 128 if self.kind == "reg" else self.wm * self.sk * 32
-
-    @property
-    def smem(self) -> int:
-        """Shared memory per block (bytes), as the header's table gives it (MmaVariant::kSmem):
-        reg: the static block_best; pipe: the stages (dynamic shared memory, :attr:`dynamic_smem`)
-        + the static block_best."""
-        if self.kind == "reg":
-            return 4 * 8 * self.nt * 8
-        return self.dynamic_smem + 8 * self.nt * self.wm * 8
-
-    @property
-    def dynamic_smem(self) -> int:
-        """Dynamic shared memory the launch passes (pipe_stage_bytes: the stages; tma: + the ST
-        8-byte mbarriers), 0 for reg."""
-        if self.kind == "reg":
-            return 0
-        return self.st * self.kc * (self.rows + 8 * self.nt) * 64 + (8 * self.st if self.kind == "tma" else 0)
-
-    @property
-    def order(self) -> str:
-        """The summation-order class (DESIGN.md rule 5): variants of one class give the same bits."""
-        return "reg" if self.kind == "reg" else f"KC={self.kc}"
-
-    @property
-    def template(self) -> tuple:
-        """The kernel's integer template parameters after T (the mangled name's integers; a
-        pipe / tma kernel's bool TMA follows them: :attr:`kind`)."""
-        if self.kind == "reg":
-            return (self.nt, self.kv)
-        return (self.nt, self.mt, self.wm, self.sk, self.kc, self.st, self.minb)
-
-    @property
-    def twin(self) -> int | None:
-        """tma: the id of the cp.async variant with the same parameters (the same bits)."""
-        if self.kind != "tma":
-            return None
-        return next(m.id for m in MMA_VARIANTS if m.kind == "pipe" and m.template == self.template)
-
-
-MMA_VARIANTS = (
-    MmaSpec(0, "reg", nt=1, kv=2),
-    MmaSpec(1, "reg", nt=2, kv=2),
-    MmaSpec(2, "reg", nt=4, kv=1),
-    MmaSpec(3, "reg", nt=8, kv=1),
-    MmaSpec(4, "pipe", nt=1, mt=2, wm=2, sk=1, kc=2, st=4, minb=6),
-    MmaSpec(5, "pipe", nt=2, mt=2, wm=2, sk=1, kc=2, st=4, minb=5),
-    MmaSpec(6, "pipe", nt=4, mt=2, wm=2, sk=1, kc=2, st=3, minb=6),
-    MmaSpec(7, "pipe", nt=1, mt=2, wm=2, sk=2, kc=2, st=4, minb=4),
-    MmaSpec(8, "pipe", nt=2, mt=2, wm=2, sk=2, kc=2, st=4, minb=4),
-    MmaSpec(9, "pipe", nt=4, mt=2, wm=2, sk=2, kc=2, st=3, minb=4),
-    MmaSpec(10, "pipe", nt=8, mt=2, wm=4, sk=1, kc=1, st=4, minb=3),
-    MmaSpec(11, "pipe", nt=16, mt=1, wm=4, sk=1, kc=1, st=3, minb=4),
-    MmaSpec(12, "pipe", nt=8, mt=2, wm=2, sk=1, kc=1, st=4, minb=6),
-    MmaSpec(13, "pipe", nt=4, mt=2, wm=4, sk=1, kc=2, st=3, minb=3),
-    MmaSpec(14, "pipe", nt=8, mt=4, wm=4, sk=1, kc=1, st=4, minb=2),
-    MmaSpec(15, "pipe", nt=8, mt=3, wm=4, sk=1, kc=1, st=6, minb=2),
-    MmaSpec(16, "tma", nt=1, mt=2, wm=2, sk=1, kc=2, st=4, minb=6),
-    MmaSpec(17, "tma", nt=2, mt=2, wm=2, sk=1, kc=2, st=4, minb=5),
-    MmaSpec(18, "tma", nt=4, mt=2, wm=4, sk=1, kc=2, st=3, minb=3),
-    MmaSpec(19, "tma", nt=8, mt=4, wm=4, sk=1, kc=1, st=4, minb=2),
-    MmaSpec(20, "tma", nt=8, mt=3, wm=4, sk=1, kc=1, st=6, minb=2),
-)
-"""The MmaVariant table by id (a mirror of the header; a test checks it)."""
+# MMA_CONFIGS: the tensor-core kernel's named configs, by name: the C++ table itself
+# (csrc/cuda/mma_configs.h, read from ``_C._mma_configs()``), nothing mirrored.
 
 DEFAULT_SM_COUNT = 132  # kDefaultSmCount
 DEFAULT_SMEM_LIMIT = 227 * KiB  # kDefaultSmemLimit: opt-in shared memory per block (H100 / H200)
 
 
-def cpp_mma_variant(
+def twin_of(m: MmaConfig) -> str | None:
+    """A TMA config's cp.async twin (the same fields but ``tma``: the same bits), else None."""
+    if not m.tma:
+        return None
+    return next(c.name for c in MMA_CONFIGS.values() if not c.tma and c[1:8] == m[1:8])
+
+
+def cpp_mma_config(
     num_valid: int, batch: int, sms: int = DEFAULT_SM_COUNT, smem_limit: int = DEFAULT_SMEM_LIMIT
-) -> int:
-    """choose_mma_variant (shard_argmax_launch.cuh): the id C++ runs for path
-    ``"mma"`` / ``"auto"`` (small grid: fewer than 4 blocks of 64 rows per SM;
-    at batch 33-64 256-row tiles where they give every SM a block, else
-    192-row ones; never a variant whose shared memory exceeds ``smem_limit``)."""
-    small_grid = -(-num_valid // 64) < 4 * sms
-
-    def fits(vid: int) -> bool:
-        return MMA_VARIANTS[vid].smem <= smem_limit
-
-    if batch > 64:
-        return 11
-    if batch > 32:
-        fills = -(-num_valid // 256) >= sms  # 256-row tiles give every SM a block
-        if fills and fits(14):
-            return 14
-        if fits(15):
-            return 15
-        if fits(14):
-            return 14
-        return 12 if small_grid or not fits(10) else 10
-    if batch > 16 and fits(13):
-        return 13
-    nt = 0 if batch <= 8 else 1 if batch <= 16 else 2
-    return (7 if small_grid else 4) + nt
+) -> str:
+    """choose_mma_config (csrc/cuda/mma_configs.h, through ``_C``): the config C++ runs for path
+    ``"mma"`` / ``"auto"`` (small grid: fewer than 4 blocks of 64 rows per SM; at batch 33-64
+    256-row tiles where they give every SM a block, else 192-row ones; never a config whose shared
+    memory exceeds ``smem_limit``)."""
+    return _C._choose_mma_config(4096, num_valid, batch, sms, smem_limit)
 
 
 def _order_kc(batch: int) -> int:
@@ -268,126 +166,90 @@ def _order_kc(batch: int) -> int:
     return 2 if batch <= 32 else 1
 
 
-def mma_candidates(batch: int) -> tuple[int, ...]:
-    """The pipelined variants a dispatch table may name at ``batch``: those of
+def mma_candidates(batch: int) -> tuple[str, ...]:
+    """The cp.async configs a dispatch table may name at ``batch``: those of
     the summation-order class C++ ``auto`` runs there (KC = 2 up to batch 32,
-    KC = 1 past it), so a table variant changes the speed, never the bits,
+    KC = 1 past it), so a table config changes the speed, never the bits,
     against C++'s own choice (torch.compile, which cannot read the weight's
     alignment, passes ``"auto"``)."""
-    return tuple(m.id for m in MMA_VARIANTS if m.kind == "pipe" and m.kc == _order_kc(batch))
+    return tuple(m.name for m in MMA_CONFIGS.values() if not m.tma and m.kc == _order_kc(batch))
 
 
-def mma_tma_twins(batch: int) -> tuple[int, ...]:
-    """The TMA variants of :func:`mma_candidates`' order class at ``batch`` (the twins of some
-    of them): ``--tune`` times them beside the candidates, but no table cell names them (they
-    run on sm_90+ only, and a table variant must run wherever the op takes the cell)."""
-    return tuple(m.id for m in MMA_VARIANTS if m.kind == "tma" and m.kc == _order_kc(batch))
+def mma_tma_twins(batch: int) -> tuple[str, ...]:
+    """The TMA configs of :func:`mma_candidates`' order class at ``batch``: ``bench.tune`` times them
+    beside the candidates, but no table cell names them (they run on sm_90+ only, and a table config
+    must run wherever the op takes the cell)."""
+    return tuple(m.name for m in MMA_CONFIGS.values() if m.tma and m.kc == _order_kc(batch))
 
 
 @dataclass(frozen=True)
 class Variant:
     """One kernel instantiation: a CUDA path plus its template parameters.
 
-    ``params`` are (name, value) pairs. Built kernels (``built=True``):
-    ``simt`` ``nb`` (batch rows per pass), ``mma`` ``id`` (a row of
-    :data:`MMA_VARIANTS`; named ``mma/<id>``, the op's path), ``gemm`` (none).
-    Proposed ones (``built=False``, not in the .so): ``mma`` with ``stages``
-    (shared-memory pipeline depth), ``tile_rows``, ``split_k``, ``tile_n``
-    (batch rows per pass), ``pdl`` and ``fused_init`` (0/1: programmatic
-    dependent launch, keys initialised without a separate zero-fill)."""
+    ``params`` are (name, value) pairs: ``simt`` ``nb`` (batch rows per
+    pass), ``mma`` ``config`` (a key of :data:`MMA_CONFIGS`; named
+    ``mma/<name>``), ``gemm`` (none). Only built kernels are modelled."""
 
     path: str
     params: tuple = ()
-    built: bool = True
 
     def get(self, name: str, default=None):
         return dict(self.params).get(name, default)
 
     @property
-    def mma(self) -> MmaSpec | None:
-        return MMA_VARIANTS[self.get("id")] if self.path == "mma" and self.built else None
+    def mma(self) -> MmaConfig | None:
+        return MMA_CONFIGS[self.get("config")] if self.path == "mma" and self.get("config") is not None else None
 
     @property
     def name(self) -> str:
         if self.mma is not None:
-            return f"mma/{self.mma.id}"
+            return f"mma/{self.mma.name}"
         inner = ",".join(f"{k}={v}" for k, v in self.params)
         return f"{self.path}({inner})" if inner else self.path
 
     @property
-    def op_path(self) -> str:
-        """The ops' ``path`` value that runs this variant (simt: ``"simt"``, its NB follows the batch)."""
-        return self.name if self.mma is not None else self.path
+    def op_kwargs(self) -> dict:
+        """The keywords of ``shard_argmax`` that run this variant (simt: its NB follows the batch)."""
+        return op_kwargs(self.name if self.mma is not None else self.path)
 
 
-def variant(path: str, built: bool = True, **params) -> Variant:
-    return Variant(path, tuple(params.items()), built)
+def variant(path: str, **params) -> Variant:
+    return Variant(path, tuple(params.items()))
 
 
-def mma_variant(vid: int) -> Variant:
-    return variant("mma", id=vid)
+def mma_variant(name: str) -> Variant:
+    return variant("mma", config=name)
 
 
 def todays_variant(path: str, batch: int, num_valid: int | None = None, sms: int = DEFAULT_SM_COUNT) -> Variant:
     """The instantiation the launcher runs for ``path`` at ``batch``
-    (csrc/cuda/shard_argmax_launch.cuh: launch_simt's NB; launch_mma's
-    choose_mma_variant, whose grid-size choice needs ``num_valid``: a large
-    grid when not given). ``"mma/<id>"`` is that variant."""
+    (csrc/cuda/shard_launch.cuh: launch_simt's NB; launch_mma's
+    choose_mma_config, whose grid-size choice needs ``num_valid``: a large
+    grid when not given). ``"mma/<name>"`` is that config."""
     if path == "simt":
         return variant("simt", nb=1 if batch <= 1 else 2 if batch <= 2 else 4 if batch <= 4 else 8)
     if path == "mma":
-        return mma_variant(cpp_mma_variant(num_valid if num_valid is not None else 1 << 30, batch, sms))
-    if path.startswith("mma/") and path[4:].isdigit() and int(path[4:]) < len(MMA_VARIANTS):
-        return mma_variant(int(path[4:]))
+        return mma_variant(cpp_mma_config(num_valid if num_valid is not None else 1 << 30, batch, sms))
+    if path.startswith("mma/") and path[4:] in MMA_CONFIGS:
+        return mma_variant(path[4:])
     if path == "gemm":
         return variant("gemm")
     raise ValueError(f"unknown CUDA path {path!r}")
 
 
-def reg_variant(batch: int) -> Variant:
-    """The register-double-buffered kernel (ids 0-3) sized for ``batch``: what
-    C++ auto ran before the pipelined kernel (the review's table describes it)."""
-    return mma_variant(0 if batch <= 8 else 1 if batch <= 16 else 2 if batch <= 32 else 3)
-
-
-def cpp_auto_path(batch: int, gemm_min_batch: int | None = None, rows: int | None = None, sms: int = 132) -> str:
+def cpp_auto_path(batch: int, gemm_min_batch: int | None = None) -> str:
     """C++ ``path="auto"``'s choice for bf16 / fp16 argmax on sm_80+ with
-    aligned inputs (pick_path in csrc/cuda): gemm from its gemm batch, simt
-    at small batches on small shards (``rows`` = weight.size(0), when the
-    rule is on), else mma."""
+    aligned inputs (pick_path in csrc/cuda): gemm from its gemm batch, else mma."""
     gemm_min_batch = CPP_GEMM_MIN_BATCH if gemm_min_batch is None else gemm_min_batch
-    if batch >= gemm_min_batch:
-        return "gemm"
-    if rows is not None and batch <= CPP_SIMT_MAX_BATCH and rows < CPP_SIMT_MAX_ROWS_PER_SM * sms:
-        return "simt"
-    return "mma"
+    return "gemm" if batch >= gemm_min_batch else "mma"
 
 
 # Registers per thread on sm_90a (bf16): the fallback when no CUDA build can be read. mma: the
-# MmaVariant table's column (shard_argmax_launch.cuh, "regs 90a/80", as built; a test checks it);
-# simt: ptxas for sm_90a of the same build (nvcc 13.0; the review's §2.1 said 54 / 61 at NB = 1 / 8).
+# table's REGS90 column (csrc/cuda/mma_configs.h); simt: ptxas for sm_90a of the same build (nvcc
+# 13.0; the review's §2.1 said 54 / 61 at NB = 1 / 8). tests/test_bench_predict.py compares both with
+# the build.
 DEFAULT_REGISTERS = {
-    "mma/0": 150,
-    "mma/1": 150,
-    "mma/2": 128,
-    "mma/3": 214,
-    "mma/4": 109,
-    "mma/5": 126,
-    "mma/6": 162,
-    "mma/7": 88,
-    "mma/8": 82,
-    "mma/9": 90,
-    "mma/10": 146,
-    "mma/11": 126,
-    "mma/12": 146,
-    "mma/13": 162,
-    "mma/14": 242,
-    "mma/15": 206,
-    "mma/16": 108,
-    "mma/17": 124,
-    "mma/18": 160,
-    "mma/19": 240,
-    "mma/20": 204,
+    **{f"mma/{m.name}": m.regs90 for m in MMA_CONFIGS.values()},
     "simt(nb=1)": 54,
     "simt(nb=2)": 48,
     "simt(nb=4)": 47,
@@ -405,15 +267,12 @@ class Registers:
     def of(self, v: Variant) -> tuple[int, str]:
         if v.name in self.by_variant:
             return self.by_variant[v.name], self.source
-        if not v.built:
-            return _estimated_registers(v), "estimated (proposed variant: 40 + fp32 accumulators per thread)"
         return DEFAULT_REGISTERS.get(v.name, 64), "default (sm_90a as built)"
 
 
-_MMA_NAME = re.compile(r"shard_argmax_mma_kernelI(?:13__nv_bfloat16|6__half)Li(\d+)ELi(\d+)E")
 _PIPE_NAME = re.compile(r"shard_argmax_mma_pipe_kernelI(?:13__nv_bfloat16|6__half)((?:Li\d+E){7})(?:Lb([01])E)?")
 _SIMT_NAME = re.compile(r"shard_argmax_kernelI13__nv_bfloat16Li(\d+)ELi8ELb0ELb0E")  # <T, NB, kVec, TOPK, LSE>: argmax
-_MMA_BY_TEMPLATE = {(m.template, m.kind == "tma"): m.id for m in MMA_VARIANTS}  # (integers, TMA)
+_MMA_BY_TEMPLATE = {(tuple(m[1:8]), m.tma): m.name for m in MMA_CONFIGS.values()}  # (NT .. MINB, TMA)
 
 
 def parse_registers(text: str, arch: str = "sm_90") -> dict:
@@ -422,7 +281,7 @@ def parse_registers(text: str, arch: str = "sm_90") -> dict:
     output (``arch = sm_90a`` ... ``Function <mangled>: REG:150 ...``) or the
     ptxas lines of a build log (``Compiling entry function '<mangled>' for
     'sm_90a'`` then ``Used 150 registers``). mma kernels are named by their
-    MmaVariant id (``mma/7``); their fp16 and bf16 builds are listed
+    config name (``mma/n1_r64``); their fp16 and bf16 builds are listed
     separately, bf16 wins where both appear."""
     out: dict = {}
     current_arch = None
@@ -452,14 +311,11 @@ def _record(out: dict, mangled: str, found_arch: str | None, arch: str, regs: in
     if found_arch is None or not found_arch.startswith(arch):
         return
     m = _PIPE_NAME.search(mangled)
-    template = (tuple(int(x) for x in re.findall(r"Li(\d+)E", m.group(1))), m.group(2) == "1") if m else None
-    if m is None:
-        m = _MMA_NAME.search(mangled)
-        template = ((int(m.group(1)), int(m.group(2))), False) if m else None
     if m is not None:
-        vid = _MMA_BY_TEMPLATE.get(template)
-        if vid is not None and ("bfloat16" in mangled or f"mma/{vid}" not in out):
-            out[f"mma/{vid}"] = regs
+        template = (tuple(int(x) for x in re.findall(r"Li(\d+)E", m.group(1))), m.group(2) == "1")
+        name = _MMA_BY_TEMPLATE.get(template)
+        if name is not None and ("bfloat16" in mangled or f"mma/{name}" not in out):
+            out[f"mma/{name}"] = regs
         return
     m = _SIMT_NAME.search(mangled)
     if m:
@@ -475,9 +331,15 @@ def read_registers(root: str | os.PathLike | None = None, arch: str = "sm_90", p
     if path is not None:
         found = parse_registers(Path(path).read_text(errors="replace"), arch)
         return Registers({**DEFAULT_REGISTERS, **found}, f"{path} ({len(found)} kernels)")
-    root = Path(root) if root is not None else Path(__file__).resolve().parents[2]
+    if root is not None:
+        root = Path(root)
+        package = root / "localargmax"
+    else:  # this checkout, and the installed package's folder (found, not imported: no torch)
+        root = Path(__file__).resolve().parents[1]
+        spec = importlib.util.find_spec("localargmax")
+        package = Path(spec.origin).parent if spec is not None and spec.origin else root / "localargmax"
     tool = _cuobjdump()
-    for so in sorted(glob.glob(str(root / "localargmax" / "_C*.so"))):
+    for so in sorted(glob.glob(str(package / "_C*.so"))):
         if tool is None:
             break
         try:
@@ -495,7 +357,7 @@ def read_registers(root: str | os.PathLike | None = None, arch: str = "sm_90", p
             return Registers({**DEFAULT_REGISTERS, **found}, f"ptxas lines of {log} ({len(found)} kernels)")
     return Registers(
         dict(DEFAULT_REGISTERS),
-        "defaults: no CUDA build to read (sm_90a as built: mma the MmaVariant table's column, simt ptxas)",
+        "defaults: no CUDA build to read (sm_90a as built, ptxas)",
     )
 
 
@@ -511,11 +373,6 @@ def _cuobjdump() -> str | None:
     except ImportError:
         pass
     return next((c for c in candidates if os.access(c, os.X_OK)), None)
-
-
-def _estimated_registers(v: Variant) -> int:
-    threads = 32 * v.get("warps", 4)
-    return min(255, 40 + math.ceil(v.get("tile_rows", 128) * v.get("tile_n", 8) / threads))
 
 
 # --- the model ----------------------------------------------------------------------------------------------
@@ -574,8 +431,8 @@ def ctas_per_sm(spec: DeviceSpec, threads: int, regs: int, smem: int) -> int:
 
 
 def geometry(spec: DeviceSpec, v: Variant, rows: int, hidden: int, batch: int, elem: int = 2) -> Geometry:
-    """The launch of the Little's-law variants (simt, mma today and proposed)."""
-    fixed = spec.launch_s * (0.25 if v.get("pdl") else 1.0) + (0.0 if v.get("fused_init") else spec.zero_fill_s)
+    """The launch of the Little's-law variants (simt, mma)."""
+    fixed = spec.launch_s + spec.zero_fill_s  # launched plainly, after the keys' zero fill
     if v.path == "simt":  # 8 warps x 64 rows; a warp walks its 8 rows, 4 x 16 B per lane in flight
         nb = v.get("nb")
         tiles, passes = -(-rows // 64), -(-batch // nb)
@@ -599,46 +456,19 @@ def geometry(spec: DeviceSpec, v: Variant, rows: int, hidden: int, batch: int, e
         )
     if v.path != "mma":
         raise ValueError(f"geometry: {v.path} is not a Little's-law variant")
-    m = v.mma
-    if m is not None and m.kind in ("pipe", "tma"):
-        return _pipe_geometry(spec, m, rows, hidden, batch, elem)
-    instructions = 0.0
-    if m is not None:  # reg (ids 0-3): 4 warps x 32 rows, register double buffer, KV x 2 KiB per warp in flight
-        tile_rows, tile_n, warps, split_k, stages = 128, 8 * m.nt, 4, 1, 1
-        in_flight = warps * m.kv * 32 * 32 * elem
-        smem = m.smem
-        fixed = spec.launch_s + spec.zero_fill_s  # launched plainly (no PDL)
-    else:
-        tile_rows, tile_n = v.get("tile_rows", 128), v.get("tile_n", 64)
-        warps, split_k, stages = v.get("warps", 4), v.get("split_k", 1), v.get("stages", 3)
-        k_tile = v.get("k_tile", 64)
-        in_flight = (stages - 1) * tile_rows * k_tile * elem
-        smem = stages * (tile_rows + tile_n) * k_tile * elem + warps * tile_n * 8
-    tiles, passes = -(-rows // tile_rows), -(-batch // tile_n)
-    cta_bytes = rows * hidden * elem / (tiles * split_k)
-    return Geometry(
-        ctas=tiles * passes * split_k,
-        threads=32 * warps,
-        smem=smem,
-        cta_bytes=cta_bytes,
-        cta_l2_bytes=min(tile_n, batch) * hidden * elem / split_k,
-        cta_in_flight=in_flight,
-        cta_serial_s=(2 * spec.latency_s if split_k > 1 else 0.0),  # cluster / DSMEM reduction of the partials
-        cta_instructions=instructions,
-        cta_flops=2.0 * tile_rows * tile_n * hidden / split_k,
-        passes=passes,
-        fixed_s=fixed,
-    )
+    if v.mma is None:
+        raise ValueError(f"geometry: {v.name} is not a built mma config")
+    return _pipe_geometry(spec, v.mma, rows, hidden, batch, elem)
 
 
-# Warp-instructions of the pipelined kernel, per warp and 32-element k chunk (shard_argmax_mma_kernel.cuh):
+# Warp-instructions of the pipelined kernel, per warp and 32-element k chunk (fused_keys_mma.cuh):
 # MT x NT x 2 mma.sync (m16n8k16), 2 shared loads per m-tile and 1 per n-tile (16 bytes per lane and row),
 # and PIPE_COPY_INSTRUCTIONS per 16-byte cp.async a thread issues (address math, predicate, LDGSTS); plus
 # PIPE_STEP_INSTRUCTIONS per warp and pipeline step (wait, barrier, commit, loop). Estimates from the
 # kernel text, not from SASS.
 PIPE_COPY_INSTRUCTIONS = 4
 PIPE_STEP_INSTRUCTIONS = 12
-# The TMA variants (kind "tma") copy only the hidden rows by cp.async; the weight of a step is KC
+# The TMA configs (tma=True) copy only the hidden rows by cp.async; the weight of a step is KC
 # bulk tensor copies that one thread issues (coordinates, UTMALDG: PIPE_TMA_BOX_INSTRUCTIONS
 # per box, in one warp) after a proxy fence and the mbarrier's arrive.expect_tx, and every warp
 # waits on the stage's mbarrier (try_wait, parity): PIPE_TMA_STEP_INSTRUCTIONS per warp and step
@@ -647,8 +477,8 @@ PIPE_TMA_BOX_INSTRUCTIONS = 6
 PIPE_TMA_STEP_INSTRUCTIONS = 4
 
 
-def _pipe_geometry(spec: DeviceSpec, m: MmaSpec, rows: int, hidden: int, batch: int, elem: int) -> Geometry:
-    """shard_argmax_mma_pipe_kernel (ids 4-20): a CTA owns ``m.rows`` weight rows and ``8 NT`` batch rows
+def _pipe_geometry(spec: DeviceSpec, m: MmaConfig, rows: int, hidden: int, batch: int, elem: int) -> Geometry:
+    """shard_argmax_mma_pipe_kernel (every config): a CTA owns ``m.rows`` weight rows and ``8 NT`` batch rows
     (further rows: more passes, grid y); ST stages of KC chunks of (rows + 8 NT) x 64 bytes; the
     weight of ST - 1 steps in flight; SK warp groups split each step's chunks (partials added through
     shared memory at the end: no extra CTAs); launched with PDL (sm_90+), after the keys' zero fill."""
@@ -656,7 +486,7 @@ def _pipe_geometry(spec: DeviceSpec, m: MmaSpec, rows: int, hidden: int, batch: 
     warps = m.threads // 32
     chunks = -(-hidden // 32)
     steps = -(-chunks // m.kc)
-    tma = m.kind == "tma"  # the weight by bulk tensor copy: only the hidden rows by cp.async
+    tma = m.tma  # the weight by bulk tensor copy: only the hidden rows by cp.async
     copies = ((0 if tma else m.rows) + 8 * m.nt) * 64 * m.kc / 16 / 32  # warp-wide 16-byte cp.async per step
     per_chunk = m.mt * m.nt * 2 + 2 * m.mt + m.nt  # per computing warp: mma + shared loads
     per_step = copies * PIPE_COPY_INSTRUCTIONS + warps * PIPE_STEP_INSTRUCTIONS
@@ -748,7 +578,7 @@ def _predict_gemm(spec, v, rows, hidden, batch, elem, useful) -> Prediction:
     kernel re-reads them: max(memory, compute) per GEMM + the logits' write and
     read + the second launch per chunk + the call's fixed costs."""
     padded = -(-rows // 64) * 64
-    chunk = max(1, (1024 * MiB) // 4 // padded)  # csrc/cuda/shard_argmax_gemm.cu
+    chunk = max(1, (1024 * MiB) // 4 // padded)  # csrc/cuda/shard_gemm.cu
     gemms = -(-batch // chunk)
     t_mem = padded * hidden * elem / (spec.gemm_mem_efficiency * spec.stream_Bps)
     t = 0.0
@@ -763,7 +593,7 @@ def _predict_gemm(spec, v, rows, hidden, batch, elem, useful) -> Prediction:
     return Prediction(v, rows, hidden, batch, t, useful / t / spec.copy_Bps, bound, rounds=gemms)
 
 
-# --- engine shapes, candidates and the proposed variants ----------------------------------------------------
+# --- engine shapes and candidates ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -796,7 +626,7 @@ BAR_MAX_BATCH = 64
 
 
 def engine_shape(model: str, tp: int) -> EngineShape:
-    from ..layout import shard_vocab
+    from localargmax.layout import shard_vocab
 
     vocab, hidden = PRESET_SHAPES[model]
     shard = shard_vocab(vocab, 0, tp, pad_to=64)
@@ -809,80 +639,25 @@ def engine_shapes(pairs: Iterable[tuple[str, int]] = ENGINE_SHAPES) -> list[Engi
 
 def built_candidates(batch: int) -> list[Variant]:
     """What a dispatch table can choose at ``batch``: simt's instantiation, the
-    pipelined mma variants of :func:`mma_candidates`, gemm."""
+    mma configs of :func:`mma_candidates`, gemm."""
     return [todays_variant("simt", batch), *(mma_variant(i) for i in mma_candidates(batch)), variant("gemm")]
-
-
-def proposed_variants(batch: int) -> list[Variant]:
-    """The proposed pipelined mma kernel's search space at ``batch``: stages
-    2/3/4, 64/128/256-row tiles, split-K 1/2/4, with and without PDL + fused
-    init; ``tile_n`` = the batch rounded up to 8..128 (one pass up to 128)."""
-    tile_n = min(128, max(8, 1 << max(0, batch - 1).bit_length()))
-    out = []
-    for fixed in (0, 1):
-        for stages in (2, 3, 4):
-            for tile_rows in (64, 128, 256):
-                for split_k in (1, 2, 4):
-                    warps = 8 if tile_rows == 256 else 4
-                    out.append(
-                        variant(
-                            "mma",
-                            built=False,
-                            stages=stages,
-                            tile_rows=tile_rows,
-                            split_k=split_k,
-                            tile_n=tile_n,
-                            warps=warps,
-                            pdl=fixed,
-                            fused_init=fixed,
-                        )
-                    )
-    return out
-
-
-def best(spec, variants, rows, hidden, batch, registers=None, latency_s=None) -> Prediction:
-    preds = [_try(spec, v, rows, hidden, batch, registers, latency_s) for v in variants]
-    return min((p for p in preds if p is not None), key=lambda p: p.time_s)
-
-
-def smallest_meeting_bar(spec, rows, hidden, batch, registers=None, latency_s=None, bar=BAR_FRACTION):
-    """The cheapest proposed variant (fewest stages, then no PDL, smallest
-    split-K, then fastest) predicted at >= ``bar`` of copy; None if none is."""
-    ok = [
-        p
-        for v in proposed_variants(batch)
-        if (p := _try(spec, v, rows, hidden, batch, registers, latency_s)) is not None and p.fraction_of_copy >= bar
-    ]
-    key = lambda p: (p.variant.get("pdl"), p.variant.get("stages"), p.variant.get("split_k"), p.time_s)  # noqa: E731
-    return min(ok, key=key) if ok else None
-
-
-def _try(spec, v, rows, hidden, batch, registers, latency_s):
-    try:
-        return predict(spec, v, rows, hidden, batch, registers=registers, latency_s=latency_s)
-    except ValueError:
-        return None
-
-
-def model_sha256() -> str:
-    """sha256 (first 16 hex digits) of this file: the table records it."""
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
 
 def with_latency(spec: DeviceSpec, latency_s: float) -> DeviceSpec:
     return replace(spec, latency_s=latency_s)
 
 
-# --- C++ auto's defaults (csrc/cuda/shard_argmax_cuda.cu), from the model ------------------------------------
+# --- C++ auto's defaults (csrc/cuda/shard_ops_cuda.cu), from the model ------------------------------------
 
 DEFAULTS_BATCHES = range(1, 257)
 
 
 def cpp_defaults(spec: DeviceSpec = H200, registers: Registers | None = None, hysteresis: float = 1.03) -> dict:
     """The C++ ``auto`` constants the model gives for the pipelined kernel on the engine shapes
-    (kDefaultGemmMinBatch, kSimtMaxBatch, kSimtMaxRowsPerSm; dispatch.CPP_* mirror them):
+    (kDefaultGemmMinBatch, mirrored by dispatch.CPP_GEMM_MIN_BATCH; and whether a small-shard
+    simt rule would pay, which C++ does not have):
 
-    * ``gemm_min_batch``: the batch threshold (gemm from it, choose_mma_variant's mma below it)
+    * ``gemm_min_batch``: the batch threshold (gemm from it, choose_mma_config's mma below it)
       with the smallest worst slowdown against the faster of the two over the engine shapes
       and batches 1-256 (ties: the larger threshold);
     * ``simt_max_batch``: the largest batch <= 8 up to which simt beats C++'s mma variant by

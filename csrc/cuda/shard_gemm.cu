@@ -2,9 +2,9 @@
 // cuBLAS computes float32 logits for a chunk of batch rows (at::mm with
 // out_dtype float32: torch's caching allocator, the current stream), then
 // logits_to_keys_kernel folds them into the same keys as the fused kernels.
-// See shard_argmax_paths.h.
-#include "shard_argmax_launch.cuh"
-#include "shard_argmax_paths.h"
+// See shard_paths.h.
+#include "shard_launch.cuh"
+#include "shard_paths.h"
 
 namespace localargmax {
 namespace cuda {

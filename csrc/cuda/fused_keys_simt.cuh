@@ -1,8 +1,10 @@
-// The CUDA-core fused shard-argmax kernel (see shard_argmax_cuda.cu for the
+// The CUDA-core fused shard-argmax kernel (see shard_ops_cuda.cu for the
 // layout), and the problem struct every shard kernel takes. Kept free of torch
 // headers so that it compiles on its own, for the GPU and for the host
 // emulation (device_runtime.cuh).
 #pragma once
+
+#include <utility>
 
 #include <cstdint>
 
@@ -69,25 +71,40 @@ __device__ __forceinline__ void fold_block_best(const unsigned long long (&block
 }  // namespace
 
 // The two structs below have external linkage (outside the anonymous
-// namespace) because the per-path translation units (shard_argmax_simt.cu,
-// shard_argmax_mma.cu, shard_argmax_gemm.cu) export functions that take them; everything else in the kernel headers stays
+// namespace) because the per-path translation units (shard_simt.cu,
+// shard_mma.cu, shard_gemm.cu) export functions that take them; everything else in the kernel headers stays
 // local to its translation unit.
 
-// What the kernel reduces to (one launch, one mode).
+// What the kernel reduces to (one launch, one mode); built with designated
+// initializers by the op's mode (shard_ops_cuda.cu), the fields a mode does
+// not use left at their defaults.
 struct ShardReduce {
-  unsigned long long* keys;  // argmax / sample: [batch] keys, zeroed before the launch
-  unsigned long long* block_topk;  // top-k: [gridDim.x, batch, topk], or nullptr
-  int topk;                  // top-k: keys kept per row (1..64)
-  const float* temperature;  // sample: [batch], or nullptr; T <= 0 rows are greedy
-  uint64_t seed;             // sample: Philox key
-  uint64_t offset;           // sample: Philox subsequence of batch row 0
+  unsigned long long* keys = nullptr;        // argmax / sample: [batch] keys, zeroed before the launch
+  unsigned long long* block_topk = nullptr;  // top-k: [gridDim.x, batch, topk]
+  int topk = 1;                              // top-k: keys kept per row (1..64)
+  const float* temperature = nullptr;        // sample: [batch]; T <= 0 rows are greedy
+  uint64_t seed = 0;                         // sample: Philox key
+  uint64_t offset = 0;                       // sample: Philox subsequence of batch row 0
   // Log-partition (DESIGN.md, "Log-probabilities"), or nullptr: each block's
   // PartitionState per batch row, [gridDim.x, batch]; merged in block order
   // by merge_partition_kernel. With it every logit is first transformed
   // (transform_logit) and the keys carry the transformed values.
   PartitionState* block_partition = nullptr;
+  // [batch] T of the sums (rows with T <= 0: 1), or nullptr (1): the
+  // sampling temperature when sampling, shard_argmax_lse's own when given
+  // (the log-odds at a request's T). Resolved by the host: one pointer here
+  // (a device-side choice between two spilled on sm_100).
+  const float* partition_temperature = nullptr;
   float scale = 1.0f;
-  float soft_cap = 0.0f;     // 0: none
+  float soft_cap = 0.0f;  // 0: none
+};
+
+// The bias of the shard's rows, one pointer and its dtype: [num_valid]
+// float32 (f32, with any weight) or in the weight's dtype; data nullptr when
+// there is none. The kernels take it as two typed views (ShardArgmaxProblem).
+struct Bias {
+  const void* data = nullptr;
+  bool f32 = false;
 };
 
 // One launch over a weight shard: the operands and what to reduce them to
@@ -98,14 +115,23 @@ struct ShardArgmaxProblem {
   int64_t ldh;           // elements between hidden rows
   const T* weight;       // [>= num_valid, ldw]; rows of hidden_size elements
   int64_t ldw;           // elements between weight rows
-  const T* bias_t;       // [num_valid] in T, or nullptr
-  const float* bias_f;   // [num_valid] float32 (with a bf16 / fp16 weight), or nullptr
+  // The Bias as the kernels read it (bias_of): rows in T or in float32, the
+  // other nullptr (two typed pointers: ptxas spilled in the simt LSE kernels
+  // on sm_100 with the untyped pointer and a flag).
+  const T* bias_t;
+  const float* bias_f;
   int64_t batch;
   int64_t hidden_size;
   int64_t num_valid;     // rows [0, num_valid) are the vocabulary; < 2**31 - 64
   int64_t vocab_start;   // global index of row 0
   ShardReduce out;
 };
+
+// A problem's two typed views of one bias.
+template <typename T>
+std::pair<const T*, const float*> bias_of(const Bias& b) {
+  return {b.f32 ? nullptr : static_cast<const T*>(b.data), b.f32 ? static_cast<const float*>(b.data) : nullptr};
+}
 
 namespace {
 
@@ -126,11 +152,12 @@ __device__ __forceinline__ unsigned long long key_of(float s, int64_t b, uint64_
   return pack_key(s, global_index);
 }
 
-// The temperature of batch row b's log-partition: T for sampling rows with
-// T > 0, else 1 (argmax, top-k, greedy rows).
+// The temperature of batch row b's log-partition: out.partition_temperature's
+// T where T > 0, else 1 (argmax, top-k, greedy rows, no temperature).
 __device__ __forceinline__ float partition_temperature(int64_t b, const ShardReduce& out) {
-  if (out.temperature == nullptr) return 1.0f;
-  const float t = out.temperature[b];
+  const float* tp = out.partition_temperature;
+  if (tp == nullptr) return 1.0f;
+  const float t = tp[b];
   return t > 0.0f ? t : 1.0f;
 }
 
@@ -287,7 +314,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 }
 
 // The per-block states [blocks, batch] -> pairs [batch, 2] float32 (ref,
-// sum): thread per batch row, blocks merged in order (deterministic).
+// others): thread per batch row, blocks merged in order (deterministic).
 __global__ void merge_partition_kernel(const PartitionState* __restrict__ block_partition, int64_t blocks,
                                        int64_t batch, const float* __restrict__ temperature, float* __restrict__ pairs) {
   const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -296,7 +323,7 @@ __global__ void merge_partition_kernel(const PartitionState* __restrict__ block_
   PartitionState acc = partition_init();
   for (int64_t i = 0; i < blocks; ++i) partition_merge(acc, block_partition[i * batch + b], t);
   pairs[2 * b] = acc.ref;
-  pairs[2 * b + 1] = acc.sum;
+  pairs[2 * b + 1] = partition_others(acc);
 }
 
 }  // namespace

@@ -1,0 +1,85 @@
+"""Side-by-side timing of the CPU kernel's paths (DESIGN.md, "CPU paths"):
+``localargmax.shard_argmax(hidden, weight, path=NAME)`` on one shard for every
+path this CPU has, the paths interleaved within each round so that other load
+on the machine falls on all of them alike; median over rounds x steps.
+
+    PYTHONPATH=. python bench/cpu_paths.py --rows 75968 --hidden 4096 --dtype bfloat16 \
+        --batch 1,8,64 --threads 2 --json bench/results/cpu_kinds/<file>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+import localargmax
+from localargmax.bench.report import cpu_paths_available, env_info
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=75968)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="bfloat16")
+    ap.add_argument("--batch", default="1,8,64", help="comma-separated batch sizes")
+    ap.add_argument("--paths", default=None, help="comma-separated CPU paths (default: every path this CPU has)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3, help="timed calls per path per round")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    paths = args.paths.split(",") if args.paths else cpu_paths_available()
+    gen = torch.Generator().manual_seed(0)
+    weight = (torch.randn(args.rows, args.hidden, generator=gen) / args.hidden**0.5).to(dtype)
+    rows = []
+    for batch in (int(b) for b in args.batch.split(",")):
+        hidden = torch.randn(batch, args.hidden, generator=gen).to(dtype)
+        keys = {p: localargmax.shard_argmax(hidden, weight, path=p) for p in paths}  # warm-up, and the ids
+        times: dict[str, list[float]] = {p: [] for p in paths}
+        for _ in range(args.rounds):
+            for p in paths:
+                for _ in range(args.steps):
+                    t0 = time.perf_counter()
+                    localargmax.shard_argmax(hidden, weight, path=p)
+                    times[p].append(time.perf_counter() - t0)
+        base = statistics.median(times[paths[0]])
+        for p in paths:
+            med = statistics.median(times[p])
+            same = bool(torch.equal(keys[p], keys[paths[0]]))
+            rows.append(
+                dict(
+                    path=p,
+                    batch=batch,
+                    dtype=args.dtype,
+                    rows=args.rows,
+                    hidden=args.hidden,
+                    median_us=med * 1e6,
+                    min_us=min(times[p]) * 1e6,
+                    samples=len(times[p]),
+                    speedup_vs_first=base / med,
+                    keys_equal_first=same,
+                )
+            )
+            print(
+                f"B={batch:4} {p:12} median {med * 1e3:9.2f} ms  x{base / med:5.2f} vs {paths[0]}  keys equal: {same}"
+            )
+    if args.json:
+        doc = dict(
+            command="PYTHONPATH=. python bench/cpu_paths.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            env=env_info("cpu", args.threads),
+            rows=rows,
+        )
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Adaptive verification with local argmax, on vLLM 0.33's own objects (the
+plugin's rank body, tests/support/vllm_ranks.py, TP = 2 gloo): the config's
+refusal lifted with the plugin and kept without it; ``DraftModelSpeculator``'s
+``load_model`` and ``sample_draft`` (the real methods on a bare instance with
+a LocalArgmaxMixin draft) against vLLM's own ``OnlineAcceptanceEstimator
+.predict`` on the gathered logits, its Triton kernels interpreted on the CPU
+(bench/vllm_estimator.py), and the float64 log-odds."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from tests.support.reference import ref_log_odds, ref_logits
+from tests.support.vllm_common import head_of, processor
+
+MAX_REQS, STEPS, VOCAB, HSIZE = 12, 3, 1500, 32
+# per request slot: T (0 and -1: greedy, T = 1 in the estimator), and the gap planted above the rest (logit units)
+TEMPERATURES = [0.0, 0.7, 1.0, 2.0, -1.0, 0.3, 1.0, 0.5, 1.5, 1.0, 0.9, 1.2]
+GAPS = [0.0, 0.0, 2.0, 5.0, 10.0, 18.0, 30.0, 30.0, 45.0, 60.0, 0.0, 60.0]
+
+
+def config_case(plugin) -> dict:
+    """SpeculativeConfig with enable_adaptive_verification and
+    use_local_argmax_reduction: built with the plugin's patch, refused
+    without it (vLLM's own message), built again once reinstalled."""
+    from vllm.config import SpeculativeConfig
+
+    def build():
+        try:
+            c = SpeculativeConfig(
+                method="ngram", num_speculative_tokens=3, prompt_lookup_max=3, prompt_lookup_min=1,
+                enable_adaptive_verification=True, use_local_argmax_reduction=True,
+            )  # fmt: skip
+            return {"built": True, "flags": [c.enable_adaptive_verification, c.use_local_argmax_reduction]}
+        except ValueError as e:
+            return {"built": False, "error": str(e)}
+
+    out = {"active": plugin.adaptive_verification_active(), "with_plugin": build()}
+    plugin._uninstall_adaptive_verification()
+    out["without_plugin"] = build()
+    plugin._install_adaptive_verification()
+    out["reinstalled"] = build()
+    return out
+
+
+def _draft(gen, scale, soft_cap):
+    """A draft head with vLLM's LocalArgmaxMixin (its get_top_tokens applies d2t) and compute_logits."""
+    from vllm.model_executor.models.interfaces import LocalArgmaxMixin
+
+    import localargmax
+
+    class Draft(LocalArgmaxMixin, torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            full = torch.randn(VOCAB, HSIZE, generator=gen) / HSIZE**0.5
+            self.full = full
+            self.lm_head = head_of(full)
+            self.logits_processor = processor(VOCAB, scale, soft_cap)
+            d2t = localargmax.build_d2t(torch.rand(VOCAB * 3, generator=gen), VOCAB)
+            self.draft_id_to_target_id = torch.nn.Parameter(d2t, requires_grad=False)
+
+        def compute_logits(self, hidden):
+            return self.logits_processor(self.lm_head, hidden)
+
+    return Draft()
+
+
+def _speculator(draft, cfg):
+    """vLLM's DraftModelSpeculator (a subclass that only supplies the draft),
+    bare: the attributes its load_model / sample_draft read, none of its GPU set-up."""
+    from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
+
+    class Speculator(DraftModelSpeculator):
+        def load_draft_model(self, target_model, target_attn_layer_names):
+            return draft
+
+        def _gpu_only(self, *args, **kwargs):  # propose / capture / CUDA graphs: not run here
+            raise NotImplementedError
+
+        propose = capture = init_cudagraph_manager = _gpu_only
+
+    spec = Speculator.__new__(Speculator)
+    spec.vllm_config = types.SimpleNamespace(
+        compilation_config=cfg.compilation_config, model_config=types.SimpleNamespace(supports_multimodal_inputs=False)
+    )
+    spec.speculative_config = types.SimpleNamespace(draft_sample_method="greedy")
+    spec.use_local_argmax_reduction = True
+    spec.enable_adaptive_verification = spec.use_acceptance_estimator = True
+    spec.acceptance_estimator = None
+    spec.max_num_reqs, spec.num_speculative_steps, spec.device = MAX_REQS, STEPS, torch.device("cpu")
+    spec.temperature = torch.tensor(TEMPERATURES, dtype=torch.float32)
+    spec.draft_token_confidence_probs = torch.full((MAX_REQS, STEPS), -7.0)
+    return spec
+
+
+def _hidden_with_gaps(gen, draft, rows):
+    """Hidden states whose argmax stands ``GAPS[slot]`` logits above the row's
+    next largest (before the transform); the last row is CUDA-graph padding."""
+    hidden = torch.randn(len(rows), HSIZE, generator=gen)
+    for b, slot in enumerate(rows):
+        if slot < 0 or GAPS[slot] == 0.0:
+            continue
+        top = int(torch.randint(0, VOCAB, (1,), generator=gen))
+        w = draft.full[top]
+        for _ in range(4):  # moving along w moves the other logits too: a few rounds
+            logits = hidden[b] @ draft.full.T
+            others = torch.cat([logits[:top], logits[top + 1 :]]).max()
+            hidden[b] += (others + GAPS[slot] - logits[top]) * w / float(w @ w)
+    return hidden
+
+
+def speculator_case(plugin, gen, cfg) -> dict:
+    """load_model builds the estimator despite local argmax (refused without
+    the plugin); sample_draft's local-argmax branch returns vLLM's ids and
+    writes features / predictions / confidences; vLLM's own predict on the
+    gathered logits writes the reference state (interpreted Triton), float64
+    gives the exact log-odds. Shared and per-row draft steps, padding rows."""
+    from bench.vllm_estimator import estimator_class
+
+    out = {}
+    for name, (scale, cap) in {"plain": (1.0, None), "scale_softcap": (1.5, 60.0)}.items():
+        draft = _draft(gen, scale, cap)
+        spec = _speculator(draft, cfg)
+        plugin._uninstall_adaptive_verification()
+        try:
+            spec.load_model(None)
+            refused = "no error"
+        except ValueError as e:
+            refused = str(e)
+        plugin._install_adaptive_verification()
+        spec = _speculator(draft, cfg)
+        spec.load_model(None)
+        vllm_est = estimator_class()(MAX_REQS, STEPS, torch.device("cpu"))
+        rows_all = [6, 3, 9, 7, 1, 8, 5, 11, 2, 4, 0, 10]  # the first three: the per-row-step requests
+        cases = {}
+        for mode in ("shared_step", "per_row_step"):
+            if mode == "shared_step":
+                idx = torch.tensor(rows_all[:9] + [-1])
+                draft_step = torch.tensor(1)
+                steps = [1] * idx.numel()
+            else:  # each request owns STEPS consecutive rows
+                idx = torch.tensor([r for r in rows_all[:3] for _ in range(STEPS)] + [-1] * STEPS)
+                draft_step = torch.tensor([s for _ in range(4) for s in range(STEPS)])
+                steps = draft_step.tolist()
+            hidden = _hidden_with_gaps(gen, draft, idx.tolist())
+            before = plugin.stats().get("fused with log-odds", 0)
+            ids = spec.sample_draft(hidden, None, idx, spec.temperature, None, draft_step, None)
+            used = plugin.stats().get("fused with log-odds", 0) - before
+            theirs = plugin._ORIGINAL["get_top_tokens"](draft.logits_processor, draft.lm_head, hidden)
+            theirs = theirs + draft.draft_id_to_target_id[theirs]
+            conf = torch.full((MAX_REQS, STEPS), -7.0)
+            vllm_est.predict(draft.compute_logits(hidden), idx, draft_step, conf, spec.temperature)
+            x = ref_logits(hidden, draft.full)
+            t = spec.temperature[idx.clamp(min=0)]
+            f64 = ref_log_odds(x, x.argmax(dim=1), scale, cap, t)
+            est = spec.acceptance_estimator
+            rows = []
+            for b, slot in enumerate(idx.tolist()):
+                if slot < 0:
+                    continue
+                s, bi = steps[b], (b // STEPS if mode == "per_row_step" else b)
+                rows.append(
+                    {
+                        "f64": float(f64[b]), "gap": GAPS[slot],
+                        "ours": [float(est.features[slot, s]), float(est.predictions[slot, s]),
+                                 float(spec.draft_token_confidence_probs[bi, s])],
+                        "vllm": [float(vllm_est.features[slot, s]), float(vllm_est.predictions[slot, s]),
+                                 float(conf[bi, s])],
+                    }
+                )  # fmt: skip
+            untouched = spec.draft_token_confidence_probs.clone()
+            written = conf != -7.0
+            cases[mode] = {
+                "ids": ids.tolist(), "vllm_ids": theirs.tolist(), "fused_calls": used, "rows": rows,
+                # every confidence vLLM writes is written, and none it leaves (padding rows)
+                "conf_written_same": bool(torch.equal(untouched != -7.0, written)),
+                "slope": float(est.slope), "vllm_slope": float(vllm_est.slope),
+            }  # fmt: skip
+            spec.draft_token_confidence_probs.fill_(-7.0)
+        out[name] = {"refused_without_plugin": refused, "estimator_rows": list(est.features.shape), **cases}
+    return out

@@ -1,0 +1,100 @@
+"""vLLM 0.33 set-up shared by the plugin's rank cases (tests/support/vllm_ranks.py):
+the distributed environment, vLLM's ParallelLMHead loaded as a checkpoint is,
+its LogitsProcessor, embedding-bias shards and random problems, and a handler
+that records the plugin's warnings."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+
+class WarningLog(logging.Handler):
+    """The plugin's WARNING records (fallback reasons, once each)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages, self.reasons = [], []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+        if record.args:
+            self.reasons.append(str(record.args[0]))
+
+
+def vllm_setup(rank: int, world_size: int):
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    cfg = VllmConfig()
+    ctx = set_current_vllm_config(cfg)
+    ctx.__enter__()
+    init_distributed_environment(world_size, rank, "env://", rank, backend="gloo")
+    initialize_model_parallel(tensor_model_parallel_size=world_size)
+    return ctx, cfg
+
+
+def head_of(full: torch.Tensor, *, bias: bool = False, org_vocab=None):
+    """vLLM's ParallelLMHead holding ``full [V, H]`` (loaded as a checkpoint is)."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    vocab, hidden = full.shape
+    head = ParallelLMHead(vocab, hidden, bias=bias, params_dtype=full.dtype, org_num_embeddings=org_vocab)
+    head.weight.weight_loader(head.weight, full[: head.org_vocab_size])  # LoRA-added rows stay as created
+    after_loading(head)
+    return head
+
+
+def after_loading(layer) -> None:
+    """vLLM's CPU gemm set-up of a loaded layer (``cpu_linear``), as vLLM's CPU
+    path ends up on this CPU with this vLLM build. vLLM's dispatch
+    (``quant_method.process_weights_after_loading``) picks, on a CPU with AMX
+    tiles and a small bf16 / fp16 weight, its sgl kernel through
+    ``torch.ops._C.convert_weight_packed``: an op only vLLM's CPU build has,
+    not the PyPI wheel (vLLM's CUDA build) the tests install. There the layer
+    gets vLLM's own fallback, torch's linear; elsewhere vLLM's dispatch runs."""
+    from vllm.model_executor.layers.utils import check_cpu_sgl_kernel
+
+    n, k = layer.weight.shape
+    if check_cpu_sgl_kernel(n, k, layer.weight.dtype) and not hasattr(torch.ops._C, "convert_weight_packed"):
+        layer.cpu_linear = torch.nn.functional.linear
+    else:
+        layer.quant_method.process_weights_after_loading(layer)
+    if not hasattr(layer, "cpu_linear"):  # a dispatch that leaves the layer on vLLM's default
+        layer.cpu_linear = torch.nn.functional.linear
+
+
+def processor(vocab: int, scale: float = 1.0, soft_cap=None, logits_as_input: bool = False):
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
+    return LogitsProcessor(vocab, scale=scale, soft_cap=soft_cap, logits_as_input=logits_as_input)
+
+
+def shard_bias(head, bias_full):
+    """This rank's ``[rows]`` embedding bias (zeros on padding rows), as vLLM lays it out."""
+    idx = head.shard_indices
+    out = torch.zeros(head.weight.shape[0], dtype=bias_full.dtype)
+    n = idx.org_vocab_end_index - idx.org_vocab_start_index
+    out[:n] = bias_full[idx.org_vocab_start_index : idx.org_vocab_end_index]
+    return out
+
+
+def both(plugin, lp, head, hidden, method, *args, **kwargs):
+    """(vLLM's original method, the installed one via LogitsProcessor)."""
+    theirs = plugin._ORIGINAL[method](lp, head, hidden, *args, **kwargs)
+    ours = getattr(lp, method)(head, hidden, *args, **kwargs)
+    return theirs, ours
+
+
+def random_case(gen, vocab, hsize, batch, dtype, bias, scale, soft_cap):
+    """A random head ``full [V, H]``, ``hidden [B, H]``, the full bias (or None), vLLM's head and
+    processor over them, and this rank's embedding-bias shard (or None)."""
+    full = (torch.randn(vocab, hsize, generator=gen) / hsize**0.5).to(dtype)
+    hidden = torch.randn(batch, hsize, generator=gen).to(dtype)
+    bias_full = torch.randn(vocab, generator=gen).to(dtype) if bias else None
+    head = head_of(full)
+    eb = shard_bias(head, bias_full) if bias else None
+    return full, hidden, bias_full, head, processor(vocab, scale, soft_cap), eb
