@@ -125,6 +125,18 @@ static PyObject* py_choose_mma_config(PyObject*, PyObject* args) {
   return PyUnicode_FromString(localargmax::cuda::kMmaConfigs[i].name);
 }
 
+// localargmax._C._choose_cuda_path(half, topk, mma_takes, batch) -> "simt" /
+// "mma" / "gemm": the path C++ auto takes on CUDA (cuda/mma_configs.h), for
+// the plain and the log-partition ops alike.
+static PyObject* py_choose_cuda_path(PyObject*, PyObject* args) {
+  int half = 0, topk = 0, mma_takes = 0;
+  long long batch = 0;
+  if (!PyArg_ParseTuple(args, "pppL", &half, &topk, &mma_takes, &batch)) return nullptr;
+  using localargmax::cuda::Path;
+  const Path p = localargmax::cuda::choose_cuda_path(half != 0, topk != 0, mma_takes != 0, batch);
+  return PyUnicode_FromString(p == Path::kMma ? "mma" : p == Path::kGemm ? "gemm" : "simt");
+}
+
 // `import localargmax._C` loads this library and so runs the registrations.
 extern "C" PyObject* PyInit__C(void) {
   static PyMethodDef methods[] = {
@@ -135,6 +147,9 @@ extern "C" PyObject* PyInit__C(void) {
        "_cpu_paths() -> the CPU paths: (name, needs, bit_exact, inner_loop) per path, in listing order."},
       {"_choose_mma_config", py_choose_mma_config, METH_VARARGS,
        "_choose_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit) -> the config C++ auto runs."},
+      {"_choose_cuda_path", py_choose_cuda_path, METH_VARARGS,
+       "_choose_cuda_path(half, topk, mma_takes, batch) -> 'simt' / 'mma' / 'gemm': the path C++ auto takes on "
+       "CUDA (the log-partition ops alike)."},
       {"_mma_configs", py_mma_configs, METH_NOARGS,
        "_mma_configs() -> the tensor-core kernel's named configs: (name, nt, mt, wm, sk, kc, st, minb, tma, regs90, "
        "rows, threads, static_smem, dynamic_smem) per row."},

@@ -80,8 +80,8 @@ def shard_argmax(
         log_partition: also return each row's log-partition pair (DESIGN.md,
             "Log-probabilities"), from the same pass; the logits are first
             soft-capped (``tanh(x / soft_cap) * soft_cap``) then scaled
-            (``x * scale``), and the keys carry the transformed values. CUDA:
-            ``"simt"`` and ``"gemm"`` only (``"mma"`` raises).
+            (``x * scale``), and the keys carry the transformed values. Every
+            path computes it (CUDA: not a forced TMA ``_mma_config``).
         scale: finite float > 0, with ``log_partition`` only.
         soft_cap: None or a finite float > 0, with ``log_partition`` only.
         temperature: None (``T = 1``) or a ``[B]`` float32 tensor on

@@ -249,10 +249,11 @@ def test_the_model_reads_the_c_table():
 # --- registers from the build ----------------------------------------------------------------------------
 
 _PIPE = "_ZN11localargmax4cuda12_GLOBAL__N_128shard_argmax_mma_pipe_kernelI{}EEvPKT_lS6_lS6_PKfliilNS0_11ShardReduceE15WeightTensorMap"  # noqa: E501
-MMA1 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi1ELi2ELi4ELi6ELb0E")  # n1_r64
-MMA8_HALF = _PIPE.format("6__halfLi8ELi4ELi4ELi1ELi1ELi4ELi2ELb0E")  # n8_r256, fp16
-PIPE7 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi2ELi2ELi4ELi4ELb0E")  # n1_r64_sk2
-TMA1 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi1ELi2ELi4ELi6ELb1E")  # n1_r64_tma
+MMA1 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi1ELi2ELi4ELi6ELb0ELb0E")  # n1_r64 <T, NT .. MINB, TMA, LSE>
+MMA1_LSE = MMA1.replace("Lb0ELb0E", "Lb0ELb1E")  # the log-partition build: not argmax's registers
+MMA8_HALF = _PIPE.format("6__halfLi8ELi4ELi4ELi1ELi1ELi4ELi2ELb0ELb0E")  # n8_r256, fp16
+PIPE7 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi2ELi2ELi4ELi4ELb0ELb0E")  # n1_r64_sk2
+TMA1 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi1ELi2ELi4ELi6ELb1ELb0E")  # n1_r64_tma
 SIMT1 = "_ZN11localargmax4cuda12_GLOBAL__N_119shard_argmax_kernelI13__nv_bfloat16Li1ELi8ELb0ELb0EEEvNS0_18ShardArgmaxProblemIT_EE"  # noqa: E501
 SIMT1_TOPK = SIMT1.replace("Lb0ELb0E", "Lb1ELb0E")  # <T, NB, kVec, TOPK, LSE>
 SIMT1_LSE = SIMT1.replace("Lb0ELb0E", "Lb0ELb1E")  # the log-partition build: not argmax's registers
@@ -268,7 +269,7 @@ def _fatbin(arch: str, usage: dict) -> str:
 
 CUOBJDUMP = (
     _fatbin("sm_80", {MMA1: 96})
-    + _fatbin("sm_90a", {MMA1: 168, MMA8_HALF: 200, TMA1: 70, SIMT1: 40, SIMT1_TOPK: 90, SIMT1_LSE: 99})
+    + _fatbin("sm_90a", {MMA1: 168, MMA1_LSE: 171, MMA8_HALF: 200, TMA1: 70, SIMT1: 40, SIMT1_TOPK: 90, SIMT1_LSE: 99})
     + f" Function {PIPE7}:\n REG:77 STACK:0 SHARED:36992 LOCAL:0 CONSTANT[0]:464\n"  # REG: on the next line (nvcc 13)
 )
 

@@ -48,6 +48,7 @@ pytestmark = pytest.mark.skipif(not emulation.have_compiler(), reason="g++ / obj
 
 # The tensor-core kernel's configs (csrc/cuda/mma_configs.h, read from _C), each forced by name.
 MMA_CONFIG_PATHS = [f"mma/{name}" for name in MMA_CONFIGS]
+LSE_CONFIGS = [m for m in MMA_CONFIGS.values() if not m.tma]  # the configs with a log-partition build
 # Configs that sum in the same order (equal KC): bit-identical keys, neighbours of each class
 # in table order (every TMA config lands next to the others of its class, so beside its twin's).
 _CLASSES = [[n for n, m in MMA_CONFIGS.items() if m.kc == kc] for kc in sorted({m.kc for m in MMA_CONFIGS.values()})]
@@ -73,7 +74,9 @@ def _instantiations():
                     names.append(f"shard_argmax_kernel<{t}, {nb}, {v}, {topk}>")
                     names.append(f"shard_argmax_kernel<{t}, {nb}, {v}, {topk}, true>")  # LSE: the *_lse ops
         if t != "float":
-            names += [f"shard_argmax_mma_pipe_kernel<{t}, {_template(m)}>" for m in MMA_CONFIGS.values()]
+            names += [f"shard_argmax_mma_pipe_kernel<{t}, {_template(m)}, false>" for m in MMA_CONFIGS.values()]
+            # LSE: the *_lse ops on the cp.async configs
+            names += [f"shard_argmax_mma_pipe_kernel<{t}, {_template(m)}, true>" for m in LSE_CONFIGS]
             names.append(f"logits_to_keys_kernel<{t}>")
             names.append(f"logits_to_keys_kernel<{t}, true>")
     return names + ["merge_keys_kernel", "merge_partition_kernel"]
@@ -112,6 +115,9 @@ def test_every_instantiation_the_launchers_pick_runs(emu, gen):
         for path in MMA_CONFIG_PATHS:
             h, w, _ = exact_problem(gen, 3, 3, 8, dtype)
             assert_keys_equal(emu.shard(h, w, path=path), cpu_keys(h, w, None, 0, 3), f"{path} {dtype}")
+            if not MMA_CONFIGS[path[4:]].tma:
+                got = emu.shard(h, w, path=path, log_partition=True)[0]
+                assert_keys_equal(got, cpu_keys(h, w, None, 0, 3), f"{path} {dtype} with log-partition")
     # auto: every cp.async config, never a TMA one (sm_90+ only; a GPU --tune decides)
     assert auto == {n for n, m in MMA_CONFIGS.items() if not m.tma}, auto
     keys = torch.stack([ops.shard_argmax(*exact_problem(gen, 4, 5, 8, torch.float32)[:2], None, 0, 5)])

@@ -112,8 +112,8 @@ def test_log_partition_at_a_temperature(emu, gen, path, dtype, shape):
 def test_simt_log_partition_specials_and_empty_shard(emu, gen):
     """-inf rows (ref -inf, others 0), a NaN entry (others NaN), two +inf
     entries (ref +inf, others = 1, the other +inf), across blocks; an empty
-    shard and a batch of 0 return (-inf, 0) without a launch; the mma path
-    refuses the log-partition."""
+    shard and a batch of 0 return (-inf, 0) without a launch (the mma
+    path's: tests/test_emulation_lse_mma.py)."""
     h, w, _ = exact_problem(gen, 4, 200, 8, torch.float32)
     b = torch.zeros(200)
     h[0] = 1.0
@@ -131,8 +131,6 @@ def test_simt_log_partition_specials_and_empty_shard(emu, gen):
     keys, pairs = emu.shard(h, w, b, 0, 0, log_partition=True)
     assert (keys == 0).all() and pairs.tolist() == [[-math.inf, 0.0]] * 4
     assert emu.shard(h[:0], w, b, 0, 200, log_partition=True)[1].shape == (0, 2)
-    with pytest.raises(ValueError, match="cannot compute the log-partition"):
-        emu.shard(h, w, b, log_partition=True, path="mma")
 
 
 def test_the_models_mma_choice_is_choose_mma_config(emu):

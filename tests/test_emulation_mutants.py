@@ -19,6 +19,7 @@ import torch
 from tests import test_emulation as suite
 from tests import test_emulation_edges as edges
 from tests import test_emulation_lse as lse
+from tests import test_emulation_lse_mma as lse_mma
 from tests.support import emulation
 from tests.support.emulation import CSRC, Emulator
 
@@ -74,8 +75,8 @@ MUTANTS = [
         "mma_wrong_shuffle_mask",
         "mask 0x0000ffff excludes it",
         "fused_keys_mma.cuh",
-        "__shfl_xor_sync(0xFFFFFFFFu, best[j], offset)",
-        "__shfl_xor_sync(0x0000FFFFu, best[j], offset)",
+        "__shfl_xor_sync(0xFFFFFFFFu, best[j].best_key, offset)",
+        "__shfl_xor_sync(0x0000FFFFu, best[j].best_key, offset)",
     ),
     (
         "simt_short_butterfly",
@@ -268,6 +269,27 @@ MUTANTS = [
         "const float t = out.temperature[b];",
         "const float t = out.temperature[0];",
     ),
+    (
+        "mma_lse_butterfly_short",  # a dropped partial: lanes g 4-7 never merged
+        "differ from the model|differ from the CPU kernel|log-partition",
+        "fused_keys_mma.cuh",
+        "      for (int offset = 4; offset < 32; offset *= 2) {\n        const unsigned long long other_key",
+        "      for (int offset = 4; offset < 16; offset *= 2) {\n        const unsigned long long other_key",
+    ),
+    (
+        "mma_lse_wrong_rescale_temperature",  # a new best rescaled at batch column 0's T
+        "differ from the model",
+        "fused_keys_mma.cuh",
+        "partition_add(best[r % 2], s, key, t_sum[r % 2]);",
+        "partition_add(best[r % 2], s, key, t_sum[0]);",
+    ),
+    (
+        "mma_lse_butterfly_order",  # a merge in the wrong order: ((g0 g4)(g2 g6))((g1 g5)(g3 g7))
+        "differ from the model",
+        "fused_keys_mma.cuh",
+        "      for (int offset = 4; offset < 32; offset *= 2) {\n        const unsigned long long other_key",
+        "      for (int offset = 16; offset >= 4; offset /= 2) {\n        const unsigned long long other_key",
+    ),
 ]
 
 # A slice of tests/test_emulation*.py: (test function, its parameters), bf16.
@@ -298,6 +320,8 @@ SLICE = [
     (lse.test_log_partition_against_float64, dict(path="simt", dtype=B16, shape=(9, 300, 40))),
     (lse.test_log_partition_against_float64, dict(path="gemm", dtype=B16, shape=(7, 300, 40))),
     (lse.test_log_partition_at_a_temperature, dict(path="simt", dtype=B16, shape=(9, 300, 40))),
+    (lse_mma.test_mma_log_partition_is_the_documented_tree, dict(config="n1_r64_sk2", shape=(9, 300, 40))),
+    (lse_mma.test_mma_log_partition_is_the_documented_tree, dict(config="n8_r192", shape=(19, 515, 72))),
 ]
 
 

@@ -397,15 +397,17 @@ def test_cpp_test_catches_broken_fragments(tmp_path, mutation):
 @pytest.mark.parametrize("batch", [1, 9, 130])
 def test_cuda_log_partition_on_every_path(gen, dtype, batch):
     """CUDA: shard_argmax / shard_topk / shard_sample with log_partition on
-    simt, gemm (bf16 / fp16) and auto: the pair's ref + log(sum) within 1e-5
-    of the float64 logsumexp of the valid rows (padding that would dominate
-    excluded), ids as the CPU's on a planted problem; path='mma' raises."""
+    simt, mma and gemm (bf16 / fp16) and auto: the pair's ref + log1p(others)
+    within 1e-5 of the float64 logsumexp of the valid rows (padding that would
+    dominate excluded), ids as the CPU's on a planted problem; auto's keys
+    with the log-partition are the plain auto keys bit for bit (the same path
+    and config); a forced TMA config raises."""
     hidden, weight, bias, winners = planted_problem(gen, batch, 3000, 64, dtype, bias="float32")
     num_valid = 2990
     keep = winners < num_valid  # rows whose planted winner stays in the vocabulary: their ids are checked
     dominant_padding(hidden, weight, num_valid)
     want_ids = localargmax.decode_keys(localargmax.shard_argmax(hidden, weight, bias=bias, num_valid=num_valid))[0]
-    paths = ["auto", "simt"] + (["gemm"] if dtype != torch.float32 else [])
+    paths = ["auto", "simt"] + (["mma", "gemm"] if dtype != torch.float32 else [])
     for path in paths:
         for scale, cap in ((1.0, None), (0.5, 4.0)):
             kw = dict(bias=bias.cuda(), num_valid=num_valid, log_partition=True, scale=scale, soft_cap=cap, path=path)
@@ -415,11 +417,17 @@ def test_cuda_log_partition_on_every_path(gen, dtype, batch):
             assert torch.equal(pairs[:, 0].cpu(), localargmax.decode_keys(keys.cpu())[1])
             if cap is None:
                 assert torch.equal(localargmax.decode_keys(keys.cpu())[0][keep], want_ids[keep])
+                if scale == 1.0:
+                    plain = localargmax.shard_argmax(
+                        hidden.cuda(), weight.cuda(), bias=bias.cuda(), num_valid=num_valid, path=path
+                    )
+                    assert torch.equal(keys, plain), path
             t = torch.full((batch,), 0.8, device="cuda")
             s_keys, s_pairs = localargmax.shard_sample(hidden.cuda(), weight.cuda(), t, 3, 0, **kw)
             assert bool(torch.isfinite(s_pairs).all())
-        if path != "gemm":
+        if path in ("auto", "simt") and (path == "simt" or dtype == torch.float32):  # top-k runs on simt
             top, top_pairs = localargmax.shard_topk(hidden.cuda(), weight.cuda(), 4, **dict(kw, path=path))
             assert torch.equal(top[:, 0], keys)
-    with pytest.raises(ValueError, match="path='mma' cannot compute the log-partition"):
-        localargmax.shard_argmax(hidden.cuda(), weight.cuda(), log_partition=True, path="mma")
+    if dtype != torch.float32:
+        with pytest.raises(ValueError, match="TMA.*no log-partition"):
+            localargmax.shard_argmax(hidden.cuda(), weight.cuda(), log_partition=True, _mma_config="n1_r64_tma")

@@ -63,8 +63,10 @@ LAM_HD void partition_add(PartitionState& s, float x, uint64_t key, float t) {
   }
 }
 
-// Folds a whole partial state in (b after a, in that order): the loser's
-// best entry joins the others with its own.
+// Folds a whole partial state in: the loser's best entry joins the others
+// with its own. Commutes bit for bit (merge(a, b) and merge(b, a) differ only
+// in the order of one addition); partial states must still be grouped in a
+// fixed order (it does not associate).
 LAM_HD void partition_merge(PartitionState& a, const PartitionState& b, float t) {
   if (b.best_key > a.best_key) {
     a.others = (a.others + 1.0f) * partition_term(a.ref, b.ref, t) + b.others;

@@ -36,12 +36,18 @@ __device__ __forceinline__ unsigned int word_of(const uint4& v, int i) {
 }
 
 // Epilogue of a warp's MT x NT tiles of float32 logits: bias, temperature and
-// Gumbel noise (key_of), then for each n-tile nt in turn emit(nt, j, key)
-// with the best key over the warp's rows for batch row b0 + 8 nt + 2t + j, the
-// same in every lane with that thread-in-group t (xor-shuffles over the 8
-// lanes of each t); one n-tile's keys live at a time. Rows past num_valid and
-// batch rows past batch never count.
-template <typename T, int MT, int NT, typename Emit>
+// Gumbel noise (key_of), then for each n-tile nt in turn emit(nt, j, state)
+// with the best key over the warp's rows for batch row b0 + 8 nt + 2t + j
+// (state.best_key), the same in every lane with that thread-in-group t
+// (xor-shuffles over the 8 lanes of each t); one n-tile's states live at a
+// time. Rows past num_valid and batch rows past batch never count. LSE: the
+// logits are transformed first (transform_logit) and the state also carries
+// the warp's log-partition (ref, others) of that batch row: each lane folds
+// its rows in ascending order (m-tile, then row g before g + 8), then the 8
+// lanes of the group merge by the xor butterfly (offsets 4, 8, 16): the tree
+// ((g0 g1)(g2 g3))((g4 g5)(g6 g7)), the same bits in all 8 lanes since a
+// merge of two states commutes (DESIGN.md, "Log-probabilities").
+template <typename T, int MT, int NT, bool LSE, typename Emit>
 __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], int row_base, int64_t b0, int64_t batch,
                                                int num_valid, const T* __restrict__ bias_t,
                                                const float* __restrict__ bias_f, int64_t vocab_start,
@@ -60,7 +66,15 @@ __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], in
     }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    unsigned long long best[2] = {kNoEntryKey, kNoEntryKey};
+    PartitionState best[2] = {partition_init(), partition_init()};
+    float t_sum[2] = {1.0f, 1.0f};  // LSE: the sums' temperature of batch column j
+    if constexpr (LSE) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int64_t b = b0 + 8 * nt + mma_c_col(lane, j);
+        if (b < batch) t_sum[j] = partition_temperature(b, out);
+      }
+    }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -70,17 +84,30 @@ __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], in
         if (row >= num_valid || b >= batch) continue;
         float s = acc[mt][nt][r];
         if (has_bias) s = __fadd_rn(s, bias[mt][r]);
+        if constexpr (LSE) s = transform_logit(s, out.scale, out.soft_cap);
         const uint64_t global_index = static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(row);
         const unsigned long long key = key_of(s, b, global_index, out);
-        if (key > best[r % 2]) best[r % 2] = key;
+        if constexpr (LSE) {
+          partition_add(best[r % 2], s, key, t_sum[r % 2]);
+        } else if (key > best[r % 2].best_key) {
+          best[r % 2].best_key = key;
+        }
       }
     }
-    // Max over the 8 lanes of each thread-in-group t (lanes t, t+4, ..., t+28).
+    // Over the 8 lanes of each thread-in-group t (lanes t, t+4, ..., t+28).
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
-      for (int offset = 4; offset < 32; offset *= 2)
-        best[j] = max_key(best[j], __shfl_xor_sync(0xFFFFFFFFu, best[j], offset));
+      for (int offset = 4; offset < 32; offset *= 2) {
+        const unsigned long long other_key = __shfl_xor_sync(0xFFFFFFFFu, best[j].best_key, offset);
+        if constexpr (LSE) {  // (partition_merge commutes bit for bit: both partners get one state)
+          const PartitionState other{other_key, __shfl_xor_sync(0xFFFFFFFFu, best[j].ref, offset),
+                                     __shfl_xor_sync(0xFFFFFFFFu, best[j].others, offset)};
+          partition_merge(best[j], other, t_sum[j]);
+        } else {
+          best[j].best_key = max_key(best[j].best_key, other_key);
+        }
+      }
       emit(nt, j, best[j]);
     }
   }
@@ -125,7 +152,7 @@ __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], in
 // rows stay on cp.async (the batch-row predicate). Same sums as the cp.async
 // twin: the copy mechanism changes, not the data or the order. weight_map is
 // unused (zeros) without TMA.
-template <typename T, int NT, int MT, int WM, int SK, int KC, int ST, int MINB, bool TMA = false>
+template <typename T, int NT, int MT, int WM, int SK, int KC, int ST, int MINB, bool TMA = false, bool LSE = false>
 __global__ void __launch_bounds__(WM * SK * 32, MINB)
     shard_argmax_mma_pipe_kernel(const T* __restrict__ hidden, int64_t ldh, const T* __restrict__ weight, int64_t ldw,
                                  const T* __restrict__ bias_t, const float* __restrict__ bias_f, int64_t batch,
@@ -138,6 +165,13 @@ __global__ void __launch_bounds__(WM * SK * 32, MINB)
   static_assert(KC % SK == 0 && ST >= 2 && 8 * NT <= kThreads, "pipeline shape");
   static_assert(KC * WM * MT * NT * 4 * 32 * 4 <= ST * KC * kTileRows * 64, "split-K partials fit in the stages");
   static_assert(!TMA || (kRows <= 256 && ST <= 32), "TMA: a box dimension is at most 256; one parity bit per stage");
+  // The split-K partials' bytes at the start of the stages (read in the
+  // epilogue) and, after them, LSE's per-warp log-partition states
+  // [WM][8 NT] (written in the epilogue, merged by store_block_partition).
+  constexpr int kPartialBytes = SK > 1 ? KC * WM * MT * NT * 4 * 32 * 4 : 0;
+  static_assert(kPartialBytes + (LSE ? WM * 8 * NT * 16 : 0) <= ST * KC * kTileRows * 64,
+                "split-K partials and the log-partition states fit in the stages");
+  static_assert(!(LSE && TMA), "the log-partition runs on the cp.async configs");
   // stages[st][c][r][q]: 16 bytes (k = 32 * chunk + 8 q ..) of tile row r
   // (weight rows, then hidden rows) of chunk slot c of the step in stage st,
   // in the block's dynamic shared memory: the launch passes
@@ -268,6 +302,10 @@ __global__ void __launch_bounds__(WM * SK * 32, MINB)
 
     // logit = ((p_0 + p_1) + ...) + p_{KC-1}; p_c sits in group c % SK, set c / SK.
     float* part = reinterpret_cast<float*>(&stages[0][0][0][0]);
+    using WarpStates = PartitionState[WM][8 * NT];
+    const auto warp_states = [&]() -> WarpStates& {
+      return *reinterpret_cast<WarpStates*>(reinterpret_cast<char*>(stages) + kPartialBytes);
+    };
     const auto part_at = [&](int c, int mt, int nt, int r) -> float& {
       return part[((((c * WM + wm) * MT + mt) * NT + nt) * 4 + r) * 32 + lane];
     };
@@ -298,14 +336,19 @@ __global__ void __launch_bounds__(WM * SK * 32, MINB)
               sum[mt][nt][r] =
                   __fadd_rn(sum[mt][nt][r], c % SK == 0 ? acc[c / SK][mt][nt][r] : part_at(c, mt, nt, r));
           }
-      warp_best_keys<T, MT, NT>(sum, row_base, b0, batch, num_valid, bias_t, bias_f, vocab_start, out,
-                                [&](int nt, int j, unsigned long long key) {
-                                  if (g == 0) block_best[wm][8 * nt + 2 * t + j] = key;
-                                });
+      warp_best_keys<T, MT, NT, LSE>(sum, row_base, b0, batch, num_valid, bias_t, bias_f, vocab_start, out,
+                                     [&](int nt, int j, const PartitionState& state) {
+                                       if (g != 0) return;
+                                       block_best[wm][8 * nt + 2 * t + j] = state.best_key;
+                                       if constexpr (LSE) warp_states()[wm][8 * nt + 2 * t + j] = state;
+                                     });
     }
     __syncthreads();
     // (block_best is written again only after the next batch chunk's barriers)
     fold_block_best(block_best, b0, batch, out.keys);
+    // The warps' states merged in warp order into the block's (barriers
+    // around it: the stages are refilled by the next batch chunk after it).
+    if constexpr (LSE) store_block_partition(warp_states(), b0, batch, out);
   }
 }
 

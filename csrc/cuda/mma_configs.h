@@ -168,5 +168,31 @@ inline int choose_mma_config(int64_t hidden_size, int64_t num_valid, int64_t bat
   return small_grid ? n1_sk2 : n1;
 }
 
+// ---- The path CUDA auto takes (pick_path in shard_ops_cuda.cu) ----
+
+enum class Path { kSimt, kMma, kGemm };
+
+// gemm from this batch: PREDICTED, UNMEASURED (the bandwidth model's
+// crossover on an H200 against choose_mma_config's rows, with the smallest
+// worst slowdown over the engine shapes, 1.00x; bench/predict.py
+// cpp_defaults). localargmax/dispatch.py mirrors it (CPP_GEMM_MIN_BATCH;
+// tests/test_dispatch.py reads this line). (No small-shard simt rule: the
+// model puts the pipelined configs ahead of simt at every batch on the tp-8
+// shards.)
+constexpr int64_t kDefaultGemmMinBatch = 65;
+
+// C++ auto (what path="auto" runs unless a measured dispatch table is set,
+// localargmax/dispatch.py): top-k and float32 on simt; bf16 / fp16 on gemm
+// from batch kDefaultGemmMinBatch, below it on mma where the tensor-core
+// kernel takes the inputs (mma_takes: sm_80+, hidden_size and row strides
+// multiples of 8, 16-byte aligned data), else simt. The log-partition ops
+// take the same path as the plain ones (it is not an input: every path
+// computes it). _C._choose_cuda_path exports it.
+constexpr Path choose_cuda_path(bool half, bool topk, bool mma_takes, int64_t batch) {
+  if (topk || !half) return Path::kSimt;
+  if (batch >= kDefaultGemmMinBatch) return Path::kGemm;
+  return mma_takes ? Path::kMma : Path::kSimt;
+}
+
 }  // namespace cuda
 }  // namespace localargmax

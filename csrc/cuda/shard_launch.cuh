@@ -92,16 +92,22 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
 // ---- The tensor-core kernel: the named configs of mma_configs.h ----
 //
 // MmaKernel<I> is row I of kMmaConfigs as an instantiation of
-// shard_argmax_mma_pipe_kernel; launch_mma runs the row auto chooses
+// shard_argmax_mma_pipe_kernel (LSE: with the log-partition states; the
+// cp.async rows only); launch_mma runs the row auto chooses
 // (choose_mma_config) or the one the op's private config keyword names.
 template <int I>
 struct MmaKernel {
   static constexpr MmaConfig C = kMmaConfigs[I];
-  template <typename T>
+  template <typename T, bool LSE = false>
   static constexpr auto kernel() {
-    return shard_argmax_mma_pipe_kernel<T, C.nt, C.mt, C.wm, C.sk, C.kc, C.st, C.minb, C.tma>;
+    static_assert(!(LSE && C.tma), "no log-partition instantiation of a TMA config");
+    return shard_argmax_mma_pipe_kernel<T, C.nt, C.mt, C.wm, C.sk, C.kc, C.st, C.minb, C.tma, LSE>;
   }
 };
+
+// Whether row i of kMmaConfigs can compute the log-partition (the cp.async
+// configs; a TMA config forced with it raises ValueError in run_mma).
+constexpr bool mma_config_takes_lse(int i) { return i >= 0 && i < kNumMmaConfigs && !kMmaConfigs[i].tma; }
 
 // The family name launch_mma gives the launch functor (the CUDA launcher
 // starts it with programmatic dependent launch).
@@ -170,13 +176,11 @@ WeightTiles weight_tiles(const ShardArgmaxProblem<T>& p, int rows) {
 
 // The kernel's last argument is the weight's tensor map: encoded by the
 // launch functor (launch.weight_map(tiles, dtype is bf16)) for the TMA rows,
-// zeros (unused) for the others.
-template <int I, typename T, typename Launch>
-void launch_mma_config(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_grid_y) {
+// zeros (unused) for the others. LSE: the log-partition instantiation.
+template <int I, bool LSE, typename T, typename Launch>
+void launch_mma_kernel(const ShardArgmaxProblem<T>& p, Launch&& launch, dim3 grid) {
   constexpr MmaConfig C = kMmaConfigs[I];
-  const auto kernel = MmaKernel<I>::template kernel<T>();
-  const dim3 grid = grid_of((p.num_valid + C.rows() - 1) / C.rows(), (p.batch + C.batch_rows() - 1) / C.batch_rows(),
-                            max_grid_y);
+  const auto kernel = MmaKernel<I>::template kernel<T, LSE>();
   WeightTensorMap map{};
   if constexpr (C.tma)
     map = launch.weight_map(weight_tiles(p, C.rows()), std::is_same_v<T, __nv_bfloat16>,
@@ -186,21 +190,44 @@ void launch_mma_config(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t 
          static_cast<int>(p.num_valid), p.vocab_start, p.out, map);
 }
 
+// Row I's grid for the problem; returns its blocks along x (the rows of
+// p.out.block_partition with the log-partition).
+template <int I, typename T, typename Launch>
+int64_t launch_mma_config(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_grid_y) {
+  constexpr MmaConfig C = kMmaConfigs[I];
+  const int64_t blocks = (p.num_valid + C.rows() - 1) / C.rows();
+  const dim3 grid = grid_of(blocks, (p.batch + C.batch_rows() - 1) / C.batch_rows(), max_grid_y);
+  if constexpr (mma_config_takes_lse(I)) {
+    if (p.out.block_partition != nullptr) {
+      launch_mma_kernel<I, true>(p, launch, grid);
+      return blocks;
+    }
+  } else if (p.out.block_partition != nullptr) {
+    return 0;  // (run_mma refuses it first)
+  }
+  launch_mma_kernel<I, false>(p, launch, grid);
+  return blocks;
+}
+
 template <typename T, typename Launch, int... I>
-void launch_mma_row(const ShardArgmaxProblem<T>& p, int config, Launch&& launch, int64_t max_grid_y,
-                    std::integer_sequence<int, I...>) {
-  ((config == I ? launch_mma_config<I>(p, launch, max_grid_y) : void()), ...);
+int64_t launch_mma_row(const ShardArgmaxProblem<T>& p, int config, Launch&& launch, int64_t max_grid_y,
+                       std::integer_sequence<int, I...>) {
+  int64_t blocks = 0;
+  ((config == I ? void(blocks = launch_mma_config<I>(p, launch, max_grid_y)) : void()), ...);
+  return blocks;
 }
 
 // The tensor-core kernel ("mma"; T = __half or __nv_bfloat16, mma_takes(p)):
 // row `config` of kMmaConfigs, or the auto choice when < 0, on a device of
 // sm_count SMs and smem_limit bytes of opt-in shared memory per block. The
-// caller checks that a forced row fits (mma_config_fits).
+// caller checks that a forced row fits (mma_config_fits) and, with the
+// log-partition, takes it (mma_config_takes_lse). Returns the grid's blocks
+// along x (0: nothing launched).
 template <typename T, typename Launch>
-void launch_mma(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_grid_y = kMaxGridY,
-                int sm_count = kDefaultSmCount, int config = -1, int smem_limit = kDefaultSmemLimit) {
+int64_t launch_mma(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_grid_y = kMaxGridY,
+                   int sm_count = kDefaultSmCount, int config = -1, int smem_limit = kDefaultSmemLimit) {
   const int i = config >= 0 ? config : choose_mma_config(p.hidden_size, p.num_valid, p.batch, sm_count, smem_limit);
-  launch_mma_row(p, i, launch, max_grid_y, std::make_integer_sequence<int, kNumMmaConfigs>{});
+  return launch_mma_row(p, i, launch, max_grid_y, std::make_integer_sequence<int, kNumMmaConfigs>{});
 }
 
 // Blocks (grid x) of logits_to_keys_kernel: one per kKeysColumnsPerBlock columns.

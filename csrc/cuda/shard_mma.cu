@@ -1,5 +1,6 @@
-// The tensor-core path ("mma") of shard_argmax / shard_sample, bf16 / fp16 on
-// sm_80+ (fused_keys_mma.cuh). See shard_paths.h.
+// The tensor-core path ("mma") of shard_argmax / shard_sample and their
+// log-partition twins, bf16 / fp16 on sm_80+ (fused_keys_mma.cuh). See
+// shard_paths.h.
 //
 // launch_mma (shard_launch.cuh) runs the config the op names
 // ("mma/<name>", mma_configs.h), else picks one from the shared arguments and
@@ -131,7 +132,7 @@ MmaDevice mma_device(int device) {
 }  // namespace
 
 template <typename T>
-void run_mma(const ShardArgmaxProblem<T>& p, int config) {
+int64_t run_mma(const ShardArgmaxProblem<T>& p, int config) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   const MmaDevice d = mma_device(device);
@@ -143,12 +144,14 @@ void run_mma(const ShardArgmaxProblem<T>& p, int config) {
     TORCH_CHECK_VALUE(mma_config_fits(config, d.smem_limit), "shard_argmax: mma config '", c.name, "' needs ",
                       c.smem(), " bytes of shared memory per block; this device (", device, ") allows ",
                       d.smem_limit, " (cudaDevAttrMaxSharedMemoryPerBlockOptin)");
+    TORCH_CHECK_VALUE(p.out.block_partition == nullptr || mma_config_takes_lse(config), "log_partition: mma config '",
+                      c.name, "' (TMA) has no log-partition; force its cp.async twin or pass path='mma'");
   }
-  launch_mma(p, MmaLaunch{d.major, device}, kMaxGridY, d.sms, config, d.smem_limit);
+  return launch_mma(p, MmaLaunch{d.major, device}, kMaxGridY, d.sms, config, d.smem_limit);
 }
 
-template void run_mma<__half>(const ShardArgmaxProblem<__half>&, int);
-template void run_mma<__nv_bfloat16>(const ShardArgmaxProblem<__nv_bfloat16>&, int);
+template int64_t run_mma<__half>(const ShardArgmaxProblem<__half>&, int);
+template int64_t run_mma<__nv_bfloat16>(const ShardArgmaxProblem<__nv_bfloat16>&, int);
 
 }  // namespace cuda
 }  // namespace localargmax

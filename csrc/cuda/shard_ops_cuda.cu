@@ -51,18 +51,6 @@ namespace {
 // row's stride(0) is arbitrary, so it counts as its row length.
 int64_t row_stride(const at::Tensor& t) { return t.size(0) > 1 ? t.stride(0) : t.size(1); }
 
-// C++ `auto` for bf16 / fp16 argmax and sample (what path="auto" runs unless a measured dispatch
-// table is set, localargmax/dispatch.py). PREDICTED, UNMEASURED: the bandwidth model's choices for
-// the pipelined tensor-core kernel on an H200 (bench/predict.py, python -m bench.predict_cli);
-// localargmax/dispatch.py mirrors it (CPP_GEMM_MIN_BATCH; tests/test_dispatch.py reads this line).
-// gemm from this batch (the model's crossover against choose_mma_config's rows
-// with the smallest worst slowdown over the engine shapes, 1.00x; predict.cpp_defaults):
-constexpr int64_t kDefaultGemmMinBatch = 65;
-// (No small-shard simt rule: the model puts the pipelined configs ahead of simt at every batch
-// on the tp-8 shards, 0.89-0.92 of copy against 0.86-0.90 at batch 1; predict.cpp_defaults.)
-
-enum class Path { kSimt, kMma, kGemm };
-
 // Whether the tensor-core kernel takes this problem.
 template <typename T>
 bool mma_ok(const ShardArgmaxProblem<T>& p, const at::Tensor& weight) {
@@ -96,8 +84,7 @@ struct PathChoice {
 
 // The `path` argument of the ops: "auto" (default), "simt", "mma", "mma/<name>" (one config of the
 // tensor-core kernel, mma_configs.h) or "gemm".
-// auto: top-k and float32 run on simt; bf16 / fp16 on gemm from batch kDefaultGemmMinBatch, below
-// it on mma where mma_ok takes the inputs (and no log-partition is asked for), else simt. Every
+// auto: choose_cuda_path (mma_configs.h), the same with or without the log-partition. Every
 // input of that choice is shared by the ranks. A forced path that cannot take the inputs raises ValueError naming the
 // path (it never falls back silently: the paths sum in different orders).
 template <typename T>
@@ -108,28 +95,20 @@ PathChoice pick_path(const ShardArgmaxProblem<T>& p, const at::Tensor& weight, b
                     "shard_argmax: path must be 'auto', 'simt', 'mma' or 'gemm' on CUDA, got '", path, "'");
   const bool half = weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kHalf;
   if (path == "simt") return {Path::kSimt, -1};
-  // The log-partition is computed by the CUDA-core kernel and the gemm path's
-  // keys kernel (the tensor-core kernel has no partition states): auto never
-  // takes mma for it.
-  const bool lse = p.out.block_partition != nullptr;
-  TORCH_CHECK_VALUE(!lse || (path != "mma" && config < 0), "log_partition: path='", path,
-                    "' cannot compute the log-partition on CUDA; use 'auto', 'simt' or 'gemm'");
   if (path != "auto") {
     TORCH_CHECK_VALUE(!topk_mode, "shard_topk: path='", path, "' does not exist for top-k; use 'auto' or 'simt'");
     TORCH_CHECK_VALUE(half, "shard_argmax: path='", path, "' needs bfloat16 or float16 weights, got ",
                       weight.scalar_type());
   }
   if (path == "gemm") return {Path::kGemm, -1};
-  if (topk_mode || !half) return {Path::kSimt, -1};
-  const bool mma = mma_ok(p, weight);
+  const bool mma = half && !topk_mode && mma_ok(p, weight);
   if (path != "auto") {  // "mma" or "mma/<name>"
     TORCH_CHECK_VALUE(mma, "shard_argmax: path='", path,
                       "' needs sm_80+, hidden_size and row strides multiples of 8 and 16-byte aligned hidden / "
                       "weight data");
     return {Path::kMma, config};
   }
-  if (p.batch >= kDefaultGemmMinBatch) return {Path::kGemm, -1};
-  return {mma && !lse ? Path::kMma : Path::kSimt, -1};
+  return {choose_cuda_path(half, topk_mode, mma, p.batch), -1};
 }
 
 // Returns the number of blocks (grid x) of the kernel that wrote the keys:
@@ -155,10 +134,7 @@ int64_t launch_typed(const at::Tensor& hidden, const at::Tensor& weight, const B
       run_gemm(p, hidden, weight);
       return keys_blocks(p);
     }
-    if (chosen.path == Path::kMma) {
-      run_mma(p, chosen.mma_config);
-      return 0;
-    }
+    if (chosen.path == Path::kMma) return run_mma(p, chosen.mma_config);
   }
   run_simt(p, topk_mode);
   return simt_blocks(p);

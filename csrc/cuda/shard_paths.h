@@ -23,9 +23,10 @@ namespace cuda {
 
 template <typename T>
 void run_simt(const ShardArgmaxProblem<T>& p, bool topk_mode);
-// config: a row of kMmaConfigs (mma_configs.h), or -1 for launch_mma's own choice.
+// config: a row of kMmaConfigs (mma_configs.h), or -1 for launch_mma's own
+// choice. Returns the grid's blocks along x (the rows of the log-partition states).
 template <typename T>
-void run_mma(const ShardArgmaxProblem<T>& p, int config);
+int64_t run_mma(const ShardArgmaxProblem<T>& p, int config);
 template <typename T>
 void run_gemm(const ShardArgmaxProblem<T>& p, const at::Tensor& hidden, const at::Tensor& weight);
 

@@ -26,11 +26,18 @@ const char* kernel_name() {
   return __PRETTY_FUNCTION__;
 }
 
+template <typename T, int I>
+void name_mma_row() {
+  emu::name_kernel(reinterpret_cast<const void*>(MmaKernel<I>::template kernel<T>()),
+                   kernel_name<MmaKernel<I>::template kernel<T>()>());
+  if constexpr (mma_config_takes_lse(I))
+    emu::name_kernel(reinterpret_cast<const void*>(MmaKernel<I>::template kernel<T, true>()),
+                     kernel_name<MmaKernel<I>::template kernel<T, true>()>());
+}
+
 template <typename T, int... I>
 void name_mma(std::integer_sequence<int, I...>) {
-  (emu::name_kernel(reinterpret_cast<const void*>(MmaKernel<I>::template kernel<T>()),
-                    kernel_name<MmaKernel<I>::template kernel<T>()>()),
-   ...);
+  (name_mma_row<T, I>(), ...);
 }
 
 template <typename T>
@@ -108,24 +115,29 @@ void smem_probe_kernel(int dynamic_bytes) {  // a host function: kernels live in
   if (threadIdx.x == 0 && dynamic_bytes > 0) static_cast<char*>(emu::dynamic_shared())[dynamic_bytes - 1] = 1;
 }
 
+// *blocks (when given): the grid's blocks along x, the rows of the
+// log-partition states the launch wrote.
 template <typename T>
 int run_shard(int path, int topk_mode, const ShardArgmaxProblem<T>& p, int64_t max_grid_y, int sm_count,
-              int config, int smem_limit) {
+              int config, int smem_limit, int64_t* blocks = nullptr) {
   bool ok = true;
+  int64_t used = simt_blocks(p);
   if (path == 1) {
     if constexpr (std::is_same_v<T, float>) {
       return 2;
     } else {
-      if (!mma_takes(p)) return 2;
+      if (!mma_takes(p) || topk_mode) return 2;
       if (config >= kNumMmaConfigs) return 4;
       if (config >= 0 && !mma_config_fits(config, smem_limit)) return 5;  // run_mma's ValueError
-      launch_mma(p, EmuLaunch{&ok}, max_grid_y, sm_count, config, smem_limit);
+      if (config >= 0 && p.out.block_partition != nullptr && !mma_config_takes_lse(config)) return 6;  // (also)
+      used = launch_mma(p, EmuLaunch{&ok}, max_grid_y, sm_count, config, smem_limit);
     }
   } else if (topk_mode) {
     launch_simt<T, true>(p, EmuLaunch{&ok}, max_grid_y);
   } else {
     launch_simt<T, false>(p, EmuLaunch{&ok}, max_grid_y);
   }
+  if (blocks != nullptr) *blocks = used;
   return ok ? 0 : 1;
 }
 
@@ -149,8 +161,8 @@ extern "C" {
 // dtype: 0 float32, 1 bfloat16, 2 float16. path: 0 CUDA-core ("simt"), 1
 // tensor-core ("mma"). Returns 0, 1 (a checked failure: lam_emu_last_error),
 // 2 (the mma kernel does not take this problem), 3 (dtype not built), 4
-// (no such mma config) or 5 (the forced config's shared memory exceeds
-// smem_limit). mma: config < 0 is launch_mma's choice for a device of
+// (no such mma config), 5 (the forced config's shared memory exceeds
+// smem_limit) or 6 (a forced TMA config with the log-partition). mma: config < 0 is launch_mma's choice for a device of
 // sm_count SMs and smem_limit bytes of opt-in shared memory per block, else
 // that row of kMmaConfigs (mma_configs.h).
 int lam_emu_shard(int dtype, int path, int topk_mode, const void* hidden, int64_t ldh, const void* weight,
@@ -181,15 +193,16 @@ int lam_emu_mma_config(int64_t hidden_size, int64_t num_valid, int64_t batch, in
 int lam_emu_num_mma_configs() { return kNumMmaConfigs; }
 const char* lam_emu_mma_config_name(int i) { return i >= 0 && i < kNumMmaConfigs ? kMmaConfigs[i].name : nullptr; }
 
-// lam_emu_shard on the CUDA-core kernel with the log-partition (the *_lse
-// ops): per-block states into `states` [blocks, batch] (then
-// lam_emu_merge_partition, as shard_ops_cuda.cu does); partition_temperature:
-// shard_argmax_lse's [batch] T > 0 of the sums, or nullptr.
-int lam_emu_shard_lse(int dtype, int topk_mode, const void* hidden, int64_t ldh, const void* weight, int64_t ldw,
-                      const void* bias_t, const float* bias_f, int64_t batch, int64_t hidden_size, int64_t num_valid,
-                      int64_t vocab_start, unsigned long long* keys, unsigned long long* block_topk, int topk,
-                      const float* temperature, uint64_t seed, uint64_t offset, int64_t max_grid_y, void* states,
-                      float scale, float soft_cap, const float* partition_temperature) {
+// lam_emu_shard with the log-partition (the *_lse ops): per-block states
+// into `states` [*blocks, batch] (then lam_emu_merge_partition over *blocks
+// rows, as shard_ops_cuda.cu does); partition_temperature: shard_argmax_lse's
+// [batch] T > 0 of the sums, or nullptr.
+int lam_emu_shard_lse(int dtype, int path, int topk_mode, const void* hidden, int64_t ldh, const void* weight,
+                      int64_t ldw, const void* bias_t, const float* bias_f, int64_t batch, int64_t hidden_size,
+                      int64_t num_valid, int64_t vocab_start, unsigned long long* keys,
+                      unsigned long long* block_topk, int topk, const float* temperature, uint64_t seed,
+                      uint64_t offset, int64_t max_grid_y, int sm_count, int config, int smem_limit, void* states,
+                      float scale, float soft_cap, const float* partition_temperature, int64_t* blocks) {
   name_all();
   ShardReduce out{
       .keys = keys, .block_topk = block_topk, .topk = topk, .temperature = temperature, .seed = seed, .offset = offset};
@@ -198,12 +211,14 @@ int lam_emu_shard_lse(int dtype, int topk_mode, const void* hidden, int64_t ldh,
   out.scale = scale;
   out.soft_cap = soft_cap;
 #define LAM_ARGS hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size, num_valid, vocab_start, out
-  int rc = 3;  // path 0 (simt): the SM count and config do not apply
-  if (dtype == 1) rc = run_shard(0, topk_mode, problem<__nv_bfloat16>(LAM_ARGS), max_grid_y, 1, -1, 0);
+#define LAM_LAUNCH max_grid_y, sm_count, config, smem_limit, blocks
+  int rc = 3;
+  if (dtype == 1) rc = run_shard(path, topk_mode, problem<__nv_bfloat16>(LAM_ARGS), LAM_LAUNCH);
   if constexpr (kAllDtypes) {
-    if (dtype == 0) rc = run_shard(0, topk_mode, problem<float>(LAM_ARGS), max_grid_y, 1, -1, 0);
-    if (dtype == 2) rc = run_shard(0, topk_mode, problem<__half>(LAM_ARGS), max_grid_y, 1, -1, 0);
+    if (dtype == 0) rc = run_shard(path, topk_mode, problem<float>(LAM_ARGS), LAM_LAUNCH);
+    if (dtype == 2) rc = run_shard(path, topk_mode, problem<__half>(LAM_ARGS), LAM_LAUNCH);
   }
+#undef LAM_LAUNCH
 #undef LAM_ARGS
   return rc;
 }

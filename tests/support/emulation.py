@@ -68,11 +68,11 @@ _ENTRY_POINTS = {
     "lam_emu_mma_config": (_i32, [_i64, _i64, _i64, _i32, _i32]),
     "lam_emu_num_mma_configs": (_i32, []),
     "lam_emu_mma_config_name": (ctypes.c_char_p, [_i32]),
-    # ... as lam_emu_shard to max_grid_y, then states, scale, soft_cap, partition_temperature
+    # ... as lam_emu_shard, then states, scale, soft_cap, partition_temperature, blocks (int64 out)
     "lam_emu_shard_lse": (
         _i32,
-        [_i32, _i32, _p, _i64, _p, _i64, _p, _p, *[_i64] * 4, _p, _p, _i32, _p, _u64, _u64]
-        + [_i64, _p, _f32, _f32, _p],
+        [_i32, _i32, _i32, _p, _i64, _p, _i64, _p, _p, *[_i64] * 4, _p, _p, _i32, _p, _u64, _u64]
+        + [_i64, _i32, _i32, _i32, _p, _f32, _f32, _p, ctypes.POINTER(_i64)],
     ),
     "lam_emu_merge_partition": (_i32, [_p, _i64, _i64, _p, _p]),
     # dtype, logits, ldl, rows, b0, bias_t, bias_f, batch, num_valid, vocab_start, keys, temperature, seed,
@@ -321,23 +321,16 @@ class Emulator:
         device of `sm_count` SMs and `smem_limit` bytes of opt-in shared memory
         per block (a forced config past it raises ValueError naming it, its
         bytes and the limit, as run_mma does). log_partition: the *_lse op
-        (simt or gemm, as on CUDA): returns (keys, pairs [B, 2]);
+        (simt, mma or gemm, as on CUDA): returns (keys, pairs [B, 2]);
         partition_temperature: shard_argmax_lse's [B] float32 T > 0 of the sums."""
-        if log_partition:
-            if path.startswith("mma"):
-                raise ValueError(f"log_partition: path={path!r} cannot compute the log-partition on CUDA")
-            args = (k, temperature, seed, offset, max_grid_y, scramble, order_seed, scale, soft_cap or 0.0)
-            return self._shard_lse(
-                hidden, weight, bias, vocab_start, num_valid, *args, path, gemm_chunk, partition_temperature
-            )
         if path.startswith("mma/"):  # "mma/<name>": that config
             path, config = "mma", path[4:]
-        known = self.mma_configs
-        row = -1 if config is None else known.index(config) if config in known else len(known)  # past the table: rc 4
-        if config in MMA_CONFIGS and MMA_CONFIGS[config].smem > smem_limit:
-            raise ValueError(
-                f"shard_argmax: mma config '{config}' needs {MMA_CONFIGS[config].smem} bytes of shared memory "
-                f"per block; this device allows {smem_limit} (cudaDevAttrMaxSharedMemoryPerBlockOptin)"
+        row = self._config_row(config, smem_limit, log_partition)
+        if log_partition:
+            args = (k, temperature, seed, offset, max_grid_y, scramble, order_seed, scale, soft_cap or 0.0)
+            launch = (sm_count, row, smem_limit)
+            return self._shard_lse(
+                hidden, weight, bias, vocab_start, num_valid, *args, path, gemm_chunk, partition_temperature, launch
             )
         weight_ptr = weight.ptr if isinstance(weight, PlacedWeight) else None
         num_valid = weight.size(0) if num_valid is None else num_valid
@@ -410,6 +403,21 @@ class Emulator:
         """launch_mma's auto choice (choose_mma_config): a config's name."""
         return self.mma_configs[self.lib.lam_emu_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit)]
 
+    def _config_row(self, config, smem_limit, log_partition) -> int:
+        """The row of a forced config (-1: none; past the table: rc 4), after
+        run_mma's checks: its shared memory under the limit, and a cp.async
+        config with the log-partition (ValueError naming it, as on CUDA)."""
+        known = self.mma_configs
+        row = -1 if config is None else known.index(config) if config in known else len(known)
+        if config in MMA_CONFIGS and MMA_CONFIGS[config].smem > smem_limit:
+            raise ValueError(
+                f"shard_argmax: mma config '{config}' needs {MMA_CONFIGS[config].smem} bytes of shared memory "
+                f"per block; this device allows {smem_limit} (cudaDevAttrMaxSharedMemoryPerBlockOptin)"
+            )
+        if log_partition and config in MMA_CONFIGS and MMA_CONFIGS[config].tma:
+            raise ValueError(f"log_partition: mma config '{config}' (TMA) has no log-partition")
+        return row
+
     @functools.cached_property
     def mma_configs(self) -> list[str]:
         """The config names in table order, as this emulation library compiled them."""
@@ -417,11 +425,13 @@ class Emulator:
 
     def _shard_lse(
         self, hidden, weight, bias, vocab_start, num_valid, k, temperature, seed, offset, max_grid_y, scramble,
-        order_seed, scale, soft_cap, path="simt", gemm_chunk=None, partition_temperature=None
+        order_seed, scale, soft_cap, path="simt", gemm_chunk=None, partition_temperature=None,
+        launch=(DEFAULT_SM_COUNT, -1, DEFAULT_SMEM_LIMIT),
     ):  # fmt: skip
         """The *_lse ops' CUDA launcher (shard_ops_cuda.cu) step by step:
-        the simt kernel (or, path "gemm", the logits then the keys kernel)
-        with per-block states, then merge_partition_kernel."""
+        the simt or mma kernel (or, path "gemm", the logits then the keys
+        kernel) with per-block states, then merge_partition_kernel over the
+        blocks the kernel wrote. launch: (sm_count, config row, smem_limit) of mma."""
         num_valid = weight.size(0) if num_valid is None else num_valid
         batch = hidden.size(0)
         topk = k is not None
@@ -447,14 +457,18 @@ class Emulator:
             return self._read(keys, (batch,), torch.int64), self._read(pairs, (batch, 2), torch.float32)
         hp, wp = self._place("hidden", hidden), self._place("weight", weight)
         block_topk = self._alloc("block_topk", blocks_x * batch * k * 8, fill=0xA5) if topk else None
+        used = ctypes.c_int64(-1)
         self._check(
             self.lib.lam_emu_shard_lse(
-                *[_DTYPES[weight.dtype], int(topk), hp, _row_stride(hidden), wp, _row_stride(weight), bt, bf],
+                _DTYPES[weight.dtype],
+                {"simt": 0, "mma": 1}[path],
+                *[int(topk), hp, _row_stride(hidden), wp, _row_stride(weight), bt, bf],
                 *[batch, hidden.size(1), num_valid, vocab_start, keys, block_topk, k or 1, tp, seed, offset],
-                *[max_grid_y, states, scale, soft_cap, pt],
+                *[max_grid_y, *launch, states, scale, soft_cap, pt, ctypes.byref(used)],
             )
         )
-        self._check(self.lib.lam_emu_merge_partition(states, blocks_x, batch, merge_t, pairs))
+        assert 0 < used.value <= blocks_x, (used.value, blocks_x)  # (shard_ops_cuda.cu's check)
+        self._check(self.lib.lam_emu_merge_partition(states, used.value, batch, merge_t, pairs))
         out_pairs = self._read(pairs, (batch, 2), torch.float32)
         if not topk:
             return self._read(keys, (batch,), torch.int64), out_pairs
