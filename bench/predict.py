@@ -48,7 +48,6 @@ from pathlib import Path
 
 from localargmax import _C
 from localargmax._validation import MMA_CONFIGS, MmaConfig, op_kwargs
-from localargmax.dispatch import CPP_GEMM_MIN_BATCH
 
 MODEL_VERSION = "3"
 """Bumped when the model's structure changes (the tables it writes record it)."""
@@ -238,9 +237,11 @@ def todays_variant(path: str, batch: int, num_valid: int | None = None, sms: int
 
 
 def cpp_auto_path(batch: int, gemm_min_batch: int | None = None) -> str:
-    """C++ ``path="auto"``'s choice for bf16 / fp16 argmax on sm_80+ with
-    aligned inputs (pick_path in csrc/cuda): gemm from its gemm batch, else mma."""
-    gemm_min_batch = CPP_GEMM_MIN_BATCH if gemm_min_batch is None else gemm_min_batch
+    """C++ ``path="auto"``'s choice for bf16 / fp16 argmax and sample, and their log-partition
+    twins, on sm_80+ with aligned inputs: ``_C._choose_cuda_path`` (csrc/cuda/mma_configs.h; gemm
+    from its gemm batch, else mma). ``gemm_min_batch``: another crossover (the model's what-if)."""
+    if gemm_min_batch is None:
+        return _C._choose_cuda_path(True, False, True, batch)
     return "gemm" if batch >= gemm_min_batch else "mma"
 
 

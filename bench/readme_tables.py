@@ -162,13 +162,15 @@ def predicted_table(docs: list) -> str:
     doc = docs[0]
     lines = [
         "| shape | tp | rows | H | batch | C++ auto (path='auto') | PREDICTED µs | PREDICTED of_copy | "
-        "model's choice | µs | of_copy |",
-        "|" + "---|" * 11,
+        "model's choice | µs | of_copy | log-partition ops: auto | of_copy | before: | of_copy |",
+        "|" + "---|" * 15,
     ]
     for s in doc["summary"]:
         cells = [s["shape"], s["tp"], s["rows"], s["hidden"], s["batch"]]
         for key in ("auto", "model"):
             cells += [s[key]["variant"], format_cell(s[key]["us"]), format_cell(s[key]["of_copy"])]
+        for key in ("log_partition", "log_partition_before"):
+            cells += [s[key]["variant"], format_cell(s[key]["of_copy"])]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += [
         "",
@@ -176,6 +178,10 @@ def predicted_table(docs: list) -> str:
         "- C++ auto = what path='auto' runs (the mma config choose_mma_config picks below batch 65, then gemm; "
         "mma/<name> = a config of csrc/cuda/mma_configs.h); model's choice = the cell a dispatch table written "
         "by the model would name (path='auto' follows only a measured table)",
+        "- log-partition ops = shard_*(log_partition=True), behind return_log_probs and the log-odds: C++ auto "
+        "takes the plain op's path and config (the LSE build of the config; the model counts the plain build's "
+        "registers and no epilogue cost); before = what they ran before the tensor-core epilogue carried the "
+        "log-partition (simt below batch 65)",
         "",
         f"{doc['label']}: from `{doc['path']}`, written by `{doc['command']}` (model "
         f"{doc['model']['module']} version {doc['model']['version']}). No GPU ran: a GPU run of "

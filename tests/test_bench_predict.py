@@ -13,6 +13,7 @@ import pytest
 
 from bench import predict as pm
 from bench import predict_cli
+from localargmax import dispatch
 from localargmax.bench.data import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -375,7 +376,6 @@ def test_write_table_cli_writes_the_models_table(tmp_path):
     """``--write-table`` writes the model's table: valid, PREDICTED, and the table the model gives
     in-process with the same registers."""
     from bench import tune
-    from localargmax import dispatch
 
     out = tmp_path / "t.json"
     proc = run_cli("--batch", "1", "--write-table", str(out))
@@ -403,3 +403,14 @@ def test_committed_results_show_the_bar_status():
     assert {(s["shape"], s["tp"]) for s in rows} == {(m, tp) for m, tp in pm.ENGINE_SHAPES}
     assert all(math.isfinite(s["model"]["us"]) and math.isfinite(s["auto"]["us"]) for s in rows)
     assert {s["model_meets_bar"] for s in rows} <= {True, False}
+
+
+def test_committed_results_have_the_log_partition_rows():
+    """Each summary row carries the log-partition ops' figures: C++ auto's path and config for them
+    are the plain op's (choose_cuda_path), and the 'before' figure is simt's below the gemm batch."""
+    doc = json.loads(RESULTS.read_text())
+    for s in doc["summary"]:
+        assert s["log_partition"] == s["auto"], s
+        before = "gemm" if s["batch"] >= dispatch.CPP_GEMM_MIN_BATCH else "simt"
+        assert s["log_partition_before"]["variant"].startswith(before), s
+    assert pm.cpp_auto_path(64) == "mma" and pm.cpp_auto_path(65) == "gemm" and pm.cpp_auto_path(9, 8) == "gemm"
