@@ -653,7 +653,7 @@ def with_latency(spec: DeviceSpec, latency_s: float) -> DeviceSpec:
     return replace(spec, latency_s=latency_s)
 
 
-# --- C++ auto's defaults (csrc/cuda/shard_ops_cuda.cu), from the model ------------------------------------
+# --- C++ auto's defaults (csrc/cuda/mma_configs.h), from the model ------------------------------------
 
 DEFAULTS_BATCHES = range(1, 257)
 

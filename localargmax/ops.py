@@ -109,7 +109,9 @@ def shard_argmax(
         num_valid = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else 0
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     path = mma_config_path(path, _mma_config, weight.device)  # (the private keyword: one config, by name)
-    if _wants_partition(log_partition, scale, soft_cap):
+    wants_partition = _wants_partition(log_partition, scale, soft_cap)
+    path = _auto_path(path, hidden, weight)  # (the _lse op too: the same path and config as the plain one)
+    if wants_partition:
         return torch.ops.localargmax.shard_argmax_lse.default(
             hidden, weight, bias, vocab_start, num_valid, float(scale), float(soft_cap or 0.0), path, temperature
         )
@@ -118,7 +120,6 @@ def shard_argmax(
             "temperature is the log-partition's (the log-odds at a request's temperature): pass log_partition=True "
             "(the argmax does not depend on it)"
         )
-    path = _auto_path(path, hidden, weight)
     return torch.ops.localargmax.shard_argmax.default(hidden, weight, bias, vocab_start, num_valid, path)
 
 
@@ -275,7 +276,9 @@ def shard_sample(
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_sample_args(hidden, temperature, seed, offset)
     path = mma_config_path(path, _mma_config, weight.device)
-    if _wants_partition(log_partition, scale, soft_cap):
+    wants_partition = _wants_partition(log_partition, scale, soft_cap)
+    path = _auto_path(path, hidden, weight)
+    if wants_partition:
         return torch.ops.localargmax.shard_sample_lse.default(
             hidden,
             weight,
@@ -289,7 +292,6 @@ def shard_sample(
             float(soft_cap or 0.0),
             path,
         )
-    path = _auto_path(path, hidden, weight)
     return torch.ops.localargmax.shard_sample.default(
         hidden, weight, bias, vocab_start, num_valid, temperature, seed, offset, path
     )

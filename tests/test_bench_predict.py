@@ -408,8 +408,11 @@ def test_committed_results_show_the_bar_status():
 def test_committed_results_have_the_log_partition_rows():
     """Each summary row carries the log-partition ops' figures: C++ auto's path and config for them
     are the plain op's (choose_cuda_path), and the 'before' figure is simt's below the gemm batch."""
+    from bench import tune
+
     doc = json.loads(RESULTS.read_text())
     for s in doc["summary"]:
+        assert s["log_partition"]["variant"] == tune.incumbent_of(s["rows"], s["batch"]), s  # C++ auto's own
         assert s["log_partition"] == s["auto"], s
         before = "gemm" if s["batch"] >= dispatch.CPP_GEMM_MIN_BATCH else "simt"
         assert s["log_partition_before"]["variant"].startswith(before), s

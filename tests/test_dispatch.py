@@ -226,3 +226,16 @@ def test_ops_resolve_only_cuda_auto(monkeypatch):
     assert localargmax.ops._auto_path("mma", None, cuda_w) == "mma"
     assert localargmax.ops._auto_path("auto", None, torch.empty(2, 2)) == "auto"
     assert len(calls) == 1
+
+
+def test_log_partition_ops_resolve_auto_as_the_plain_ones(monkeypatch):
+    """shard_argmax / shard_sample with log_partition ask the dispatch table as the plain calls do,
+    so a measured table gives the *_lse ops the plain op's path and config (its keys bit for bit)."""
+    seen = []
+    monkeypatch.setattr(localargmax.ops, "_auto_path", lambda path, h, w: seen.append(path) or path)
+    h, w, t = torch.randn(3, 16), torch.randn(40, 16), torch.full((3,), 0.7)
+    for log_partition in (False, True):
+        seen.clear()
+        localargmax.shard_argmax(h, w, log_partition=log_partition)
+        localargmax.shard_sample(h, w, t, 1, log_partition=log_partition)
+        assert seen == ["auto", "auto"], (log_partition, seen)

@@ -125,8 +125,9 @@ def _logits(h, w, b, num_valid, scale=1.0):
 def test_mma_log_partition_is_the_documented_tree(emu, gen, config, shape):
     """Each cp.async config with the log-partition: keys bit-equal to the same
     config's plain keys and the CPU kernel's (exact data), pairs bit-equal to
-    the model of the merge tree (planted ties across blocks, padding that
-    would win, row and batch tails, k tails of H % 32 != 0) and ref +
+    the model of the merge tree (batch row 0's best tied at the last valid
+    row, so x == ref counts 1; another exact tie across blocks; padding that
+    would win; row and batch tails, k tails of H % 32 != 0) and ref +
     log1p(others) within the float32 bound of the float64 logsumexp; the
     same at a per-row temperature (rows with T <= 0 or 1: the T = 1 pairs)."""
     batch, rows, hidden_size = shape
@@ -135,6 +136,8 @@ def test_mma_log_partition_is_the_documented_tree(emu, gen, config, shape):
     h, w, b = exact_problem(gen, batch, rows, hidden_size, dtype, "f", lo=-1, hi=1)
     num_valid = rows - 3
     w[num_valid:] = 3  # padding: the largest logits if counted
+    best = int(_logits(h, w, b, num_valid)[0, :num_valid].argmax())
+    w[num_valid - 1], b[num_valid - 1] = w[best], b[best]  # batch row 0's best, tied at the last valid row
     if num_valid > 200:
         w[200], b[200] = w[3], b[3]  # an exact tie with row 3, another block
     path = f"mma/{config}"

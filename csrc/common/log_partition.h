@@ -64,8 +64,9 @@ LAM_HD void partition_add(PartitionState& s, float x, uint64_t key, float t) {
 }
 
 // Folds a whole partial state in: the loser's best entry joins the others
-// with its own. Commutes bit for bit (merge(a, b) and merge(b, a) differ only
-// in the order of one addition); partial states must still be grouped in a
+// with its own. Commutes bit for bit when the best keys differ (merge(a, b)
+// and merge(b, a) differ only in the order of one addition; equal keys are
+// two states of no valid key); partial states must still be grouped in a
 // fixed order (it does not associate).
 LAM_HD void partition_merge(PartitionState& a, const PartitionState& b, float t) {
   if (b.best_key > a.best_key) {

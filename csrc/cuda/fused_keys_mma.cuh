@@ -45,8 +45,9 @@ __device__ __forceinline__ unsigned int word_of(const uint4& v, int i) {
 // the warp's log-partition (ref, others) of that batch row: each lane folds
 // its rows in ascending order (m-tile, then row g before g + 8), then the 8
 // lanes of the group merge by the xor butterfly (offsets 4, 8, 16): the tree
-// ((g0 g1)(g2 g3))((g4 g5)(g6 g7)), the same bits in all 8 lanes since a
-// merge of two states commutes (DESIGN.md, "Log-probabilities").
+// ((g0 g1)(g2 g3))((g4 g5)(g6 g7)), lane g = 0's state emitted (the same
+// bits in all 8 lanes: a merge of two states commutes where their best keys
+// differ; DESIGN.md, "Log-probabilities").
 template <typename T, int MT, int NT, bool LSE, typename Emit>
 __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], int row_base, int64_t b0, int64_t batch,
                                                int num_valid, const T* __restrict__ bias_t,
@@ -100,7 +101,7 @@ __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], in
 #pragma unroll
       for (int offset = 4; offset < 32; offset *= 2) {
         const unsigned long long other_key = __shfl_xor_sync(0xFFFFFFFFu, best[j].best_key, offset);
-        if constexpr (LSE) {  // (partition_merge commutes bit for bit: both partners get one state)
+        if constexpr (LSE) {  // (partition_merge commutes where the keys differ: lane 0's is emitted)
           const PartitionState other{other_key, __shfl_xor_sync(0xFFFFFFFFu, best[j].ref, offset),
                                      __shfl_xor_sync(0xFFFFFFFFu, best[j].others, offset)};
           partition_merge(best[j], other, t_sum[j]);

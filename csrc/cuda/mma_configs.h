@@ -100,6 +100,7 @@ constexpr bool mma_configs_ok() {
   for (int i = 0; i < kNumMmaConfigs; ++i) {
     const MmaConfig& c = kMmaConfigs[i];
     if (c.smem() > 227 * 1024 || c.kc % c.sk != 0 || c.st < 2 || c.batch_rows() > c.threads()) return false;
+    if (c.rows() < 64) return false;  // the log-partition states: at most the CUDA-core kernel's 64-row blocks
     if (c.tma && (c.rows() > 256 || c.st > 32)) return false;
     if (c.regs90 < 1 || c.regs90 > 255) return false;
     for (int j = 0; j < i; ++j)
@@ -107,7 +108,8 @@ constexpr bool mma_configs_ok() {
   }
   return true;
 }
-static_assert(mma_configs_ok(), "an mma config is malformed, repeats a name or exceeds 227 KiB of shared memory");
+static_assert(mma_configs_ok(),
+              "an mma config is malformed, repeats a name, exceeds 227 KiB of shared memory or has < 64 rows");
 
 // Whether the device takes config i (its shared memory under smem_limit).
 constexpr bool mma_config_fits(int i, int smem_limit) {

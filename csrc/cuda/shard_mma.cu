@@ -138,14 +138,14 @@ int64_t run_mma(const ShardArgmaxProblem<T>& p, int config) {
   const MmaDevice d = mma_device(device);
   if (config >= 0) {
     const MmaConfig& c = kMmaConfigs[config];
+    TORCH_CHECK_VALUE(p.out.block_partition == nullptr || mma_config_takes_lse(config), "log_partition: mma config '",
+                      c.name, "' (TMA) has no log-partition; force its cp.async twin or pass path='mma'");
     TORCH_CHECK_VALUE(!c.tma || d.major >= 9, "shard_argmax: mma config '", c.name,
                       "' copies the weight by TMA (bulk tensor copy), which needs compute capability 9.0 or newer; "
                       "this device (", device, ") is ", d.major, ".x");
     TORCH_CHECK_VALUE(mma_config_fits(config, d.smem_limit), "shard_argmax: mma config '", c.name, "' needs ",
                       c.smem(), " bytes of shared memory per block; this device (", device, ") allows ",
                       d.smem_limit, " (cudaDevAttrMaxSharedMemoryPerBlockOptin)");
-    TORCH_CHECK_VALUE(p.out.block_partition == nullptr || mma_config_takes_lse(config), "log_partition: mma config '",
-                      c.name, "' (TMA) has no log-partition; force its cp.async twin or pass path='mma'");
   }
   return launch_mma(p, MmaLaunch{d.major, device}, kMaxGridY, d.sms, config, d.smem_limit);
 }

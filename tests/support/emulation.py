@@ -284,6 +284,8 @@ class Emulator:
             raise ValueError("no such mma config")
         if rc == 5:
             raise ValueError("the forced mma config's shared memory exceeds the device's limit")
+        if rc == 6:
+            raise ValueError("log_partition: the forced mma config (TMA) has no log-partition")
         if rc != 0:
             raise EmuError(self.lib.lam_emu_last_error().decode())
 
