@@ -271,10 +271,8 @@ class Registers:
         return DEFAULT_REGISTERS.get(v.name, 64), "default (sm_90a as built)"
 
 
-# <T, NT .. MINB, TMA, LSE>: the argmax's (LSE, the log-partition build, is skipped)
-_PIPE_NAME = re.compile(
-    r"shard_argmax_mma_pipe_kernelI(?:13__nv_bfloat16|6__half)((?:Li\d+E){7})Lb([01])E(?:Lb([01])E)?"
-)
+# <T, NT .. MINB, TMA>: one build per config (a cp.async one also runs the log-partition)
+_PIPE_NAME = re.compile(r"shard_argmax_mma_pipe_kernelI(?:13__nv_bfloat16|6__half)((?:Li\d+E){7})Lb([01])E")
 _SIMT_NAME = re.compile(r"shard_argmax_kernelI13__nv_bfloat16Li(\d+)ELi8ELb0ELb0E")  # <T, NB, kVec, TOPK, LSE>: argmax
 _MMA_BY_TEMPLATE = {(tuple(m[1:8]), m.tma): m.name for m in MMA_CONFIGS.values()}  # (NT .. MINB, TMA)
 
@@ -316,8 +314,6 @@ def _record(out: dict, mangled: str, found_arch: str | None, arch: str, regs: in
         return
     m = _PIPE_NAME.search(mangled)
     if m is not None:
-        if m.group(3) == "1":
-            return
         template = (tuple(int(x) for x in re.findall(r"Li(\d+)E", m.group(1))), m.group(2) == "1")
         name = _MMA_BY_TEMPLATE.get(template)
         if name is not None and ("bfloat16" in mangled or f"mma/{name}" not in out):

@@ -179,8 +179,8 @@ def predicted_table(docs: list) -> str:
         "mma/<name> = a config of csrc/cuda/mma_configs.h); model's choice = the cell a dispatch table written "
         "by the model would name (path='auto' follows only a measured table)",
         "- log-partition ops = shard_*(log_partition=True), behind return_log_probs and the log-odds: C++ auto "
-        "takes the plain op's path and config (the LSE build of the config; the model counts the plain build's "
-        "registers and no epilogue cost); before = what they ran before the tensor-core epilogue carried the "
+        "takes the plain op's path and config (the same kernel, the log-partition a run-time flag; the model "
+        "counts no epilogue cost); before = what they ran before the tensor-core epilogue carried the "
         "log-partition (simt below batch 65)",
         "",
         f"{doc['label']}: from `{doc['path']}`, written by `{doc['command']}` (model "

@@ -46,7 +46,7 @@ def test_ctas_per_sm_by_hand():
 
 
 def test_littles_law_latency_bound_by_hand():
-    # n1_r64: 109 registers -> 112 x 32 = 3584 per warp -> 18 warps -> 9 CTAs of 2; shared memory
+    # n1_r64: 114 registers -> 120 x 32 = 3840 per warp -> 17 warps -> 8 CTAs of 2; shared memory
     # 228 KiB // (36992 + 1024) B -> 6 per SM; on TOY (4 SMs) 24 slots. 60 tiles of 64 rows -> rounds
     # of 24, 24, 12; each CTA latency-bound: 64 x 4096 x 2 B / 24 KiB = 21.3 -> 22 + 1 fill = 23 latencies.
     p = pm.predict(TOY, N1, 64 * 60, 4096, 1)
@@ -137,7 +137,7 @@ def test_more_registers_never_faster():
 
 def test_pipelined_variant_geometry_by_hand():
     # n1_r64: 64-row tiles, NT = 1, 2 warps, KC = 2, ST = 4 -> 3 x 2 x 64 x 64 B = 24 KiB in flight per CTA;
-    # 109 registers -> 112 x 32 = 3584 per warp -> 18 warps -> 9 CTAs of 2, shared memory
+    # 114 registers -> 120 x 32 = 3840 per warp -> 17 warps -> 8 CTAs of 2, shared memory
     # 228 KiB // (36992 + 1024) B -> 6 per SM. On TOY (4 SMs): 24 slots; 48 tiles of 64 rows -> 2 rounds,
     # each CTA latency-bound: 64 x 4096 x 2 B / 24 KiB = 21.3 -> 22 + 1 fill = 23 latencies.
     m = pm.MMA_CONFIGS["n1_r64"]
@@ -250,11 +250,10 @@ def test_the_model_reads_the_c_table():
 # --- registers from the build ----------------------------------------------------------------------------
 
 _PIPE = "_ZN11localargmax4cuda12_GLOBAL__N_128shard_argmax_mma_pipe_kernelI{}EEvPKT_lS6_lS6_PKfliilNS0_11ShardReduceE15WeightTensorMap"  # noqa: E501
-MMA1 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi1ELi2ELi4ELi6ELb0ELb0E")  # n1_r64 <T, NT .. MINB, TMA, LSE>
-MMA1_LSE = MMA1.replace("Lb0ELb0E", "Lb0ELb1E")  # the log-partition build: not argmax's registers
-MMA8_HALF = _PIPE.format("6__halfLi8ELi4ELi4ELi1ELi1ELi4ELi2ELb0ELb0E")  # n8_r256, fp16
-PIPE7 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi2ELi2ELi4ELi4ELb0ELb0E")  # n1_r64_sk2
-TMA1 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi1ELi2ELi4ELi6ELb1ELb0E")  # n1_r64_tma
+MMA1 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi1ELi2ELi4ELi6ELb0E")  # n1_r64 <T, NT .. MINB, TMA>
+MMA8_HALF = _PIPE.format("6__halfLi8ELi4ELi4ELi1ELi1ELi4ELi2ELb0E")  # n8_r256, fp16
+PIPE7 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi2ELi2ELi4ELi4ELb0E")  # n1_r64_sk2
+TMA1 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi1ELi2ELi4ELi6ELb1E")  # n1_r64_tma
 SIMT1 = "_ZN11localargmax4cuda12_GLOBAL__N_119shard_argmax_kernelI13__nv_bfloat16Li1ELi8ELb0ELb0EEEvNS0_18ShardArgmaxProblemIT_EE"  # noqa: E501
 SIMT1_TOPK = SIMT1.replace("Lb0ELb0E", "Lb1ELb0E")  # <T, NB, kVec, TOPK, LSE>
 SIMT1_LSE = SIMT1.replace("Lb0ELb0E", "Lb0ELb1E")  # the log-partition build: not argmax's registers
@@ -270,7 +269,7 @@ def _fatbin(arch: str, usage: dict) -> str:
 
 CUOBJDUMP = (
     _fatbin("sm_80", {MMA1: 96})
-    + _fatbin("sm_90a", {MMA1: 168, MMA1_LSE: 171, MMA8_HALF: 200, TMA1: 70, SIMT1: 40, SIMT1_TOPK: 90, SIMT1_LSE: 99})
+    + _fatbin("sm_90a", {MMA1: 168, MMA8_HALF: 200, TMA1: 70, SIMT1: 40, SIMT1_TOPK: 90, SIMT1_LSE: 99})
     + f" Function {PIPE7}:\n REG:77 STACK:0 SHARED:36992 LOCAL:0 CONSTANT[0]:464\n"  # REG: on the next line (nvcc 13)
 )
 
@@ -319,11 +318,13 @@ def test_the_built_kernels_have_the_default_registers():
 
 def test_built_registers_change_the_prediction():
     s = pm.engine_shape("qwen3", 8)
-    n1 = pm.mma_variant("n1_r64_sk2")  # 88 registers, 4 warps: 5 CTAs per SM; 64: 6 (shared memory: 6 of 37 KiB)
-    fewer = pm.Registers({**pm.DEFAULT_REGISTERS, "mma/n1_r64_sk2": 64}, "test")
+    # 78 registers, 4 warps: 80 x 32 per warp -> 25 warps -> 6 CTAs per SM (shared memory: 6 of 37 KiB too);
+    # 100: 104 x 32 -> 19 warps -> 4
+    n1 = pm.mma_variant("n1_r64_sk2")
+    more = pm.Registers({**pm.DEFAULT_REGISTERS, "mma/n1_r64_sk2": 100}, "test")
     a = pm.predict(pm.H200, n1, s.rows, s.hidden, 1)
-    b = pm.predict(pm.H200, n1, s.rows, s.hidden, 1, registers=fewer)
-    assert (a.ctas_per_sm, b.ctas_per_sm) == (5, 6) and b.regs_source == "test"
+    b = pm.predict(pm.H200, n1, s.rows, s.hidden, 1, registers=more)
+    assert (a.regs, a.ctas_per_sm, b.ctas_per_sm) == (78, 6, 4) and b.regs_source == "test"
 
 
 # --- python -m bench.predict_cli ---------------------------------------------------------------------------

@@ -126,8 +126,8 @@ def test_mma_kernel_runs_on_tensor_cores():
     assert simt and not any("HMMA" in f for f in simt)
 
 
-# The mangled name of a TMA instantiation: ...ELi<MINB>ELb1ELb0EEEv... (shard_argmax_mma_pipe_kernel<..., true, false>)
-_TMA_SUFFIX_RE = re.compile(r"Lb1ELb[01]EEEv")
+# The mangled name of a TMA instantiation: ...ELi<MINB>ELb1EEEv... (shard_argmax_mma_pipe_kernel<..., true>)
+_TMA_SUFFIX_RE = re.compile(r"Lb1EEEv")
 _TMA_SUFFIX = "<tma>"
 
 
@@ -150,7 +150,7 @@ def test_pipelined_mma_kernel_streams_by_cp_async(arch):
     if arch not in set(re.findall(r"\.(sm_\w+)\.cubin", _cuobjdump("--list-elf"))):
         pytest.skip(f"this build carries no {arch} code (LOCALARGMAX_CUDA_ARCH)")
     pipe = {n: f for n, f in _sass_functions(arch).items() if "shard_argmax_mma_pipe_kernel" in n}
-    want = 2 * (len(MMA_CONFIGS) + sum(not m.tma for m in MMA_CONFIGS.values()))  # + the cp.async ones' LSE builds
+    want = 2 * len(MMA_CONFIGS)  # one build per config and dtype (the cp.async ones carry the log-partition)
     assert len(pipe) == want, f"{len(pipe)} tensor-core instantiations in the {arch} code ({want // 2} x 2 dtypes)"
     for name, sass in pipe.items():
         if name.endswith(_TMA_SUFFIX) and arch == "sm_80":  # the TMA wrappers trap below sm_90 (never launched)
@@ -182,23 +182,23 @@ def test_pipelined_mma_kernel_fits_its_blocks_per_sm():
     each config's registers and shared memory (sm_90a)."""
     out = _cuobjdump("--dump-resource-usage", "--gpu-architecture", "sm_90a")
     usage = re.findall(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
-    # mangled template arguments: ...ILi<NT>ELi<MT>ELi<WM>ELi<SK>ELi<KC>ELi<ST>ELi<MINB>ELb<TMA>ELb<LSE>EEv...
+    # mangled template arguments: ...ILi<NT>ELi<MT>ELi<WM>ELi<SK>ELi<KC>ELi<ST>ELi<MINB>ELb<TMA>EEEv...
     by_template = {(tuple(m[1:8]), m.tma): m for m in MMA_CONFIGS.values()}
     pipe = []
     for name, reg, stack, shared, local in usage:
         if "shard_argmax_mma_pipe_kernel" in name:
             shared = int(shared)
             template = tuple(map(int, re.findall(r"Li(\d+)E", name)[-7:]))
-            tma, lse = (flag == "1" for flag in re.findall(r"Lb([01])E", name)[-2:])
+            tma = re.findall(r"Lb([01])E", name)[-1] == "1"
             nt, mt, wm, sk, kc, st, minb = template
             dynamic = st * kc * (wm * mt * 16 + 8 * nt) * 64 + (8 * st if tma else 0)  # + the TMA mbarriers
             m = by_template.get((template, tma))
-            assert m is not None and m.dynamic_smem == dynamic and not (lse and tma), name
-            assert m.static_smem == shared - 1024, name  # (LSE: its warps' states live in the stages)
+            assert m is not None and m.dynamic_smem == dynamic, name
+            assert m.static_smem == shared - 1024, name  # (the log-partition's warp states live in the stages)
             assert int(stack) == 0 and int(local) == 0, name  # no spills (also test_hot_kernels_use_no_local_memory)
-            pipe.append((f"mma/{m.name}{' lse' if lse else ''} {name}", int(reg), shared, dynamic, wm * sk * 32, minb))
-    # each config, and each cp.async config with the log-partition, for bf16 and fp16
-    assert len(pipe) == 2 * (len(MMA_CONFIGS) + sum(not m.tma for m in MMA_CONFIGS.values())), out[:2000]
+            pipe.append((f"mma/{m.name} {name}", int(reg), shared, dynamic, wm * sk * 32, minb))
+    # each config, for bf16 and fp16 (one build: a cp.async one also runs the log-partition)
+    assert len(pipe) == 2 * len(MMA_CONFIGS), out[:2000]
     for name, reg, shared, dynamic, threads, minb in pipe:
         print(f"{name}: REG {reg} SHARED {shared} + {dynamic} dynamic, threads {threads} min blocks/SM {minb}")
         assert shared - 1024 <= 48 * 1024 and shared - 1024 + dynamic <= 227 * 1024, name

@@ -48,7 +48,6 @@ pytestmark = pytest.mark.skipif(not emulation.have_compiler(), reason="g++ / obj
 
 # The tensor-core kernel's configs (csrc/cuda/mma_configs.h, read from _C), each forced by name.
 MMA_CONFIG_PATHS = [f"mma/{name}" for name in MMA_CONFIGS]
-LSE_CONFIGS = [m for m in MMA_CONFIGS.values() if not m.tma]  # the configs with a log-partition build
 # Configs that sum in the same order (equal KC): bit-identical keys, neighbours of each class
 # in table order (every TMA config lands next to the others of its class, so beside its twin's).
 _CLASSES = [[n for n, m in MMA_CONFIGS.items() if m.kc == kc] for kc in sorted({m.kc for m in MMA_CONFIGS.values()})]
@@ -74,9 +73,7 @@ def _instantiations():
                     names.append(f"shard_argmax_kernel<{t}, {nb}, {v}, {topk}>")
                     names.append(f"shard_argmax_kernel<{t}, {nb}, {v}, {topk}, true>")  # LSE: the *_lse ops
         if t != "float":
-            names += [f"shard_argmax_mma_pipe_kernel<{t}, {_template(m)}, false>" for m in MMA_CONFIGS.values()]
-            # LSE: the *_lse ops on the cp.async configs
-            names += [f"shard_argmax_mma_pipe_kernel<{t}, {_template(m)}, true>" for m in LSE_CONFIGS]
+            names += [f"shard_argmax_mma_pipe_kernel<{t}, {_template(m)}>" for m in MMA_CONFIGS.values()]
             names.append(f"logits_to_keys_kernel<{t}>")
             names.append(f"logits_to_keys_kernel<{t}, true>")
     return names + ["merge_keys_kernel", "merge_partition_kernel"]

@@ -40,7 +40,9 @@ __device__ __forceinline__ unsigned int word_of(const uint4& v, int i) {
 // with the best key over the warp's rows for batch row b0 + 8 nt + 2t + j
 // (state.best_key), the same in every lane with that thread-in-group t
 // (xor-shuffles over the 8 lanes of each t); one n-tile's states live at a
-// time. Rows past num_valid and batch rows past batch never count. LSE: the
+// time. Rows past num_valid and batch rows past batch never count. With lse
+// (a run-time flag, uniform over the launch; LSE: whether the instantiation
+// has the code at all, false for the TMA configs) the
 // logits are transformed first (transform_logit) and the state also carries
 // the warp's log-partition (ref, others) of that batch row: each lane folds
 // its rows in ascending order (m-tile, then row g before g + 8), then the 8
@@ -52,7 +54,7 @@ template <typename T, int MT, int NT, bool LSE, typename Emit>
 __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], int row_base, int64_t b0, int64_t batch,
                                                int num_valid, const T* __restrict__ bias_t,
                                                const float* __restrict__ bias_f, int64_t vocab_start,
-                                               const ShardReduce& out, Emit&& emit) {
+                                               const ShardReduce& out, bool lse, Emit&& emit) {
   const int lane = threadIdx.x % 32;
   const bool has_bias = bias_f != nullptr || bias_t != nullptr;
   float bias[MT][4];
@@ -69,7 +71,7 @@ __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], in
   for (int nt = 0; nt < NT; ++nt) {
     PartitionState best[2] = {partition_init(), partition_init()};
     float t_sum[2] = {1.0f, 1.0f};  // LSE: the sums' temperature of batch column j
-    if constexpr (LSE) {
+    if (LSE && lse) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int64_t b = b0 + 8 * nt + mma_c_col(lane, j);
@@ -85,10 +87,10 @@ __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], in
         if (row >= num_valid || b >= batch) continue;
         float s = acc[mt][nt][r];
         if (has_bias) s = __fadd_rn(s, bias[mt][r]);
-        if constexpr (LSE) s = transform_logit(s, out.scale, out.soft_cap);
+        if (LSE && lse) s = transform_logit(s, out.scale, out.soft_cap);
         const uint64_t global_index = static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(row);
         const unsigned long long key = key_of(s, b, global_index, out);
-        if constexpr (LSE) {
+        if (LSE && lse) {
           partition_add(best[r % 2], s, key, t_sum[r % 2]);
         } else if (key > best[r % 2].best_key) {
           best[r % 2].best_key = key;
@@ -101,7 +103,7 @@ __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], in
 #pragma unroll
       for (int offset = 4; offset < 32; offset *= 2) {
         const unsigned long long other_key = __shfl_xor_sync(0xFFFFFFFFu, best[j].best_key, offset);
-        if constexpr (LSE) {  // (partition_merge commutes where the keys differ: lane 0's is emitted)
+        if (LSE && lse) {  // (partition_merge commutes where the keys differ: lane 0's is emitted)
           const PartitionState other{other_key, __shfl_xor_sync(0xFFFFFFFFu, best[j].ref, offset),
                                      __shfl_xor_sync(0xFFFFFFFFu, best[j].others, offset)};
           partition_merge(best[j], other, t_sum[j]);
@@ -153,7 +155,7 @@ __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], in
 // rows stay on cp.async (the batch-row predicate). Same sums as the cp.async
 // twin: the copy mechanism changes, not the data or the order. weight_map is
 // unused (zeros) without TMA.
-template <typename T, int NT, int MT, int WM, int SK, int KC, int ST, int MINB, bool TMA = false, bool LSE = false>
+template <typename T, int NT, int MT, int WM, int SK, int KC, int ST, int MINB, bool TMA = false>
 __global__ void __launch_bounds__(WM * SK * 32, MINB)
     shard_argmax_mma_pipe_kernel(const T* __restrict__ hidden, int64_t ldh, const T* __restrict__ weight, int64_t ldw,
                                  const T* __restrict__ bias_t, const float* __restrict__ bias_f, int64_t batch,
@@ -170,9 +172,12 @@ __global__ void __launch_bounds__(WM * SK * 32, MINB)
   // epilogue) and, after them, LSE's per-warp log-partition states
   // [WM][8 NT] (written in the epilogue, merged by store_block_partition).
   constexpr int kPartialBytes = SK > 1 ? KC * WM * MT * NT * 4 * 32 * 4 : 0;
-  static_assert(kPartialBytes + (LSE ? WM * 8 * NT * 16 : 0) <= ST * KC * kTileRows * 64,
+  // The log-partition runs on the cp.async configs, when the launch passes
+  // out.block_partition (the *_lse ops): one build per config carries both.
+  constexpr bool kLse = !TMA;
+  const bool lse = kLse && out.block_partition != nullptr;
+  static_assert(kPartialBytes + (kLse ? WM * 8 * NT * 16 : 0) <= ST * KC * kTileRows * 64,
                 "split-K partials and the log-partition states fit in the stages");
-  static_assert(!(LSE && TMA), "the log-partition runs on the cp.async configs");
   // stages[st][c][r][q]: 16 bytes (k = 32 * chunk + 8 q ..) of tile row r
   // (weight rows, then hidden rows) of chunk slot c of the step in stage st,
   // in the block's dynamic shared memory: the launch passes
@@ -337,11 +342,11 @@ __global__ void __launch_bounds__(WM * SK * 32, MINB)
               sum[mt][nt][r] =
                   __fadd_rn(sum[mt][nt][r], c % SK == 0 ? acc[c / SK][mt][nt][r] : part_at(c, mt, nt, r));
           }
-      warp_best_keys<T, MT, NT, LSE>(sum, row_base, b0, batch, num_valid, bias_t, bias_f, vocab_start, out,
+      warp_best_keys<T, MT, NT, kLse>(sum, row_base, b0, batch, num_valid, bias_t, bias_f, vocab_start, out, lse,
                                      [&](int nt, int j, const PartitionState& state) {
                                        if (g != 0) return;
                                        block_best[wm][8 * nt + 2 * t + j] = state.best_key;
-                                       if constexpr (LSE) warp_states()[wm][8 * nt + 2 * t + j] = state;
+                                       if (kLse && lse) warp_states()[wm][8 * nt + 2 * t + j] = state;
                                      });
     }
     __syncthreads();
@@ -349,7 +354,7 @@ __global__ void __launch_bounds__(WM * SK * 32, MINB)
     fold_block_best(block_best, b0, batch, out.keys);
     // The warps' states merged in warp order into the block's (barriers
     // around it: the stages are refilled by the next batch chunk after it).
-    if constexpr (LSE) store_block_partition(warp_states(), b0, batch, out);
+    if (kLse && lse) store_block_partition(warp_states(), b0, batch, out);
   }
 }
 

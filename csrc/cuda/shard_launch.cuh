@@ -92,16 +92,16 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
 // ---- The tensor-core kernel: the named configs of mma_configs.h ----
 //
 // MmaKernel<I> is row I of kMmaConfigs as an instantiation of
-// shard_argmax_mma_pipe_kernel (LSE: with the log-partition states; the
-// cp.async rows only); launch_mma runs the row auto chooses
+// shard_argmax_mma_pipe_kernel, one per row and dtype (a cp.async row also
+// computes the log-partition states when the launch passes
+// out.block_partition); launch_mma runs the row auto chooses
 // (choose_mma_config) or the one the op's private config keyword names.
 template <int I>
 struct MmaKernel {
   static constexpr MmaConfig C = kMmaConfigs[I];
-  template <typename T, bool LSE = false>
+  template <typename T>
   static constexpr auto kernel() {
-    static_assert(!(LSE && C.tma), "no log-partition instantiation of a TMA config");
-    return shard_argmax_mma_pipe_kernel<T, C.nt, C.mt, C.wm, C.sk, C.kc, C.st, C.minb, C.tma, LSE>;
+    return shard_argmax_mma_pipe_kernel<T, C.nt, C.mt, C.wm, C.sk, C.kc, C.st, C.minb, C.tma>;
   }
 };
 
@@ -176,11 +176,11 @@ WeightTiles weight_tiles(const ShardArgmaxProblem<T>& p, int rows) {
 
 // The kernel's last argument is the weight's tensor map: encoded by the
 // launch functor (launch.weight_map(tiles, dtype is bf16)) for the TMA rows,
-// zeros (unused) for the others. LSE: the log-partition instantiation.
-template <int I, bool LSE, typename T, typename Launch>
+// zeros (unused) for the others.
+template <int I, typename T, typename Launch>
 void launch_mma_kernel(const ShardArgmaxProblem<T>& p, Launch&& launch, dim3 grid) {
   constexpr MmaConfig C = kMmaConfigs[I];
-  const auto kernel = MmaKernel<I>::template kernel<T, LSE>();
+  const auto kernel = MmaKernel<I>::template kernel<T>();
   WeightTensorMap map{};
   if constexpr (C.tma)
     map = launch.weight_map(weight_tiles(p, C.rows()), std::is_same_v<T, __nv_bfloat16>,
@@ -197,15 +197,8 @@ int64_t launch_mma_config(const ShardArgmaxProblem<T>& p, Launch&& launch, int64
   constexpr MmaConfig C = kMmaConfigs[I];
   const int64_t blocks = (p.num_valid + C.rows() - 1) / C.rows();
   const dim3 grid = grid_of(blocks, (p.batch + C.batch_rows() - 1) / C.batch_rows(), max_grid_y);
-  if constexpr (mma_config_takes_lse(I)) {
-    if (p.out.block_partition != nullptr) {
-      launch_mma_kernel<I, true>(p, launch, grid);
-      return blocks;
-    }
-  } else if (p.out.block_partition != nullptr) {
-    return 0;  // (run_mma refuses it first)
-  }
-  launch_mma_kernel<I, false>(p, launch, grid);
+  if (p.out.block_partition != nullptr && !mma_config_takes_lse(I)) return 0;  // (run_mma refuses it first)
+  launch_mma_kernel<I>(p, launch, grid);
   return blocks;
 }
 

@@ -30,9 +30,6 @@ template <typename T, int I>
 void name_mma_row() {
   emu::name_kernel(reinterpret_cast<const void*>(MmaKernel<I>::template kernel<T>()),
                    kernel_name<MmaKernel<I>::template kernel<T>()>());
-  if constexpr (mma_config_takes_lse(I))
-    emu::name_kernel(reinterpret_cast<const void*>(MmaKernel<I>::template kernel<T, true>()),
-                     kernel_name<MmaKernel<I>::template kernel<T, true>()>());
 }
 
 template <typename T, int... I>
