@@ -249,6 +249,32 @@ def test_adaptive_verification_config_lifted_with_the_plugin_only(res):
     assert r["reinstalled"]["built"], r
 
 
+def test_adaptive_verification_stays_refused_on_another_vllm_version(res):
+    """On a vLLM other than ADAPTIVE_VERIFICATION_VLLM the plugin lifts
+    neither refusal and logs one WARNING line saying why (vLLM shows nothing
+    lower from our logger); back on 0.33.0 the patch is in place again."""
+    r = res["adaptive_version_gate"]
+    assert not r["active"] and not r["config"]["built"], r
+    assert "Adaptive verification" in r["config"]["error"], r
+    assert len(r["records"]) == 1, r["records"]
+    level, message = r["records"][0]
+    assert level == "WARNING" and "stays refused" in message and "0.34.0" in message and "0.33.0" in message, message
+    assert r["restored"], r
+
+
+def test_special_rows_write_what_vllms_estimator_writes(res):
+    """A NaN entry, an entry at +inf, an all -inf row (log-odds NaN) and a
+    row with one finite entry (+inf) write vLLM's clamp, +40, as vLLM's own
+    predict does on those logits; ordinary rows agree within 1e-5."""
+    r = res["adaptive_special_rows"]
+    lo = r["log_odds"]  # (non-finite ones as strings)
+    assert lo[:4] == ["nan", "nan", "nan", "inf"] and all(isinstance(x, float) for x in lo[4:]), lo
+    assert r["ours"][:4] == r["vllm"][:4] == [40.0] * 4, r
+    assert r["ours_conf"][:4] == pytest.approx(r["vllm_conf"][:4], abs=1e-6), r
+    for ours, theirs in zip(r["ours"][4:], r["vllm"][4:]):
+        assert abs(ours - theirs) <= 1e-5 or abs(ours) > 3, r  # (vLLM's float32 is accurate at small log-odds)
+
+
 def _band(log_odds: float) -> str:
     return "below 16" if log_odds < 16 else "16 to 40" if log_odds <= 40 else "above 40"
 
@@ -271,6 +297,9 @@ def test_speculator_writes_the_estimator_state_from_exact_log_odds(res, transfor
     assert c["fused_calls"] == 1 and c["ids"] == c["vllm_ids"] and c["conf_written_same"]
     assert c["slope"] == c["vllm_slope"]
     bands = collections.Counter()
+    print(f"\n{mode} {transform}: T, float64 log-odds, feature written by the plugin, by vLLM's predict")
+    for row in c["rows"]:
+        print(f"  {row['t']:5}  {row['f64']:11.6f}  {row['ours'][0]:11.6f}  {row['vllm'][0]:11.6f}")
     for row in c["rows"]:
         f64, (feat, pred, conf), (vfeat, vpred, vconf) = row["f64"], row["ours"], row["vllm"]
         bands[_band(f64)] += 1
@@ -278,7 +307,7 @@ def test_speculator_writes_the_estimator_state_from_exact_log_odds(res, transfor
         if f64 > 40:
             assert feat == vfeat == 40.0, row
             continue
-        assert abs(feat - f64) <= 1e-5 * max(1.0, abs(f64)), row
+        assert abs(feat - f64) <= (1e-5 if f64 < 16 else 1e-5 * f64), row  # (float32 logits: error grows with the gap)
         if abs(vfeat - f64) <= 5e-6:
             bands["vllm accurate"] += 1
             assert abs(feat - vfeat) <= 1e-5 and abs(pred - vpred) <= 1e-5 and abs(conf - vconf) <= 1e-5, row

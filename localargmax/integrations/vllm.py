@@ -342,8 +342,8 @@ def _install_adaptive_verification() -> None:
     :data:`ADAPTIVE_VERIFICATION_VLLM`."""
     import vllm
 
-    if vllm.__version__ != ADAPTIVE_VERIFICATION_VLLM:
-        logger.info(
+    if vllm.__version__ != ADAPTIVE_VERIFICATION_VLLM:  # (WARNING: vLLM shows nothing lower from our logger)
+        logger.warning(
             "localargmax: adaptive verification with use_local_argmax_reduction stays refused: this vLLM is %s, "
             "the patch was checked against %s",
             vllm.__version__,
@@ -464,7 +464,8 @@ def write_estimator_state(estimator, log_odds, rows, draft_step, confidence_prob
     ``-log(total - 1)`` of per-block partials: ``feature = clamp(log_odds,
     ±40)`` at ``features[rows[b], step]``, ``p = sigmoid(slope · feature +
     intercepts[step])`` at ``predictions[rows[b], step]`` and
-    ``confidence_probs[batch row, step]``. ``draft_step``: a 0-d step shared
+    ``confidence_probs[batch row, step]``; a NaN log-odds (a NaN, +inf or
+    all -inf row) is written as +40, as vLLM's kernel writes there. ``draft_step``: a 0-d step shared
     by every row, or ``[B]`` per row (then each request owns
     ``num_speculative_steps`` consecutive rows, as vLLM's kernel assumes).
     Rows with ``rows[b] < 0`` (CUDA-graph padding) change nothing vLLM reads:

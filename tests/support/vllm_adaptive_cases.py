@@ -8,6 +8,7 @@ a LocalArgmaxMixin draft) against vLLM's own ``OnlineAcceptanceEstimator
 
 from __future__ import annotations
 
+import math
 import types
 
 import torch
@@ -25,24 +26,96 @@ def config_case(plugin) -> dict:
     """SpeculativeConfig with enable_adaptive_verification and
     use_local_argmax_reduction: built with the plugin's patch, refused
     without it (vLLM's own message), built again once reinstalled."""
+    out = {"active": plugin.adaptive_verification_active(), "with_plugin": _build_config()}
+    plugin._uninstall_adaptive_verification()
+    out["without_plugin"] = _build_config()
+    plugin._install_adaptive_verification()
+    out["reinstalled"] = _build_config()
+    return out
+
+
+def _build_config() -> dict:
     from vllm.config import SpeculativeConfig
 
-    def build():
-        try:
-            c = SpeculativeConfig(
-                method="ngram", num_speculative_tokens=3, prompt_lookup_max=3, prompt_lookup_min=1,
-                enable_adaptive_verification=True, use_local_argmax_reduction=True,
-            )  # fmt: skip
-            return {"built": True, "flags": [c.enable_adaptive_verification, c.use_local_argmax_reduction]}
-        except ValueError as e:
-            return {"built": False, "error": str(e)}
+    try:
+        c = SpeculativeConfig(
+            method="ngram", num_speculative_tokens=3, prompt_lookup_max=3, prompt_lookup_min=1,
+            enable_adaptive_verification=True, use_local_argmax_reduction=True,
+        )  # fmt: skip
+        return {"built": True, "flags": [c.enable_adaptive_verification, c.use_local_argmax_reduction]}
+    except ValueError as e:
+        return {"built": False, "error": str(e)}
 
-    out = {"active": plugin.adaptive_verification_active(), "with_plugin": build()}
-    plugin._uninstall_adaptive_verification()
-    out["without_plugin"] = build()
-    plugin._install_adaptive_verification()
-    out["reinstalled"] = build()
+
+def version_gate_case(plugin) -> dict:
+    """On a vLLM version other than ADAPTIVE_VERIFICATION_VLLM the plugin
+    leaves both refusals in place and logs one line saying why (vLLM's
+    __version__ changed for the test, then restored)."""
+    import logging
+
+    import vllm
+
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append((record.levelname, record.getMessage()))
+
+    handler = Keep()
+    plugin.logger.addHandler(handler)
+    real = vllm.__version__
+    try:
+        plugin._uninstall_adaptive_verification()
+        vllm.__version__ = "0.34.0"
+        plugin._install_adaptive_verification()
+        out = {"active": plugin.adaptive_verification_active(), "records": records[:]}
+        out["config"] = _build_config()
+    finally:
+        vllm.__version__ = real
+        plugin.logger.removeHandler(handler)
+        plugin._uninstall_adaptive_verification()
+        plugin._install_adaptive_verification()
+    out["restored"] = plugin.adaptive_verification_active()
     return out
+
+
+def special_rows_case(plugin, gen, cfg) -> dict:
+    """Rows vLLM's estimator meets without digits: a NaN entry, an entry at
+    +inf, every entry -inf, one finite entry (the others -inf), and two
+    ordinary rows. vLLM's own predict on the logits beside what
+    write_estimator_state writes from the fused op's log-odds of the same
+    logits (zero hidden states and weight, the row as the bias: no inf * 0).
+    Non-finite floats as strings (NaN != NaN would fail the ranks' check)."""
+    import localargmax
+    from bench.vllm_estimator import estimator_class
+
+    logits = torch.randn(6, VOCAB, generator=gen) * 2
+    logits[0, 7] = math.nan
+    logits[1, 9] = math.inf
+    logits[2] = -math.inf
+    logits[3] = -math.inf
+    logits[3, 11] = 1.0
+    idx, draft_step = torch.tensor([0, 1, 2, 3, 5, 6]), torch.tensor(0)
+    temperature = torch.ones(MAX_REQS)
+    zeros_h, zeros_w = torch.zeros(1, HSIZE), torch.zeros(VOCAB, HSIZE)
+    log_odds = torch.cat(
+        [localargmax.lm_head_argmax(zeros_h, zeros_w, bias=row, return_log_odds=True)[1] for row in logits]
+    )
+    spec = _speculator(_draft(gen, 1.0, None), cfg)
+    spec.load_model(None)
+    conf = torch.full((MAX_REQS, STEPS), -7.0)
+    plugin.write_estimator_state(spec.acceptance_estimator, log_odds, idx, draft_step, conf)
+    vllm_est = estimator_class()(MAX_REQS, STEPS, torch.device("cpu"))
+    vconf = torch.full((MAX_REQS, STEPS), -7.0)
+    vllm_est.predict(logits, idx, draft_step, vconf, temperature)
+    features, predictions = spec.acceptance_estimator.localargmax_rows
+    return {
+        "log_odds": [x if math.isfinite(x) else str(x) for x in log_odds.tolist()],
+        "ours": features[idx, 0].tolist(),
+        "vllm": vllm_est.features[idx, 0].tolist(),
+        "ours_conf": conf[:6, 0].tolist(),
+        "vllm_conf": vconf[:6, 0].tolist(),
+    }
 
 
 def _draft(gen, scale, soft_cap):
@@ -133,7 +206,8 @@ def speculator_case(plugin, gen, cfg) -> dict:
         spec = _speculator(draft, cfg)
         spec.load_model(None)
         vllm_est = estimator_class()(MAX_REQS, STEPS, torch.device("cpu"))
-        rows_all = [6, 3, 9, 7, 1, 8, 5, 11, 2, 4, 0, 10]  # the first three: the per-row-step requests
+        # the first three: the per-row-step requests; slots 4 (T = -1) and 0 (T = 0) among them: taken as 1
+        rows_all = [4, 0, 9, 3, 1, 8, 5, 11, 2, 6, 7, 10]
         cases = {}
         for mode in ("shared_step", "per_row_step"):
             if mode == "shared_step":
@@ -163,7 +237,7 @@ def speculator_case(plugin, gen, cfg) -> dict:
                 s, bi = steps[b], (b // STEPS if mode == "per_row_step" else b)
                 rows.append(
                     {
-                        "f64": float(f64[b]), "gap": GAPS[slot],
+                        "f64": float(f64[b]), "gap": GAPS[slot], "t": TEMPERATURES[slot],
                         "ours": [float(est.features[slot, s]), float(est.predictions[slot, s]),
                                  float(spec.draft_token_confidence_probs[bi, s])],
                         "vllm": [float(vllm_est.features[slot, s]), float(vllm_est.predictions[slot, s]),

@@ -12,13 +12,16 @@ import torch
 
 
 class WarningLog(logging.Handler):
-    """The plugin's WARNING records (fallback reasons, once each)."""
+    """The plugin's fallback WARNING records (their reasons, once each; the
+    version gate's line is not a fallback)."""
 
     def __init__(self):
         super().__init__(logging.WARNING)
         self.messages, self.reasons = [], []
 
     def emit(self, record):
+        if "own LogitsProcessor method runs for" not in record.msg:
+            return
         self.messages.append(record.getMessage())
         if record.args:
             self.reasons.append(str(record.args[0]))

@@ -16,7 +16,7 @@ import os
 import torch
 
 from tests.support.reference import ref_logits, ref_transform
-from tests.support.vllm_adaptive_cases import config_case, speculator_case
+from tests.support.vllm_adaptive_cases import config_case, special_rows_case, speculator_case, version_gate_case
 from tests.support.vllm_common import (
     WarningLog,
     both,
@@ -453,6 +453,8 @@ def worker(rank: int, world_size: int, seed: int):
     out["amx_forced"] = _amx_forced_case(plugin, gen)
     out["collective"] = _collective_case(plugin, gen, rank, seed)
     out["adaptive_config"] = config_case(plugin)
+    out["adaptive_version_gate"] = version_gate_case(plugin)
+    out["adaptive_special_rows"] = special_rows_case(plugin, gen, cfg)
     out["adaptive_speculator"] = speculator_case(plugin, gen, cfg)
     out["fallback_warnings"] = {
         reason: sum(reason in m for m in warnings.messages) for reason in sorted(set(warnings.reasons))
