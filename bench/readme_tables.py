@@ -190,6 +190,27 @@ def predicted_table(docs: list) -> str:
     return "\n".join(lines)
 
 
+def compile_table(docs: list) -> str:
+    """The tensor-core file's compile, commit beside commit (kind "compile": rows of commit, label,
+    mma_kernels, mma_kernels_per_arch, seconds)."""
+    lines = ["| build | commit | tensor-core kernels (per arch) | compiling shard_mma.cu |", "|---|---|---|---|"]
+    for doc in docs:
+        for r in doc["rows"]:
+            lines.append(
+                f"| {r['label']} | {r['commit']} | {r['mma_kernels']} ({r['mma_kernels_per_arch']}) "
+                f"| {_minutes(r['seconds'])} |"
+            )
+    d, env = docs[0], docs[0]["env"]
+    return "\n".join(
+        lines
+        + [
+            "",
+            f"From `{d['path']}` ({d['what']}): `{d['command']}`. {env['cpu']}, {env['cpu_count']} CPUs, "
+            f"nvcc {env['nvcc']}, {env['measured']}; {env['load']}. Counted by {d['counted_by']}.",
+        ]
+    )
+
+
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min ({seconds:.0f} s)"
 
@@ -237,6 +258,8 @@ def render(readme: str) -> str:
         docs = load(match["glob"])
         if docs[0].get("kind") == "predicted":
             body = predicted_table(docs)
+        elif docs[0].get("kind") == "compile":
+            body = compile_table(docs)
         elif "bands" in docs[0]:
             body = log_odds_table(docs)
         elif "speedup_vs_first" in docs[0]["rows"][0]:
