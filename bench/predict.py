@@ -271,8 +271,9 @@ class Registers:
         return DEFAULT_REGISTERS.get(v.name, 64), "default (sm_90a as built)"
 
 
-# <T, NT .. MINB, TMA>: one build per config (a cp.async one also runs the log-partition)
-_PIPE_NAME = re.compile(r"shard_argmax_mma_pipe_kernelI(?:13__nv_bfloat16|6__half)((?:Li\d+E){7})Lb([01])E")
+# <T, NT .. MINB, TMA>: one build per config (a cp.async one also runs the log-partition); a build from
+# before that (<..., TMA, LSE>: two bools) is not read, its LSE builds are not the argmax's registers
+_PIPE_NAME = re.compile(r"shard_argmax_mma_pipe_kernelI(?:13__nv_bfloat16|6__half)((?:Li\d+E){7})Lb([01])E(?=EEv)")
 _SIMT_NAME = re.compile(r"shard_argmax_kernelI13__nv_bfloat16Li(\d+)ELi8ELb0ELb0E")  # <T, NB, kVec, TOPK, LSE>: argmax
 _MMA_BY_TEMPLATE = {(tuple(m[1:8]), m.tma): m.name for m in MMA_CONFIGS.values()}  # (NT .. MINB, TMA)
 

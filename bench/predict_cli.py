@@ -89,7 +89,7 @@ def predicted_rows(spec, shapes, batches, registers, table) -> tuple[list[dict],
                     "model": _brief(got[table_path]),
                     "model_meets_bar": got[table_path]["fraction_of_copy"] >= pm.BAR_FRACTION,
                     # the *_lse ops (log-probs, log-odds): C++ auto's path and config are the plain
-                    # op's (registers of the plain build); before the tensor cores took them: simt
+                    # op's (the same kernel); before the tensor cores took them: simt
                     "log_partition": _brief(got[auto]),
                     "log_partition_before": _brief(got["gemm" if auto == "gemm" else "simt"]),
                 }

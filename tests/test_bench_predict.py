@@ -290,6 +290,11 @@ def test_parse_registers_from_cuobjdump_keeps_the_arch_and_argmax_kernels():
     assert pm.parse_registers(CUOBJDUMP, "sm_80") == {"mma/n1_r64": 96}
 
 
+def test_parse_registers_skips_a_build_with_separate_log_partition_kernels():
+    old = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi1ELi2ELi4ELi6ELb0ELb1E")  # <..., TMA, LSE>: an older build
+    assert pm.parse_registers(_fatbin("sm_90a", {old: 171}), "sm_90") == {}
+
+
 def test_parse_registers_from_ptxas_lines():
     assert pm.parse_registers(PTXAS_LOG, "sm_90") == {"mma/n1_r64": 152}
 
