@@ -299,9 +299,8 @@ def test_speculator_writes_the_estimator_state_from_exact_log_odds(res, transfor
     bands = collections.Counter()
     print(f"\n{mode} {transform}: T, float64 log-odds, feature written by the plugin, by vLLM's predict")
     for row in c["rows"]:
-        print(f"  {row['t']:5}  {row['f64']:11.6f}  {row['ours'][0]:11.6f}  {row['vllm'][0]:11.6f}")
-    for row in c["rows"]:
         f64, (feat, pred, conf), (vfeat, vpred, vconf) = row["f64"], row["ours"], row["vllm"]
+        print(f"  {row['t']:5}  {f64:11.6f}  {feat:11.6f}  {vfeat:11.6f}")
         bands[_band(f64)] += 1
         assert pred == conf, row  # the prediction and the confidence are one value
         if f64 > 40:

@@ -41,16 +41,15 @@ __device__ __forceinline__ unsigned int word_of(const uint4& v, int i) {
 // (state.best_key), the same in every lane with that thread-in-group t
 // (xor-shuffles over the 8 lanes of each t); one n-tile's states live at a
 // time. Rows past num_valid and batch rows past batch never count. With lse
-// (a run-time flag, uniform over the launch; LSE: whether the instantiation
-// has the code at all, false for the TMA configs) the
-// logits are transformed first (transform_logit) and the state also carries
+// (uniform over the launch; a constant false in the TMA configs, which then
+// have no log-partition code) the logits are transformed first (transform_logit) and the state also carries
 // the warp's log-partition (ref, others) of that batch row: each lane folds
 // its rows in ascending order (m-tile, then row g before g + 8), then the 8
 // lanes of the group merge by the xor butterfly (offsets 4, 8, 16): the tree
 // ((g0 g1)(g2 g3))((g4 g5)(g6 g7)), lane g = 0's state emitted (the same
 // bits in all 8 lanes: a merge of two states commutes where their best keys
 // differ; DESIGN.md, "Log-probabilities").
-template <typename T, int MT, int NT, bool LSE, typename Emit>
+template <typename T, int MT, int NT, typename Emit>
 __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], int row_base, int64_t b0, int64_t batch,
                                                int num_valid, const T* __restrict__ bias_t,
                                                const float* __restrict__ bias_f, int64_t vocab_start,
@@ -70,8 +69,8 @@ __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], in
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     PartitionState best[2] = {partition_init(), partition_init()};
-    float t_sum[2] = {1.0f, 1.0f};  // LSE: the sums' temperature of batch column j
-    if (LSE && lse) {
+    float t_sum[2] = {1.0f, 1.0f};  // lse: the sums' temperature of batch column j
+    if (lse) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int64_t b = b0 + 8 * nt + mma_c_col(lane, j);
@@ -87,10 +86,10 @@ __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], in
         if (row >= num_valid || b >= batch) continue;
         float s = acc[mt][nt][r];
         if (has_bias) s = __fadd_rn(s, bias[mt][r]);
-        if (LSE && lse) s = transform_logit(s, out.scale, out.soft_cap);
+        if (lse) s = transform_logit(s, out.scale, out.soft_cap);
         const uint64_t global_index = static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(row);
         const unsigned long long key = key_of(s, b, global_index, out);
-        if (LSE && lse) {
+        if (lse) {
           partition_add(best[r % 2], s, key, t_sum[r % 2]);
         } else if (key > best[r % 2].best_key) {
           best[r % 2].best_key = key;
@@ -103,7 +102,7 @@ __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], in
 #pragma unroll
       for (int offset = 4; offset < 32; offset *= 2) {
         const unsigned long long other_key = __shfl_xor_sync(0xFFFFFFFFu, best[j].best_key, offset);
-        if (LSE && lse) {  // (partition_merge commutes where the keys differ: lane 0's is emitted)
+        if (lse) {  // (partition_merge commutes where the keys differ: lane 0's is emitted)
           const PartitionState other{other_key, __shfl_xor_sync(0xFFFFFFFFu, best[j].ref, offset),
                                      __shfl_xor_sync(0xFFFFFFFFu, best[j].others, offset)};
           partition_merge(best[j], other, t_sum[j]);
@@ -169,7 +168,7 @@ __global__ void __launch_bounds__(WM * SK * 32, MINB)
   static_assert(KC * WM * MT * NT * 4 * 32 * 4 <= ST * KC * kTileRows * 64, "split-K partials fit in the stages");
   static_assert(!TMA || (kRows <= 256 && ST <= 32), "TMA: a box dimension is at most 256; one parity bit per stage");
   // The split-K partials' bytes at the start of the stages (read in the
-  // epilogue) and, after them, LSE's per-warp log-partition states
+  // epilogue) and, after them, the log-partition's per-warp states
   // [WM][8 NT] (written in the epilogue, merged by store_block_partition).
   constexpr int kPartialBytes = SK > 1 ? KC * WM * MT * NT * 4 * 32 * 4 : 0;
   // The log-partition runs on the cp.async configs, when the launch passes
@@ -342,11 +341,11 @@ __global__ void __launch_bounds__(WM * SK * 32, MINB)
               sum[mt][nt][r] =
                   __fadd_rn(sum[mt][nt][r], c % SK == 0 ? acc[c / SK][mt][nt][r] : part_at(c, mt, nt, r));
           }
-      warp_best_keys<T, MT, NT, kLse>(sum, row_base, b0, batch, num_valid, bias_t, bias_f, vocab_start, out, lse,
+      warp_best_keys<T, MT, NT>(sum, row_base, b0, batch, num_valid, bias_t, bias_f, vocab_start, out, lse,
                                      [&](int nt, int j, const PartitionState& state) {
                                        if (g != 0) return;
                                        block_best[wm][8 * nt + 2 * t + j] = state.best_key;
-                                       if (kLse && lse) warp_states()[wm][8 * nt + 2 * t + j] = state;
+                                       if (lse) warp_states()[wm][8 * nt + 2 * t + j] = state;
                                      });
     }
     __syncthreads();
@@ -354,7 +353,7 @@ __global__ void __launch_bounds__(WM * SK * 32, MINB)
     fold_block_best(block_best, b0, batch, out.keys);
     // The warps' states merged in warp order into the block's (barriers
     // around it: the stages are refilled by the next batch chunk after it).
-    if (kLse && lse) store_block_partition(warp_states(), b0, batch, out);
+    if (lse) store_block_partition(warp_states(), b0, batch, out);
   }
 }
 

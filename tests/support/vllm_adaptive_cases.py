@@ -14,7 +14,7 @@ import types
 import torch
 
 from tests.support.reference import ref_log_odds, ref_logits
-from tests.support.vllm_common import head_of, processor
+from tests.support.vllm_common import WarningLog, head_of, processor
 
 MAX_REQS, STEPS, VOCAB, HSIZE = 12, 3, 1500, 32
 # per request slot: T (0 and -1: greedy, T = 1 in the estimator), and the gap planted above the rest (logit units)
@@ -51,24 +51,16 @@ def version_gate_case(plugin) -> dict:
     """On a vLLM version other than ADAPTIVE_VERIFICATION_VLLM the plugin
     leaves both refusals in place and logs one line saying why (vLLM's
     __version__ changed for the test, then restored)."""
-    import logging
-
     import vllm
 
-    records = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            records.append((record.levelname, record.getMessage()))
-
-    handler = Keep()
+    handler = WarningLog("stays refused")
     plugin.logger.addHandler(handler)
     real = vllm.__version__
     try:
         plugin._uninstall_adaptive_verification()
         vllm.__version__ = "0.34.0"
         plugin._install_adaptive_verification()
-        out = {"active": plugin.adaptive_verification_active(), "records": records[:]}
+        out = {"active": plugin.adaptive_verification_active(), "records": handler.records[:]}
         out["config"] = _build_config()
     finally:
         vllm.__version__ = real

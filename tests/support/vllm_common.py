@@ -12,17 +12,19 @@ import torch
 
 
 class WarningLog(logging.Handler):
-    """The plugin's fallback WARNING records (their reasons, once each; the
-    version gate's line is not a fallback)."""
+    """The plugin's WARNING (and worse) records whose format string holds
+    ``match``: (level, message) each, and their first argument (a fallback's
+    reason)."""
 
-    def __init__(self):
+    def __init__(self, match: str):
         super().__init__(logging.WARNING)
-        self.messages, self.reasons = [], []
+        self.match = match
+        self.records, self.reasons = [], []
 
     def emit(self, record):
-        if "own LogitsProcessor method runs for" not in record.msg:
+        if self.match not in record.msg:
             return
-        self.messages.append(record.getMessage())
+        self.records.append((record.levelname, record.getMessage()))
         if record.args:
             self.reasons.append(str(record.args[0]))
 

@@ -433,7 +433,7 @@ def worker(rank: int, world_size: int, seed: int):
 
     import localargmax.integrations.vllm as plugin
 
-    warnings = WarningLog()
+    warnings = WarningLog("own LogitsProcessor method runs for")  # the fallbacks' line
     logging.getLogger("localargmax.integrations.vllm").addHandler(warnings)
     load_general_plugins()  # vLLM's own entry-point loader, as in every vLLM process
     out = {"active_after_vllm_loader": plugin.is_active()}
@@ -457,7 +457,7 @@ def worker(rank: int, world_size: int, seed: int):
     out["adaptive_special_rows"] = special_rows_case(plugin, gen, cfg)
     out["adaptive_speculator"] = speculator_case(plugin, gen, cfg)
     out["fallback_warnings"] = {
-        reason: sum(reason in m for m in warnings.messages) for reason in sorted(set(warnings.reasons))
+        reason: sum(reason in m for _, m in warnings.records) for reason in sorted(set(warnings.reasons))
     }
     out["stats"] = plugin.stats()
     out["switch"] = _switch_case(plugin)
