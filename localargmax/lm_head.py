@@ -32,7 +32,9 @@ class VocabParallelLMHead(nn.Module):
             (``dist.group.WORLD`` is None before ``init_process_group``).
         pad_to: vocabulary padding granularity.
         bias: whether the head has a bias (held in float32, the dtype the
-            kernels add it in, whatever ``dtype`` is).
+            kernels add it in, whatever ``dtype`` is, through every Module
+            cast: ``.to(dtype)``, ``.half()``, ``to_empty``,
+            ``load_state_dict(assign=True)``, a parent model's cast).
         reduce: ``"all_gather"`` or ``"all_reduce"`` for :meth:`forward`.
         dtype, device: of the parameters.
 
@@ -134,6 +136,29 @@ class VocabParallelLMHead(nn.Module):
                 head.bias[:valid].copy_(bias[start : start + valid])
         return head
 
+    def _apply(self, fn, recurse=True):
+        """Every Module conversion (``.to``, ``.half()``, ``.bfloat16()``,
+        ``.double()``, ``.type``, ``to_empty``, a parent's cast) passes through
+        here: the bias follows a device move but keeps float32 (DESIGN rule 7)."""
+        bias = self.bias
+        if bias is None:
+            return super()._apply(fn, recurse)
+
+        def keep_bias_float32(t):
+            out = fn(t)
+            if t is bias and out.dtype != torch.float32:
+                out = t.to(device=out.device, dtype=torch.float32)
+            return out
+
+        return super()._apply(keep_bias_float32, recurse)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """``load_state_dict(..., assign=True)`` takes the checkpoint's tensors
+        as they are: a bias saved in another dtype is held in float32 again."""
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if self.bias is not None and self.bias.dtype != torch.float32:
+            self.bias = nn.Parameter(self.bias.detach().float(), requires_grad=self.bias.requires_grad)
+
     @property
     def vocab_start(self) -> int:
         return self.shard.vocab_start
@@ -226,7 +251,9 @@ class LocalArgmaxMixin:
         ``ParallelLMHead`` (``weight``, optional ``bias``, ``shard_indices``
         with ``org_vocab_start_index``, ``org_vocab_end_index``,
         ``num_org_vocab_padding``; its group is ``lm_head.tp_group`` if set, or
-        ``self.local_argmax_group``). A head that knows its TP size
+        ``self.local_argmax_group``). Our head keeps its bias float32
+        through the draft model's casts (``.to(torch.bfloat16)``); a vLLM-style
+        head's bias is used as it holds it. A head that knows its TP size
         (``VocabParallelLMHead.world_size``, ``ParallelLMHead.tp_size``) must
         get a group of that size: ``None`` for a TP rank is refused.
       * ``draft_id_to_target_id``: ``[draft_vocab]`` int64 d2t, or ``None`` /

@@ -450,3 +450,102 @@ def test_mixin_warns_for_a_shard_past_zero_without_a_group(monkeypatch):
     del head.tp_size
     with pytest.warns(UserWarning, match="init_process_group"):
         _MixinDraft(head).get_top_tokens(torch.randn(3, 8))
+
+
+# ------------------------------------------ the bias stays float32 through every Module cast (DESIGN rule 7)
+
+_CASTS = {
+    "to(bf16)": (lambda m: m.to(torch.bfloat16), torch.bfloat16),
+    "to(cpu, bf16)": (lambda m: m.to("cpu", torch.bfloat16), torch.bfloat16),
+    "to(dtype=fp16)": (lambda m: m.to(dtype=torch.float16), torch.float16),
+    "bfloat16()": (lambda m: m.bfloat16(), torch.bfloat16),
+    "half()": (lambda m: m.half(), torch.float16),
+    "type(bf16)": (lambda m: m.type(torch.bfloat16), torch.bfloat16),
+    "double().bfloat16()": (lambda m: m.double().bfloat16(), torch.bfloat16),
+}
+
+
+def _bias_decides(gen, batch=4, vocab=333, hsize=16):
+    """Hidden / weight exact in bf16 and fp16, and a float32 bias that decides:
+    each batch row's winners are a pair of identical weight rows a < b whose
+    biases are c and c + 2**-12, below bf16's and fp16's resolution at c in
+    [1, 2): a bias rounded to either makes a and b tie, and the tie goes to a;
+    in float64 (and float32) b wins, 2**-12 clear of the float32 bound."""
+    hidden = torch.randint(-4, 5, (batch, hsize), generator=gen) / 4.0
+    weight = torch.randint(-4, 5, (vocab, hsize), generator=gen) / 64.0
+    bias = torch.rand(vocab, generator=gen)
+    rows = torch.randperm(vocab, generator=gen)[: 2 * batch].view(batch, 2).sort(dim=1).values
+    for i, (a, b) in enumerate(rows.tolist()):
+        weight[a] = weight[b] = hidden[i] / 4
+        bias[a] = 1 + int(torch.randint(0, 128, (1,), generator=gen)) * 2**-7
+        bias[b] = bias[a] + 2**-12
+    assert not torch.equal(ref_argmax(hidden, weight, bias), ref_argmax(hidden, weight, bias.bfloat16()))
+    assert not torch.equal(ref_argmax(hidden, weight, bias), ref_argmax(hidden, weight, bias.half()))
+    return hidden, weight, bias
+
+
+def _ids_of(model, hidden):
+    head = model.lm_head if isinstance(model, _MixinDraft) else model
+    assert head.bias.dtype == torch.float32, head.bias.dtype
+    return (model.get_top_tokens if isinstance(model, _MixinDraft) else model)(hidden.to(head.weight.dtype))
+
+
+@pytest.mark.parametrize("parent", [False, True], ids=["head", "mixin_draft"])
+@pytest.mark.parametrize("cast", list(_CASTS))
+def test_bias_stays_float32_through_module_casts(gen, cast, parent):
+    """Every cast of the head, or of a draft model (LocalArgmaxMixin) holding
+    it, converts the weight and keeps the bias float32 and exact: ids equal the
+    float64 reference (a rounded bias returns the other row of each pair)."""
+    hidden, weight, bias = _bias_decides(gen)
+    head = localargmax.VocabParallelLMHead.from_full(weight, 0, 1, bias=bias)
+    model = _MixinDraft(head) if parent else head
+    apply, dtype = _CASTS[cast]
+    assert apply(model) is model
+    assert head.weight.dtype == dtype and torch.equal(head.bias[:333], bias)
+    check_against_reference(_ids_of(model, hidden), hidden, weight, bias, min_clear_fraction=1.0, context=cast)
+
+
+@pytest.mark.parametrize("future", ["set_data", "overwrite", "swap_tensors"])
+def test_bias_stays_float32_under_every_conversion_mode(gen, future):
+    """torch.__future__'s conversion modes: .data assignment (the default), new
+    Parameters, and swap_tensors."""
+    hidden, weight, bias = _bias_decides(gen)
+    head = localargmax.VocabParallelLMHead.from_full(weight, 0, 1, bias=bias)
+    flag = {"overwrite": "overwrite_module_params_on_conversion", "swap_tensors": "swap_module_params_on_conversion"}
+    name = flag.get(future)
+    before = getattr(torch.__future__, f"get_{name}")() if name else None
+    if name:
+        getattr(torch.__future__, f"set_{name}")(True)
+    try:
+        _MixinDraft(head).bfloat16()
+    finally:
+        if name:
+            getattr(torch.__future__, f"set_{name}")(before)
+    assert head.weight.dtype == torch.bfloat16
+    check_against_reference(_ids_of(head, hidden), hidden, weight, bias, min_clear_fraction=1.0, context=future)
+
+
+@pytest.mark.parametrize("parent", [False, True], ids=["head", "mixin_draft"])
+@pytest.mark.parametrize("route", ["to_empty", "assign"])
+def test_bias_stays_float32_through_meta_init_and_loading(gen, route, parent):
+    """The engines' loading routes: built on the meta device and cast, then
+    ``to_empty`` or ``load_state_dict(assign=True)`` from a checkpoint whose
+    bias is bf16; a later ordinary load (a weight refresh) of a float32 bias
+    must not round it. Device moves still apply."""
+    hidden, weight, bias = _bias_decides(gen)
+    model = localargmax.VocabParallelLMHead(333, 16, bias=True, device="meta")
+    model = (_MixinDraft(model) if parent else model).to(torch.bfloat16)
+    head = model.lm_head if parent else model
+    assert head.bias.device.type == "meta" and head.bias.dtype == torch.float32
+    prefix = "lm_head." if parent else ""
+    padded_w, padded_b = torch.zeros(384, 16), torch.zeros(384)
+    padded_w[:333], padded_b[:333] = weight, bias
+    if route == "to_empty":
+        model.to_empty(device="cpu")
+    else:
+        ckpt = {prefix + "weight": padded_w.bfloat16(), prefix + "bias": padded_b.bfloat16()}
+        model.load_state_dict(ckpt, assign=True)
+    assert head.weight.device.type == head.bias.device.type == "cpu"
+    assert head.weight.dtype == torch.bfloat16 and head.bias.dtype == torch.float32
+    model.load_state_dict({prefix + "weight": padded_w, prefix + "bias": padded_b})
+    check_against_reference(_ids_of(model, hidden), hidden, weight, bias, min_clear_fraction=1.0, context=route)
