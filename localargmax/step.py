@@ -521,6 +521,10 @@ def lm_head_sample(
     return_log_probs: bool = False,
     logit_scale: float = 1.0,
     soft_cap: float | None = None,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    fallback: str = "gather",
 ):
     """Sample ``ids ~ softmax(logits / T)`` of a vocab-parallel lm_head with
     ``O(tp)`` communication: Gumbel-max, ``argmax_v (logit[b, v] / T[b] + g)``,
@@ -554,6 +558,13 @@ def lm_head_sample(
             ``x``. Each rank's pair refers to its own sampled entry, so no
             noise is recomputed in the merge.
         logit_scale, soft_cap: as in :func:`lm_head_argmax`.
+        top_k, top_p, min_p: vLLM's filters (``SamplingParams``), a number
+            or a ``[B]`` tensor each; off at None, ``top_k <= 0`` (or ``>=
+            V``), ``top_p = 1``, ``min_p = 0``; greedy rows ignore them. With
+            any of them the step runs :mod:`localargmax.filtered` (DESIGN.md,
+            "Filtered sampling"): ``payload_length(B, 64, True)`` words and
+            ``reduce="all_gather"``; ``fallback`` (``"gather"``, eager only,
+            or ``"error"``) says what rows the candidates cannot decide get.
         Others: as in :func:`lm_head_argmax`.
 
     Returns:
@@ -568,6 +579,16 @@ def lm_head_sample(
         step's device-side assert raises (see :func:`lm_head_argmax`). The
         exchange is checked as in :func:`lm_head_argmax`.
     """
+    if top_k is not None or top_p is not None or min_p is not None:
+        if reduce != "all_gather":
+            raise ValueError(f"top_k / top_p / min_p need reduce='all_gather', got {reduce!r}")
+        from .filtered import filtered_sample  # (it imports this module)
+
+        return filtered_sample(
+            hidden, weight, temperature=temperature, seed=seed, offset=offset, top_k=top_k, top_p=top_p,
+            min_p=min_p, vocab_start=vocab_start, num_valid=num_valid, bias=bias, d2t=d2t, group=group,
+            return_log_probs=return_log_probs, logit_scale=logit_scale, soft_cap=soft_cap, fallback=fallback,
+        )  # fmt: skip
     t = _resolve_temperature(temperature, hidden)
     _, gathered, got_pairs, ok = _step(
         shard_sample, (t, seed, offset), hidden, weight, vocab_start, num_valid, bias, d2t, group, reduce,

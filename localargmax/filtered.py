@@ -1,0 +1,306 @@
+"""Exact top-k / top-p / min-p sampling from vocab-parallel logits in one
+exchange (DESIGN.md, "Filtered sampling"): each rank's fused top-K pass with
+its log-partition pair, the exchange ``lm_head_topk(..., return_log_probs=True)``
+sends, then Gumbel-max over the allowed set among the merged candidates with
+the noise :func:`localargmax.lm_head_sample` uses. Rows whose allowed set is
+not decided by the candidates are recomputed from a gather of their logits."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import envs
+from ._validation import MAX_TOPK
+from .collective import check_step_consistency, exchange_keys
+from .ops import decode_keys, shard_topk
+from .packed_key import SIGN_FLIP
+from .step import _host_checks, _merge_checked, _resolve_temperature, _step, log_probs_from_pairs
+
+CANDIDATES = MAX_TOPK
+"""Keys per row each rank sends (its top-K): the step's payload is
+``payload_length(B, CANDIDATES, log_probs=True)`` words."""
+
+FALLBACKS = ("gather", "error")
+
+_M0, _M1, _W0, _W1, _MASK = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85, 0xFFFFFFFF
+_G_MAX = -math.log(-math.log((2.0**32 - 0.5) / 2.0**32))
+"""The largest Gumbel noise the 32-bit Philox word can give (u = (2**32 - 0.5) / 2**32): ~22.18."""
+_Z_RTOL = 1e-4
+"""Relative error allowed to the log-partition pairs' total (measured <= 2e-6: DESIGN.md, "Log-probabilities")."""
+_NO_ENTRY_STANDIN = 0x007FFFFFFFFFFFFF  # a decodable key (-inf at id 0) in place of key 0 before decode_keys
+
+
+def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """High and low 32 bits of ``a * b`` for ``a`` and ``b`` in [0, 2**32),
+    from 16-bit halves of ``b`` so no int64 product overflows."""
+    p_lo, p_hi = a * (b & 0xFFFF), a * (b >> 16)  # < 2**48 each
+    return (p_hi + (p_lo >> 16)) >> 16, (((p_hi & 0xFFFF) << 16) + p_lo) & _MASK
+
+
+def gumbel_noise(seed: int, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The Gumbel noise of the sampling kernels at any (row, global id):
+    Philox 4x32-10 with key ``seed`` and counter ``(id, row)``, ``u = (x0 +
+    0.5) / 2**32``, ``g = float32(-log(-log(u)))`` (``gumbel_noise`` in
+    csrc/common/philox.h), in int64 tensor arithmetic on any device.
+
+    Args:
+        seed: ``0 <= seed < 2**63``.
+        rows: int64 Philox subsequences (``offset + b``), broadcastable with ``ids``.
+        ids: int64 global (draft) vocabulary ids ``>= 0``.
+
+    Returns:
+        float32 noise of the broadcast shape. Bit-identical to the kernels'
+        but where ``log`` of float64 differs by an ulp across libraries and
+        that ulp crosses a float32 rounding boundary (about 2**-28 of values).
+    """
+    rows, ids = torch.broadcast_tensors(rows, ids)
+    c0, c1, c2, c3 = ids & _MASK, (ids >> 32) & _MASK, rows & _MASK, (rows >> 32) & _MASK
+    k0, k1 = seed & _MASK, (seed >> 32) & _MASK
+    for _ in range(10):
+        hi0, lo0 = _mulhilo(_M0, c0)
+        hi1, lo1 = _mulhilo(_M1, c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0, k1 = (k0 + _W0) & _MASK, (k1 + _W1) & _MASK
+    u = (c0.to(torch.float64) + 0.5) * (1.0 / 2.0**32)
+    return (-torch.log(-torch.log(u))).to(torch.float32)
+
+
+def _row_param(value, name: str, batch: int, device, dtype, low: float, high: float):
+    """A filter argument as a ``[B]`` tensor of ``dtype`` (None: None)."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0:
+            value = value.reshape(1).expand(batch)
+        if value.dim() != 1 or value.shape[0] != batch:
+            raise ValueError(f"{name} must be a number or a tensor [batch={batch}], got shape {tuple(value.shape)}")
+        if value.device != device:
+            raise ValueError(f"{name} is on {value.device} but hidden is on {device}")
+        if (dtype == torch.int64) == value.is_floating_point():
+            raise TypeError(
+                f"{name} must be an {'integer' if dtype == torch.int64 else 'float'} tensor, got {value.dtype}"
+            )
+        if _host_checks(value) and not bool(((value >= low) & (value <= high)).all()):
+            raise ValueError(f"{name} must lie in [{low}, {high}], got {value.tolist()}")
+        return value.to(dtype)
+    kind = int if dtype == torch.int64 else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
+        kind = "an int" if dtype == torch.int64 else "a float"
+        raise ValueError(f"{name} must be {kind} in [{low}, {high}] or a tensor [B], got {value!r}")
+    return torch.full((batch,), value, dtype=dtype, device=device)
+
+
+def filtered_sample(
+    hidden, weight, *, temperature, seed, offset=0, top_k=None, top_p=None, min_p=None, vocab_start=0,
+    num_valid=None, bias=None, d2t=None, group=None, return_log_probs=False, logit_scale=1.0, soft_cap=None,
+    fallback="gather",
+):  # fmt: skip
+    """:func:`localargmax.lm_head_sample` with ``top_k`` / ``top_p`` /
+    ``min_p`` (its docstring has the arguments; DESIGN.md, "Filtered sampling").
+    Each rank sends ``payload_length(B, CANDIDATES, log_probs=True)`` words,
+    plus, for rows whose allowed set the candidates do not decide, one gather
+    of those rows' logits (``fallback="gather"``, eager only) or an error
+    (``fallback="error"``: ValueError on the CPU, a device-side assert
+    otherwise)."""
+    if fallback not in FALLBACKS:
+        raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
+    if not isinstance(return_log_probs, bool):
+        raise TypeError(f"return_log_probs must be a bool, got {type(return_log_probs).__name__}")
+    t = _resolve_temperature(temperature, hidden)
+    batch, dev = hidden.shape[0], hidden.device
+    k = _row_param(top_k, "top_k", batch, dev, torch.int64, -(2**62), 2**62)
+    p = _row_param(top_p, "top_p", batch, dev, torch.float32, 0.0, 1.0)
+    mp = _row_param(min_p, "min_p", batch, dev, torch.float32, 0.0, 1.0)
+    if p is not None and _host_checks(p) and bool((p <= 0).any()):
+        raise ValueError(f"top_p must lie in (0, 1] (1 = off), got {p.tolist()}")
+    if fallback == "gather" and _capturing():
+        raise ValueError(
+            "fallback='gather' needs the number of fallback rows on the host, which CUDA-graph capture and "
+            "torch.compile do not allow: pass fallback='error' (a device-side assert if any row needs the gather)"
+        )
+    _, gathered, pairs, ok = _step(
+        shard_topk, (CANDIDATES,), hidden, weight, vocab_start, num_valid, bias, d2t, group, "all_gather", True,
+        logit_scale, soft_cap, CANDIDATES,
+    )  # fmt: skip
+    if batch == 0:
+        empty = hidden.new_empty((0,), dtype=torch.int64)
+        return (empty, hidden.new_empty((0,), dtype=torch.float32)) if return_log_probs else empty
+    greedy_ids, _ = _merge_checked(gathered[..., 0], d2t, ok)  # the argmax, d2t applied, checked
+    zero = torch.zeros(batch, dtype=torch.float64, device=dev)
+    k = torch.zeros(batch, dtype=torch.int64, device=dev) if k is None else k
+    p = zero + 1.0 if p is None else p.to(torch.float64)
+    mp = zero if mp is None else mp.to(torch.float64)
+    rows = torch.arange(batch, device=dev) + offset
+    draft, logp, need = _decide(gathered, pairs, t, k, p, mp, seed, rows, return_log_probs)
+    if fallback == "error" and _host_checks(need) and bool(need.any()):
+        raise ValueError(
+            f"{int(need.sum())} rows' allowed sets do not fit among the {CANDIDATES} candidates per rank "
+            "(fallback='error'); pass fallback='gather' to recompute them from their gathered logits"
+        )
+    if fallback == "gather" and not _capturing() and bool(need.any()):
+        idx = need.nonzero()[:, 0]
+        fb_ids, fb_logp = _fallback(
+            hidden, weight, idx, vocab_start, num_valid, bias, group, logit_scale, soft_cap, t, k, p, mp, seed, rows
+        )
+        draft, logp = draft.index_put((idx,), fb_ids), logp.index_put((idx,), fb_logp)
+    elif fallback == "error" and not _host_checks(need):
+        torch._assert_async(~need.any(), "localargmax: a row's filtered set needs fallback='gather'")
+    sampling = (t > 0) & (draft >= 0)
+    ids = torch.where(sampling, draft, 0)
+    if d2t is not None:
+        ids = ids + d2t[ids]
+    ids = torch.where(sampling, ids, greedy_ids)
+    if not return_log_probs:
+        return ids
+    greedy_values = decode_keys(torch.where(gathered[..., 0] == 0, _NO_ENTRY_STANDIN, gathered[..., 0]))[1]
+    top = (gathered[..., 0] ^ SIGN_FLIP).argmax(dim=0, keepdim=True)
+    greedy_lp = log_probs_from_pairs(greedy_values.gather(0, top)[0], pairs)
+    return ids, torch.where(sampling, logp.to(torch.float32), greedy_lp)
+
+
+def _capturing() -> bool:
+    return torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def _decide(gathered, pairs, t, k, p, mp, seed, rows, want_lp):
+    """From the merged candidates and every rank's pair, per row: the sampled
+    draft id (-1 where the row is greedy, special or not decided), its
+    log-probability under the filtered distribution, and whether the row
+    needs the fallback. All from values every rank holds, in the same order."""
+    tp, batch, kk = gathered.shape
+    cand = (gathered.permute(1, 0, 2).reshape(batch, tp * kk) ^ SIGN_FLIP).sort(dim=1, descending=True).values
+    cand = cand ^ SIGN_FLIP  # [B, N], unsigned descending: the merged order
+    valid = cand != 0
+    ids, x = decode_keys(torch.where(valid, cand, _NO_ENTRY_STANDIN))
+    frontier = gathered[:, :, kk - 1]  # each rank's K-th key: its ids beyond the candidates lie below it
+    full = (frontier != 0).any(dim=0)  # some rank may hold ids that are not candidates
+    fmax = ((frontier ^ SIGN_FLIP).max(dim=0).values ^ SIGN_FLIP)[:, None]
+    prefix = valid & ((cand ^ SIGN_FLIP) >= (fmax ^ SIGN_FLIP))  # the exact head of the global order
+    n_prefix = prefix.sum(dim=1)
+    x = torch.where(valid, x.to(torch.float64), -math.inf)
+    special = ~x[:, 0].isfinite()  # NaN / +inf / all -inf: the argmax (as lm_head_sample)
+    tt = torch.where(t > 0, t, 1.0).to(torch.float64)[:, None]
+    y = x / tt
+    a = y[:, :1]
+    w = torch.where(valid, torch.exp(y - a), 0.0)
+    pos = torch.arange(tp * kk, device=cand.device)[None]
+    y_front = y.gather(1, (n_prefix - 1).clamp(min=0)[:, None])  # the largest value a non-candidate can have
+    k_on, p_on, mp_on = k > 0, p < 1, mp > 0
+    thr = a + torch.log(torch.where(mp_on, mp, 1.0))[:, None]
+    keep = valid & (~mp_on[:, None] | (y >= thr)) & (~k_on[:, None] | (pos < k[:, None]))
+    mp_fits = ~full | (y_front[:, 0] < thr[:, 0])
+    k_fits = ~full | (k <= n_prefix)
+    restricted = (mp_on & mp_fits) | (k_on & k_fits)  # the min-p / top-k set is a known prefix
+    # Partition of the allowed set before top-p: exact when restricted or no rank is full; else bounds from
+    # the pairs (T = 1) and the frontier: tail(T) <= a_front**(1/T - 1) * tail(1) for T <= 1.
+    z_known = (w * keep).sum(dim=1)
+    xa = x[:, :1]
+    ref, others = pairs[..., 0].to(torch.float64), pairs[..., 1].to(torch.float64)
+    z1 = ((others + (ref > -math.inf)) * torch.where(ref == xa[:, 0], 1.0, torch.exp(ref - xa[:, 0]))).sum(dim=0)
+    pre1 = torch.where(prefix, torch.exp(x - xa), 0.0).sum(dim=1)
+    pre_t = (w * prefix).sum(dim=1)
+    tail_hi1 = (z1 * (1 + _Z_RTOL) - pre1).clamp(min=0)
+    tail_lo1 = (z1 * (1 - _Z_RTOL) - pre1).clamp(min=0)
+    t1 = tt[:, 0]
+    a_front = torch.exp(x.gather(1, (n_prefix - 1).clamp(min=0)[:, None])[:, 0] - xa[:, 0])  # exp(x_front - x_max)
+    tail_hi = torch.where(t1 <= 1, a_front ** (1 / t1 - 1) * tail_hi1, math.inf)
+    tail_lo = torch.where(t1 == 1, tail_lo1, 0.0)
+    unrestricted = ~(mp_on | k_on)
+    none_on = unrestricted & ~p_on
+    z_lo = torch.where(restricted | ~full, z_known, pre_t + tail_lo)
+    z_hi = torch.where(restricted | ~full, z_known, pre_t + tail_hi)
+    member = torch.where((restricted | ~full | none_on)[:, None], keep, prefix)
+    mass = w * member
+    before = mass.cumsum(dim=1) - mass  # mass strictly before each candidate (vLLM: kept iff < p)
+    keep_lo = before < (p * z_lo)[:, None]
+    keep_hi = before < (p * z_hi)[:, None]
+    p_fits = restricted | ~full | (((keep_lo & member) == (keep_hi & member)).all(dim=1) & (pre_t >= p * z_hi))
+    allowed = member & (~p_on[:, None] | keep_lo | (pos == 0))
+    g = gumbel_noise(seed, rows[:, None], ids)
+    score = torch.where(allowed, y + g.to(torch.float64), -math.inf)
+    best = score.argmax(dim=1, keepdim=True)
+    certified = ~full | (score.gather(1, best)[:, 0] > y_front[:, 0] + _G_MAX + 1e-6)  # no outsider can beat it
+    z_sel = torch.where(none_on & full, torch.where(t1 == 1, z1, math.nan), (w * allowed).sum(dim=1))
+    logp = (y.gather(1, best)[:, 0] - a[:, 0]) - torch.log(z_sel)
+    need = (mp_on | k_on) & ~restricted
+    need |= p_on & ~p_fits
+    need |= none_on & ~certified
+    if want_lp:
+        need |= none_on & full & (t1 != 1)
+    need &= (t > 0) & ~special
+    draft = torch.where((t > 0) & ~special & ~need, ids.gather(1, best)[:, 0], -1)
+    return draft, logp, need
+
+
+def fallback_payload_length(n_rows: int, shard_rows: int) -> int:
+    """Int64 words one rank sends in the fallback gather: a 4-word header
+    ``[vocab_start, num_valid, n_rows, shard_rows]`` and the rows' float32
+    logits, two per word. Every rank's weight must have the same
+    ``shard_rows`` (vLLM pads the shards equally; ``LOCALARGMAX_DEBUG=1``
+    compares them)."""
+    return 4 + (n_rows * shard_rows + 1) // 2
+
+
+def _fallback(hidden, weight, idx, vocab_start, num_valid, bias, group, scale, cap, t, k, p, mp, seed, rows):
+    """The rows ``idx`` recomputed from every rank's gathered logits, filtered
+    as vLLM filters the full row (:func:`filter_and_sample`)."""
+    n, shard_rows = idx.numel(), weight.shape[0]
+    nv = shard_rows if num_valid is None else num_valid
+    if envs.LOCALARGMAX_DEBUG:
+        check_step_consistency(group, [n, shard_rows], ["fallback rows", "shard rows"])
+    logits = hidden[idx].float() @ weight.float().T
+    if bias is not None:
+        logits = logits + bias.float()
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    logits = (logits * scale).contiguous()
+    body = logits.reshape(-1)
+    if body.numel() % 2:
+        body = torch.cat([body, body.new_zeros(1)])
+    header = torch.tensor([vocab_start, nv, n, shard_rows], dtype=torch.int64).to(hidden.device)
+    got = exchange_keys(torch.cat([header, body.view(torch.int64)]), group, "all_gather")
+    heads = got[:, :4].tolist()
+    if any(h[2:] != [n, shard_rows] for h in heads):
+        raise ValueError(f"the TP ranks disagree on the fallback gather (rows, shard rows): {[h[2:] for h in heads]}")
+    vocab = max(s + v for s, v, _, _ in heads)
+    full = torch.full((n, vocab), math.nan, dtype=torch.float32, device=hidden.device)
+    for r, (s, v, _, _) in enumerate(heads):
+        part = got[r, 4:].view(torch.float32)[: n * shard_rows].view(n, shard_rows)
+        full[:, s : s + v] = part[:, :v]
+    return filter_and_sample(full, t[idx], k[idx], p[idx], mp[idx], seed, rows[idx])
+
+
+def filter_and_sample(logits, t, k, p, mp, seed, rows):
+    """vLLM 0.34's filters on full rows, then Gumbel-max with the kernels'
+    noise: temperature, min-p (``y >= max(y) + log(min_p)``), top-k (exactly
+    ``k`` ids, ties to the smaller id), top-p over what those kept (the
+    smallest prefix, in descending order, of mass ``>= p``; at least one id).
+
+    Args:
+        logits: ``[n, V]`` float32 transformed logits; NaN marks ids outside
+            the vocabulary (gaps between shards), which are never sampled.
+        t: ``[n]`` float32 temperatures ``> 0``; k ``[n]`` int64 (``<= 0``
+            off); p, mp ``[n]`` float64; seed; rows ``[n]`` int64 Philox
+            subsequences.
+
+    Returns:
+        ``(ids [n] int64, log_probs [n] float64)`` under the filtered distribution.
+    """
+    vocab = logits.shape[1]
+    y = torch.nan_to_num(logits.to(torch.float64), nan=-math.inf) / t.to(torch.float64)[:, None]
+    present = ~logits.isnan()
+    order = torch.sort(y, dim=1, descending=True, stable=True)  # ties: the smaller id first
+    ys, ids = order.values, order.indices
+    a = ys[:, :1]
+    pos = torch.arange(vocab, device=logits.device)[None]
+    keep = present.gather(1, ids) & (pos < torch.where(k > 0, k, vocab)[:, None])
+    keep &= (ys >= a + torch.log(torch.where(mp > 0, mp, 1.0))[:, None]) | (mp <= 0)[:, None]
+    w = torch.where(keep, torch.exp(ys - a), 0.0)
+    before = w.cumsum(dim=1) - w
+    keep &= (before < (p * w.sum(dim=1))[:, None]) | (p >= 1)[:, None] | (pos == 0)
+    w = torch.where(keep, w, 0.0)
+    score = torch.where(keep, ys + gumbel_noise(seed, rows[:, None], ids).to(torch.float64), -math.inf)
+    best = score.argmax(dim=1, keepdim=True)
+    return ids.gather(1, best)[:, 0], (ys.gather(1, best) - a)[:, 0] - torch.log(w.sum(dim=1))

@@ -1,0 +1,305 @@
+"""Filtered sampling (top-k / top-p / min-p) from vocab-parallel logits
+(localargmax.filtered; DESIGN.md, "Filtered sampling"): the same id as a
+float64 reference on the full matrix at tp 1, 2, 3 and 8, except at float32
+near-ties, whose margins the reference reports."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+import torch
+
+import localargmax
+from localargmax.filtered import CANDIDATES, gumbel_noise
+from tests.support.launch import run_ranks
+from tests.support.problems import layout_kwargs, make_shards
+
+TIE = 1e-4
+"""Near-tie margin (logit units / relative mass): float32 logits of these
+problems are within ~1e-6 of float64 (DESIGN.md, "Log-probabilities", Accuracy)."""
+
+
+def reference(logits, t, k, p, mp, seed, offset):
+    """Per row: the id a float64 filter + Gumbel-max on the full row picks
+    (vLLM 0.34's order: temperature, min-p, top-k, top-p), and whether any
+    of its decisions is within TIE of flipping. Plain Python sorts."""
+    out = []
+    for b in range(logits.shape[0]):
+        x = logits[b].tolist()
+        if t[b] == 0:
+            out.append((max(range(len(x)), key=lambda i: (x[i], -i)), False))
+            continue
+        y = [v / float(t[b]) for v in x]
+        order = sorted(range(len(y)), key=lambda i: (-y[i], i))
+        margins = []
+        if mp[b] > 0:
+            thr = y[order[0]] + math.log(float(mp[b]))
+            margins.append(min(abs(y[i] - thr) for i in order))
+            order = [i for i in order if y[i] >= thr]
+        if 0 < k[b] < len(order):
+            margins.append(y[order[k[b] - 1]] - y[order[k[b]]])
+            order = order[: k[b]]
+        if p[b] < 1:
+            w = [math.exp(y[i] - y[order[0]]) for i in order]
+            z, before, n = sum(w), 0.0, 0
+            for wi in w:
+                margins.append(abs(before / z - float(p[b])))
+                if before >= float(p[b]) * z and n:
+                    break
+                before, n = before + wi, n + 1
+            order = order[:n]
+        g = gumbel_noise(seed, torch.tensor([offset + b]), torch.tensor(order)).double().tolist()
+        scores = sorted(((y[i] + gi, -i) for i, gi in zip(order, g)), reverse=True)
+        if len(scores) > 1:
+            margins.append(scores[0][0] - scores[1][0])
+        out.append((-scores[0][1], min(margins, default=1.0) < TIE))
+    return out
+
+
+class ThreadGroup:
+    """An in-process all-gather for ``tp`` ranks run as threads: the
+    callable group of rank ``r`` is ``group.member(r)``."""
+
+    def __init__(self, tp):
+        self.barrier, self.slots = threading.Barrier(tp, timeout=120), [None] * tp
+
+    def member(self, r):
+        def all_gather(words):
+            self.slots[r] = words
+            self.barrier.wait()
+            out = torch.stack(self.slots)
+            self.barrier.wait()
+            return out
+
+        return all_gather
+
+
+def run_tp(hidden, weight, tp, **kw):
+    """lm_head_sample on ``tp`` simulated ranks (threads; padded standard
+    shards whose padding would win); checks every rank returns the same."""
+    shards = make_shards(weight, None, tp, 64, hidden=hidden)
+    group, results, errors = ThreadGroup(tp), [None] * tp, []
+
+    def rank(r):
+        try:
+            w, _, _ = shards[r]
+            g = group.member(r) if tp > 1 else None
+            results[r] = localargmax.lm_head_sample(hidden, w, **layout_kwargs(shards[r]), group=g, **kw)
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+            group.barrier.abort()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(tp)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+    first = results[0][0] if isinstance(results[0], tuple) else results[0]
+    for res in results[1:]:
+        assert torch.equal(res[0] if isinstance(res, tuple) else res, first), "the ranks disagree"
+    return results[0]
+
+
+def mixed_rows(gen, batch):
+    """Per-row temperature / top_k / top_p / min_p: greedy, unfiltered,
+    each filter alone and together, top_k past the candidates (fallback)."""
+    pick = lambda xs: torch.tensor(xs)[torch.randint(len(xs), (batch,), generator=gen)]  # noqa: E731
+    t = pick([0.0, 0.5, 0.7, 1.0, 1.0, 1.3])
+    k = pick([0, 0, 1, 5, 20, 50, 64, 100, 300, 5000])
+    p = pick([1.0, 1.0, 0.5, 0.9, 0.95])
+    mp = pick([0.0, 0.0, 0.05, 0.2])
+    off = torch.rand(batch, generator=gen) < 0.2  # some rows with every filter off
+    k[off], p[off], mp[off] = 0, 1.0, 0.0
+    return t, k, p, mp
+
+
+def problem(gen, batch=24, vocab=2003, hsize=32, sharp=3.0):
+    hidden = torch.randn(batch, hsize, generator=gen) * sharp
+    weight = torch.randn(vocab, hsize, generator=gen) / math.sqrt(hsize)
+    return hidden, weight
+
+
+def check(ids, hidden, weight, t, k, p, mp, seed, offset):
+    want = reference(hidden.double() @ weight.double().T, t, k.tolist(), p, mp, seed, offset)
+    exact = [b for b, (_, near) in enumerate(want) if not near]
+    assert len(exact) >= 0.7 * len(want), f"too many near-ties: {len(want) - len(exact)} of {len(want)}"
+    got = [int(ids[b]) for b in exact]
+    assert got == [want[b][0] for b in exact], [(b, got[i], want[b][0]) for i, b in enumerate(exact)]
+
+
+def test_noise_is_the_kernels_bit_for_bit(seed):
+    """gumbel_noise at (seed, row, id) equals the sampling kernel's noise:
+    a one-row shard at id ``v`` with logit 0 and T = 1 scores exactly ``g``."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(64, 8, generator=gen)
+    s = int(torch.randint(0, 2**62, (1,), generator=gen)) * 2 + 1
+    for start in (0, 1, 4097, 2**31 + 5, 2**32 - 2):
+        for offset in (0, 2**32 - 7, 2**62 + 3):
+            keys = localargmax.shard_sample(hidden, torch.zeros(1, 8), torch.ones(64), s, offset, vocab_start=start)
+            got = gumbel_noise(s, torch.arange(64) + offset, torch.full((64,), start))
+            assert torch.equal(localargmax.decode_keys(keys)[1].view(torch.int32), got.view(torch.int32))
+
+
+@pytest.mark.parametrize("tp", [1, 2, 3, 8])
+def test_same_id_as_float64_reference(seed, tp):
+    """Mixed greedy / unfiltered / filtered rows, uneven padded shards, rows
+    that need the fallback: the reference's id on every row but near-ties."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden, weight = problem(gen)
+    t, k, p, mp = mixed_rows(gen, hidden.shape[0])
+    ids = run_tp(hidden, weight, tp, temperature=t, seed=seed, offset=7, top_k=k, top_p=p, min_p=mp)
+    check(ids, hidden, weight, t, k, p, mp, seed, 7)
+
+
+@pytest.mark.parametrize("kind", ["top_k", "top_p", "min_p", "off"])
+def test_each_filter_alone_and_scalar_args(seed, kind):
+    """Scalar filter arguments (as SamplingParams give them), at tp 3; every
+    filter off (top_k=0) gives lm_head_sample's own id."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden, weight = problem(gen, batch=16, vocab=700)
+    t = torch.full((16,), 0.8)
+    args = {"top_k": {"top_k": 20}, "top_p": {"top_p": 0.9}, "min_p": {"min_p": 0.1}, "off": {"top_k": 0}}[kind]
+    ids = run_tp(hidden, weight, 3, temperature=t, seed=seed, **args)
+    full = {"top_k": 0, "top_p": 1.0, "min_p": 0.0} | args
+    row = lambda name, dt: torch.full((16,), full[name], dtype=dt)  # noqa: E731
+    check(
+        ids,
+        hidden,
+        weight,
+        t,
+        row("top_k", torch.int64),
+        row("top_p", torch.float64),
+        row("min_p", torch.float64),
+        seed,
+        0,
+    )
+    if kind == "off":
+        assert torch.equal(ids, localargmax.lm_head_sample(hidden, weight, temperature=t, seed=seed))
+
+
+def test_fallback_error_and_gather(seed):
+    """A row whose top-k exceeds every rank's candidates: fallback='error'
+    raises, 'gather' recomputes it (the reference's id); rows that fit never
+    need the gather."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden, weight = problem(gen, batch=4, vocab=3000, sharp=0.5)
+    t = torch.ones(4)
+    k = torch.tensor([5, 5, 2 * CANDIDATES + 1, 10])
+    with pytest.raises(ValueError, match="fallback='gather'"):
+        run_tp(hidden, weight, 2, temperature=t, seed=seed, top_k=k, fallback="error")
+    ids = run_tp(hidden, weight, 2, temperature=t, seed=seed, top_k=k, fallback="gather")
+    ones = torch.ones(4, dtype=torch.float64)
+    check(ids, hidden, weight, t, k, ones, 0 * ones, seed, 0)
+    small = run_tp(hidden, weight, 2, temperature=t, seed=seed, top_k=torch.tensor([5, 5, 7, 10]), fallback="error")
+    assert small[:2].tolist() == ids[:2].tolist()
+
+
+def test_log_probs_under_the_filtered_distribution(seed):
+    """return_log_probs: log of the sampled id's probability under the
+    filtered, renormalised softmax(x / T) (float64 on the full matrix)."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden, weight = problem(gen, batch=12, vocab=500)
+    t, k, p, mp = mixed_rows(gen, 12)
+    t[t == 0] = 0.7
+    ids, lp = run_tp(hidden, weight, 2, temperature=t, seed=seed, top_k=k, top_p=p, min_p=mp, return_log_probs=True)
+    logits = hidden.double() @ weight.double().T
+    want = reference(logits, t, k.tolist(), p, mp, seed, 0)
+    for b in range(12):
+        if want[b][1] or int(ids[b]) != want[b][0]:
+            continue
+        y = logits[b] / float(t[b])
+        keep = _kept_set(y, int(k[b]), float(p[b]), float(mp[b]))
+        ref = y[int(ids[b])] - torch.logsumexp(y[keep], 0)
+        assert abs(float(lp[b]) - float(ref)) < 1e-4, (b, float(lp[b]), float(ref))
+
+
+def _kept_set(y, k, p, mp):
+    """The allowed ids of one row (float64), for the log-probabilities and the chi-square test."""
+    order = sorted(range(len(y)), key=lambda i: (-float(y[i]), i))
+    if mp > 0:
+        order = [i for i in order if y[i] >= y[order[0]] + math.log(mp)]
+    if 0 < k < len(order):
+        order = order[:k]
+    if p < 1:
+        w = torch.exp(y[order] - y[order[0]])
+        before = torch.cumsum(w, 0) - w
+        order = [i for i, b in zip(order, (before < p * w.sum()).tolist()) if b] or order[:1]
+    return torch.tensor(order)
+
+
+def _gloo_worker(rank, world_size, seed):
+    import torch.distributed as dist
+
+    gen = torch.Generator().manual_seed(seed)
+    hidden, weight = problem(gen, batch=10, vocab=1501)
+    t, k, p, mp = mixed_rows(gen, 10)
+    w, _, s = make_shards(weight, None, world_size, 64, hidden=hidden)[rank]
+    ids = localargmax.lm_head_sample(
+        hidden, w, vocab_start=s.vocab_start, num_valid=s.num_valid, group=dist.group.WORLD, temperature=t,
+        seed=seed, offset=3, top_k=k, top_p=p, min_p=mp,
+    )  # fmt: skip
+    return ids.tolist()
+
+
+def test_real_gloo_ranks(seed):
+    """The same through a real gloo all-gather (and its fallback gather) on 3 ranks."""
+    results = run_ranks(_gloo_worker, 3, seed)
+    assert results[0] == results[1] == results[2]
+    gen = torch.Generator().manual_seed(seed)
+    hidden, weight = problem(gen, batch=10, vocab=1501)
+    t, k, p, mp = mixed_rows(gen, 10)
+    check(torch.tensor(results[0]), hidden, weight, t, k, p, mp, seed, 3)
+
+
+def test_masks_match_vllm(seed):
+    """The allowed sets of the reference match vLLM 0.34's own top-k / top-p
+    mask (apply_top_k_top_p_pytorch) on rows without ties."""
+    sampler = pytest.importorskip("vllm.v1.sample.ops.topk_topp_sampler", reason="needs vLLM")
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(16, 300, generator=gen, dtype=torch.float64) * 3
+    k = torch.randint(1, 120, (16,), generator=gen)
+    p = torch.rand(16, generator=gen, dtype=torch.float64) * 0.9 + 0.05
+    masked = sampler.apply_top_k_top_p_pytorch(logits.float().clone(), k, p.float())
+    for b in range(16):
+        want = set(_kept_set(logits[b], int(k[b]), float(p[b]), 0.0).tolist())
+        assert set(masked[b].isfinite().nonzero()[:, 0].tolist()) == want, b
+
+
+@pytest.mark.parametrize("kind", ["top_k", "top_p", "min_p"])
+def test_chi_square_per_filter(seed, kind):
+    """Many rows of one problem with fresh noise (offset = row): the sampled
+    ids' counts against the float64 filtered softmax (tp 2, p > 1e-4)."""
+    scipy_stats = pytest.importorskip("scipy.stats", reason="needs scipy")
+    gen = torch.Generator().manual_seed(seed)
+    n, vocab = 3000, 200
+    weight = torch.randn(vocab, 16, generator=gen) / 4
+    hidden = torch.randn(1, 16, generator=gen).expand(n, 16).contiguous() * 1.5
+    args = {"top_k": {"top_k": 12}, "top_p": {"top_p": 0.8}, "min_p": {"min_p": 0.05}}[kind]
+    ids = run_tp(hidden, weight, 2, temperature=0.9, seed=seed, **args)
+    y = (hidden[0].double() @ weight.double().T) / 0.9
+    keep = _kept_set(y, args.get("top_k", 0), args.get("top_p", 1.0), args.get("min_p", 0.0))
+    prob = torch.softmax(y[keep], 0)
+    assert keep.numel() >= 3 and float(prob.min()) * n >= 5, "a degenerate problem for the chi-square test"
+    counts = torch.bincount(ids, minlength=vocab)
+    assert int(counts.sum()) == int(counts[keep].sum()), "an id outside the allowed set was sampled"
+    stat = scipy_stats.chisquare(counts[keep].double().numpy(), (prob * n).numpy())
+    assert stat.pvalue > 1e-4, (kind, stat)
+
+
+def test_bad_arguments():
+    hidden, weight = torch.randn(2, 4), torch.randn(10, 4)
+    kw = dict(temperature=1.0, seed=1)
+    for bad, match in (
+        ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"min_p": -0.1}, "min_p"),
+        ({"top_k": 2.5}, "top_k"), ({"top_k": torch.ones(3, dtype=torch.int64)}, "top_k"),
+        ({"top_p": torch.ones(2, dtype=torch.int64)}, "top_p"), ({"top_k": 3, "fallback": "x"}, "fallback"),
+        ({"top_k": 3, "reduce": "all_reduce"}, "all_gather"),
+    ):  # fmt: skip
+        with pytest.raises((ValueError, TypeError), match=match):
+            localargmax.lm_head_sample(hidden, weight, **kw, **bad)
+    empty = localargmax.lm_head_sample(hidden[:0], weight, **kw, top_k=3, return_log_probs=True)
+    assert empty[0].shape == (0,) and empty[1].shape == (0,)
