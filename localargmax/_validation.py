@@ -196,7 +196,8 @@ def check_topk_arg(k) -> None:
 
 def check_temperature_arg(op: str, hidden, temperature) -> None:
     """A per-row temperature: ``[B]`` float32 on ``hidden``'s device."""
-    _check_tensor("temperature", temperature, f"[batch={hidden.shape[0]}] float32")
+    if not isinstance(temperature, torch.Tensor):  # format the batch only to raise: formatting specialises it
+        _check_tensor("temperature", temperature, f"[batch={hidden.shape[0]}] float32")
     if temperature.dim() != 1 or temperature.shape[0] != hidden.shape[0]:
         raise ValueError(
             f"{op}: temperature must be 1-D [batch={hidden.shape[0]}], got shape {tuple(temperature.shape)}"

@@ -178,7 +178,7 @@ def check_group(group: Group, *, vocab_start=0, world_size: int | None = None, r
 
 
 HEADER_LEN = 3
-"""int64 words every rank appends to its keys in a step's exchange (see :func:`frame_keys`)."""
+"""int64 words every rank sends before its keys in a step's exchange (see :func:`frame_keys`)."""
 
 PAIRS_FLAG = 1 << 40
 """Added to the header's size word when log-partition pairs follow the keys (see :func:`frame_keys`)."""
@@ -198,9 +198,9 @@ def payload_length(
     batch: int, k: int = 1, log_probs: bool = False, align_bytes: int = 8, log_odds: bool = False
 ) -> int:
     """Int64 words one rank sends in a step's exchange (:func:`frame_keys`):
-    ``batch·k`` keys, ``batch`` log-partition words with ``log_probs`` or
-    ``log_odds`` (one word serves both), then
-    the :data:`HEADER_LEN`-word header. A callable ``group`` is handed a
+    the :data:`HEADER_LEN`-word header, ``batch·k`` keys, then ``batch``
+    log-partition words with ``log_probs`` or ``log_odds`` (one word serves
+    both). A callable ``group`` is handed a
     ``[payload_length(...)]`` int64 tensor and returns ``[tp, payload_length(...)]``;
     an engine that preallocates its gather buffer (for CUDA graphs) sizes it
     from this. Bytes per rank: ``8 * payload_length(...)``.
@@ -226,14 +226,16 @@ def payload_length(
 
 
 def frame_keys(keys: torch.Tensor, vocab_end: int, pairs: torch.Tensor | None = None) -> torch.Tensor:
-    """One rank's payload for a step's key exchange: its keys, flattened, then
+    """One rank's payload for a step's key exchange: a 3-word header
+    ``[size, -size, vocab_end]``, ``size = n + 1`` (``n = keys.numel()``)
+    plus :data:`PAIRS_FLAG` when pairs follow, then its keys, flattened, then
     (with ``pairs``) one int64 word per batch row holding the row's
-    log-partition pair, then a 3-word header ``[size, -size, vocab_end]``,
-    ``size = n + 1`` (``n = keys.numel()``), plus :data:`PAIRS_FLAG` when the
-    pairs are there.
+    log-partition pair.
 
-    After an all-gather every rank sees every rank's header; after an
-    all-reduce MAX (unsigned, see :func:`exchange_keys`) it sees
+    The header sits at a fixed offset (words ``0:3``), whatever the batch:
+    a step compiled with a dynamic batch reads it without specialising the
+    batch size. After an all-gather every rank sees every rank's header;
+    after an all-reduce MAX (unsigned, see :func:`exchange_keys`) it sees
     ``[max n + 1, -(min n + 1), max vocab_end]``. Either way a rank can tell,
     from values all ranks share, whether the ranks sent the same number of
     keys (the same batch size and ``k``) and the end of the valid vocabulary
@@ -254,7 +256,7 @@ def frame_keys(keys: torch.Tensor, vocab_end: int, pairs: torch.Tensor | None = 
             ``(ref, others)`` in memory order (a bit-cast view, no conversion).
 
     Returns:
-        ``[n + B + 3]`` (``[n + 3]`` without pairs) int64, on the device of
+        ``[3 + n + B]`` (``[3 + n]`` without pairs) int64, on the device of
         ``keys``; built without a host-to-device copy (fills only), so it is
         capturable in a CUDA graph.
     """
@@ -267,8 +269,8 @@ def frame_keys(keys: torch.Tensor, vocab_end: int, pairs: torch.Tensor | None = 
         header[1] = -size
         header[2] = vocab_end
     if pairs is None:
-        return torch.cat([keys.reshape(-1), header])
-    return torch.cat([keys.reshape(-1), pairs_to_words(pairs), header])
+        return torch.cat([header, keys.reshape(-1)])
+    return torch.cat([header, keys.reshape(-1), pairs_to_words(pairs)])
 
 
 def pairs_to_words(pairs: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ import torch
 from . import envs
 from ._validation import check_d2t_arg, check_transform_args
 from .collective import (
+    HEADER_LEN,
     PAIRS_FLAG,
     REDUCE_MODES,
     Group,
@@ -65,7 +66,7 @@ def _host_checks(t: torch.Tensor) -> bool:
 
 def _exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: int, d2t, pairs=None):
     """The step's exchange: this rank's keys (and, with ``pairs``, its
-    log-partition pairs) plus a 3-word header
+    log-partition pairs) behind a 3-word header
     (:func:`localargmax.collective.frame_keys`), then the checks that use only
     what every rank received, so all ranks reach the same verdict and none is
     left inside a later collective:
@@ -88,12 +89,14 @@ def _exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: 
         )
     n = keys.numel()
     size = n + 1 + (PAIRS_FLAG if pairs is not None else 0)
-    h0 = n + (keys.shape[0] if pairs is not None else 0)  # where the header starts
     gathered = exchange_keys(frame_keys(keys, vocab_end, pairs), group, reduce)
-    body = gathered[:, :n].reshape(gathered.shape[0], *keys.shape)
-    got_pairs = words_to_pairs(gathered[:, n:h0]) if pairs is not None else None
+    # The header at a fixed offset, the keys and pairs behind it: no batch-derived index (one graph for every
+    # batch size under torch.compile), and ``size`` compared as a tensor, which guards on nothing.
+    header = gathered[:, :HEADER_LEN]
+    body = gathered[:, HEADER_LEN : HEADER_LEN + n].reshape(gathered.shape[0], *keys.shape)
+    got_pairs = words_to_pairs(gathered[:, HEADER_LEN + n :]) if pairs is not None else None
     if not _host_checks(keys):
-        sizes, neg_sizes, ends = gathered[:, h0], gathered[:, h0 + 1], gathered[:, h0 + 2]
+        sizes, neg_sizes, ends = header.unbind(1)
         vocab_total = ends.max()
         out_of_range = (body != 0) & (key_index(body) >= vocab_total)
         ok = (sizes == size).all() & (neg_sizes == -size).all() & ~out_of_range.any()
@@ -101,7 +104,7 @@ def _exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: 
             ok = ok & (vocab_total == d2t.shape[0])
         return body, got_pairs, ok
     # On the host: the headers as Python ints (one read), few tensor ops.
-    header = gathered[:, h0:].tolist()
+    header = header.tolist()
     if any(h[0] != size or h[1] != -size for h in header):
         flags = {h[0] >= PAIRS_FLAG for h in header} | {-h[1] >= PAIRS_FLAG for h in header}
         if len(flags) > 1:

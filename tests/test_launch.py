@@ -49,9 +49,9 @@ def test_launcher(case):
 
 
 def test_frame_keys_with_log_partition_pairs(gen):
-    """The framed payload with pairs: keys, one int64 word per row holding
-    the bits of its float32 (ref, sum) in memory order, then the header whose
-    size word carries PAIRS_FLAG: 8·n + 8·B + 24 bytes; specials survive."""
+    """The framed payload with pairs: the header whose size word carries
+    PAIRS_FLAG, the keys, then one int64 word per row holding the bits of its
+    float32 (ref, sum) in memory order: 8·n + 8·B + 24 bytes; specials survive."""
     from localargmax.collective import PAIRS_FLAG, frame_keys, pairs_to_words, words_to_pairs
 
     keys = torch.randint(0, 2**62, (5, 3), generator=gen)
@@ -61,13 +61,13 @@ def test_frame_keys_with_log_partition_pairs(gen):
     pairs[2, 0] = math.inf
     frame = frame_keys(keys, 77, pairs)
     assert frame.dtype == torch.int64 and frame.numel() * 8 == 8 * 15 + 8 * 5 + 24
-    assert torch.equal(frame[:15], keys.reshape(-1))
+    assert frame[:3].tolist() == [16 + PAIRS_FLAG, -(16 + PAIRS_FLAG), 77]  # the header at a fixed offset
+    assert torch.equal(frame[3:18], keys.reshape(-1))
     bits = pairs.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # (ref, sum) bits; little-endian words
-    assert frame[15:20].tolist() == [(int(r) | int(s) << 32) - ((int(s) >> 31) << 64) for r, s in bits]
-    back = words_to_pairs(frame[15:20])
+    assert frame[18:].tolist() == [(int(r) | int(s) << 32) - ((int(s) >> 31) << 64) for r, s in bits]
+    back = words_to_pairs(frame[18:])
     assert torch.equal(back.view(torch.int32), pairs.view(torch.int32))
-    assert frame[20:].tolist() == [16 + PAIRS_FLAG, -(16 + PAIRS_FLAG), 77]
-    assert frame_keys(keys, 77)[15:].tolist() == [16, -16, 77]
+    assert frame_keys(keys, 77)[:3].tolist() == [16, -16, 77]
     for bad in (pairs.double(), pairs[:, :1], pairs.reshape(-1)):
         with pytest.raises(ValueError, match=r"pairs must be a \[batch, 2\] float32"):
             pairs_to_words(bad)

@@ -362,8 +362,8 @@ def test_corrupt_exchange_never_returns_an_out_of_vocabulary_id(gen):
         localargmax.lm_head_argmax(hidden, weight, group=lambda x: misaligned)
     for sizes in ([3, 2], [3, 4]):
         fake = stack_frames([mine, mine], [(0, rows), (rows, rows)])
-        fake[1, 3] = sizes[1] + 1  # rank 1's header claims another batch size
-        fake[1, 4] = -(sizes[1] + 1)
+        fake[1, 0] = sizes[1] + 1  # rank 1's header (words 0:3) claims another batch size
+        fake[1, 1] = -(sizes[1] + 1)
         with pytest.raises(ValueError, match=rf"this rank sent 3 keys .* the ranks sent \[3, {sizes[1]}\]"):
             localargmax.lm_head_argmax(hidden, weight, group=lambda x: fake)
 
