@@ -1,9 +1,9 @@
-"""vLLM 0.33's own acceptance estimator, runnable on the CPU: its Triton
-kernels under Triton's interpreter (``TRITON_INTERPRET=1``).
+"""vLLM's own acceptance estimator (0.34 or 0.33), runnable on the CPU: its
+Triton kernels under Triton's interpreter (``TRITON_INTERPRET=1``).
 
 Without a GPU driver ``vllm.triton_utils`` hands out a placeholder ``triton``,
-so ``vllm/v1/worker/gpu/spec_decode/acceptance_estimator.py`` (and the one
-helper it takes from ``rejection_sampler_utils.py``) are executed again from
+so ``vllm/v1/worker/gpu/spec_decode/acceptance_estimator.py`` (and, on 0.33,
+the one helper it takes from ``rejection_sampler_utils.py``) are executed again from
 vLLM's installed files with the real ``triton`` / ``triton.language`` in the
 placeholder's place, line numbers kept (the interpreter reads the kernels'
 source). Nothing else changes: :func:`estimator_class` is vLLM's
@@ -39,19 +39,23 @@ def estimator_namespace() -> dict:
     import vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils as rsu
 
     ns = {"triton": triton, "tl": tl, "__name__": "vllm_acceptance_estimator_interpreted"}
-    with open(rsu.__file__) as f:
-        helper_src = f.read()
-    helper = re.search(r"@triton\.jit\ndef _compute_max_and_sumexp\(.*?\n\n\n", helper_src, re.S)
     with open(ae.__file__) as f:
         src = f.read()
     imports = (
         "from vllm.triton_utils import tl, triton\n",
+        # 0.33 only: 0.34's estimator has its own block helper (_max_and_excl_sumexp)
         "from vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils import (\n    _compute_max_and_sumexp,\n)\n",
     )
-    if helper is None or any(i not in src for i in imports):
-        raise RuntimeError(f"{ae.__file__}: not the vLLM 0.33 acceptance estimator this loader knows")
-    pad = "\n" * helper_src[: helper.start()].count("\n")  # the helper's own line numbers
-    exec(compile(pad + helper.group(0), rsu.__file__, "exec"), ns)
+    if imports[0] not in src or (imports[1] not in src and "def _max_and_excl_sumexp(" not in src):
+        raise RuntimeError(f"{ae.__file__}: not a vLLM 0.33 / 0.34 acceptance estimator this loader knows")
+    if imports[1] in src:
+        with open(rsu.__file__) as f:
+            helper_src = f.read()
+        helper = re.search(r"@triton\.jit\ndef _compute_max_and_sumexp\(.*?\n\n\n", helper_src, re.S)
+        if helper is None:
+            raise RuntimeError(f"{rsu.__file__}: no _compute_max_and_sumexp")
+        pad = "\n" * helper_src[: helper.start()].count("\n")  # the helper's own line numbers
+        exec(compile(pad + helper.group(0), rsu.__file__, "exec"), ns)
     src = src.replace(imports[0], "\n").replace(imports[1], "\n\n\n")  # same line count: the interpreter reads them
     exec(compile(src, ae.__file__, "exec"), ns)
     return ns

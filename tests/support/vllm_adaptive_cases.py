@@ -1,4 +1,4 @@
-"""Adaptive verification with local argmax, on vLLM 0.33's own objects (the
+"""Adaptive verification with local argmax, on vLLM's own objects (0.34 or 0.33; the
 plugin's rank body, tests/support/vllm_ranks.py, TP = 2 gloo): the config's
 refusal lifted with the plugin and kept without it; ``DraftModelSpeculator``'s
 ``load_model`` and ``sample_draft`` (the real methods on a bare instance with
@@ -14,7 +14,7 @@ import types
 import torch
 
 from tests.support.reference import ref_log_odds, ref_logits
-from tests.support.vllm_common import WarningLog, head_of, processor
+from tests.support.vllm_common import WarningLog, head_of, processor, reinstall_adaptive, vllm_method
 
 MAX_REQS, STEPS, VOCAB, HSIZE = 12, 3, 1500, 32
 # per request slot: T (0 and -1: greedy, T = 1 in the estimator), and the gap planted above the rest (logit units)
@@ -27,9 +27,9 @@ def config_case(plugin) -> dict:
     use_local_argmax_reduction: built with the plugin's patch, refused
     without it (vLLM's own message), built again once reinstalled."""
     out = {"active": plugin.adaptive_verification_active(), "with_plugin": _build_config()}
-    plugin._uninstall_adaptive_verification()
+    plugin.adaptive.uninstall()
     out["without_plugin"] = _build_config()
-    plugin._install_adaptive_verification()
+    reinstall_adaptive(plugin)
     out["reinstalled"] = _build_config()
     return out
 
@@ -47,36 +47,63 @@ def _build_config() -> dict:
         return {"built": False, "error": str(e)}
 
 
-def version_gate_case(plugin) -> dict:
-    """On a vLLM version other than ADAPTIVE_VERIFICATION_VLLM the plugin
-    leaves both refusals in place and logs one line saying why (vLLM's
-    __version__ changed for the test, then restored)."""
+def version_cases(plugin) -> dict:
+    """The version probes (localargmax/integrations/vllm/versions.py), both
+    outcomes: a vLLM minor not in the table whose signatures match runs with
+    the newest matching release's rules; a signature that differs keeps
+    vLLM's own methods (or refusals). One WARNING each, naming why."""
     import vllm
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+    from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
 
-    handler = WarningLog("stays refused")
-    plugin.logger.addHandler(handler)
-    real = vllm.__version__
-    try:
-        plugin._uninstall_adaptive_verification()
-        vllm.__version__ = "0.34.0"
-        plugin._install_adaptive_verification()
-        out = {"active": plugin.adaptive_verification_active(), "records": handler.records[:]}
-        out["config"] = _build_config()
-    finally:
-        vllm.__version__ = real
-        plugin.logger.removeHandler(handler)
-        plugin._uninstall_adaptive_verification()
-        plugin._install_adaptive_verification()
-    out["restored"] = plugin.adaptive_verification_active()
+    def attempt(changes):
+        saved = {}
+        handler = WarningLog("localargmax: ")
+        plugin.logger.addHandler(handler)
+        plugin.uninstall()
+        try:
+            for (owner, name), value in changes.items():
+                saved[(owner, name)] = owner.__dict__[name]
+                setattr(owner, name, value)
+            plugin.install()
+            rules = plugin.logits._RULES["release"]
+            return {
+                "active": plugin.is_active(),
+                "adaptive": plugin.adaptive_verification_active(),
+                "rules": None if rules is None else rules.key,
+                "config": _build_config(),
+                "records": handler.records[:],
+            }
+        finally:
+            plugin.uninstall()
+            for (owner, name), value in saved.items():
+                setattr(owner, name, value)
+            plugin.logger.removeHandler(handler)
+
+    def other_top_k(self, lm_head, hidden_states, top_k):
+        raise AssertionError("not called")
+
+    def other_sample_draft(self, hidden_states, idx_mapping, temperature):
+        raise AssertionError("not called")
+
+    out = {
+        "running": vllm.__version__,
+        "next_minor": attempt({(vllm, "__version__"): "0.99.0"}),
+        "logits_differ": attempt({(LogitsProcessor, "get_top_k_tokens"): other_top_k}),
+        "adaptive_differs": attempt({(DraftModelSpeculator, "sample_draft"): other_sample_draft}),
+    }
+    plugin.install()
+    out["restored"] = [plugin.is_active(), plugin.adaptive_verification_active(), plugin.logits._RULES["release"].key]
     return out
 
 
 def special_rows_case(plugin, gen, cfg) -> dict:
     """Rows vLLM's estimator meets without digits: a NaN entry, an entry at
     +inf, every entry -inf, one finite entry (the others -inf), and two
-    ordinary rows. vLLM's own predict on the logits beside what
-    write_estimator_state writes from the fused op's log-odds of the same
-    logits (zero hidden states and weight, the row as the bias: no inf * 0).
+    ordinary rows (what vLLM writes for the first three differs by version).
+    vLLM's own predict on the logits beside what write_estimator_state
+    writes from the fused op's log-odds of the same logits (zero hidden
+    states and weight, the row as the bias: no inf * 0).
     Non-finite floats as strings (NaN != NaN would fail the ranks' check)."""
     import localargmax
     from bench.vllm_estimator import estimator_class
@@ -93,7 +120,7 @@ def special_rows_case(plugin, gen, cfg) -> dict:
     log_odds = torch.cat(
         [localargmax.lm_head_argmax(zeros_h, zeros_w, bias=row, return_log_odds=True)[1] for row in logits]
     )
-    spec = _speculator(_draft(gen, 1.0, None), cfg)
+    spec = speculator(_draft(gen, 1.0, None), cfg)
     spec.load_model(None)
     conf = torch.full((MAX_REQS, STEPS), -7.0)
     plugin.write_estimator_state(spec.acceptance_estimator, log_odds, idx, draft_step, conf)
@@ -132,9 +159,10 @@ def _draft(gen, scale, soft_cap):
     return Draft()
 
 
-def _speculator(draft, cfg):
+def speculator(draft, cfg, adaptive: bool = True):
     """vLLM's DraftModelSpeculator (a subclass that only supplies the draft),
-    bare: the attributes its load_model / sample_draft read, none of its GPU set-up."""
+    bare: the attributes its load_model / sample_draft read, none of its GPU
+    set-up; local argmax on, adaptive verification on or off."""
     from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
 
     class Speculator(DraftModelSpeculator):
@@ -152,7 +180,8 @@ def _speculator(draft, cfg):
     )
     spec.speculative_config = types.SimpleNamespace(draft_sample_method="greedy")
     spec.use_local_argmax_reduction = True
-    spec.enable_adaptive_verification = spec.use_acceptance_estimator = True
+    spec.enable_adaptive_verification = spec.use_acceptance_estimator = adaptive
+    spec.use_draft_logits = False  # (vLLM 0.34's load_model reads it: greedy drafts keep no draft logits)
     spec.acceptance_estimator = None
     spec.max_num_reqs, spec.num_speculative_steps, spec.device = MAX_REQS, STEPS, torch.device("cpu")
     spec.temperature = torch.tensor(TEMPERATURES, dtype=torch.float32)
@@ -187,15 +216,15 @@ def speculator_case(plugin, gen, cfg) -> dict:
     out = {}
     for name, (scale, cap) in {"plain": (1.0, None), "scale_softcap": (1.5, 60.0)}.items():
         draft = _draft(gen, scale, cap)
-        spec = _speculator(draft, cfg)
-        plugin._uninstall_adaptive_verification()
+        spec = speculator(draft, cfg)
+        plugin.adaptive.uninstall()
         try:
             spec.load_model(None)
             refused = "no error"
         except ValueError as e:
             refused = str(e)
-        plugin._install_adaptive_verification()
-        spec = _speculator(draft, cfg)
+        reinstall_adaptive(plugin)
+        spec = speculator(draft, cfg)
         spec.load_model(None)
         vllm_est = estimator_class()(MAX_REQS, STEPS, torch.device("cpu"))
         # the first three: the per-row-step requests; slots 4 (T = -1) and 0 (T = 0) among them: taken as 1
@@ -214,7 +243,7 @@ def speculator_case(plugin, gen, cfg) -> dict:
             before = plugin.stats().get("fused with log-odds", 0)
             ids = spec.sample_draft(hidden, None, idx, spec.temperature, None, draft_step, None)
             used = plugin.stats().get("fused with log-odds", 0) - before
-            theirs = plugin._ORIGINAL["get_top_tokens"](draft.logits_processor, draft.lm_head, hidden)
+            theirs = vllm_method("get_top_tokens")(draft.logits_processor, draft.lm_head, hidden)
             theirs = theirs + draft.draft_id_to_target_id[theirs]
             conf = torch.full((MAX_REQS, STEPS), -7.0)
             vllm_est.predict(draft.compute_logits(hidden), idx, draft_step, conf, spec.temperature)

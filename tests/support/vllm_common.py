@@ -1,18 +1,46 @@
-"""vLLM 0.33 set-up shared by the plugin's rank cases (tests/support/vllm_ranks.py):
-the distributed environment, vLLM's ParallelLMHead loaded as a checkpoint is,
-its LogitsProcessor, embedding-bias shards and random problems, and a handler
-that records the plugin's warnings."""
+"""vLLM set-up shared by the plugin's rank cases (tests/support/vllm_ranks.py),
+on vLLM 0.34 and 0.33: the environment vLLM needs on a CPU-only machine, the
+distributed environment, vLLM's ParallelLMHead loaded as a checkpoint is, its
+LogitsProcessor, embedding-bias shards and random problems, vLLM's own
+methods beside the plugin's, and a handler that records the plugin's warnings."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
 import torch
 
+RANK_ENV = {
+    # vLLM's CPU platform (without it vLLM on a CUDA build of torch with no GPU picks no platform)
+    "VLLM_TARGET_DEVICE": "cpu",
+    # no visible CUDA device: vLLM 0.34's triton_utils then accepts "no active driver" on an x86 CPU without
+    # triton-cpu (with one, VllmConfig() raises "vLLM on x86 CPUs requires Triton (triton-cpu)")
+    "CUDA_VISIBLE_DEVICES": "",
+    # vLLM's acceptance estimator (the adaptive-verification reference) runs its Triton kernels interpreted:
+    # the ranks need the variable before they import triton (bench/vllm_estimator.py)
+    "TRITON_INTERPRET": "1",
+}
+
+
+@contextlib.contextmanager
+def rank_env():
+    """:data:`RANK_ENV` set while the ranks are spawned (they inherit it), then restored."""
+    saved = {name: os.environ.get(name) for name in RANK_ENV}
+    os.environ.update(RANK_ENV)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
 
 class WarningLog(logging.Handler):
-    """The plugin's WARNING (and worse) records whose format string holds
+    """The plugin's WARNING (and worse) records whose message holds
     ``match``: (level, message) each, and their first argument (a fallback's
     reason)."""
 
@@ -22,7 +50,7 @@ class WarningLog(logging.Handler):
         self.records, self.reasons = [], []
 
     def emit(self, record):
-        if self.match not in record.msg:
+        if self.match not in record.getMessage():
             return
         self.records.append((record.levelname, record.getMessage()))
         if record.args:
@@ -30,7 +58,8 @@ class WarningLog(logging.Handler):
 
 
 def vllm_setup(rank: int, world_size: int):
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    for name, value in RANK_ENV.items():
+        os.environ.setdefault(name, value)
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 
@@ -87,9 +116,26 @@ def shard_bias(head, bias_full):
     return out
 
 
+def vllm_method(name: str):
+    """vLLM's own ``LogitsProcessor.<name>`` (the one the plugin replaced)."""
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
+    from localargmax.integrations.vllm import patching
+
+    return patching.original(LogitsProcessor, name)
+
+
+def reinstall_adaptive(plugin) -> None:
+    """The plugin's adaptive-verification patch back in place, by the running vLLM's release."""
+    import vllm
+
+    plugin.adaptive.uninstall()
+    plugin.adaptive.install(plugin.versions.select(vllm.__version__, "adaptive")[0])
+
+
 def both(plugin, lp, head, hidden, method, *args, **kwargs):
     """(vLLM's original method, the installed one via LogitsProcessor)."""
-    theirs = plugin._ORIGINAL[method](lp, head, hidden, *args, **kwargs)
+    theirs = vllm_method(method)(lp, head, hidden, *args, **kwargs)
     ours = getattr(lp, method)(head, hidden, *args, **kwargs)
     return theirs, ours
 

@@ -1,41 +1,29 @@
 """The vLLM proposer cases of the plugin's rank body (tests/support/vllm_ranks.py):
-vLLM's EagleProposer check and greedy sample on a LocalArgmaxMixin draft and on
-vLLM's own Eagle3LlamaForCausalLM."""
+Model Runner V2's DraftModelSpeculator (vLLM 0.34 and 0.33) on a
+LocalArgmaxMixin draft and on vLLM's own Eagle3LlamaForCausalLM: its
+load_model's check that the draft has get_top_tokens and sample_draft's
+local-argmax branch, unmodified."""
 
 from __future__ import annotations
 
 import torch
 
-from tests.support.vllm_common import after_loading, head_of, processor
+from tests.support.vllm_adaptive_cases import speculator
+from tests.support.vllm_common import after_loading, head_of, processor, vllm_method
 
 
-class _Target(torch.nn.Module):
-    """A target model with its own lm_head (what the proposer's _maybe_share_lm_head inspects)."""
-
-    def __init__(self, gen, vocab, hsize):
-        super().__init__()
-        self.model = torch.nn.Module()
-        self.lm_head = head_of(torch.randn(vocab, hsize, generator=gen))
+def _draft_greedily(spec, hidden):
+    """``sample_draft``'s local-argmax branch (no draft logits, no estimator), one row per request."""
+    batch = hidden.shape[0]
+    return spec.sample_draft(hidden, None, torch.arange(batch), spec.temperature, None, torch.tensor(0), None)
 
 
-def _proposer(draft, target):
-    """vLLM's EagleProposer methods around ``draft`` (none of its GPU set-up), the switch on, the head check run."""
-    from vllm.v1.spec_decode.eagle import EagleProposer
-
-    proposer = EagleProposer.__new__(EagleProposer)
-    proposer.vllm_config = _Stub(speculative_config=None)
-    proposer.use_local_argmax_reduction = True
-    proposer.model = draft
-    proposer._maybe_share_lm_head(target)
-    return proposer
-
-
-def proposer_case(plugin, gen):
-    """The seed's switch through vLLM's own proposer code: a draft model with
+def proposer_case(plugin, gen, cfg):
+    """The seed's switch through vLLM's own speculator code: a draft model with
     vLLM's LocalArgmaxMixin (ParallelLMHead, LogitsProcessor, d2t Parameter);
-    ``SpecDecodeBaseProposer._maybe_share_lm_head`` (the check that the draft
-    has get_top_tokens when use_local_argmax_reduction is set) and
-    ``_greedy_sample`` (which calls model.get_top_tokens) run unmodified."""
+    ``DraftModelSpeculator.load_model`` (its ``_validate_local_argmax_reduction``:
+    the check that the draft has get_top_tokens when use_local_argmax_reduction
+    is set) and ``sample_draft`` (which calls model.get_top_tokens) run unmodified."""
     from vllm.config import SpeculativeConfig
     from vllm.model_executor.models.interfaces import LocalArgmaxMixin
 
@@ -57,29 +45,26 @@ def proposer_case(plugin, gen):
         has_own_lm_head = True
 
     draft = Draft()
-    proposer = _proposer(draft, _Target(gen, target_vocab, hsize))
+    spec = speculator(draft, cfg, adaptive=False)
+    spec.load_model(None)
     out = {"switch_field_default": SpeculativeConfig.__dataclass_fields__["use_local_argmax_reduction"].default}
 
     hidden = torch.randn(batch, hsize, generator=gen)
     before = plugin.stats().get("fused", 0)
-    ours = proposer._greedy_sample(hidden)
+    ours = _draft_greedily(spec, hidden)
     out["fused_calls"] = plugin.stats().get("fused", 0) - before
-    theirs = plugin._ORIGINAL["get_top_tokens"](draft.logits_processor, draft.lm_head, hidden)
+    theirs = vllm_method("get_top_tokens")(draft.logits_processor, draft.lm_head, hidden)
     theirs = theirs + draft.draft_id_to_target_id[theirs]
-    full = torch.empty(draft_vocab, hsize)
     # the reference needs the full draft matrix: gather the shards back
     from vllm.distributed import tensor_model_parallel_all_gather
 
-    shards = tensor_model_parallel_all_gather(draft.lm_head.weight.detach().clone(), dim=0)
-    full = shards[:draft_vocab] if shards.shape[0] >= draft_vocab else full
+    full = tensor_model_parallel_all_gather(draft.lm_head.weight.detach().clone(), dim=0)[:draft_vocab]
     ref = (hidden.double() @ full.double().T).argmax(dim=1)
     ref = ref + draft.draft_id_to_target_id[ref]
     out.update(ours=ours.tolist(), vllm=theirs.tolist(), ref=ref.tolist())
 
-    proposer.model = NoTopTokens()
-    proposer.model.lm_head = draft.lm_head
     try:
-        proposer._maybe_share_lm_head(_Target(gen, target_vocab, hsize))
+        speculator(NoTopTokens(), cfg, adaptive=False).load_model(None)
         out["missing_check"] = "no error"
     except ValueError as e:
         out["missing_check"] = str(e)
@@ -102,7 +87,7 @@ def eagle3_case(plugin, gen, cfg):
     """vLLM's own EAGLE-3 draft class (Eagle3LlamaForCausalLM: LlamaForCausalLM
     with LocalArgmaxMixin, a 600-token draft vocabulary, a d2t Parameter)
     built on CPU at TP = 2, its lm_head and d2t loaded by its own
-    load_weights, drafting through the proposer's _greedy_sample. vLLM 0.33
+    load_weights, drafting through DraftModelSpeculator.sample_draft. vLLM
     needs a ModelConfig / SpeculativeConfig made from a checkpoint to build it;
     stand-ins carry what the constructor reads (layer count, vocab sizes, the
     transformers LlamaConfig). The draft's forward (attention) is not run:
@@ -147,12 +132,13 @@ def eagle3_case(plugin, gen, cfg):
     model.load_weights([("lm_head.weight", full), ("d2t", d2t)])
     after_loading(model.lm_head)
 
-    proposer = _proposer(model, _Target(gen, target_vocab, hsize))
+    spec = speculator(model, cfg, adaptive=False)
+    spec.load_model(None)
     hidden = torch.randn(6, hsize, generator=gen)
     before = plugin.stats().get("fused", 0)
-    ours = proposer._greedy_sample(hidden)
+    ours = _draft_greedily(spec, hidden)
     fused = plugin.stats().get("fused", 0) - before
-    theirs = plugin._ORIGINAL["get_top_tokens"](model.logits_processor, model.lm_head, hidden)
+    theirs = vllm_method("get_top_tokens")(model.logits_processor, model.lm_head, hidden)
     ref = (hidden.double() @ full.double().T).argmax(dim=1)
     return {
         "class": type(model).__name__,

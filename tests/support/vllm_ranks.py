@@ -1,4 +1,4 @@
-"""The rank body of tests/test_vllm_plugin.py: vLLM 0.33's own classes on 2
+"""The rank body of tests/test_vllm_plugin.py: vLLM's own classes (0.34 or 0.33) on 2
 gloo ranks (CPU), every case in one launch (each spawned rank pays for
 importing vLLM once). Returns plain data; the tests assert on it.
 
@@ -16,15 +16,8 @@ import os
 import torch
 
 from tests.support.reference import ref_logits, ref_transform
-from tests.support.vllm_adaptive_cases import config_case, special_rows_case, speculator_case, version_gate_case
-from tests.support.vllm_common import (
-    WarningLog,
-    both,
-    head_of,
-    processor,
-    random_case,
-    vllm_setup,
-)
+from tests.support.vllm_adaptive_cases import config_case, special_rows_case, speculator_case, version_cases
+from tests.support.vllm_common import WarningLog, both, head_of, processor, random_case, vllm_method, vllm_setup
 from tests.support.vllm_proposer_cases import eagle3_case, proposer_case
 
 TP = 2
@@ -66,8 +59,9 @@ def _collective_case(plugin, gen, rank, seed):
     from vllm.distributed.parallel_state import GroupCoordinator
 
     import localargmax
+    from localargmax.integrations.vllm.collective import coordinator_all_gather
 
-    calls = {"coordinator": 0, "raw_outside": []}
+    calls = {"coordinator": 0, "raw_outside": [], "dtypes": set()}
     depth = [0]
     saved = {("dist", n): getattr(dist, n) for n in _RAW_COLLECTIVES}
     # torch 2.11 has no funcol.all_gather_single
@@ -76,6 +70,7 @@ def _collective_case(plugin, gen, rank, seed):
 
     def coordinator_gather(self, input_, dim=-1):
         calls["coordinator"] += 1
+        calls["dtypes"].add(str(input_.dtype))
         depth[0] += 1
         try:
             return saved[("coordinator", "all_gather")](self, input_, dim)
@@ -109,7 +104,7 @@ def _collective_case(plugin, gen, rank, seed):
                 setattr(dist if module == "dist" else funcol, n, f)
     logits = ref_logits(hidden, full)
     top2 = logits.topk(2, dim=1).values
-    gather = plugin._coordinator_all_gather(get_tp_group())
+    gather = coordinator_all_gather(get_tp_group())
     bad = []
     cases = 0
     for batch in range(10):
@@ -129,6 +124,7 @@ def _collective_case(plugin, gen, rank, seed):
                     bad.append((batch, k, log_probs_flag))
     return {
         "coordinator_calls": calls["coordinator"],
+        "payload_dtypes": sorted(calls["dtypes"]),
         "raw_outside": calls["raw_outside"],
         "ids": ids.tolist(),
         "ref": logits.argmax(dim=1).tolist(),
@@ -263,6 +259,62 @@ def _bf16_near_tie_case(plugin):
     }
 
 
+SHARED_HEAD_VOCABS = (900, 400)  # LogitsProcessor(org_vocab_size) over a 1000-row head; 400: rank 1's shard wholly past
+
+
+def _shared_head_case(plugin, gen, org_vocab):
+    """A 1000-row head (a head shared with a larger model) under
+    ``LogitsProcessor(org_vocab)``, the best row planted at id 950 (rank 1's
+    shard) in every row: vLLM's own methods and the plugin's, and float64's
+    argmax / top-k / log-probs over the first ``org_vocab`` rows and over all
+    1000 (which one is vLLM's differs by version)."""
+    vocab, hsize, batch, k, planted = 1000, 16, 5, 4, 950
+    full = torch.randn(vocab, hsize, generator=gen) / hsize**0.5
+    hidden = torch.randn(batch, hsize, generator=gen)
+    hidden[:, 0] = 3.0
+    full[planted] = 0.0
+    full[planted, 0] = 5.0  # logit 15 on every row; the others' largest ~4
+    head = head_of(full)
+    lp = processor(vocab)
+    lp.org_vocab_size = org_vocab  # LogitsProcessor(vocab, org_vocab_size=org_vocab), the head's rows unchanged
+    before = plugin.stats().get("fused", 0)
+    theirs, ours = both(plugin, lp, head, hidden, "get_top_tokens")
+    (tid, _), (oid, oval_raw) = both(plugin, lp, head, hidden, "get_top_k_tokens", k)
+    (lid, lval), (olid, olval) = both(plugin, lp, head, hidden, "get_top_k_tokens", k, return_log_probs=True)
+    x = ref_logits(hidden, full)
+    out = {
+        "fused": plugin.stats().get("fused", 0) - before,
+        "vllm": theirs.tolist(), "ours": ours.tolist(),
+        "vllm_topk": tid.tolist(), "ours_topk": oid.tolist(),
+        "vllm_lp_ids": lid.tolist(), "ours_lp_ids": olid.tolist(),
+        "vllm_lp": lval.tolist(), "ours_lp": olval.tolist(),
+        "ours_values": oval_raw.tolist(),
+    }  # fmt: skip
+    for name, end in (("ref_org", org_vocab), ("ref_all", vocab)):
+        v = x[:, :end]
+        top = v.topk(k, dim=1)
+        out[name] = {
+            "ids": v.argmax(dim=1).tolist(), "topk": top.indices.tolist(), "values": top.values.tolist(),
+            "log_probs": torch.log_softmax(v, dim=1).gather(1, top.indices).tolist(),
+        }  # fmt: skip
+    return out
+
+
+def _softcap_tie_case(plugin):
+    """A soft-cap that saturates: logits 30 (id 100, rank 0) and 40 (id 700,
+    rank 1) both cap to exactly 1.0 in float32 and float64; vLLM's argmax of
+    the capped logits takes the smaller id, 100."""
+    vocab, hsize = 1000, 2
+    full = torch.zeros(vocab, hsize)
+    full[100] = torch.tensor([30.0, 0.0])
+    full[700] = torch.tensor([40.0, 0.0])
+    hidden = torch.tensor([[1.0, 0.0], [1.0, 5.0]])
+    head, lp = head_of(full), processor(vocab, soft_cap=1.0)
+    theirs, ours = both(plugin, lp, head, hidden, "get_top_tokens")
+    x = torch.tanh(ref_logits(hidden, full) / 1.0) * 1.0
+    return {"vllm": theirs.tolist(), "ours": ours.tolist(), "ref": x.argmax(dim=1).tolist()}
+
+
 class _FakeQuantMethod:
     """Stands in for a quantized lm_head's method (not an Unquantized* method)."""
 
@@ -280,7 +332,7 @@ def _fallback_cases(plugin, gen):
     def run(name, lp, head, method, *args, **kwargs):
         before = dict(plugin.stats())
         try:
-            theirs = plugin._ORIGINAL[method](lp, head, hidden, *args, **kwargs)
+            theirs = vllm_method(method)(lp, head, hidden, *args, **kwargs)
         except Exception as e:  # noqa: BLE001
             theirs = f"{type(e).__name__}: {e}"
         try:
@@ -399,7 +451,7 @@ def _bad_input_case(plugin, gen):
     head = head_of(torch.randn(500, 16, generator=gen))
     hidden = torch.randn(3, 17, generator=gen)
     out = {}
-    for name, fn in (("vllm", plugin._ORIGINAL["get_top_tokens"]), ("ours", type(processor(500)).get_top_tokens)):
+    for name, fn in (("vllm", vllm_method("get_top_tokens")), ("ours", type(processor(500)).get_top_tokens)):
         try:
             fn(processor(500), head, hidden)
             out[name] = "no error"
@@ -423,7 +475,7 @@ def _switch_case(plugin):
     del os.environ["LOCALARGMAX_VLLM_PLUGIN"]
     plugin.register()
     plugin.register()  # idempotent
-    out["reinstalled"] = plugin.is_active() and plugin._ORIGINAL["get_top_tokens"].__module__.startswith("vllm.")
+    out["reinstalled"] = plugin.is_active() and vllm_method("get_top_tokens").__module__.startswith("vllm.")
     return out
 
 
@@ -436,7 +488,9 @@ def worker(rank: int, world_size: int, seed: int):
     warnings = WarningLog("own LogitsProcessor method runs for")  # the fallbacks' line
     logging.getLogger("localargmax.integrations.vllm").addHandler(warnings)
     load_general_plugins()  # vLLM's own entry-point loader, as in every vLLM process
-    out = {"active_after_vllm_loader": plugin.is_active()}
+    import vllm
+
+    out = {"active_after_vllm_loader": plugin.is_active(), "vllm": vllm.__version__}
     if not out["active_after_vllm_loader"]:
         plugin.install()  # still exercise the methods; the test reports the missing entry point
     gen = torch.Generator().manual_seed(seed)
@@ -446,14 +500,16 @@ def worker(rank: int, world_size: int, seed: int):
     out["bf16_near_tie"] = _bf16_near_tie_case(plugin)
     out["fallback"] = _fallback_cases(plugin, gen)
     out["bytes"] = _bytes_case(plugin, gen)
-    out["proposer"] = proposer_case(plugin, gen)
+    out["shared_head"] = {org: _shared_head_case(plugin, gen, org) for org in SHARED_HEAD_VOCABS}
+    out["softcap_tie"] = _softcap_tie_case(plugin)
+    out["proposer"] = proposer_case(plugin, gen, cfg)
     out["eagle3"] = eagle3_case(plugin, gen, cfg)
     out["bad_input"] = _bad_input_case(plugin, gen)
     out["sweep"] = _agreement_sweep(plugin, gen)
     out["amx_forced"] = _amx_forced_case(plugin, gen)
     out["collective"] = _collective_case(plugin, gen, rank, seed)
     out["adaptive_config"] = config_case(plugin)
-    out["adaptive_version_gate"] = version_gate_case(plugin)
+    out["versions"] = version_cases(plugin)
     out["adaptive_special_rows"] = special_rows_case(plugin, gen, cfg)
     out["adaptive_speculator"] = speculator_case(plugin, gen, cfg)
     out["fallback_warnings"] = {
