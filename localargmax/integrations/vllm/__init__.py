@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import sys
 
-from . import adaptive, logits, versions
+from . import adaptive, drafters, logits, versions
 from .adaptive import write_estimator_state
 from .collective import PAYLOAD_ALIGN_BYTES, PAYLOAD_DTYPE
 from .counters import STATS, logger
@@ -83,6 +83,7 @@ def install() -> None:
         return
     logits.install(release)
     logger.info("localargmax: vLLM LogitsProcessor.get_top_tokens / get_top_k_tokens run on the fused op")
+    drafters.install()  # drafters with compute_logits and no get_top_tokens: given one at load (drafters.py)
     release, note = versions.select(vllm.__version__, "adaptive")
     if release is None:
         logger.warning("localargmax: adaptive verification with use_local_argmax_reduction stays refused: %s", note)
@@ -97,6 +98,7 @@ def install() -> None:
 def uninstall() -> None:
     """Put vLLM's own methods and refusals back."""
     adaptive.uninstall()
+    drafters.uninstall()
     logits.uninstall()
 
 

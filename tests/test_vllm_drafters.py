@@ -1,0 +1,262 @@
+"""Local argmax for vLLM drafters without ``get_top_tokens``
+(localargmax/integrations/vllm/drafters.py), on vLLM's own classes, 2 gloo
+ranks on CPU: DeepSeekMTP (per-step heads behind an RMSNorm, through
+vLLM's MultiModuleMTPSpeculator), DFlashLagunaForCausalLM (through vLLM's
+DFlashSpeculator), Nemotron3_5TranscribeMTP (masks its logits after the
+processor: left without the method) and a planted disagreement (an error).
+The classes are built small by bench/vllm_drafters.py's builders (vLLM's
+class and compute_logits, only the submodules compute_logits uses). One
+launch of 2 spawned ranks. Skipped, with the reason, only when vLLM is not
+installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import types
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed (README 'Use it in vLLM': pip install --no-deps vllm==0.34.0)",
+)
+
+TP, VOCAB, HSIZE, ROWS, STEPS = 2, 1001, 32, 9, 3
+GAP = 1e-4  # top-2 gap of the float64 logits above which ids must equal float64's
+SPECULATORS = {  # class -> vLLM's speculator that drafts with it
+    "DeepSeekMTP": "vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator:MultiModuleMTPSpeculator",
+    "DFlashLagunaForCausalLM": "vllm.v1.worker.gpu.spec_decode.dflash.speculator:DFlashSpeculator",
+}
+
+
+def _speculator(path, draft, cfg):
+    """vLLM's speculator class at ``path`` (a subclass that only supplies the
+    draft), bare: the attributes its load_model and get_draft_top_tokens read."""
+    import importlib
+
+    import torch
+
+    module, _, name = path.partition(":")
+    base = getattr(importlib.import_module(module), name)
+
+    class Speculator(base):
+        def load_draft_model(self, target_model, target_attn_layer_names):
+            return draft
+
+        def _gpu_only(self, *args, **kwargs):  # propose / capture / CUDA graphs: not run here
+            raise NotImplementedError
+
+        propose = capture = init_cudagraph_manager = _gpu_only
+
+    spec = Speculator.__new__(Speculator)
+    spec.vllm_config = types.SimpleNamespace(
+        compilation_config=cfg.compilation_config, model_config=types.SimpleNamespace(supports_multimodal_inputs=False)
+    )
+    spec.speculative_config = types.SimpleNamespace(draft_sample_method="greedy")
+    spec.use_local_argmax_reduction = True
+    spec.enable_adaptive_verification = spec.use_acceptance_estimator = spec.use_draft_logits = False
+    spec.acceptance_estimator = None
+    spec.num_speculative_steps, spec.hidden_size, spec.dtype = STEPS, HSIZE, torch.float32
+    spec.device, spec.dcp_size = torch.device("cpu"), 1
+    return spec
+
+
+def _start(spec) -> str:
+    try:
+        spec.load_model(None)
+        return "ok"
+    except (ValueError, RuntimeError) as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def _draft_case(name, gen, cfg, drafters):
+    """vLLM's speculator start-up with the flag (refused without the plugin's
+    drafter hook, passes with it), then per step its ids vs vLLM's
+    compute_logits argmax and float64's."""
+    import torch
+
+    from bench.vllm_drafters import BUILDERS
+
+    model, reference = BUILDERS[name](gen, VOCAB, HSIZE, torch.float32)
+    drafters.uninstall()
+    refused = _start(_speculator(SPECULATORS[name], model, cfg))
+    drafters.install()
+    spec = _speculator(SPECULATORS[name], model, cfg)
+    out = {"refused_without": refused, "start": _start(spec), "steps": []}
+    for step in range(STEPS):
+        hidden = torch.randn(ROWS, HSIZE, generator=gen)
+        ids = spec.get_draft_top_tokens(hidden, step)
+        vllm_logits = spec.compute_draft_logits(hidden, step)
+        x, full = reference(hidden, step)
+        f64 = x.double() @ full.double().T
+        top2 = f64.topk(2, dim=1).values
+        out["steps"].append(
+            {
+                "ids": ids.tolist(),
+                "dtype": str(ids.dtype),
+                "vllm": vllm_logits.argmax(-1).tolist(),
+                "f64": f64.argmax(-1).tolist(),
+                "gap": (top2[:, 0] - top2[:, 1]).tolist(),
+            }
+        )
+    return out
+
+
+def _post_processing_classes():
+    """Classes whose compute_logits does more than return the processor's
+    output: vLLM's own Nemotron3_5TranscribeMTP (masks past its speech
+    vocabulary in place; vLLM 0.34) or, on a vLLM without it, a
+    NemotronHMTP subclass that masks the same way; and a DFlashLaguna
+    subclass that scales after the processor. name -> (class, what the WARNING says)."""
+    import importlib
+
+    from vllm.model_executor.models.laguna_dflash import DFlashLagunaForCausalLM
+    from vllm.model_executor.models.nemotron_h_mtp import NemotronHMTP
+
+    class ScaledAfter(DFlashLagunaForCausalLM):
+        def compute_logits(self, hidden_states):
+            return super().compute_logits(hidden_states) * 2.0
+
+    class MaskedInPlace(NemotronHMTP):
+        def compute_logits(self, hidden_states):
+            logits = super().compute_logits(hidden_states)
+            logits[..., VOCAB // 2 :] = float("-inf")
+            return logits
+
+    try:
+        module = importlib.import_module("vllm.model_executor.models.nemotron3_5_transcribe")
+        masked = module.Nemotron3_5TranscribeMTP
+    except ImportError:
+        masked = MaskedInPlace
+    return {"masked": (masked, "in place"), "scaled": (ScaledAfter, "something other")}
+
+
+def _post_processing_case(gen, cfg, warnings):
+    """Each post-processing class: no method, one WARNING naming it and why, vLLM's own refusal."""
+    import torch
+
+    from bench.vllm_drafters import build_plain
+
+    out = {}
+    for key, (cls, why) in _post_processing_classes().items():
+        config = types.SimpleNamespace(speechlm_output_vocab_size=VOCAB // 2)
+        model, _ = build_plain(cls, config=config)(gen, VOCAB, HSIZE, torch.float32)
+        before = len(warnings.records)
+        start = _start(_speculator("vllm.v1.worker.gpu.spec_decode.mtp.speculator:MTPSpeculator", model, cfg))
+        out[key] = {
+            "class": cls.__name__,
+            "why": why,
+            "start": start,
+            "has_method": hasattr(model, "get_top_tokens"),
+            "warnings": warnings.records[before:],
+        }
+    return out
+
+
+def _planted_case(gen, cfg):
+    """The processor's answer made wrong on rank 1 only: every rank raises, naming the class."""
+    import torch
+    from vllm.distributed import get_tp_group
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
+    from bench.vllm_drafters import BUILDERS
+
+    model, _ = BUILDERS["DeepSeekMTP"](gen, VOCAB, HSIZE, torch.float32)
+    right = LogitsProcessor.get_top_tokens
+    wrong_here = get_tp_group().rank_in_group == 1
+
+    def wrong(self, lm_head, hidden_states, embedding_bias=None):
+        ids = right(self, lm_head, hidden_states, embedding_bias)
+        return (ids + 1) % VOCAB if wrong_here else ids
+
+    LogitsProcessor.get_top_tokens = wrong
+    try:
+        start = _start(_speculator(SPECULATORS["DeepSeekMTP"], model, cfg))
+    finally:
+        LogitsProcessor.get_top_tokens = right
+    return {"start": start, "has_method": hasattr(model, "get_top_tokens")}
+
+
+def worker(rank: int, world_size: int, seed: int):
+    import logging
+
+    import torch
+
+    from tests.support.vllm_common import WarningLog, vllm_setup
+
+    ctx, cfg = vllm_setup(rank, world_size)
+    import localargmax.integrations.vllm as plugin
+    from localargmax.integrations.vllm import drafters
+
+    plugin.install()
+    warnings = WarningLog("keeps no get_top_tokens")
+    logging.getLogger("localargmax.integrations.vllm").addHandler(warnings)
+    gen = torch.Generator().manual_seed(seed)  # the same draws on every rank: replicated hidden states
+    before = plugin.stats().get("fused", 0)
+    out = {name: _draft_case(name, gen, cfg, drafters) for name in SPECULATORS}
+    out["fused_calls"] = plugin.stats().get("fused", 0) - before
+    out["post_processing"] = _post_processing_case(gen, cfg, warnings)
+    out["planted"] = _planted_case(gen, cfg)
+    from vllm.distributed import destroy_model_parallel
+
+    destroy_model_parallel()
+    ctx.__exit__(None, None, None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    from tests.conftest import draw_seed
+    from tests.support.launch import run_ranks
+    from tests.support.vllm_common import rank_env
+
+    seed = draw_seed()
+    print(f"\n[test_vllm_drafters] random seed {seed} (rerun with LOCALARGMAX_TEST_SEED={seed})")
+    with rank_env():  # what vLLM needs on a CPU-only machine; the spawned ranks inherit it
+        return run_ranks(worker, TP, seed, timeout=300, start_method="spawn")
+
+
+@pytest.fixture(scope="module")
+def res(ranks):
+    return ranks[0]
+
+
+@pytest.mark.parametrize("name", sorted(SPECULATORS))
+def test_speculator_starts_with_the_flag_and_drafts_vllms_ids(ranks, name):
+    for r in ranks:
+        case = r[name]
+        assert "does not implement get_top_tokens" in case["refused_without"], case["refused_without"]
+        assert case["start"] == "ok", case["start"]
+        for step, s in enumerate(case["steps"]):
+            assert s["dtype"] == "torch.int64"
+            assert s["ids"] == s["vllm"], f"step {step}: ours {s['ids']}, vLLM's compute_logits argmax {s['vllm']}"
+            for row, (ours, ref, gap) in enumerate(zip(s["ids"], s["f64"], s["gap"])):
+                if gap > GAP:
+                    assert ours == ref, f"step {step} row {row}: ours {ours}, float64 {ref} (gap {gap})"
+    assert ranks[0][name] == ranks[1][name]
+
+
+def test_per_step_heads_are_the_classes_own(res):
+    """DeepSeekMTP's heads differ per step (2 MTP layers, 3 steps): the ids follow the step's head."""
+    steps = res["DeepSeekMTP"]["steps"]
+    assert steps[0]["f64"] != steps[1]["f64"] or steps[0]["ids"] != steps[1]["ids"]
+    assert res["fused_calls"] >= 2 * STEPS  # every draft went through the fused op (plus the probes)
+
+
+@pytest.mark.parametrize("key", ["masked", "scaled"])
+def test_post_processing_class_is_left_without_the_method(ranks, key):
+    for r in ranks:
+        m = r["post_processing"][key]
+        assert not m["has_method"]
+        assert "does not implement get_top_tokens" in m["start"], m["start"]
+        assert len(m["warnings"]) == 1, m["warnings"]
+        level, message = m["warnings"][0]
+        assert level == "WARNING" and m["class"] in message and m["why"] in message, message
+
+
+def test_planted_disagreement_is_an_error_on_every_rank(ranks):
+    for r in ranks:
+        p = r["planted"]
+        assert p["start"].startswith("RuntimeError") and "DeepSeekMTP" in p["start"], p["start"]
+        assert not p["has_method"]
