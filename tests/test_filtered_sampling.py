@@ -16,9 +16,10 @@ from localargmax.filtered import CANDIDATES, gumbel_noise
 from tests.support.launch import run_ranks
 from tests.support.problems import layout_kwargs, make_shards
 
-TIE = 1e-4
-"""Near-tie margin (logit units / relative mass): float32 logits of these
-problems are within ~1e-6 of float64 (DESIGN.md, "Log-probabilities", Accuracy)."""
+TIE, TIE_MASS = 1e-4, 1e-5
+"""Near-tie margins, in logit units and in relative mass at the top-p
+boundary: float32 logits of these problems are within ~1e-6 of float64
+(DESIGN.md, "Log-probabilities", Accuracy; "Filtered sampling")."""
 
 
 def reference(logits, t, k, p, mp, seed, offset):
@@ -45,7 +46,7 @@ def reference(logits, t, k, p, mp, seed, offset):
             w = [math.exp(y[i] - y[order[0]]) for i in order]
             z, before, n = sum(w), 0.0, 0
             for wi in w:
-                margins.append(abs(before / z - float(p[b])))
+                margins.append(abs(before / z - float(p[b])) * TIE / TIE_MASS)
                 if before >= float(p[b]) * z and n:
                     break
                 before, n = before + wi, n + 1
@@ -123,10 +124,10 @@ def problem(gen, batch=24, vocab=2003, hsize=32, sharp=3.0):
     return hidden, weight
 
 
-def check(ids, hidden, weight, t, k, p, mp, seed, offset):
+def check(ids, hidden, weight, t, k, p, mp, seed, offset, share=0.7):
     want = reference(hidden.double() @ weight.double().T, t, k.tolist(), p, mp, seed, offset)
     exact = [b for b, (_, near) in enumerate(want) if not near]
-    assert len(exact) >= 0.7 * len(want), f"too many near-ties: {len(want) - len(exact)} of {len(want)}"
+    assert len(exact) >= share * len(want), f"too many near-ties: {len(want) - len(exact)} of {len(want)}"
     got = [int(ids[b]) for b in exact]
     assert got == [want[b][0] for b in exact], [(b, got[i], want[b][0]) for i, b in enumerate(exact)]
 
@@ -196,6 +197,25 @@ def test_fallback_error_and_gather(seed):
     check(ids, hidden, weight, t, k, ones, 0 * ones, seed, 0)
     small = run_tp(hidden, weight, 2, temperature=t, seed=seed, top_k=torch.tensor([5, 5, 7, 10]), fallback="error")
     assert small[:2].tolist() == ids[:2].tolist()
+
+
+@pytest.mark.parametrize("tp", [2, 8])
+def test_wide_sets_take_the_fallback(seed, tp):
+    """Flat logits: min-p, top-p (T below, at and above 1) and unfiltered
+    sets far wider than the candidates are not decided by them (fallback='error'
+    raises) and come back right from the gather."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden, weight = problem(gen, batch=8, vocab=2500, sharp=0.3)
+    t = torch.tensor([1.0, 0.7, 1.3, 1.0, 0.7, 1.0, 1.0, 0.5])
+    k = torch.tensor([0, 0, 0, 0, 0, 0, 700, 0])
+    p = torch.tensor([1.0, 0.95, 0.9, 0.95, 1.0, 1.0, 1.0, 0.99], dtype=torch.float64)
+    mp = torch.tensor([0.01, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    kw = dict(temperature=t, seed=seed, top_k=k, top_p=p.float(), min_p=mp.float())
+    for row in range(8):
+        with pytest.raises(ValueError, match="fallback='gather'"):
+            one = {n: v[row : row + 1] for n, v in kw.items() if isinstance(v, torch.Tensor)}
+            run_tp(hidden[row : row + 1], weight, tp, seed=seed, offset=row, fallback="error", **one)
+    check(run_tp(hidden, weight, tp, **kw), hidden, weight, t, k, p, mp, seed, 0, share=0.4)  # flat: near-ties
 
 
 def test_log_probs_under_the_filtered_distribution(seed):
