@@ -106,6 +106,10 @@ def run_op_smoke(tmp_path, methods, *args):
         assert {"minilm", "minilm-d2t8192"} <= shapes
     assert {r["method"] for r in rows} == methods
     assert {r["batch"] for r in rows} == {1, 4}
+    verdicts = [line for line in proc.stdout.splitlines() if line.startswith("verdict: ")]
+    assert len(verdicts) == len({(r["shape"], r["batch"]) for r in rows}), verdicts  # (tests/test_bench_screen.py)
+    if "unfused-local" not in methods:  # --op topk / sample: the footer names no rows they lack
+        assert "unfused-local" not in proc.stdout and "matmul + max" not in proc.stdout, proc.stdout
     for r in rows:
         assert ROW_FIELDS | {"op"} <= set(r), ROW_FIELDS - set(r)
         assert r["median_us"] > 0 and r["p90_us"] >= r["median_us"]
@@ -434,8 +438,9 @@ def test_legend_follows_the_printed_table(capsys, monkeypatch):
     rows = [step_row(device="cpu", dtype="float32")]
     report.finish(rows, cfg, kernel_only=False)
     out = capsys.readouterr().out
-    assert out.endswith(report.format_table(rows, False) + "\n" + report.format_legend(rows, False) + "\n")
-    assert out.splitlines()[-2].startswith("speedup = full-gather's median time / this row's")
+    table_and_legend = report.format_table(rows, False) + "\n" + report.format_legend(rows, False) + "\n"
+    assert out.endswith(table_and_legend + "verdict: s tp 2 B=1: fastest full-gather (10.0 us)\n"), out
+    assert out.splitlines()[-3].startswith("speedup = full-gather's median time / this row's")
 
 
 def test_every_numeric_option_is_range_checked(capsys):

@@ -104,7 +104,12 @@ columns (the first line of each is the legend printed under the table):
                       bytes (int64 sum on all threads, float32 mv with a ones
                       vector; JSON stream_method), on CUDA a device-to-device
                       copy counted as read + write bytes.
-  vs_torch            {vs_torch}.
+  vs_torch            {vs_torch};
+                      --op topk: {vs_torch_topk}.
+
+Under the table, after its legend: one verdict line per shape and batch, the
+fastest method and fused against full-gather (--kernel-only: fused-kernel
+against the op's first torch baseline), as a ratio of their medians.
 
 --kernel-only: the local step alone in one process (no ranks) for --op argmax,
 topk or sample, on the rank-0 shard of each --tp (comma list, default 1; e.g.
@@ -159,10 +164,10 @@ models (shape names in the rows):
 EPILOG = """\
 examples:
   localargmax-bench                                   # tp=2 gloo, minilm, fp32, B=1,8,64
-  localargmax-bench --json bench/results/cpu_minilm_default.1.json
+  localargmax-bench --json /tmp/minilm.json         # the table, and the rows as JSON
   localargmax-bench --model qwen3 --batch 1,8 --steps 5
   localargmax-bench --model synthetic --vocab 262144 --hidden 2048 --methods full-gather,fused
-  localargmax-bench --op topk --k 8 --json bench/results/cpu_minilm_topk8.json
+  localargmax-bench --op topk --k 8 --json /tmp/minilm_topk8.json
   localargmax-bench --op sample --temperature 0.7 --model qwen3 --batch 8 --steps 5
   localargmax-bench --device cuda --tp 8 --model deepseek-v3 --json -
   torchrun --nproc-per-node 8 -m localargmax.bench --device cuda --model qwen3

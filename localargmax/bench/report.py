@@ -297,6 +297,7 @@ DEFINITIONS = {
     "kernel_median_us": "one local step's time in µs (median, 90th percentile)",
     "gbps": "weight bytes read / median time",
     "vs_torch": "torch-matmul-max's median time / this row's",
+    "vs_torch_topk": "torch-matmul-topk's median time / this row's",
     "of_stream": "this row's GB/s / the stream-read row's GB/s",
 }
 
@@ -309,7 +310,8 @@ def format_legend(rows: list[dict], kernel_only: bool) -> str:
         titles = {title for _, title in table_columns(rows, kernel_only)}
         first = f"of_stream = {d['of_stream']}"
         if "vs_torch" in titles:  # sampling tables name their own baselines (vs_gumbel, ...: kernel_legend)
-            first = f"vs_torch = {d['vs_torch']}; {first}"
+            vs_torch = d["vs_torch_topk"] if rows and rows[0].get("op") == "topk" else d["vs_torch"]
+            first = f"vs_torch = {vs_torch}; {first}"
         second = f"median_us, p90_us = {d['kernel_median_us']}; GB/s = {d['gbps']}"
     else:
         op = rows[0].get("op", "argmax") if rows else "argmax"
@@ -365,18 +367,70 @@ def timing_warnings(rows: list[dict], *, loadavg=None, cores=None, tp: int = 1, 
     return out
 
 
+LOCAL_RIVALS = {
+    "unfused-local": "torch's matmul + max",
+    "torch-matmul-max": "torch's matmul + max",
+    "torch-matmul-topk": "torch's matmul + topk",
+    "gumbel-logits": "torch's matmul + Gumbel-max",
+    "compiled-multinomial": "torch's matmul + softmax + multinomial",
+}
+"""The rows that run torch's GEMM on the same shard as our fused kernel, and what they run."""
+
+
 def cpu_legend(rows: list[dict], features: dict, path: str) -> str | None:
-    """One line for a CPU run with the fused and unfused-local rows: what
-    decides between them on this CPU."""
+    """One line for a CPU run with fused rows: the CPU path of the fused
+    kernel and what torch's GEMM can use here; with a row that runs torch's
+    matmul on the same shard (:data:`LOCAL_RIVALS`, the first present), what
+    decides between the two. Names only methods the rows have."""
     methods = {r["method"] for r in rows}
     if not rows or rows[0].get("device") != "cpu" or not ({"fused", "fused-kernel"} & methods):
         return None
     fast = [n for n in ("amx_bf16", "avx512_bf16", "avx512f") if features.get(n)]
     gemm = f"torch's GEMM here can use {', '.join(fast)}" if fast else "torch's GEMM here has AVX2 at most"
-    return (
-        f"CPU: fused vs unfused-local is the local kernel (path {path!r}: {_inner_loop(path)}) against "
-        f"torch's matmul + max on this CPU; {gemm}, so where it runs wider tiles unfused-local can win at batch >= 8"
-    )
+    kernel = f"the local kernel (path {path!r}: {_inner_loop(path)})"
+    rival = next((m for m in LOCAL_RIVALS if m in methods), None)
+    if rival is None:
+        return f"CPU: the fused rows run {kernel}; {gemm}"
+    ours = "fused" if "fused" in methods else "fused-kernel"
+    line = f"CPU: {ours} vs {rival} is {kernel} against {LOCAL_RIVALS[rival]} on this CPU; {gemm}"
+    if rival in ("unfused-local", "torch-matmul-max"):
+        line += f", so where it runs wider tiles {rival} can win at batch >= 8"
+    return line
+
+
+def verdicts(rows: list[dict], kernel_only: bool) -> list[str]:
+    """One line per (shape, tp, batch): the fastest method (its median, and its
+    agreement when below 1), then ours against the rival: fused against
+    full-gather; --kernel-only: fused-kernel against the op's first torch
+    baseline present. Yardsticks and skipped rows take no part."""
+    from .rival import OP_BASELINES
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("batch") is not None and r.get("median_us"):  # (yardsticks have no batch)
+            where = f"tp {r['tp']}" if r.get("tp") is not None else f"rows {r.get('rows')}"
+            groups.setdefault((r["shape"], where, r["batch"]), []).append(r)
+    lines = []
+    for (shape, where, batch), group in groups.items():
+        by_method = {r["method"]: r for r in group}
+        best = min(group, key=lambda r: r["median_us"])
+        line = f"{shape} {where} B={batch}: fastest {best['method']} ({format_cell(best['median_us'])} us"
+        agree = best.get("agree")
+        line += f", agree {agree:.3f})" if agree is not None and agree < 1 else ")"
+        if kernel_only:
+            ours = "fused-kernel"
+            rivals = OP_BASELINES.get(group[0].get("op", "argmax"), ())
+            rival = next((m for m in rivals if m in by_method), None)
+        else:
+            ours, rival = "fused", "full-gather"
+        if ours in by_method and rival in by_method:
+            ratio = by_method[rival]["median_us"] / by_method[ours]["median_us"]
+            if ratio >= 1:
+                line += f"; {ours} {ratio:.2f}x faster than {rival}"
+            else:
+                line += f"; {ours} {1 / ratio:.2f}x slower than {rival}"
+        lines.append(line)
+    return lines
 
 
 def finish(rows: list[dict], cfg, kernel_only: bool) -> None:
@@ -401,6 +455,8 @@ def finish(rows: list[dict], cfg, kernel_only: bool) -> None:
     print(format_legend(rows, kernel_only), file=out, flush=True)
     if kernel_only and rows:
         print(kernel_legend(rows), file=out, flush=True)
+    for line in verdicts(rows, kernel_only):
+        print(f"verdict: {line}", file=out, flush=True)
     device = getattr(cfg, "device", rows[0].get("device", "cpu") if rows else "cpu")
     env = env_info(device, cfg.threads)
     line = cpu_legend(rows, env["cpu_features"], env["cpu_path_auto"])
