@@ -310,6 +310,25 @@ def test_chi_square_per_filter(seed, kind):
     assert stat.pvalue > 1e-4, (kind, stat)
 
 
+@pytest.mark.slow
+def test_torch_compile_fullgraph_with_fallback_error(seed):
+    """torch.compile(fullgraph=True) with fallback='error' (no host sync: the
+    fallback check is a device-side assert) gives eager's ids; with
+    fallback='gather' a full graph is refused (~60 s of compile on 2 cores: slow)."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden, weight = problem(gen, batch=6, vocab=500)
+    t = torch.tensor([0.0, 0.7, 1.0, 1.3, 0.7, 1.0])
+    k, p = torch.tensor([0, 5, 20, 40, 0, 3]), torch.tensor([1.0, 0.9, 1.0, 0.8, 1.0, 1.0])
+    mp = torch.tensor([0.0, 0.0, 0.05, 0.0, 0.1, 0.0])
+
+    def step(h, w, fallback="error"):
+        return localargmax.lm_head_sample(h, w, temperature=t, seed=seed, top_k=k, top_p=p, min_p=mp, fallback=fallback)
+
+    assert torch.equal(torch.compile(step, fullgraph=True)(hidden, weight), step(hidden, weight))
+    with pytest.raises(Exception, match="fallback='gather'|Observed exception"):
+        torch.compile(lambda h, w: step(h, w, "gather"), fullgraph=True)(hidden, weight)
+
+
 def test_bad_arguments():
     hidden, weight = torch.randn(2, 4), torch.randn(10, 4)
     kw = dict(temperature=1.0, seed=1)
