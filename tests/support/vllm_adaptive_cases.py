@@ -159,7 +159,7 @@ def _draft(gen, scale, soft_cap):
     return Draft()
 
 
-def speculator(draft, cfg, adaptive: bool = True):
+def speculator(draft, cfg, adaptive: bool = True, hidden_size: int = HSIZE):
     """vLLM's DraftModelSpeculator (a subclass that only supplies the draft),
     bare: the attributes its load_model / sample_draft read, none of its GPU
     set-up; local argmax on, adaptive verification on or off."""
@@ -184,6 +184,7 @@ def speculator(draft, cfg, adaptive: bool = True):
     spec.use_draft_logits = False  # (vLLM 0.34's load_model reads it: greedy drafts keep no draft logits)
     spec.acceptance_estimator = None
     spec.max_num_reqs, spec.num_speculative_steps, spec.device = MAX_REQS, STEPS, torch.device("cpu")
+    spec.hidden_size, spec.dtype = hidden_size, torch.float32  # (the drafter hook's load-time probe reads them)
     spec.temperature = torch.tensor(TEMPERATURES, dtype=torch.float32)
     spec.draft_token_confidence_probs = torch.full((MAX_REQS, STEPS), -7.0)
     return spec

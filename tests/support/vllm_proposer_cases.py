@@ -45,7 +45,7 @@ def proposer_case(plugin, gen, cfg):
         has_own_lm_head = True
 
     draft = Draft()
-    spec = speculator(draft, cfg, adaptive=False)
+    spec = speculator(draft, cfg, adaptive=False, hidden_size=hsize)
     spec.load_model(None)
     out = {"switch_field_default": SpeculativeConfig.__dataclass_fields__["use_local_argmax_reduction"].default}
 
@@ -64,7 +64,7 @@ def proposer_case(plugin, gen, cfg):
     out.update(ours=ours.tolist(), vllm=theirs.tolist(), ref=ref.tolist())
 
     try:
-        speculator(NoTopTokens(), cfg, adaptive=False).load_model(None)
+        speculator(NoTopTokens(), cfg, adaptive=False, hidden_size=hsize).load_model(None)
         out["missing_check"] = "no error"
     except ValueError as e:
         out["missing_check"] = str(e)
@@ -132,7 +132,7 @@ def eagle3_case(plugin, gen, cfg):
     model.load_weights([("lm_head.weight", full), ("d2t", d2t)])
     after_loading(model.lm_head)
 
-    spec = speculator(model, cfg, adaptive=False)
+    spec = speculator(model, cfg, adaptive=False, hidden_size=hsize)
     spec.load_model(None)
     hidden = torch.randn(6, hsize, generator=gen)
     before = plugin.stats().get("fused", 0)
