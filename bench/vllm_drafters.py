@@ -1,6 +1,6 @@
 """Which vLLM draft classes can draft with ``use_local_argmax_reduction``:
 with vLLM alone and with the localargmax plugin, read from the installed
-vLLM (for 0.33: ``PYTHONPATH=/path/to/vllm033 python bench/vllm_drafters.py``).
+vLLM (for 0.33: ``PYTHONPATH=/path/to/vllm033 python -m bench.vllm_drafters``).
 
 The classes are those of vLLM's model registry for speculative decoding
 (``_SPECULATIVE_DECODING_MODELS``: EAGLE, MTP, DFlash, DSpark, ...), each
@@ -18,8 +18,9 @@ lacks is imported with stand-ins for that package (listed per row and in the
 JSON); its ``compute_logits`` runs as any other.
 
 Writes bench/results/vllm_drafters_<version>.json (rows and the command) and
-prints the markdown table for docs/vllm.md (``--markdown`` alone: print the
-table of an existing JSON).
+prints its markdown table; ``--docs`` writes the tables of every such JSON
+into docs/vllm.md (between its markers; tests/test_vllm_drafters.py checks
+they match), ``--markdown FILE`` prints one JSON's table.
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ import argparse
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import inspect
 import json
 import os
 import platform
+import re
 import sys
 import types
 import unittest.mock
@@ -189,14 +192,17 @@ BUILDERS = {  # class name -> builder(gen, vocab, hidden size, dtype) -> (model,
 
 
 class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports of :data:`STAND_IN_PACKAGES` (absent here) answered by mock modules; records which were used."""
+    """Imports of absent packages (:data:`STAND_IN_PACKAGES`, and any other
+    non-vLLM package a draft module needs and this machine lacks: AMD's,
+    NVIDIA's kernels) answered by mock modules."""
 
     def __init__(self):
+        self.names = set(STAND_IN_PACKAGES)
         self.used = set()
 
     def find_spec(self, fullname, path=None, target=None):
         root = fullname.split(".")[0]
-        if root not in STAND_IN_PACKAGES:
+        if root not in self.names:
             return None
         self.used.add(root)
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
@@ -209,6 +215,27 @@ class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module):
         pass
 
+    def load(self, modname: str, name: str):
+        """(the class, None, stand-ins used) or (None, the import error, stand-ins used)."""
+        before = set(self.used)
+        sys.meta_path.append(self)
+        try:
+            for _ in range(8):
+                try:
+                    return getattr(importlib.import_module(modname), name), None, sorted(self.used - before)
+                except ModuleNotFoundError as e:
+                    root = (e.name or "").split(".")[0]
+                    if not root or root == "vllm" or root in self.names:
+                        return None, f"{type(e).__name__}: {e}", []
+                    self.names.add(root)
+                except Exception as e:  # noqa: BLE001 - reported in the table
+                    return None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}", []
+            return None, "too many absent packages", []
+        finally:
+            sys.meta_path.remove(self)
+            for mod in [m for m in sys.modules if m.split(".")[0] in self.names]:
+                del sys.modules[mod]  # the next import asks again (and is recorded); imported classes keep theirs
+
 
 def _defined_by(cls, attr):
     for klass in cls.__mro__:
@@ -217,41 +244,52 @@ def _defined_by(cls, attr):
     return None
 
 
+def _variants(modname: str, name: str) -> list[str]:
+    """The platform variants (nvidia / amd / xpu / cpu / common modules) of a
+    ``vllm.models`` package that define ``class name``, found by reading the
+    package's files (vLLM resolves one of them per platform)."""
+    if not modname.startswith("vllm.models."):
+        return []
+    vllm_dir = Path(next(iter(importlib.util.find_spec("vllm").submodule_search_locations)))
+    root = vllm_dir.joinpath(*modname.split(".")[1:])  # not imported: a package's __init__ may need absent packages
+    if not root.is_dir():
+        return []
+    pattern = re.compile(rf"^class {re.escape(name)}\b", re.M)
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name != "__init__.py" and pattern.search(path.read_text(errors="replace")):
+            out.append(".".join([modname, *path.relative_to(root).with_suffix("").parts]))
+    return out
+
+
 def inventory(stand_ins: _StandIns) -> list[dict]:
-    """One row per draft class of vLLM's registry: its architectures, where
-    vLLM resolves it, whether it imports here and whether it has
+    """One row per draft class of vLLM's registry (each platform variant of a
+    ``vllm.models`` package its own row): its architectures, whether this
+    machine resolves it, whether it imports here and whether it has
     ``compute_logits`` / ``get_top_tokens`` (the defining class)."""
     from vllm.model_executor.models import registry
 
     rows: dict[tuple[str, str], dict] = {}
     for arch, (module, name) in registry._SPECULATIVE_DECODING_MODELS.items():
         modname = module if module.startswith("vllm.") else f"vllm.model_executor.models.{module}"
-        row = rows.setdefault((modname, name), {"class": name, "registry_module": modname, "architectures": []})
-        row["architectures"].append(arch)
-        if "import" in row:
-            continue
-        present = set(sys.modules)
-        before = set(stand_ins.used)
-        sys.meta_path.append(stand_ins)
-        try:
-            cls = getattr(importlib.import_module(modname), name)
-        except Exception as e:  # noqa: BLE001 - reported in the table
-            row["import"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
-            continue
-        finally:
-            sys.meta_path.remove(stand_ins)
-        row["import"] = "ok"
-        row["stand_ins"] = sorted(stand_ins.used - before) if stand_ins.used - before else []
-        if row["stand_ins"]:  # later imports see the real absence again
-            for mod in set(sys.modules) - present:
-                if mod.split(".")[0] in STAND_IN_PACKAGES:
-                    del sys.modules[mod]
-        row["resolved"] = f"{cls.__module__}.{cls.__qualname__}"
-        row["resolved_module"], row["resolved_class"] = cls.__module__, cls.__qualname__
-        row["compute_logits"] = _defined_by(cls, "compute_logits")
-        row["get_top_tokens"] = _defined_by(cls, "get_top_tokens")
-        if row["compute_logits"]:
-            row["compute_logits_takes_step"] = "spec_step_idx" in inspect.signature(cls.compute_logits).parameters
+        for candidate in [modname, *_variants(modname, name)]:
+            cls, error, used = stand_ins.load(candidate, name)
+            key = (candidate, name) if cls is None else (cls.__module__, cls.__qualname__)
+            row = rows.setdefault(key, {"class": name, "module": key[0], "architectures": [], "resolved_here": False})
+            if arch not in row["architectures"]:
+                row["architectures"].append(arch)
+            row["resolved_here"] |= candidate == modname
+            if "import" in row:
+                continue
+            row["import"] = error or "ok"
+            if cls is None:
+                continue
+            row["stand_ins"] = used
+            row["class"] = cls.__qualname__
+            row["compute_logits"] = _defined_by(cls, "compute_logits")
+            row["get_top_tokens"] = _defined_by(cls, "get_top_tokens")
+            if row["compute_logits"]:
+                row["compute_logits_takes_step"] = "spec_step_idx" in inspect.signature(cls.compute_logits).parameters
     return list(rows.values())
 
 
@@ -265,8 +303,8 @@ def probe_small(rows: list[dict]) -> None:
         if row.get("import") != "ok" or row.get("get_top_tokens") or not row.get("compute_logits"):
             continue
         gen = torch.Generator().manual_seed(1)
-        cls = getattr(importlib.import_module(row["resolved_module"]), row["resolved_class"])
-        build = BUILDERS.get(row["resolved_class"])
+        cls = getattr(importlib.import_module(row["module"]), row["class"])
+        build = BUILDERS.get(row["class"])
         row["built_by"] = "BUILDERS" if build else "build_auto"
         try:
             model = build(gen, 1000, 32, torch.float32)[0] if build else build_auto(cls, gen, 1000, 32, torch.float32)
@@ -287,16 +325,35 @@ def verdicts(row: dict) -> tuple[str, str]:
     if row.get("import") != "ok":
         return "not importable here", f"not importable here ({row['import']})"
     if row["get_top_tokens"]:
-        alone = f"yes (`{row['get_top_tokens']}.get_top_tokens`)"
-        return alone, "yes (vLLM's method; its processor call runs on the fused op)"
+        return f"yes (`{row['get_top_tokens']}`)", "yes (vLLM's method)"
     if not row["compute_logits"]:
-        return "no (no `compute_logits` in this platform's variant)", "no: not a LogitsProcessor drafter here"
+        return "no (no `compute_logits` in this variant)", "no (not a LogitsProcessor drafter)"
     probe = row.get("probe")
     if probe == "given":
-        return "no", f"yes (given at load; probed here, built by `{row['built_by']}`)"
+        return "no", f"**yes**: given at load (probed here, `{row['built_by']}`)"
     if probe is not None:
         return "no", f"no: {probe}"
-    return "no", f"when the load-time probe passes (not built here: {row.get('build_error')})"
+    return "no", f"at load, if the probe passes (not built here: {row.get('build_error')})"
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "vllm.md"
+BEGIN, END = "<!-- bench/vllm_drafters.py tables: begin -->", "<!-- bench/vllm_drafters.py tables: end -->"
+
+
+def docs_tables() -> str:
+    """The tables of every bench/results/vllm_drafters_*.json, the newest vLLM first (docs/vllm.md holds them)."""
+    from packaging.version import Version
+
+    docs = [json.loads(p.read_text()) for p in RESULTS.glob("vllm_drafters_*.json")]
+    return "\n\n".join(markdown(d) for d in sorted(docs, key=lambda d: Version(d["vllm"]), reverse=True))
+
+
+def write_docs() -> None:
+    """Replace the text between :data:`BEGIN` and :data:`END` in docs/vllm.md with :func:`docs_tables`."""
+    text = DOCS.read_text()
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    DOCS.write_text(f"{head}{BEGIN}\n{docs_tables()}\n{END}{tail}")
 
 
 def markdown(doc: dict) -> str:
@@ -309,8 +366,11 @@ def markdown(doc: dict) -> str:
     for row in doc["rows"]:
         alone, plugin = verdicts(row)
         archs = ", ".join(row["architectures"])
-        stand = f" (read with stand-ins for {', '.join(row['stand_ins'])})" if row.get("stand_ins") else ""
-        lines.append(f"| `{row['class']}`{stand} | {archs} | {alone} | {plugin} |")
+        where = row["module"].removeprefix("vllm.models.") if row["module"].startswith("vllm.models.") else ""
+        if where:
+            where = f" ({where}{', on this machine' if row['resolved_here'] else ''})"
+        stand = f"; stand-ins for {', '.join(row['stand_ins'])}" if row.get("stand_ins") else ""
+        lines.append(f"| `{row['class']}`{where}{stand} | {archs} | {alone} | {plugin} |")
     return "\n".join(lines)
 
 
@@ -328,9 +388,13 @@ def _single_rank_vllm():
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--markdown", type=Path, help="print the table of this JSON and exit")
+    parser.add_argument("--docs", action="store_true", help="write every JSON's table into docs/vllm.md and exit")
     args = parser.parse_args(argv)
     if args.markdown:
         print(markdown(json.loads(args.markdown.read_text())))
+        return 0
+    if args.docs:
+        write_docs()
         return 0
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -345,7 +409,7 @@ def main(argv=None) -> int:
         ctx.__exit__(None, None, None)
     version = vllm.__version__
     pythonpath = os.environ.get("PYTHONPATH")
-    command = ("PYTHONPATH=" + pythonpath + " " if pythonpath else "") + "python bench/vllm_drafters.py"
+    command = ("PYTHONPATH=" + pythonpath + " " if pythonpath else "") + "python -m bench.vllm_drafters"
     doc = {
         "vllm": version,
         "vllm_path": str(Path(vllm.__file__).parent),

@@ -7,7 +7,7 @@ processor: left without the method) and a planted disagreement (an error).
 The classes are built small by bench/vllm_drafters.py's builders (vLLM's
 class and compute_logits, only the submodules compute_logits uses). One
 launch of 2 spawned ranks. Skipped, with the reason, only when vLLM is not
-installed.
+installed (the docs check needs no vLLM).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import types
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
+needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
     reason="vLLM is not installed (README 'Use it in vLLM': pip install --no-deps vllm==0.34.0)",
 )
@@ -91,12 +91,14 @@ def _draft_case(name, gen, cfg, drafters):
         x, full = reference(hidden, step)
         f64 = x.double() @ full.double().T
         top2 = f64.topk(2, dim=1).values
+        x_next, full_next = reference(hidden, step + 1)  # DeepSeekMTP: the other MTP layer's norm and head
         out["steps"].append(
             {
                 "ids": ids.tolist(),
                 "dtype": str(ids.dtype),
                 "vllm": vllm_logits.argmax(-1).tolist(),
                 "f64": f64.argmax(-1).tolist(),
+                "f64_next_step_head": (x_next.double() @ full_next.double().T).argmax(-1).tolist(),
                 "gap": (top2[:, 0] - top2[:, 1]).tolist(),
             }
         )
@@ -222,6 +224,7 @@ def res(ranks):
     return ranks[0]
 
 
+@needs_vllm
 @pytest.mark.parametrize("name", sorted(SPECULATORS))
 def test_speculator_starts_with_the_flag_and_drafts_vllms_ids(ranks, name):
     for r in ranks:
@@ -237,13 +240,17 @@ def test_speculator_starts_with_the_flag_and_drafts_vllms_ids(ranks, name):
     assert ranks[0][name] == ranks[1][name]
 
 
+@needs_vllm
 def test_per_step_heads_are_the_classes_own(res):
-    """DeepSeekMTP's heads differ per step (2 MTP layers, 3 steps): the ids follow the step's head."""
-    steps = res["DeepSeekMTP"]["steps"]
-    assert steps[0]["f64"] != steps[1]["f64"] or steps[0]["ids"] != steps[1]["ids"]
+    """DeepSeekMTP has 2 MTP layers (norm + head each) for 3 steps: the ids
+    (equal to the step's head's, above) differ from the other layer's, so the
+    head chosen by spec_step_idx % 2 is the one that answered."""
+    for step, s in enumerate(res["DeepSeekMTP"]["steps"]):
+        assert s["ids"] != s["f64_next_step_head"], f"step {step}: the other MTP layer's head gives the same ids"
     assert res["fused_calls"] >= 2 * STEPS  # every draft went through the fused op (plus the probes)
 
 
+@needs_vllm
 @pytest.mark.parametrize("key", ["masked", "scaled"])
 def test_post_processing_class_is_left_without_the_method(ranks, key):
     for r in ranks:
@@ -255,8 +262,20 @@ def test_post_processing_class_is_left_without_the_method(ranks, key):
         assert level == "WARNING" and m["class"] in message and m["why"] in message, message
 
 
+@needs_vllm
 def test_planted_disagreement_is_an_error_on_every_rank(ranks):
     for r in ranks:
         p = r["planted"]
         assert p["start"].startswith("RuntimeError") and "DeepSeekMTP" in p["start"], p["start"]
         assert not p["has_method"]
+
+
+def test_docs_tables_are_the_generated_ones():
+    """docs/vllm.md holds the tables bench/vllm_drafters.py renders from its JSON results, for 0.34 and 0.33."""
+    from bench import vllm_drafters
+
+    text = vllm_drafters.DOCS.read_text()
+    section = text.split(vllm_drafters.BEGIN, 1)[1].split(vllm_drafters.END, 1)[0].strip()
+    assert section == vllm_drafters.docs_tables(), "rerun: python -m bench.vllm_drafters --docs"
+    versions = {p.stem.rsplit("_", 1)[1] for p in vllm_drafters.RESULTS.glob("vllm_drafters_*.json")}
+    assert {"0.34.0", "0.33.0"} <= versions
