@@ -1,6 +1,6 @@
 """|log-odds error| against float64, by log-odds band: the fused op's
-(``lm_head_argmax(return_log_odds=True)``) beside vLLM 0.33's own
-acceptance estimator (``OnlineAcceptanceEstimator.predict`` on the full
+(``lm_head_argmax(return_log_odds=True)``) beside the installed vLLM's own
+acceptance estimator (0.34 or 0.33) (``OnlineAcceptanceEstimator.predict`` on the full
 logits, its Triton kernels interpreted on the CPU: bench/vllm_estimator.py),
 both before vLLM's clamp to ±40.
 
@@ -68,6 +68,8 @@ def main(argv=None) -> int:
     d = (x - x.gather(1, top)).scatter(1, top, -torch.inf)
     f64 = -torch.logsumexp(d, dim=1)
 
+    from vllm import __version__ as vllm_version
+
     est = estimator_class()(args.rows, 1, torch.device("cpu"))
     est.predict(hidden @ weight.T, torch.arange(args.rows), torch.tensor(0), torch.zeros(args.rows, 1), t)
     vllm = est.features[:, 0]  # clamped to ±40 by vLLM; the bands below stay under 40
@@ -81,7 +83,7 @@ def main(argv=None) -> int:
         rows.append(
             {"band": [lo, hi], "rows": int(m.sum()), "ours_max_abs_err": err(ours), "vllm_max_abs_err": err(vllm)}
         )
-    print("| float64 log-odds | rows | ours: max abs error | vLLM 0.33: max abs error |")
+    print(f"| float64 log-odds | rows | ours: max abs error | vLLM {vllm_version}: max abs error |")
     print("|---|---|---|---|")
     for r in rows:
         lo, hi = r["band"]
@@ -90,7 +92,7 @@ def main(argv=None) -> int:
         "command": "PYTHONPATH=. python bench/log_odds_accuracy.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": {"cpu": _cpu_model(), "torch": torch.__version__, "python": platform.python_version()},
         "date": time.strftime("%Y-%m-%d"),
-        "vocab": args.vocab, "hidden": args.hidden, "rows_measured": args.rows, "seed": args.seed,
+        "vllm": vllm_version, "vocab": args.vocab, "hidden": args.hidden, "rows_measured": args.rows, "seed": args.seed,
         "bands": rows,
     }  # fmt: skip
     if args.out:

@@ -235,8 +235,9 @@ def paths_table(docs: list) -> str:
 def log_odds_table(docs: list) -> str:
     """bench/log_odds_accuracy.py's record: |error| vs float64 by log-odds band, ours beside vLLM's."""
     d = docs[0]
+    version = ".".join(d.get("vllm", "0.33").split(".")[:2])  # (records before 0.34 name no version: 0.33's)
     lines = [
-        "| float64 log-odds | rows | ours: max abs error | vLLM 0.33: max abs error |",
+        f"| float64 log-odds | rows | ours: max abs error | vLLM {version}: max abs error |",
         "|---|---|---|---|",
         *(
             f"| {b['band'][0]} to {b['band'][1]} | {b['rows']} | {b['ours_max_abs_err']:.2g} | "
