@@ -14,6 +14,7 @@ Public API:
     log_probs_from_pairs                    the log-probabilities' merge of the ranks' pairs
     log_odds_from_pairs                     the argmax's log-odds from them (lm_head_argmax(return_log_odds=True))
     exchange_keys                           the collective step alone
+    LOCAL_SHARD                             group= sentinel: one shard's own answer, no exchange (on purpose)
     payload_length                          int64 words one rank sends per step (a callable group's buffer)
     shard_vocab, VocabShard, check_layouts  the standard vocab-parallel layout
     VocabParallelLMHead, LocalArgmaxMixin   drop-in pieces for draft models
@@ -37,7 +38,7 @@ if getattr(_C, "TORCH_VERSION", None) != _torch.__version__:
         f"{_torch.__version__} is loaded (a C++ extension runs only on the torch it was compiled against); {_REBUILD}"
     )
 
-from .collective import exchange_keys, payload_length
+from .collective import LOCAL_SHARD, exchange_keys, payload_length
 from .d2t import build_d2t, draft_to_target_ids, validate_d2t
 from .layout import VocabShard, check_layouts, shard_vocab
 from .lm_head import LocalArgmaxMixin, VocabParallelLMHead
@@ -50,6 +51,7 @@ WITH_CUDA: bool = bool(_C.WITH_CUDA)
 __version__ = "0.1.0"
 
 __all__ = [
+    "LOCAL_SHARD",
     "MAX_GLOBAL_INDEX",
     "MAX_TOPK",
     "LocalArgmaxMixin",

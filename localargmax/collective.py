@@ -7,7 +7,6 @@ exchanges keys goes through :func:`exchange_keys`.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Union
 
@@ -30,9 +29,25 @@ def _all_gather_single(tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.
     return funcol.wait_tensor(gather(tensor, 0, group))
 
 
-Group = Union[None, dist.ProcessGroup, Callable[[torch.Tensor], torch.Tensor], Any]  # noqa: UP007 (a runtime alias)
+class _LocalShard:
+    """The type of :data:`LOCAL_SHARD` (its one instance)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "localargmax.LOCAL_SHARD"
+
+
+LOCAL_SHARD = _LocalShard()
+"""``group=LOCAL_SHARD``: no exchange, this shard's own answer (its winners
+among its own ids), on purpose. ``group=None`` means world size 1, so a step
+at ``vocab_start > 0`` refuses it (:func:`check_group`); a caller who wants
+one shard's local answer says so with this sentinel."""
+
+Group = Union[None, dist.ProcessGroup, Callable[[torch.Tensor], torch.Tensor], _LocalShard, Any]  # noqa: UP007
 """What ``group=`` takes: None (world size 1), a ProcessGroup, a callable
-all-gather, or a ``cupy.cuda.nccl.NcclCommunicator`` (typed Any: cupy is optional)."""
+all-gather, :data:`LOCAL_SHARD`, or a ``cupy.cuda.nccl.NcclCommunicator``
+(typed Any: cupy is optional). A runtime alias."""
 
 
 def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_gather") -> torch.Tensor:
@@ -45,7 +60,8 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
     Args:
         keys: ``[B]`` int64 packed keys from :func:`localargmax.shard_argmax`
             (or ``[B, k]`` from :func:`localargmax.shard_topk`, all-gather only).
-        group: ``None`` (world size 1: no communication), a
+        group: ``None`` (world size 1: no communication; likewise
+            :data:`LOCAL_SHARD`, one shard on purpose), a
             ``torch.distributed.ProcessGroup`` (the default path), a
             ``cupy.cuda.nccl.NcclCommunicator`` (optional extra
             ``localargmax[cupy]``; CUDA keys, torch's current stream), or a
@@ -73,7 +89,7 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
         raise ValueError(f"reduce must be one of {REDUCE_MODES}, got {reduce!r}")
     if reduce == "all_reduce" and keys.dim() != 1:
         raise ValueError(f"reduce='all_reduce' merges top-1 keys [B] only, got keys of shape {tuple(keys.shape)}")
-    if group is None:
+    if group is None or group is LOCAL_SHARD:
         return keys.unsqueeze(0)
     if isinstance(group, dist.ProcessGroup):
         if dist.get_world_size(group) == 1:  # nothing to exchange: skip the collective's latency
@@ -106,8 +122,8 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
             )
         return gathered
     raise TypeError(
-        "group must be None, a torch.distributed.ProcessGroup, a cupy.cuda.nccl.NcclCommunicator or a callable "
-        f"all_gather(keys [B]) -> [tp, B], got {type(group).__name__}"
+        "group must be None, localargmax.LOCAL_SHARD, a torch.distributed.ProcessGroup, a "
+        f"cupy.cuda.nccl.NcclCommunicator or a callable all_gather(keys [B]) -> [tp, B], got {type(group).__name__}"
     )
 
 
@@ -115,15 +131,6 @@ _INIT_HINT = (
     "torch.distributed.group.WORLD is None until torch.distributed.init_process_group() is called, and "
     "group=None means one rank holding the whole vocabulary"
 )
-_WARNED: set[str] = set()  # the hints already given in this process (warn_once)
-
-
-def _warn_once(key: str, message: str) -> None:
-    """A ``UserWarning`` once per process for ``key`` (not under torch.compile)."""
-    if key in _WARNED or torch.compiler.is_compiling():
-        return
-    _WARNED.add(key)
-    warnings.warn(message, UserWarning, stacklevel=5)  # the caller of lm_head_*
 
 
 def _group_size(group: Group) -> int | None:
@@ -140,23 +147,27 @@ def _group_size(group: Group) -> int | None:
 
 def check_group(group: Group, *, vocab_start=0, world_size: int | None = None, rank: int | None = None,
                 what: str = "group") -> None:  # fmt: skip
-    """Refuse a TP set-up that is inconsistent for certain, and hint at one
-    that is only suspicious, before any kernel runs.
+    """Refuse a TP set-up that is inconsistent for certain, before any kernel
+    runs: a group of one rank (``None`` included: ``dist.group.WORLD``
+    before ``init_process_group``) where the caller is a TP rank, that is
 
-    * ``world_size``/``rank`` given (a module or layout built for them): a
-      group of one rank (``None`` included: ``dist.group.WORLD`` before
-      ``init_process_group``) when ``world_size > 1`` or ``rank > 0`` raises
-      ValueError. (A ProcessGroup of another size or rank is found by
-      :func:`localargmax.check_layouts`, on every rank alike.)
-    * Otherwise (the ops and steps, which know only their shard): a group of
-      one rank with ``vocab_start > 0`` warns once per process (one shard on
-      its own is legitimate, a forgotten ``init_process_group`` is common).
-      Rank 0 of a larger TP group called with ``group=None`` cannot be told
-      from world size 1: it returns its own shard's winners.
+    * ``world_size``/``rank`` given (a module or layout built for them):
+      ``world_size > 1`` or ``rank > 0``. (A ProcessGroup of another size or
+      rank is found by :func:`localargmax.check_layouts`, on every rank alike.)
+    * otherwise (the ops and steps, which know only their shard):
+      ``vocab_start > 0``. Rank 0 of a larger TP group called with
+      ``group=None`` cannot be told from world size 1: it returns its own
+      shard's winners.
+
+    :data:`LOCAL_SHARD` (one shard's own answer, on purpose) and a callable
+    (its size cannot be seen) always pass.
 
     Raises:
-        ValueError naming ``what`` and ``torch.distributed.init_process_group``.
+        ValueError naming ``what``, ``torch.distributed.init_process_group``
+        and, for a step, ``localargmax.LOCAL_SHARD``.
     """
+    if group is LOCAL_SHARD:
+        return
     size = _group_size(group)
     if world_size is not None:
         r = 0 if rank is None else rank
@@ -169,11 +180,11 @@ def check_group(group: Group, *, vocab_start=0, world_size: int | None = None, r
         return
     if size == 1 and isinstance(vocab_start, int) and not isinstance(vocab_start, bool) and vocab_start > 0:
         kind = "None" if group is None else "a group of one rank"
-        _warn_once(
-            "vocab_start",
-            f"{what} is {kind} but vocab_start={vocab_start}: this shard's ids alone are returned, as for one rank. "
-            f"If this is a TP rank, pass its process group (did you call torch.distributed.init_process_group()? "
-            f"{_INIT_HINT})",
+        raise ValueError(
+            f"{what} is {kind} but vocab_start={vocab_start}: a shard past id 0 is one TP rank of several, and "
+            f"without its group it would return only its own shard's winners. Pass the TP process group (call "
+            f"torch.distributed.init_process_group() first; {_INIT_HINT}), or group=localargmax.LOCAL_SHARD for "
+            "this shard's own answer on purpose"
         )
 
 

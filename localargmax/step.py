@@ -11,6 +11,7 @@ from . import envs
 from ._validation import check_d2t_arg, check_transform_args
 from .collective import (
     HEADER_LEN,
+    LOCAL_SHARD,
     PAIRS_FLAG,
     REDUCE_MODES,
     Group,
@@ -281,8 +282,10 @@ def lm_head_argmax(
         group: None (world size 1), a ``torch.distributed.ProcessGroup``, or a
             callable all-gather: handed ``[L]`` int64 (``L =
             localargmax.payload_length(B, 1, return_log_probs or return_log_odds)``), it returns
-            ``[tp, L]``. A TP rank given None gets its own shard's winners
-            (it warns once for ``vocab_start != 0``).
+            ``[tp, L]``. None or a group of one rank with ``vocab_start > 0``
+            is refused (a forgotten ``init_process_group``);
+            :data:`localargmax.LOCAL_SHARD` returns this shard's own winners
+            on purpose.
         reduce: ``"all_gather"`` or ``"all_reduce"`` (MAX of the keys); the same ids.
         return_log_probs: also return each id's log-probability over the full
             unpadded vocabulary, from log-partition pairs computed in the same
@@ -321,7 +324,8 @@ def lm_head_argmax(
         ValueError naming the input and the ranks that disagree, before the
         exchange. A rank that never arrives is the group's timeout. ValueError
         for a ``temperature`` without ``return_log_odds``, or a non-finite
-        one known on the host.
+        one known on the host; ValueError naming ``init_process_group`` for
+        ``group`` None (or of one rank) with ``vocab_start > 0``.
     """
     if not isinstance(return_log_odds, bool):
         raise TypeError(f"return_log_odds must be a bool, got {type(return_log_odds).__name__}")
@@ -487,7 +491,8 @@ def lm_head_topk(
         TypeError / ValueError for malformed inputs; ValueError when ``k``
         exceeds the valid vocabulary (on CPU; on CUDA such slots get id -1).
     """
-    if group is None and isinstance(num_valid, int) and isinstance(k, int) and 1 <= k and num_valid < k:
+    one_shard = group is None or group is LOCAL_SHARD
+    if one_shard and isinstance(num_valid, int) and isinstance(k, int) and 1 <= k and num_valid < k:
         raise ValueError(f"k={k} exceeds the valid vocabulary (num_valid={num_valid})")
     keys, gathered, got_pairs, ok = _step(
         shard_topk, (k,), hidden, weight, vocab_start, num_valid, bias, d2t, group, "all_gather", return_log_probs,

@@ -1,5 +1,5 @@
 """What a step's group must be (collective.check_group: a missing TP group
-warns or is refused) and the engine-callable contract (payload_length: what a
+is refused; LOCAL_SHARD asks for one shard's own answer) and the engine-callable contract (payload_length: what a
 callable group is handed and returns)."""
 
 from __future__ import annotations
@@ -25,38 +25,53 @@ STEPS = {
 
 
 @pytest.mark.parametrize("step", list(STEPS))
-def test_step_with_no_group_past_vocab_start_zero_warns_once(step, monkeypatch):
-    """``group=dist.group.WORLD`` before init_process_group is None: a shard at
-    vocab_start != 0 then returns only its own winners. One UserWarning per
-    process names init_process_group; vocab_start == 0 stays silent."""
-    import warnings
-
-    from localargmax import collective
-
-    monkeypatch.setattr(collective, "_WARNED", set())
+def test_step_with_no_group_past_vocab_start_zero_raises(step):
+    """``group=dist.group.WORLD`` before init_process_group is None: rank 1's
+    shard of a 32000-id vocabulary (vocab_start=16000) would return its own
+    winners. ValueError naming init_process_group and LOCAL_SHARD, on every
+    call; vocab_start == 0 (world size 1) runs."""
     assert dist.group.WORLD is None
-    hidden, shard = torch.randn(4, 8), torch.randn(500, 8)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no warning at vocab_start 0
-        STEPS[step](hidden, shard, group=dist.group.WORLD)
-    with pytest.warns(UserWarning, match=r"vocab_start=512.*init_process_group") as record:
-        STEPS[step](hidden, shard, vocab_start=512, num_valid=488, group=dist.group.WORLD)
-    assert record[0].filename == __file__, "the warning points at the caller's line"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # once per process
-        STEPS[step](hidden, shard, vocab_start=512, num_valid=488, group=None)
+    hidden, full = torch.randn(4, 8), torch.randn(32000, 8)
+    _, _, shard = make_shards(full, None, 2, 64)[1]
+    assert shard.vocab_start == 16000
+    for _ in range(2):  # not a once-per-process warning
+        with pytest.raises(ValueError, match=r"vocab_start=16000.*init_process_group.*localargmax\.LOCAL_SHARD"):
+            STEPS[step](hidden, full[16000:], vocab_start=16000, group=dist.group.WORLD)
+    STEPS[step](hidden, full[:16000], group=dist.group.WORLD)
 
 
-def test_step_with_a_group_of_one_rank_past_vocab_start_zero_warns(monkeypatch):
-    from localargmax import collective
-
-    monkeypatch.setattr(collective, "_WARNED", set())
+def test_step_with_a_group_of_one_rank_past_vocab_start_zero_raises():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        with pytest.warns(UserWarning, match="a group of one rank.*init_process_group"):
-            localargmax.lm_head_argmax(torch.randn(2, 8), torch.randn(50, 8), vocab_start=50, group=dist.group.WORLD)
+        for step in STEPS.values():
+            with pytest.raises(ValueError, match="a group of one rank but vocab_start=50.*init_process_group"):
+                step(torch.randn(2, 8), torch.randn(50, 8), vocab_start=50, group=dist.group.WORLD)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+def test_local_shard_returns_the_shards_own_answer(step, gen):
+    """``group=localargmax.LOCAL_SHARD``: no exchange, the shard's own answer
+    (the same as a callable group that gathers this rank alone), eager and
+    under torch.compile; the argmax is float64's over the shard's valid ids,
+    padding that would win never does."""
+    full = torch.randn(300, 16, generator=gen)
+    hidden = torch.randn(5, 16, generator=gen)
+    weight, _, shard = make_shards(full, None, 2, 64, hidden=hidden)[1]
+    kw = dict(vocab_start=shard.vocab_start, num_valid=shard.num_valid)
+    got = STEPS[step](hidden, weight, group=localargmax.LOCAL_SHARD, **kw)
+    alone = STEPS[step](hidden, weight, group=lambda x: x[None], **kw)
+    compiled = torch.compile(lambda h: STEPS[step](h, weight, group=localargmax.LOCAL_SHARD, **kw), fullgraph=True)
+    for other in (alone, compiled(hidden)):
+        for g, w in zip(got if isinstance(got, tuple) else (got,), other if isinstance(other, tuple) else (other,)):
+            assert torch.equal(g, w) or torch.allclose(g, w, equal_nan=True, atol=1e-6), (step, g, w)
+    if step.startswith("argmax"):
+        ids = got[0] if isinstance(got, tuple) else got
+        own = full[shard.vocab_start : shard.vocab_start + shard.num_valid]
+        check_against_reference(ids - shard.vocab_start, hidden, own)
+    assert torch.equal(localargmax.exchange_keys(torch.arange(3), localargmax.LOCAL_SHARD), torch.arange(3)[None])
+    assert repr(localargmax.LOCAL_SHARD) == "localargmax.LOCAL_SHARD"
 
 
 def test_check_group_refuses_a_tp_layout_without_a_group():
@@ -64,6 +79,8 @@ def test_check_group_refuses_a_tp_layout_without_a_group():
         localargmax.collective.check_group(None, world_size=2, rank=1)
     localargmax.collective.check_group(None, world_size=1, rank=0)  # world size 1: None is right
     localargmax.collective.check_group(lambda k: k[None], world_size=2, rank=1)  # a callable: size unseen
+    localargmax.collective.check_group(localargmax.LOCAL_SHARD, world_size=2, rank=1)  # one shard, on purpose
+    localargmax.collective.check_group(localargmax.LOCAL_SHARD, vocab_start=64)
 
 
 # ----------------------------------------------------------------------------- the engine-callable contract
@@ -126,9 +143,9 @@ def test_payload_length_refuses_bad_sizes():
 def test_vllm_coordinator_gather_is_built_once_and_moves_bits():
     """The vLLM plugin's callable group on a GroupCoordinator is built once per
     coordinator (not a closure per step) and round-trips every word: padded to
-    16 bytes, bit-cast to float32 and back (the fake coordinator concatenates two
-    ranks' copies, the second with every bit flipped)."""
-    from localargmax.integrations import vllm as plugin
+    16 bytes, viewed as the plugin's PAYLOAD_DTYPE and back (the fake coordinator
+    concatenates two ranks' copies, the second with every bit flipped)."""
+    from localargmax.integrations.vllm import collective as plugin
 
     class Coordinator:  # vLLM's GroupCoordinator: a plain class (weak references allowed)
         def __init__(self, world_size, device_communicator, all_gather):
@@ -138,17 +155,16 @@ def test_vllm_coordinator_gather_is_built_once_and_moves_bits():
 
     def all_gather(x, dim=0):
         calls.append((x.dtype, x.numel()))
-        flipped = (x.view(torch.int32) ^ -1).view(torch.float32)
-        return torch.cat([x, flipped], dim=dim)
+        return torch.cat([x, ~x], dim=dim)
 
     coordinator = Coordinator(2, object(), all_gather)
-    gather = plugin._coordinator_all_gather(coordinator)
-    assert plugin._coordinator_all_gather(coordinator) is gather
+    gather = plugin.coordinator_all_gather(coordinator)
+    assert plugin.coordinator_all_gather(coordinator) is gather
     other = Coordinator(2, object(), all_gather)
-    assert plugin._coordinator_all_gather(other) is not gather
+    assert plugin.coordinator_all_gather(other) is not gather
     for length in (3, 4, 7):  # odd lengths are padded to an even number of words (16 bytes)
         payload = torch.randint(-(2**63), 2**63 - 1, (length,), dtype=torch.int64)
         payload[0] = -1  # all bits set: a NaN pattern as float32 halves
         got = gather(payload)
         assert got.shape == (2, length) and torch.equal(got[0], payload) and torch.equal(got[1], ~payload)
-        assert calls[-1] == (torch.float32, 2 * (length + length % 2))
+        assert calls[-1] == (plugin.PAYLOAD_DTYPE, 2 * (length + length % 2))

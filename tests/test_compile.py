@@ -97,8 +97,8 @@ class _Draft(torch.nn.Module, localargmax.LocalArgmaxMixin):
 _DRAFT = _Draft()
 # Public names that are no op or step (types, constants, load-time helpers run once, not per step).
 NOT_STEPS = {
-    "MAX_GLOBAL_INDEX", "MAX_TOPK", "WITH_CUDA", "VocabShard", "check_layouts", "shard_vocab", "build_d2t",
-    "validate_d2t", "draft_to_target_ids", "exchange_keys", "payload_length",
+    "LOCAL_SHARD", "MAX_GLOBAL_INDEX", "MAX_TOPK", "WITH_CUDA", "VocabShard", "check_layouts", "shard_vocab",
+    "build_d2t", "validate_d2t", "draft_to_target_ids", "exchange_keys", "payload_length",
 }  # fmt: skip
 
 

@@ -354,7 +354,7 @@ def test_logit_scale_checked_under_compile():
         step(hidden)
 
 
-# ------------------------------------------ a missing TP group: refused where certain, warned where suspicious
+# ------------------------------------------------------------------------------- a missing TP group: refused
 
 
 @pytest.fixture
@@ -441,14 +441,11 @@ def test_mixin_refuses_a_missing_group(tp_rank):
     assert _MixinDraft(_vllm_style_head(2, tp_rank), group=frames).get_top_tokens(torch.randn(3, 8)).shape == (3,)
 
 
-def test_mixin_warns_for_a_shard_past_zero_without_a_group(monkeypatch):
-    """A vLLM-style head that does not say its tp_size, at vocab_start != 0 with no group: one warning."""
-    from localargmax import collective
-
-    monkeypatch.setattr(collective, "_WARNED", set())
+def test_mixin_refuses_a_shard_past_zero_without_a_group():
+    """A vLLM-style head that does not say its tp_size, at vocab_start != 0 with no group: refused by the step."""
     head = _vllm_style_head(2, 1)
     del head.tp_size
-    with pytest.warns(UserWarning, match="init_process_group"):
+    with pytest.raises(ValueError, match=r"vocab_start=\d+.*init_process_group"):
         _MixinDraft(head).get_top_tokens(torch.randn(3, 8))
 
 

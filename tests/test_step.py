@@ -254,16 +254,15 @@ def test_no_valid_vocabulary_names_num_valid():
         raises_cleanly(ValueError, "exceeds the valid vocabulary", localargmax.lm_head_topk, h, w, 1, **kwargs)
 
 
-@pytest.mark.filterwarnings("ignore:group is None but vocab_start")  # one shard on its own, on purpose
 def test_largest_index_accepted_everywhere():
-    """The last legal index 2**32 - 2 works at every entry point."""
+    """The last legal index 2**32 - 2 works at every entry point (one shard on its own, on purpose)."""
     big = localargmax.MAX_GLOBAL_INDEX
     h, w = torch.rand(B, H) + 0.1, torch.zeros(ROWS, H)
     w[ROWS - 1] = 1.0
-    start = big - ROWS + 1
-    assert localargmax.lm_head_argmax(h, w, vocab_start=start).tolist() == [big] * B
-    assert localargmax.lm_head_topk(h, w, 1, vocab_start=start)[0].flatten().tolist() == [big] * B
-    assert localargmax.lm_head_sample(h, w, temperature=0.0, seed=1, vocab_start=start).tolist() == [big] * B
+    kw = dict(vocab_start=big - ROWS + 1, group=localargmax.LOCAL_SHARD)
+    assert localargmax.lm_head_argmax(h, w, **kw).tolist() == [big] * B
+    assert localargmax.lm_head_topk(h, w, 1, **kw)[0].flatten().tolist() == [big] * B
+    assert localargmax.lm_head_sample(h, w, temperature=0.0, seed=1, **kw).tolist() == [big] * B
 
 
 @pytest.mark.parametrize("case", list(BAD_D2T))
