@@ -28,9 +28,10 @@ SPECULATORS = {  # class -> vLLM's speculator that drafts with it
     "DeepSeekMTP": "vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator:MultiModuleMTPSpeculator",
     "DFlashLagunaForCausalLM": "vllm.v1.worker.gpu.spec_decode.dflash.speculator:DFlashSpeculator",
 }
+CASES = {"DeepSeekMTP": "float32", "DFlashLagunaForCausalLM": "float32", "DeepSeekMTP_bf16": "bfloat16"}
 
 
-def _speculator(path, draft, cfg):
+def _speculator(path, draft, cfg, dtype=None):
     """vLLM's speculator class at ``path`` (a subclass that only supplies the
     draft), bare: the attributes its load_model and get_draft_top_tokens read."""
     import importlib
@@ -57,7 +58,7 @@ def _speculator(path, draft, cfg):
     spec.use_local_argmax_reduction = True
     spec.enable_adaptive_verification = spec.use_acceptance_estimator = spec.use_draft_logits = False
     spec.acceptance_estimator = None
-    spec.num_speculative_steps, spec.hidden_size, spec.dtype = STEPS, HSIZE, torch.float32
+    spec.num_speculative_steps, spec.hidden_size, spec.dtype = STEPS, HSIZE, dtype or torch.float32
     spec.device, spec.dcp_size = torch.device("cpu"), 1
     return spec
 
@@ -70,24 +71,25 @@ def _start(spec) -> str:
         return f"{type(e).__name__}: {e}"
 
 
-def _draft_case(name, gen, cfg, drafters):
+def _draft_case(case, gen, cfg, drafters):
     """vLLM's speculator start-up with the flag (refused without the plugin's
     drafter hook, passes with it), then per step its ids vs vLLM's
-    compute_logits argmax and float64's."""
+    compute_logits argmax and float64's (``case``: a key of :data:`CASES`)."""
     import torch
 
     from bench.vllm_drafters import BUILDERS
 
-    model, reference = BUILDERS[name](gen, VOCAB, HSIZE, torch.float32)
+    name, dtype = case.split("_")[0], getattr(torch, CASES[case])
+    model, reference = BUILDERS[name](gen, VOCAB, HSIZE, dtype)
     drafters.uninstall()
-    refused = _start(_speculator(SPECULATORS[name], model, cfg))
+    refused = _start(_speculator(SPECULATORS[name], model, cfg, dtype))
     drafters.install()
-    spec = _speculator(SPECULATORS[name], model, cfg)
+    spec = _speculator(SPECULATORS[name], model, cfg, dtype)
     out = {"refused_without": refused, "start": _start(spec), "steps": []}
     for step in range(STEPS):
-        hidden = torch.randn(ROWS, HSIZE, generator=gen)
+        hidden = torch.randn(ROWS, HSIZE, generator=gen).to(dtype)
         ids = spec.get_draft_top_tokens(hidden, step)
-        vllm_logits = spec.compute_draft_logits(hidden, step)
+        vllm_logits = spec.compute_draft_logits(hidden, step).float()
         x, full = reference(hidden, step)
         f64 = x.double() @ full.double().T
         top2 = f64.topk(2, dim=1).values
@@ -97,6 +99,7 @@ def _draft_case(name, gen, cfg, drafters):
                 "ids": ids.tolist(),
                 "dtype": str(ids.dtype),
                 "vllm": vllm_logits.argmax(-1).tolist(),
+                "vllm_at_ids_is_max": (vllm_logits.gather(1, ids[:, None])[:, 0] == vllm_logits.amax(-1)).tolist(),
                 "f64": f64.argmax(-1).tolist(),
                 "f64_next_step_head": (x_next.double() @ full_next.double().T).argmax(-1).tolist(),
                 "gap": (top2[:, 0] - top2[:, 1]).tolist(),
@@ -196,7 +199,7 @@ def worker(rank: int, world_size: int, seed: int):
     logging.getLogger("localargmax.integrations.vllm").addHandler(warnings)
     gen = torch.Generator().manual_seed(seed)  # the same draws on every rank: replicated hidden states
     before = plugin.stats().get("fused", 0)
-    out = {name: _draft_case(name, gen, cfg, drafters) for name in SPECULATORS}
+    out = {case: _draft_case(case, gen, cfg, drafters) for case in CASES}
     out["fused_calls"] = plugin.stats().get("fused", 0) - before
     out["post_processing"] = _post_processing_case(gen, cfg, warnings)
     out["planted"] = _planted_case(gen, cfg)
@@ -225,19 +228,24 @@ def res(ranks):
 
 
 @needs_vllm
-@pytest.mark.parametrize("name", sorted(SPECULATORS))
-def test_speculator_starts_with_the_flag_and_drafts_vllms_ids(ranks, name):
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_speculator_starts_with_the_flag_and_drafts_vllms_ids(ranks, case):
+    """float32: the ids are vLLM's compute_logits argmax; bf16 (vLLM's logits
+    rounded: ties): vLLM's logit at each id is its row's maximum. Both: float64's
+    argmax of the class's own processor input and step head, away from near-ties."""
     for r in ranks:
-        case = r[name]
-        assert "does not implement get_top_tokens" in case["refused_without"], case["refused_without"]
-        assert case["start"] == "ok", case["start"]
-        for step, s in enumerate(case["steps"]):
+        c = r[case]
+        assert "does not implement get_top_tokens" in c["refused_without"], c["refused_without"]
+        assert c["start"] == "ok", c["start"]
+        for step, s in enumerate(c["steps"]):
             assert s["dtype"] == "torch.int64"
-            assert s["ids"] == s["vllm"], f"step {step}: ours {s['ids']}, vLLM's compute_logits argmax {s['vllm']}"
+            if CASES[case] == "float32":
+                assert s["ids"] == s["vllm"], f"step {step}: ours {s['ids']}, vLLM's argmax {s['vllm']}"
+            assert all(s["vllm_at_ids_is_max"]), f"step {step}: {s['ids']} not at vLLM's row maxima"
             for row, (ours, ref, gap) in enumerate(zip(s["ids"], s["f64"], s["gap"])):
                 if gap > GAP:
                     assert ours == ref, f"step {step} row {row}: ours {ours}, float64 {ref} (gap {gap})"
-    assert ranks[0][name] == ranks[1][name]
+    assert ranks[0][case] == ranks[1][case]
 
 
 @needs_vllm
