@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import re
 
 _LP = "vllm.model_executor.layers.logits_processor:LogitsProcessor"
 _SPEC = "vllm.v1.worker.gpu.spec_decode.speculator:DraftModelSpeculator"
@@ -91,10 +92,9 @@ RELEASES = (  # newest first
 
 
 def minor(version: str) -> str:
-    """``"0.34.0rc1+cu130"`` -> ``"0.34"``."""
-    from packaging.version import Version
-
-    return ".".join(str(p) for p in Version(version).release[:2])
+    """``"0.34.0rc1+cu130"`` -> ``"0.34"`` (``""`` for a version without one, e.g. ``"dev"``)."""
+    found = re.match(r"v?(\d+)\.(\d+)", version)
+    return f"{int(found[1])}.{int(found[2])}" if found else ""
 
 
 def differences(probes) -> list[str]:
