@@ -252,6 +252,33 @@ def log_odds_table(docs: list) -> str:
     )
 
 
+def filtered_table(docs: list) -> str:
+    """bench/filtered_sampling.py's record: per setting, the fallback share and bytes per rank at each tp, and time."""
+    d = docs[0]
+    tps = [k for k in d["rows"][0] if k.startswith("tp")]
+    head = " | ".join(f"{tp}: fallback, KiB / rank (gather)" for tp in tps)
+    lines = [f"| T | top_k | top_p | min_p | {head} | tp1 time: ours / gather+filter+sample (ms) |"]
+    lines.append("|" + "---|" * (5 + len(tps)))
+    for r in d["rows"]:
+        cells = " | ".join(
+            f"{r[tp]['fallback_share']:.0%}, {r[tp]['bytes_per_rank'] / 1024:.0f} "
+            f"({r[tp]['gather_bytes_per_rank'] / 1024:.0f})"
+            for tp in tps
+        )
+        t = r.get("time_s_tp1")
+        timing = f"{t['ours'] * 1e3:.0f} / {t['gather_filter_sample'] * 1e3:.0f}" if t else "-"
+        lines.append(f"| {r['temperature']} | {r['top_k']} | {r['top_p']} | {r['min_p']} | {cells} | {timing} |")
+    m = d["machine"]
+    return "\n".join(
+        lines
+        + [
+            "",
+            f"{d['model']} (V = {d['vocab']}, H = {d['hidden']}), batch {d['batch']}. From `{d['path']}`, written by "
+            f"`{d['command']}` on {d['date']} ({m['cpu']}, {m['threads']} threads, torch {m['torch']}).",
+        ]
+    )
+
+
 def render(readme: str) -> str:
     """``readme`` with every marked table rendered again from its JSON files."""
 
@@ -261,6 +288,8 @@ def render(readme: str) -> str:
             body = predicted_table(docs)
         elif docs[0].get("kind") == "compile":
             body = compile_table(docs)
+        elif docs[0].get("kind") == "filtered":
+            body = filtered_table(docs)
         elif "bands" in docs[0]:
             body = log_odds_table(docs)
         elif "speedup_vs_first" in docs[0]["rows"][0]:
