@@ -203,6 +203,10 @@ def worker(rank: int, world_size: int, seed: int):
     out["fused_calls"] = plugin.stats().get("fused", 0) - before
     out["post_processing"] = _post_processing_case(gen, cfg, warnings)
     out["planted"] = _planted_case(gen, cfg)
+    out["steps_asked"] = {  # the steps each speculator's get_draft_top_tokens can pass (the probe's steps)
+        path.rsplit(":", 1)[1]: list(drafters._steps_asked(_speculator(path, None, cfg)))
+        for path in (*SPECULATORS.values(), "vllm.v1.worker.gpu.spec_decode.mtp.speculator:MTPSpeculator")
+    }
     from vllm.distributed import destroy_model_parallel
 
     destroy_model_parallel()
@@ -268,6 +272,18 @@ def test_post_processing_class_is_left_without_the_method(ranks, key):
         assert len(m["warnings"]) == 1, m["warnings"]
         level, message = m["warnings"][0]
         assert level == "WARNING" and m["class"] in message and m["why"] in message, message
+
+
+@needs_vllm
+def test_the_probe_asks_the_steps_each_speculator_passes(res):
+    """The multi-module MTP speculator passes every draft step; the others
+    pass none (step 0: one MTP layer reused), so a layer-per-step class is not
+    probed at steps it is never asked."""
+    assert res["steps_asked"] == {
+        "MultiModuleMTPSpeculator": list(range(STEPS)),
+        "DFlashSpeculator": [0],
+        "MTPSpeculator": [0],
+    }
 
 
 @needs_vllm

@@ -133,11 +133,23 @@ def _validate(self) -> None:
         and self.speculative_config.draft_sample_method != "probabilistic"
         and not hasattr(self.model, "get_top_tokens")
     ):
-        steps = range(max(1, int(getattr(self, "num_speculative_steps", 1) or 1)))
-        prepare(self.model, self.hidden_size, self.dtype, self.device, steps)
+        prepare(self.model, self.hidden_size, self.dtype, self.device, _steps_asked(self))
     from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
 
     return patching.original(DraftModelSpeculator, "_validate_local_argmax_reduction")(self)
+
+
+def _steps_asked(speculator) -> range:
+    """The ``spec_step_idx`` values ``speculator`` passes to the draft's
+    ``get_top_tokens``: 0 only through ``DraftModelSpeculator``'s own
+    ``get_draft_top_tokens`` (it passes no step: an MTP layer reused for every
+    draft step), every draft step through an override (the multi-module MTP
+    speculator's)."""
+    from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
+
+    if type(speculator).get_draft_top_tokens is DraftModelSpeculator.get_draft_top_tokens:
+        return range(1)
+    return range(max(1, int(speculator.num_speculative_steps)))
 
 
 def prepare(model, hidden_size: int, dtype: torch.dtype, device, steps=(0,)) -> str | None:
@@ -154,6 +166,7 @@ def prepare(model, hidden_size: int, dtype: torch.dtype, device, steps=(0,)) -> 
     group's CPU group)."""
     install()
     name = type(model).__name__
+    steps = steps if _takes_step(model) else (0,)
     if not patching.patched("drafters"):
         return "this vLLM's LogitsProcessor or speculator differs from what the drafter hook was checked against"
     gen = torch.Generator().manual_seed(0)
