@@ -11,6 +11,7 @@ Public API:
     lm_head_argmax                          the whole step (kernel + collective + merge)
     lm_head_topk, lm_head_sample            the same for top-k and tp-invariant sampling
                                             (all three: return_log_probs=True, fused log-probabilities)
+    lm_head_sample(top_k=, top_p=, min_p=)  vLLM's filters, exact, one exchange (localargmax.filtered)
     log_probs_from_pairs                    the log-probabilities' merge of the ranks' pairs
     log_odds_from_pairs                     the argmax's log-odds from them (lm_head_argmax(return_log_odds=True))
     exchange_keys                           the collective step alone
