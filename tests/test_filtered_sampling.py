@@ -218,6 +218,25 @@ def test_wide_sets_take_the_fallback(seed, tp):
     check(run_tp(hidden, weight, tp, **kw), hidden, weight, t, k, p, mp, seed, 0, share=0.4)  # flat: near-ties
 
 
+def test_d2t_empty_shards_and_nan(seed):
+    """tp 8 over 130 ids (two empty shards, one part-padded): ids
+    through d2t are the draft ids' targets; a NaN logit makes every row
+    take the NaN's id, as lm_head_sample does (NaN wins)."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden, weight = problem(gen, batch=10, vocab=130)
+    assert sum(s.num_valid == 0 for _, _, s in make_shards(weight, None, 8, 64)) == 2
+    t, k, p, mp = mixed_rows(gen, 10)
+    kw = dict(temperature=t, seed=seed, top_k=k, top_p=p, min_p=mp)
+    ids = run_tp(hidden, weight, 8, **kw)
+    check(ids, hidden, weight, t, k, p, mp, seed, 0)
+    d2t = torch.randint(0, 1000, (130,), generator=gen)
+    assert torch.equal(run_tp(hidden, weight, 8, d2t=d2t, **kw), ids + d2t[ids])
+    weight[123] = math.nan
+    nan_ids = run_tp(hidden, weight, 8, **kw)
+    assert nan_ids.tolist() == [123] * 10
+    assert torch.equal(nan_ids, localargmax.lm_head_sample(hidden, weight, temperature=t, seed=seed))
+
+
 def test_log_probs_under_the_filtered_distribution(seed):
     """return_log_probs: log of the sampled id's probability under the
     filtered, renormalised softmax(x / T) (float64 on the full matrix)."""
