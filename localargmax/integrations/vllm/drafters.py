@@ -7,7 +7,7 @@ vLLM's ``DraftModelSpeculator._validate_local_argmax_reduction`` refuses
 (heads already shared with the target) is probed on a small batch and, if
 its ``compute_logits`` returns what its one ``LogitsProcessor`` call returns,
 unchanged, it gets ``get_top_tokens(hidden_states, spec_step_idx=0)``
-(:func:`_top_tokens`): the model's own ``compute_logits`` runs (its head
+(:func:`_top_tokens_method`): the model's own ``compute_logits`` runs (its head
 choice by ``spec_step_idx``, its norm before the head) with that processor
 call answered by ``LogitsProcessor.get_top_tokens`` (the fused op while the
 plugin is active) instead of computing logits. A model whose
@@ -73,7 +73,7 @@ def uninstall() -> None:
 
 
 def _forward(self, lm_head, hidden_states, embedding_bias=None, skip_gather=False):
-    """``LogitsProcessor.forward``: vLLM's, except inside :func:`_top_tokens`
+    """``LogitsProcessor.forward``: vLLM's, except inside a probed model's ``get_top_tokens``
     (answered by ``self.get_top_tokens``) and inside the probe (recorded)."""
     mode = getattr(_STATE, "mode", None)
     if mode is None:
@@ -91,9 +91,9 @@ def _forward(self, lm_head, hidden_states, embedding_bias=None, skip_gather=Fals
         _STATE.mode = mode
 
 
-def _logits(model, hidden_states, spec_step_idx):
-    """``model.compute_logits`` with the step where it takes one."""
-    if _takes_step(model):
+def _logits(model, hidden_states, spec_step_idx, takes_step: bool):
+    """``model.compute_logits``, with the step where it takes one."""
+    if takes_step:
         return model.compute_logits(hidden_states, spec_step_idx=spec_step_idx)
     return model.compute_logits(hidden_states)
 
@@ -105,23 +105,28 @@ def _takes_step(model) -> bool:
         return False
 
 
-def _top_tokens(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor:
-    """``get_top_tokens`` of a probed draft model: ``[B]`` int64 ids, the
-    argmax of what ``self.compute_logits(hidden_states, spec_step_idx)``
-    returns (the step passed only where ``compute_logits`` takes one), from
-    its ``LogitsProcessor`` call answered by ``LogitsProcessor.get_top_tokens``."""
-    _STATE.mode, _STATE.ids = "answer", None
-    try:
-        out = _logits(self, hidden_states, spec_step_idx)
-    finally:
-        _STATE.mode = None
-    ids, _STATE.ids = _STATE.ids, None
-    if ids is None or out is not ids:
-        raise RuntimeError(
-            f"localargmax: {type(self).__name__}.compute_logits did not return its LogitsProcessor's output "
-            "unchanged in this call (the load-time probe saw it do so)"
-        )
-    return ids
+def _top_tokens_method(takes_step: bool):
+    """The ``get_top_tokens`` a probed draft model gets (``takes_step``: its
+    ``compute_logits`` takes ``spec_step_idx``, read once at load)."""
+
+    def get_top_tokens(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor:
+        """``[B]`` int64 ids, the argmax of what ``self.compute_logits(hidden_states,
+        spec_step_idx)`` returns (the step passed only where it takes one),
+        from its ``LogitsProcessor`` call answered by ``LogitsProcessor.get_top_tokens``."""
+        _STATE.mode, _STATE.ids = "answer", None
+        try:
+            out = _logits(self, hidden_states, spec_step_idx, takes_step)
+        finally:
+            _STATE.mode = None
+        ids, _STATE.ids = _STATE.ids, None
+        if ids is None or out is not ids:
+            raise RuntimeError(
+                f"localargmax: {type(self).__name__}.compute_logits did not return its LogitsProcessor's output "
+                "unchanged in this call (the load-time probe saw it do so)"
+            )
+        return ids
+
+    return get_top_tokens
 
 
 def _validate(self) -> None:
@@ -162,32 +167,31 @@ def prepare(model, hidden_size: int, dtype: torch.dtype, device, steps=(0,)) -> 
     (the speculator's). Returns None (the method was given) or why not (also
     logged once at WARNING). Raises RuntimeError naming the class when the
     fused ids disagree with vLLM's ``compute_logits`` on any rank.
-    Collective: every TP rank must call it (two all-reduces on the TP
-    group's CPU group)."""
+    Collective: every TP rank must call it (an all-reduce per step and one
+    more on the TP group's CPU group, an all-gather per step for float64)."""
     install()
     name = type(model).__name__
-    steps = steps if _takes_step(model) else (0,)
+    takes_step = _takes_step(model)
+    steps = steps if takes_step else (0,)
     if not patching.patched("drafters"):
         return "this vLLM's LogitsProcessor or speculator differs from what the drafter hook was checked against"
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(PROBE_ROWS, hidden_size, generator=gen).to(dtype=dtype, device=device)
-    records, reason = [], None
+    records = []
     with torch.no_grad():
-        for step in steps:
-            record, reason = _record(model, hidden, step)
-            if reason is not None:
-                break
+        for step in steps:  # a verdict per step, all-reduced: no rank runs a collective the others skip
+            record, reason = _record(model, hidden, step, takes_step)
+            if _any_rank(reason is not None):
+                reason = reason or "another TP rank's probe found its compute_logits differs"
+                logger.warning(
+                    "localargmax: draft model %s keeps no get_top_tokens (use_local_argmax_reduction stays "
+                    "refused by vLLM): %s",
+                    name,
+                    reason,
+                )
+                return reason
             records.append((step, record))
-        if _any_rank(reason is not None):
-            reason = reason or "another TP rank's probe found its compute_logits differs"
-            logger.warning(
-                "localargmax: draft model %s keeps no get_top_tokens (use_local_argmax_reduction stays "
-                "refused by vLLM): %s",
-                name,
-                reason,
-            )
-            return reason
-        model.get_top_tokens = types.MethodType(_top_tokens, model)
+        model.get_top_tokens = types.MethodType(_top_tokens_method(takes_step), model)
         bad = []
         for step, (lp, lm_head, processor_input, bias, logits) in records:
             ids = model.get_top_tokens(hidden, step)
@@ -203,12 +207,12 @@ def prepare(model, hidden_size: int, dtype: torch.dtype, device, steps=(0,)) -> 
     return None
 
 
-def _record(model, hidden, step):
+def _record(model, hidden, step, takes_step):
     """One ``compute_logits`` with its processor calls recorded: ((processor,
     head, processor input, bias, logits), None) or (None, why not)."""
     _STATE.mode, _STATE.calls = "record", []
     try:
-        out = _logits(model, hidden, step)
+        out = _logits(model, hidden, step, takes_step)
     except Exception as e:  # noqa: BLE001 - any failure leaves the model as vLLM has it
         return None, f"compute_logits failed on a [{hidden.shape[0]}, {hidden.shape[1]}] probe: {e!r}"
     finally:
