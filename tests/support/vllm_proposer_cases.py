@@ -42,7 +42,17 @@ def proposer_case(plugin, gen, cfg):
             self.draft_id_to_target_id = torch.nn.Parameter(d2t, requires_grad=False)
 
     class NoTopTokens(torch.nn.Module):
+        """A draft without get_top_tokens whose logits come from no LogitsProcessor
+        (the drafter hook of #47 leaves it alone): vLLM's own check refuses it."""
+
         has_own_lm_head = True
+
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.randn(draft_vocab, hsize, generator=gen)
+
+        def compute_logits(self, hidden_states):
+            return hidden_states @ self.weight.T
 
     draft = Draft()
     spec = speculator(draft, cfg, adaptive=False, hidden_size=hsize)
