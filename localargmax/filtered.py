@@ -8,6 +8,7 @@ not decided by the candidates are recomputed from a gather of their logits."""
 from __future__ import annotations
 
 import math
+import struct
 
 import torch
 
@@ -120,6 +121,8 @@ def filtered_sample(
             "fallback='gather' needs the number of fallback rows on the host, which CUDA-graph capture and "
             "torch.compile do not allow: pass fallback='error' (a device-side assert if any row needs the gather)"
         )
+    if envs.LOCALARGMAX_DEBUG:
+        _debug_check_filters(group, seed, offset, fallback, t=t, top_k=k, top_p=p, min_p=mp)
     _, gathered, pairs, ok = _step(
         shard_topk, (CANDIDATES,), hidden, weight, vocab_start, num_valid, bias, d2t, group, "all_gather", True,
         logit_scale, soft_cap, CANDIDATES,
@@ -158,6 +161,18 @@ def filtered_sample(
     top = (gathered[..., 0] ^ SIGN_FLIP).argmax(dim=0, keepdim=True)
     greedy_lp = log_probs_from_pairs(greedy_values.gather(0, top)[0], pairs)
     return ids, torch.where(sampling, logp.to(torch.float32), greedy_lp)
+
+
+def _debug_check_filters(group, seed, offset, fallback, **rows) -> None:
+    """With ``LOCALARGMAX_DEBUG=1``: the ranks must be called with the same
+    seed, offset, fallback and per-row temperature and filters (each rank
+    decides the fallback rows from them; ranks that disagree would meet in
+    different collectives). Compares a fingerprint of each (the float64 sum
+    of its values, as int64 bits) across the ranks; ValueError naming it."""
+    bits = lambda v: int.from_bytes(struct.pack("<d", float(v)), "little", signed=True)  # noqa: E731
+    fields = [seed, offset, FALLBACKS.index(fallback)]
+    fields += [0 if v is None else bits(v.to(torch.float64).sum()) for v in rows.values()]
+    check_step_consistency(group, fields, ["seed", "offset", "fallback", *rows])
 
 
 def _capturing() -> bool:

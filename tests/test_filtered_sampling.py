@@ -6,6 +6,7 @@ near-ties, whose margins the reference reports."""
 from __future__ import annotations
 
 import math
+import os
 import threading
 
 import pytest
@@ -276,22 +277,36 @@ def _gloo_worker(rank, world_size, seed):
     gen = torch.Generator().manual_seed(seed)
     hidden, weight = problem(gen, batch=10, vocab=1501)
     t, k, p, mp = mixed_rows(gen, 10)
+    t[0], k[0] = 1.0, 1000  # past every rank's candidates: the fallback gather
     w, _, s = make_shards(weight, None, world_size, 64, hidden=hidden)[rank]
-    ids = localargmax.lm_head_sample(
-        hidden, w, vocab_start=s.vocab_start, num_valid=s.num_valid, group=dist.group.WORLD, temperature=t,
-        seed=seed, offset=3, top_k=k, top_p=p, min_p=mp,
-    )  # fmt: skip
-    return ids.tolist()
+    kw = dict(vocab_start=s.vocab_start, num_valid=s.num_valid, group=dist.group.WORLD, temperature=t, seed=seed)
+    ids = localargmax.lm_head_sample(hidden, w, offset=3, top_k=k, top_p=p, min_p=mp, **kw)
+    os.environ["LOCALARGMAX_DEBUG"] = "1"  # the fingerprints and the fallback's counts, compared
+    again = localargmax.lm_head_sample(hidden, w, offset=3, top_k=k, top_p=p, min_p=mp, **kw)
+    if rank == 1:
+        p = p.clone()
+        p[0] = 0.5 if p[0] != 0.5 else 0.6
+    try:
+        localargmax.lm_head_sample(hidden, w, offset=3, top_k=k, top_p=p, min_p=mp, **kw)
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
+    return ids.tolist(), again.tolist(), refused
 
 
 def test_real_gloo_ranks(seed):
-    """The same through a real gloo all-gather (and its fallback gather) on 3 ranks."""
+    """The same through a real gloo all-gather (and its fallback gather) on 3
+    ranks; with LOCALARGMAX_DEBUG=1 the same ids, and ranks called with
+    different filters are refused on every rank before any exchange."""
     results = run_ranks(_gloo_worker, 3, seed)
-    assert results[0] == results[1] == results[2]
+    for ids, again, refused in results:
+        assert ids == again == results[0][0]
+        assert "ranks disagree on top_p" in refused  # LOCALARGMAX_DEBUG: one rank's top_p differs
     gen = torch.Generator().manual_seed(seed)
     hidden, weight = problem(gen, batch=10, vocab=1501)
     t, k, p, mp = mixed_rows(gen, 10)
-    check(torch.tensor(results[0]), hidden, weight, t, k, p, mp, seed, 3)
+    t[0], k[0] = 1.0, 1000
+    check(torch.tensor(results[0][0]), hidden, weight, t, k, p, mp, seed, 3)
 
 
 def test_masks_match_vllm(seed):
