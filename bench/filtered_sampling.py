@@ -7,7 +7,7 @@ logits + a vLLM-style filter + sample, at common SamplingParams.
     PYTHONPATH=. python bench/filtered_sampling.py --model qwen3 --batch 16 --tp 8
 
 Ranks are simulated in one process (each shard's fused top-64 pass, the
-merge and the decision of localargmax.filtered); time is tp 1 (the whole
+merge and the decision of localargmax.sampling); time is tp 1 (the whole
 vocabulary on one rank), median of ``--repeat`` calls. Writes JSON to
 bench/results/filtered_sampling_<model>.json with the command and the CPU.
 """
@@ -25,7 +25,7 @@ import time
 import torch
 
 import localargmax
-from localargmax import filtered
+from localargmax import sampling
 from localargmax.bench import data
 
 SETTINGS = [  # (T, top_k, top_p, min_p): common vLLM SamplingParams
@@ -41,7 +41,7 @@ def fallback_share(hidden, weight, tp, t, k, p, mp) -> float:
     for r in range(tp):
         s = localargmax.shard_vocab(weight.shape[0], r, tp)
         kk, pp = localargmax.shard_topk(
-            hidden, weight[s.vocab_start : s.vocab_start + s.num_valid].contiguous(), filtered.CANDIDATES,
+            hidden, weight[s.vocab_start : s.vocab_start + s.num_valid].contiguous(), sampling.CANDIDATES,
             vocab_start=s.vocab_start, log_partition=True,
         )  # fmt: skip
         keys.append(kk)
@@ -49,7 +49,7 @@ def fallback_share(hidden, weight, tp, t, k, p, mp) -> float:
     b = hidden.shape[0]
     full = lambda v, dt: torch.full((b,), v, dtype=dt)  # noqa: E731
     rows = torch.arange(b)
-    _, _, need = filtered._decide(
+    _, _, need = sampling._decide(
         torch.stack(keys), torch.stack(pairs), full(t, torch.float32), full(k, torch.int64),
         full(p, torch.float64), full(mp, torch.float64), 1, rows, False,
     )  # fmt: skip
@@ -116,8 +116,8 @@ def main(argv=None) -> int:
         for tp in args.tp:
             share = fallback_share(hidden, weight, tp, t, k, p, mp)
             shard_rows = -(-vocab // tp)
-            ours = 8 * localargmax.payload_length(b, filtered.CANDIDATES, True)
-            fb = 8 * filtered.fallback_payload_length(round(share * b), shard_rows) if share else 0
+            ours = 8 * localargmax.payload_length(b, sampling.CANDIDATES, True)
+            fb = 8 * sampling.fallback_payload_length(round(share * b), shard_rows) if share else 0
             row[f"tp{tp}"] = {
                 "fallback_share": share,
                 "bytes_per_rank": ours + fb,

@@ -11,7 +11,7 @@ Public API:
     lm_head_argmax                          the whole step (kernel + collective + merge)
     lm_head_topk, lm_head_sample            the same for top-k and tp-invariant sampling
                                             (all three: return_log_probs=True, fused log-probabilities)
-    lm_head_sample(top_k=, top_p=, min_p=)  vLLM's filters, exact, one exchange (localargmax.filtered)
+    lm_head_sample(top_k=, top_p=, min_p=)  vLLM's filters, exact, one exchange (localargmax.sampling)
     log_probs_from_pairs                    the log-probabilities' merge of the ranks' pairs
     log_odds_from_pairs                     the argmax's log-odds from them (lm_head_argmax(return_log_odds=True))
     exchange_keys                           the collective step alone
@@ -44,7 +44,8 @@ from .d2t import build_d2t, draft_to_target_ids, validate_d2t
 from .layout import VocabShard, check_layouts, shard_vocab
 from .lm_head import LocalArgmaxMixin, VocabParallelLMHead
 from .ops import MAX_GLOBAL_INDEX, MAX_TOPK, decode_keys, merge_keys, shard_argmax, shard_sample, shard_topk
-from .step import lm_head_argmax, lm_head_sample, lm_head_topk, log_odds_from_pairs, log_probs_from_pairs
+from .sampling import lm_head_sample
+from .step import lm_head_argmax, lm_head_topk, log_odds_from_pairs, log_probs_from_pairs
 
 WITH_CUDA: bool = bool(_C.WITH_CUDA)
 """Whether this build compiled the CUDA kernels."""

@@ -21,7 +21,7 @@ from .collective import (
     frame_keys,
     words_to_pairs,
 )
-from .ops import merge_keys, shard_argmax, shard_sample, shard_topk
+from .ops import merge_keys, shard_argmax, shard_topk
 from .packed_key import INDEX_MASK, SIGN_FLIP, key_index
 
 PAYLOAD_INPUTS = ("batch size", "k", "return_log_probs", "return_log_odds", "reduce")
@@ -511,101 +511,3 @@ def lm_head_topk(
     if return_log_probs:
         values = log_probs_from_pairs(values, got_pairs)
     return ids.view(batch, k), values
-
-
-def lm_head_sample(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    temperature,
-    seed: int,
-    offset: int = 0,
-    vocab_start: int = 0,
-    num_valid: int | None = None,
-    bias: torch.Tensor | None = None,
-    d2t: torch.Tensor | None = None,
-    group: Group = None,
-    reduce: str = "all_gather",
-    return_log_probs: bool = False,
-    logit_scale: float = 1.0,
-    soft_cap: float | None = None,
-    top_k=None,
-    top_p=None,
-    min_p=None,
-    fallback: str = "gather",
-):
-    """Sample ``ids ~ softmax(logits / T)`` of a vocab-parallel lm_head with
-    ``O(tp)`` communication: Gumbel-max, ``argmax_v (logit[b, v] / T[b] + g)``,
-    where the noise ``g`` comes from Philox 4x32-10 keyed by
-    ``(seed, offset + b, global index v)`` inside the fused kernel
-    (:func:`localargmax.shard_sample`). The noise depends on the global index
-    only, so the sample is identical for every TP size and shard layout
-    (tp-invariant sampling); one key per row per rank is exchanged.
-
-    Example::
-
-        t = torch.full((B,), 0.7, device=hidden.device)
-        ids = lm_head_sample(hidden, weight, t, seed=1234, offset=step * B, vocab_start=shard.vocab_start,
-                             num_valid=shard.num_valid, group=tp_group)  # [B], the same for every tp
-
-    Args:
-        temperature: a finite float ``>= 0`` or a float32 tensor ``[B]`` (or
-            ``[]``); ``T == 0`` rows are greedy. Every ``T > 0``, however
-            small, samples ``softmax(logits / T)``: the kernels score
-            ``logit + T * g`` for ``T < 1`` (the same argmax as
-            ``logit / T + g``, without its overflow), so a ``T`` small enough
-            to round the noise away gives the greedy id. ``T = inf`` is
-            refused (it would make a banned ``-inf`` logit NaN, and NaN wins).
-        seed: ``0 <= seed < 2**63``; offset: Philox subsequence of row 0
-            (advance by ``B`` per step for fresh noise).
-        return_log_probs: also return the log-probability of each sampled
-            token under the distribution it was sampled from,
-            ``softmax(x / T)`` of the transformed logits ``x`` (rows with
-            ``T == 0``, greedy: under ``softmax(x)``, as
-            :func:`lm_head_argmax`). The Gumbel-max scores are then those of
-            ``x``. Each rank's pair refers to its own sampled entry, so no
-            noise is recomputed in the merge.
-        logit_scale, soft_cap: as in :func:`lm_head_argmax`.
-        top_k, top_p, min_p: vLLM's filters (``SamplingParams``), a number
-            or a ``[B]`` tensor each; off at None, ``top_k <= 0`` (or ``>=
-            V``), ``top_p = 1``, ``min_p = 0``; greedy rows ignore them. With
-            any of them the step runs :mod:`localargmax.filtered` (DESIGN.md,
-            "Filtered sampling"): ``payload_length(B, 64, True)`` words and
-            ``reduce="all_gather"``; ``fallback`` (``"gather"``, eager only,
-            or ``"error"``) says what rows the candidates cannot decide get.
-        Others: as in :func:`lm_head_argmax`.
-
-    Returns:
-        ``[B]`` int64 sampled ids (target ids with ``d2t``), the same on every
-        rank; with ``return_log_probs``, ``(ids, log_probs [B] float32)``.
-
-    Raises:
-        TypeError / ValueError naming the argument for malformed inputs; ValueError
-        for a negative, NaN or infinite temperature: for a Python number or a
-        CPU tensor at once, eager or under torch.compile (the CPU kernel reads
-        the values); on CUDA the kernel gives such a row no valid key and the
-        step's device-side assert raises (see :func:`lm_head_argmax`). The
-        exchange is checked as in :func:`lm_head_argmax`.
-    """
-    if top_k is not None or top_p is not None or min_p is not None:
-        if reduce != "all_gather":
-            raise ValueError(f"top_k / top_p / min_p need reduce='all_gather', got {reduce!r}")
-        from .filtered import filtered_sample  # (it imports this module)
-
-        return filtered_sample(
-            hidden, weight, temperature=temperature, seed=seed, offset=offset, top_k=top_k, top_p=top_p,
-            min_p=min_p, vocab_start=vocab_start, num_valid=num_valid, bias=bias, d2t=d2t, group=group,
-            return_log_probs=return_log_probs, logit_scale=logit_scale, soft_cap=soft_cap, fallback=fallback,
-        )  # fmt: skip
-    t = _resolve_temperature(temperature, hidden)
-    _, gathered, got_pairs, ok = _step(
-        shard_sample, (t, seed, offset), hidden, weight, vocab_start, num_valid, bias, d2t, group, reduce,
-        return_log_probs, logit_scale, soft_cap,
-    )  # fmt: skip
-    ids, _ = _merge_checked(gathered, d2t, ok)
-    if not return_log_probs:
-        return ids
-    # The winning rank's ref is the sampled entry's transformed logit.
-    winner = (gathered ^ SIGN_FLIP).argmax(dim=0, keepdim=True)  # signed max == unsigned max
-    chosen = got_pairs[..., 0].gather(0, winner)[0]
-    return ids, log_probs_from_pairs(chosen, got_pairs, t)

@@ -1,5 +1,5 @@
 """Filtered sampling (top-k / top-p / min-p) from vocab-parallel logits
-(localargmax.filtered; DESIGN.md, "Filtered sampling"): the same id as a
+(localargmax.sampling; DESIGN.md, "Filtered sampling"): the same id as a
 float64 reference on the full matrix at tp 1, 2, 3 and 8, except at float32
 near-ties, whose margins the reference reports."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import localargmax
-from localargmax.filtered import CANDIDATES, gumbel_noise
+from localargmax.sampling import CANDIDATES, gumbel_noise
 from tests.support.launch import run_ranks
 from tests.support.problems import layout_kwargs, make_shards
 
