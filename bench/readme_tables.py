@@ -290,6 +290,12 @@ def render(readme: str) -> str:
             body = compile_table(docs)
         elif docs[0].get("kind") == "filtered":
             body = filtered_table(docs)
+        elif docs[0].get("kind") == "vllm_drafters":  # bench/vllm_drafters.py's table per vLLM, the newest first
+            from packaging.version import Version
+
+            from bench.vllm_drafters import markdown
+
+            body = "\n\n".join(markdown(d) for d in sorted(docs, key=lambda d: Version(d["vllm"]), reverse=True))
         elif "bands" in docs[0]:
             body = log_odds_table(docs)
         elif "speedup_vs_first" in docs[0]["rows"][0]:

@@ -18,14 +18,15 @@ lacks is imported with stand-ins for that package (listed per row and in the
 JSON); its ``compute_logits`` runs as any other.
 
 Writes bench/results/vllm_drafters_<version>.json (rows and the command) and
-prints its markdown table; ``--docs`` writes the tables of every such JSON
-into docs/vllm.md (between its markers; tests/test_vllm_drafters.py checks
-they match), ``--markdown FILE`` prints one JSON's table.
+prints its markdown table (``--markdown FILE``: one JSON's table);
+``python bench/readme_tables.py --write`` renders every such JSON into
+docs/vllm.md (kind ``vllm_drafters``; tests/test_readme.py checks it).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -229,12 +230,20 @@ class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                         return None, f"{type(e).__name__}: {e}", []
                     self.names.add(root)
                 except Exception as e:  # noqa: BLE001 - reported in the table
-                    return None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}", []
+                    return None, _message(e), []
             return None, "too many absent packages", []
         finally:
             sys.meta_path.remove(self)
             for mod in [m for m in sys.modules if m.split(".")[0] in self.names]:
                 del sys.modules[mod]  # the next import asks again (and is recorded); imported classes keep theirs
+
+
+_PATH_DIRS = re.compile(r"(?<![:/\w])(?:/[\w.+-]+)+/")  # an absolute path's directories (not a URL's)
+
+
+def _message(e: BaseException) -> str:
+    """``Type: first line`` of an exception, without this machine's directories, at most 120 characters."""
+    return f"{type(e).__name__}: {_PATH_DIRS.sub('', str(e).splitlines()[0] if str(e) else '')[:120]}"
 
 
 def _defined_by(cls, attr):
@@ -311,7 +320,7 @@ def probe_small(rows: list[dict]) -> None:
             model.compute_logits(torch.randn(4, 32, generator=gen))
         except Exception as e:  # noqa: BLE001 - the table says which could not be built
             row["built_by"] = None
-            row["build_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"
+            row["build_error"] = _message(e)
             continue
         try:
             reason = drafters.prepare(model, 32, torch.float32, torch.device("cpu"), steps=range(3))
@@ -334,26 +343,6 @@ def verdicts(row: dict) -> tuple[str, str]:
     if probe is not None:
         return "no", f"no: {probe}"
     return "no", f"at load, if the probe passes (not built here: {row.get('build_error')})"
-
-
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "vllm.md"
-BEGIN, END = "<!-- bench/vllm_drafters.py tables: begin -->", "<!-- bench/vllm_drafters.py tables: end -->"
-
-
-def docs_tables() -> str:
-    """The tables of every bench/results/vllm_drafters_*.json, the newest vLLM first (docs/vllm.md holds them)."""
-    from packaging.version import Version
-
-    docs = [json.loads(p.read_text()) for p in RESULTS.glob("vllm_drafters_*.json")]
-    return "\n\n".join(markdown(d) for d in sorted(docs, key=lambda d: Version(d["vllm"]), reverse=True))
-
-
-def write_docs() -> None:
-    """Replace the text between :data:`BEGIN` and :data:`END` in docs/vllm.md with :func:`docs_tables`."""
-    text = DOCS.read_text()
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    DOCS.write_text(f"{head}{BEGIN}\n{docs_tables()}\n{END}{tail}")
 
 
 def markdown(doc: dict) -> str:
@@ -388,13 +377,9 @@ def _single_rank_vllm():
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--markdown", type=Path, help="print the table of this JSON and exit")
-    parser.add_argument("--docs", action="store_true", help="write every JSON's table into docs/vllm.md and exit")
     args = parser.parse_args(argv)
     if args.markdown:
         print(markdown(json.loads(args.markdown.read_text())))
-        return 0
-    if args.docs:
-        write_docs()
         return 0
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -408,12 +393,17 @@ def main(argv=None) -> int:
     finally:
         ctx.__exit__(None, None, None)
     version = vllm.__version__
-    pythonpath = os.environ.get("PYTHONPATH")
-    command = ("PYTHONPATH=" + pythonpath + " " if pythonpath else "") + "python -m bench.vllm_drafters"
+    for row in rows:  # a probe's message may name a file
+        if isinstance(row.get("probe"), str):
+            row["probe"] = _PATH_DIRS.sub("", row["probe"])
+    site = str(Path(vllm.__file__).resolve().parent.parent)
+    outside = site in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    command = (f"PYTHONPATH=<vLLM {version} --target dir> " if outside else "") + "python -m bench.vllm_drafters"
     doc = {
+        "kind": "vllm_drafters",
         "vllm": version,
-        "vllm_path": str(Path(vllm.__file__).parent),
         "command": command,
+        "date": datetime.date.today().isoformat(),
         "cpu": platform.processor() or platform.machine(),
         "drafter_classes": len(rows),
         "stand_in_packages": sorted(stand_ins.used),
