@@ -21,6 +21,7 @@
 #include "../common/philox.h"
 #include "../impl_shard_ops.h"
 #include "cpu_path.h"
+#include "fp_env.h"
 #include "shard_argmax_tiles.h"
 
 namespace localargmax {
@@ -139,6 +140,7 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
   const int64_t per_chunk = batch * topk;
   std::vector<uint64_t> partial(static_cast<size_t>(num_chunks * per_chunk), 0);
   at::parallel_for(0, num_chunks, 1, [&](int64_t c_begin, int64_t c_end) {
+    const KeepDenormals keep_denormals;  // whatever this thread's FTZ / DAZ (fp_env.h)
     std::vector<float> scratch(static_cast<size_t>(4 * hidden_pad + kLanes));
     for (int64_t c = c_begin; c < c_end; ++c) {
       const int64_t t0 = c * num_tiles / num_chunks;
@@ -147,6 +149,7 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
     }
   });
   if (partition != nullptr) {
+    const KeepDenormals keep_denormals;  // the calling thread's merge too
     // The tiles' pairs, merged in tile order: independent of the chunking.
     float* pairs = partition->out->data_ptr<float>();
     for (int64_t b = 0; b < batch; ++b) {
