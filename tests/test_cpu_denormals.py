@@ -14,16 +14,11 @@ import pytest
 import torch
 
 import localargmax
-from tests.support.paths import CPU_ISA_PATHS, cpu_path_unavailable
+from tests.support.paths import CPU_ISA_PATHS, cpu_path_unavailable, flushes_denormals
 from tests.support.problems import integer_problem
 from tests.support.reference import ref_logits, ref_topk
 
 SCALE = 2.0**-70  # |h|, |w| <= 3 times 2^-70: products and sums are exact denormals (multiples of 2^-140)
-
-
-def flushes_denormals(name: str, dtype: torch.dtype) -> bool:
-    """The paths whose instructions flush denormals whatever MXCSR says (DESIGN.md, "CPU paths")."""
-    return name == "avx512_bf16" and dtype == torch.bfloat16
 
 
 @contextlib.contextmanager
