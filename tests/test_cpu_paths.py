@@ -129,13 +129,14 @@ def test_detected_features_agree_with_proc_cpuinfo():
     except (OSError, StopIteration):
         pytest.skip("no /proc/cpuinfo flags on this system")
     for name in ("auto", *CPU_ISA_PATHS):
-        outcomes = []
-        for given in (None, flags):
-            try:
-                outcomes.append(_C._cpu_path(name, given))
-            except ValueError as e:
-                outcomes.append(str(e))
-        assert outcomes[0] == outcomes[1], name
+        for dtype in ("float32", "bfloat16", "float16"):  # auto by dtype: the AMX features too
+            outcomes = []
+            for given in (None, flags):
+                try:
+                    outcomes.append(_C._cpu_path(name, given, dtype))
+                except ValueError as e:
+                    outcomes.append(str(e))
+            assert outcomes[0] == outcomes[1], (name, dtype)
     assert cpu_auto_path() == _C._cpu_path("auto")
 
 
