@@ -39,7 +39,7 @@ TORCH_LIBRARY(localargmax, m) {
 
 namespace localargmax::cpu {
 int64_t parallel_workers(int64_t n);  // cpu/shard_argmax_cpu.cpp
-bool brgemm_packs(at::ScalarType dtype);  // cpu/shard_argmax_brgemm.cpp
+const char* brgemm_mode(at::ScalarType dtype);  // cpu/shard_argmax_brgemm.cpp
 }
 
 // localargmax._C._parallel_workers(n) -> int: distinct threads that ran the
@@ -85,23 +85,23 @@ static PyObject* py_cpu_path(PyObject*, PyObject* args) {
   }
 }
 
-// localargmax._C._brgemm_packs(dtype) -> bool: whether the brgemm CPU path
-// runs on the matrix engine (cpublas::could_pack) for weights of dtype
-// ("float32", "bfloat16", "float16"): cpu/shard_argmax_brgemm.h.
-static PyObject* py_brgemm_packs(PyObject*, PyObject* arg) {
+// localargmax._C._brgemm_mode(dtype) -> str: how the brgemm CPU path runs
+// for weights of dtype ("float32", "bfloat16", "float16") on this CPU:
+// "amx", "vnni" or "plain" (cpu/shard_argmax_brgemm.h).
+static PyObject* py_brgemm_mode(PyObject*, PyObject* arg) {
   const char* name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : nullptr;
   if (name == nullptr) {
     PyErr_Clear();
-    PyErr_SetString(PyExc_TypeError, "_brgemm_packs: dtype must be a str");
+    PyErr_SetString(PyExc_TypeError, "_brgemm_mode: dtype must be a str");
     return nullptr;
   }
   const std::string dtype = name;
   if (dtype != "float32" && dtype != "bfloat16" && dtype != "float16") {
-    PyErr_Format(PyExc_ValueError, "_brgemm_packs: dtype must be 'float32', 'bfloat16' or 'float16', got '%s'", name);
+    PyErr_Format(PyExc_ValueError, "_brgemm_mode: dtype must be 'float32', 'bfloat16' or 'float16', got '%s'", name);
     return nullptr;
   }
   const at::ScalarType t = dtype == "bfloat16" ? at::kBFloat16 : dtype == "float16" ? at::kHalf : at::kFloat;
-  return PyBool_FromLong(localargmax::cpu::brgemm_packs(t));
+  return PyUnicode_FromString(localargmax::cpu::brgemm_mode(t));
 }
 
 // localargmax._C._cpu_paths() -> tuple of (name, needs, bit_exact, inner_loop):
@@ -178,8 +178,8 @@ extern "C" PyObject* PyInit__C(void) {
       {"_cpu_path", py_cpu_path, METH_VARARGS,
        "_cpu_path(path, flags=None, dtype=None) -> str: the CPU path `path` runs with these /proc/cpuinfo flags (None: "
        "this CPU) for weights of dtype ('float32' (None), 'bfloat16', 'float16')."},
-      {"_brgemm_packs", py_brgemm_packs, METH_O,
-       "_brgemm_packs(dtype) -> bool: the brgemm CPU path runs on the matrix engine (cpublas::could_pack) for dtype."},
+      {"_brgemm_mode", py_brgemm_mode, METH_O,
+       "_brgemm_mode(dtype) -> 'amx', 'vnni' or 'plain': how the brgemm CPU path runs for dtype on this CPU."},
       {"_cpu_paths", py_cpu_paths, METH_NOARGS,
        "_cpu_paths() -> the CPU paths: (name, needs, bit_exact, inner_loop) per path, in listing order."},
       {"_choose_mma_config", py_choose_mma_config, METH_VARARGS,

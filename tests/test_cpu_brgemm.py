@@ -111,12 +111,27 @@ def test_brgemm_hard_cases_across_batch_blocks(gen, dtype):
 
 def test_auto_takes_brgemm_exactly_where_aten_packs():
     """auto's feature rule (AMX tiles for the dtype) agrees with ATen's own
-    cpublas::could_pack on this CPU (unless oneDNN is switched off); float32
-    never packs."""
-    assert _C._brgemm_packs("float32") is False
+    cpublas::could_pack on this CPU (brgemm mode "amx"; unless oneDNN is
+    switched off); float32 always runs "plain"."""
+    assert _C._brgemm_mode("float32") == "plain"
+    assert {_C._brgemm_mode(d) for d in ("bfloat16", "float16")} <= {"amx", "vnni", "plain"}
     if not torch.backends.mkldnn.enabled:
         pytest.skip("oneDNN is disabled (torch.backends.mkldnn.enabled is False): could_pack says no")
     for dtype in ("bfloat16", "float16"):
-        assert (_C._cpu_path("auto", None, dtype) == "brgemm") == _C._brgemm_packs(dtype), dtype
+        assert (_C._cpu_path("auto", None, dtype) == "brgemm") == (_C._brgemm_mode(dtype) == "amx"), dtype
     with pytest.raises(ValueError, match="dtype must be 'float32', 'bfloat16' or 'float16'"):
-        _C._brgemm_packs("int8")
+        _C._brgemm_mode("int8")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_brgemm_vnni_and_plain_operands_agree_within_the_bound(gen, dtype):
+    """An even hidden size takes the VNNI B where ATen runs it (mode "amx" /
+    "vnni"), an odd one the plain B: both within the float32 bound of float64,
+    exact on integer logits; H = 1 and H = 2 (one VNNI pair)."""
+    for hsize in (1, 2, 63, 64, 130):
+        hidden, weight, bias = random_problem(gen, 9, 200, hsize, dtype, bias="float32")
+        ids = localargmax.decode_keys(localargmax.shard_argmax(hidden, weight, bias=bias, path="brgemm"))[0]
+        check_against_reference(ids, hidden, weight, bias, min_clear_fraction=0.8, context=f"H={hsize}")
+        hidden, weight, bias = integer_problem(gen, 9, 200, hsize, dtype, bias=True)
+        ids = localargmax.decode_keys(localargmax.shard_argmax(hidden, weight, bias=bias, path="brgemm"))[0]
+        assert torch.equal(ids, ref_argmax(hidden, weight, bias)), hsize

@@ -6,13 +6,18 @@
 // M, N, K, lda, ldb and ldc are the same in every call of one problem (the
 // last partial tile is copied to a zero-padded kTileRows x ldw block), so
 // every (row, batch row) runs the same oneDNN kernel wherever it sits.
-// Where cpublas::could_pack(dtype) (AMX, AMX-FP16) B is VNNI-packed by
-// cpublas::pack and brgemm runs on the tiles; elsewhere brgemm runs with
-// is_vnni = false, which ATen serves as it can (DESIGN.md, "CPU paths").
+// Where ATen takes a VNNI B for bf16 / fp16 (brgemm_mode: AMX tiles where
+// cpublas::could_pack, oneDNN's AVX-512 ukernel elsewhere) B is VNNI-packed
+// here; otherwise brgemm runs with is_vnni = false, which ATen serves as it
+// can (DESIGN.md, "CPU paths").
 #include "shard_argmax_brgemm.h"
 
 #include <ATen/native/CPUBlas.h>
 #include <c10/util/Exception.h>
+
+#include <exception>
+#include <string>
+#include <vector>
 
 #if defined(CPUBLAS_BRGEMM_F32F32F32) && defined(CPUBLAS_BRGEMM_BF16BF16F32) && defined(CPUBLAS_BRGEMM_F16F16F32)
 #define LAM_HAVE_BRGEMM 1
@@ -49,29 +54,56 @@ size_t element_size(WeightDtype dtype) { return dtype == WeightDtype::kFloat32 ?
 
 }  // namespace
 
-bool brgemm_packs(at::ScalarType dtype) { return dtype != at::kFloat && blas::could_pack(dtype); }
+// Whether ATen runs brgemm with a VNNI B (is_vnni = true) for T here: a
+// 2 x 32 x 2 product of small integers, exact in any order.
+template <typename T>
+bool vnni_runs() {
+  const int64_t M = 2, N = kBrgemmBatchBlock, K = 2;
+  std::vector<T> a(M * K), b(K * N);
+  std::vector<float> c(M * N, -1.0f);
+  for (int64_t i = 0; i < M * K; ++i) a[i] = static_cast<T>(static_cast<float>(i + 1));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) b[n * K + k] = static_cast<T>(static_cast<float>(n % 5 - k));  // VNNI: [K/2][N][2]
+  try {
+    blas::brgemm(M, N, K, K, N, N, false, a.data(), b.data(), c.data(), true);
+    blas::brgemm_release(true);
+  } catch (const std::exception&) {  // c10::Error (ATen refuses) or dnnl::error (oneDNN cannot)
+    return false;
+  }
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      const float want = static_cast<float>((2 * m + 1) * (n % 5) + (2 * m + 2) * (n % 5 - 1));
+      if (c[m * N + n] != want) return false;
+    }
+  return true;
+}
+
+const char* brgemm_mode(at::ScalarType dtype) {
+  if (dtype != at::kBFloat16 && dtype != at::kHalf) return "plain";
+  if (blas::could_pack(dtype)) return "amx";
+  if (!at::globalContext().userEnabledMkldnn()) return "plain";  // ATen's own check, per call
+  static const bool bf16 = vnni_runs<at::BFloat16>();
+  static const bool fp16 = vnni_runs<at::Half>();
+  return (dtype == at::kBFloat16 ? bf16 : fp16) ? "vnni" : "plain";
+}
 
 BrgemmOperands prepare_brgemm(const at::Tensor& hidden, const at::Tensor& weight, int64_t num_valid,
                               ShardArgmaxProblem& p) {
   const int64_t batch = hidden.size(0), H = hidden.size(1);
   const int64_t blocks = (batch + kBrgemmBatchBlock - 1) / kBrgemmBatchBlock;
   const at::ScalarType dtype = weight.scalar_type();
-  p.brgemm_vnni = brgemm_packs(dtype);
+  p.brgemm_vnni = H % 2 == 0 && std::string(brgemm_mode(dtype)) != "plain";
   BrgemmOperands ops;
   at::Tensor rows = at::zeros({blocks * kBrgemmBatchBlock, H}, hidden.options());
   rows.narrow(0, 0, batch).copy_(hidden);
-  // [blocks, H, N]: block j's B operand, K-major (ldb = N)
-  at::Tensor plain = rows.view({blocks, kBrgemmBatchBlock, H}).transpose(1, 2).contiguous();
+  p.brgemm_ldk = H;
   if (p.brgemm_vnni) {
-    // VNNI: K in pairs; room for K rounded up to 4 (oneDNN pads the K tail)
-    p.brgemm_ldk = (H + 3) / 4 * 4;
-    ops.hidden_blocks = at::zeros({blocks, p.brgemm_ldk, kBrgemmBatchBlock}, hidden.options());
-    for (int64_t j = 0; j < blocks; ++j)
-      blas::pack(H, kBrgemmBatchBlock, kBrgemmBatchBlock, kBrgemmBatchBlock, dtype, dtype, plain[j].data_ptr(),
-                 ops.hidden_blocks[j].data_ptr());
+    // VNNI (the layout cpublas::pack writes, as SGLang's CPU kernels pack it
+    // themselves): [blocks][H / 2][N][2], element (k, n) at ((k / 2) N + n) 2 + k % 2
+    ops.hidden_blocks = rows.view({blocks, kBrgemmBatchBlock, H / 2, 2}).permute({0, 2, 1, 3}).contiguous();
   } else {
-    p.brgemm_ldk = H;
-    ops.hidden_blocks = plain;
+    // [blocks][H][N]: K-major (ldb = N)
+    ops.hidden_blocks = rows.view({blocks, kBrgemmBatchBlock, H}).transpose(1, 2).contiguous();
   }
   p.brgemm_hidden = ops.hidden_blocks.data_ptr();
   p.brgemm_weight_tail = nullptr;
@@ -113,7 +145,7 @@ BrgemmOperands prepare_brgemm(const at::Tensor&, const at::Tensor&, int64_t, Sha
   return {};
 }
 
-bool brgemm_packs(at::ScalarType) { return false; }
+const char* brgemm_mode(at::ScalarType) { return "plain"; }
 
 void shard_argmax_tiles_brgemm(const ShardArgmaxProblem&, int64_t, int64_t, float*, uint64_t*) {}
 

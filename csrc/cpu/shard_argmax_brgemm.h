@@ -22,10 +22,14 @@ struct BrgemmOperands {
 BrgemmOperands prepare_brgemm(const at::Tensor& hidden, const at::Tensor& weight, int64_t num_valid,
                               ShardArgmaxProblem& p);
 
-// Whether the brgemm path packs B and runs on the matrix engine for weights
-// of `dtype` (cpublas::could_pack: AMX / AMX-FP16 with oneDNN enabled; false
-// for float32 and without brgemm). localargmax._C._brgemm_packs exports it.
-bool brgemm_packs(at::ScalarType dtype);
+// How the brgemm path runs for weights of `dtype` on this CPU and torch
+// (DESIGN.md, "CPU paths"): "amx" (cpublas::could_pack: B VNNI-packed, the
+// AMX tiles), "vnni" (B VNNI-packed, oneDNN's AVX-512 ukernel, which ATen
+// accepts where could_pack is false: found once per process by a tiny
+// exact call), "plain" (is_vnni = false: oneDNN's float32 ukernel or ATen's
+// cpublas::gemm fallback). An odd hidden size always runs "plain" (VNNI
+// pairs K). localargmax._C._brgemm_mode exports it.
+const char* brgemm_mode(at::ScalarType dtype);
 
 // End of one parallel_for chunk of the brgemm path: cpublas::brgemm_release
 // (the tile context is per thread).

@@ -57,12 +57,13 @@ struct ShardArgmaxProblem {
   int64_t hidden_pad_bf16;
   // brgemm only (shard_argmax_brgemm.h), else nullptr: the B operands, the
   // hidden states transposed per block of kBrgemmBatchBlock batch rows (zero
-  // columns past the batch), [batch_blocks][brgemm_ldk][kBrgemmBatchBlock] in
-  // the weight's dtype, VNNI-packed by cpublas::pack where brgemm_vnni; and
-  // the last partial tile's weight rows, zero-padded to kTileRows x ldw.
+  // columns past the batch), [batch_blocks][H][kBrgemmBatchBlock] in the
+  // weight's dtype, or VNNI pairs [batch_blocks][H / 2][kBrgemmBatchBlock][2]
+  // where brgemm_vnni; and the last partial tile's weight rows, zero-padded
+  // to kTileRows x ldw.
   const void* brgemm_hidden;
   const void* brgemm_weight_tail;
-  int64_t brgemm_ldk;  // rows of one B block (H, rounded up where packed)
+  int64_t brgemm_ldk;  // K rows of one B block (H)
   bool brgemm_vnni;
 };
 

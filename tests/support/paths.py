@@ -66,13 +66,14 @@ def cpu_path_unavailable(name: str) -> str | None:
 def flushes_denormals(name: str, dtype: torch.dtype) -> bool:
     """Whether CPU path ``name`` (or ``"auto"``) flushes denormals for
     weights of ``dtype`` whatever MXCSR says (DESIGN.md, "CPU paths"):
-    avx512_bf16's vdpbf16ps for bf16, and brgemm where it runs on the AMX
-    tiles (``_C._brgemm_packs``)."""
+    avx512_bf16's vdpbf16ps for bf16, and brgemm where ATen runs it with a
+    VNNI B (``_C._brgemm_mode``: the AMX tiles, or oneDNN's AVX-512-BF16
+    ukernel) for an even hidden size."""
     dname = str(dtype).removeprefix("torch.")
     chosen = localargmax._C._cpu_path(name, None, dname)
     if chosen == "avx512_bf16":
         return dtype == torch.bfloat16
-    return chosen == "brgemm" and localargmax._C._brgemm_packs(dname)
+    return chosen == "brgemm" and localargmax._C._brgemm_mode(dname) != "plain"
 
 
 def bit_exact_cpu_paths() -> tuple[KernelPath, ...]:
