@@ -1,7 +1,9 @@
 """Side-by-side timing of the CPU kernel's paths (DESIGN.md, "CPU paths"):
 ``localargmax.shard_argmax(hidden, weight, path=NAME)`` on one shard for every
 path this CPU has, the paths interleaved within each round so that other load
-on the machine falls on all of them alike; median over rounds x steps.
+on the machine falls on all of them alike; median over rounds x steps. The
+name ``torch`` in --paths times torch's matmul + max over the shard (the
+benchmark CLI's torch-matmul-max row) in the same rounds.
 
     PYTHONPATH=. python bench/cpu_paths.py --rows 75968 --hidden 4096 --dtype bfloat16 \
         --batch 1,8,64 --threads 2 --json bench/results/cpu_kinds/<file>.json
@@ -41,18 +43,28 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for batch in (int(b) for b in args.batch.split(",")):
         hidden = torch.randn(batch, args.hidden, generator=gen).to(dtype)
-        keys = {p: localargmax.shard_argmax(hidden, weight, path=p) for p in paths}  # warm-up, and the ids
+
+        def call(p):
+            if p == "torch":  # ids (not keys): compared by id below
+                return torch.matmul(hidden, weight.T).max(dim=1).indices
+            return localargmax.shard_argmax(hidden, weight, path=p)
+
+        keys = {p: call(p) for p in paths}  # warm-up, and the ids
         times: dict[str, list[float]] = {p: [] for p in paths}
         for _ in range(args.rounds):
             for p in paths:
                 for _ in range(args.steps):
                     t0 = time.perf_counter()
-                    localargmax.shard_argmax(hidden, weight, path=p)
+                    call(p)
                     times[p].append(time.perf_counter() - t0)
         base = statistics.median(times[paths[0]])
         for p in paths:
             med = statistics.median(times[p])
-            same = bool(torch.equal(keys[p], keys[paths[0]]))
+            if "torch" in (p, paths[0]):  # torch gives ids: compare the ids
+                a, b = (keys[q] if q == "torch" else localargmax.decode_keys(keys[q])[0] for q in (p, paths[0]))
+                same = bool(torch.equal(a, b))
+            else:
+                same = bool(torch.equal(keys[p], keys[paths[0]]))
             rows.append(
                 dict(
                     path=p,

@@ -39,6 +39,7 @@ TORCH_LIBRARY(localargmax, m) {
 
 namespace localargmax::cpu {
 int64_t parallel_workers(int64_t n);  // cpu/shard_argmax_cpu.cpp
+const char* brgemm_mode(at::ScalarType dtype);  // cpu/shard_argmax_brgemm.cpp
 }
 
 // localargmax._C._parallel_workers(n) -> int: distinct threads that ran the
@@ -53,21 +54,54 @@ static PyObject* py_parallel_workers(PyObject*, PyObject* arg) {
   return PyLong_FromLongLong(localargmax::cpu::parallel_workers(n));
 }
 
-// localargmax._C._cpu_path(path, flags=None) -> str: the CPU path the ops'
-// `path` runs on a CPU with `flags` (space-separated /proc/cpuinfo names;
-// None: this CPU), from csrc/cpu/cpu_path.h; ValueError as the ops raise it.
+// localargmax._C._cpu_path(path, flags=None, dtype=None) -> str: the CPU path
+// the ops' `path` runs on a CPU with `flags` (space-separated /proc/cpuinfo
+// names; None: this CPU) for weights of `dtype` ("float32", "bfloat16",
+// "float16"; None: float32), from csrc/cpu/cpu_path.h; ValueError as the ops
+// raise it.
 static PyObject* py_cpu_path(PyObject*, PyObject* args) {
   const char* path = nullptr;
   const char* flags = nullptr;
-  if (!PyArg_ParseTuple(args, "s|z", &path, &flags)) return nullptr;
+  const char* dtype = nullptr;
+  if (!PyArg_ParseTuple(args, "s|zz", &path, &flags, &dtype)) return nullptr;
+  using localargmax::cpu::WeightDtype;
+  WeightDtype weight_dtype = WeightDtype::kFloat32;
+  const std::string dtype_name = dtype == nullptr ? "float32" : dtype;
+  if (dtype_name == "bfloat16") {
+    weight_dtype = WeightDtype::kBFloat16;
+  } else if (dtype_name == "float16") {
+    weight_dtype = WeightDtype::kFloat16;
+  } else if (dtype_name != "float32") {
+    PyErr_Format(PyExc_ValueError, "_cpu_path: dtype must be 'float32', 'bfloat16' or 'float16', got '%s'", dtype);
+    return nullptr;
+  }
   try {
     const localargmax::cpu::CpuFeatures features = flags == nullptr ? localargmax::cpu::detect_cpu_features()
                                                                     : localargmax::cpu::parse_cpu_features(flags);
-    return PyUnicode_FromString(localargmax::cpu::choose_cpu_path(path, features).c_str());
+    return PyUnicode_FromString(localargmax::cpu::choose_cpu_path(path, features, weight_dtype).c_str());
   } catch (const c10::Error& e) {
     PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
     return nullptr;
   }
+}
+
+// localargmax._C._brgemm_mode(dtype) -> str: how the brgemm CPU path runs
+// for weights of dtype ("float32", "bfloat16", "float16") on this CPU:
+// "amx", "vnni" or "plain" (cpu/shard_argmax_brgemm.h).
+static PyObject* py_brgemm_mode(PyObject*, PyObject* arg) {
+  const char* name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : nullptr;
+  if (name == nullptr) {
+    PyErr_Clear();
+    PyErr_SetString(PyExc_TypeError, "_brgemm_mode: dtype must be a str");
+    return nullptr;
+  }
+  const std::string dtype = name;
+  if (dtype != "float32" && dtype != "bfloat16" && dtype != "float16") {
+    PyErr_Format(PyExc_ValueError, "_brgemm_mode: dtype must be 'float32', 'bfloat16' or 'float16', got '%s'", name);
+    return nullptr;
+  }
+  const at::ScalarType t = dtype == "bfloat16" ? at::kBFloat16 : dtype == "float16" ? at::kHalf : at::kFloat;
+  return PyUnicode_FromString(localargmax::cpu::brgemm_mode(t));
 }
 
 // localargmax._C._cpu_paths() -> tuple of (name, needs, bit_exact, inner_loop):
@@ -142,7 +176,10 @@ extern "C" PyObject* PyInit__C(void) {
   static PyMethodDef methods[] = {
       {"_parallel_workers", py_parallel_workers, METH_O, "Threads used by the CPU kernel's parallel_for over n items."},
       {"_cpu_path", py_cpu_path, METH_VARARGS,
-       "_cpu_path(path, flags=None) -> str: the CPU path `path` runs with these /proc/cpuinfo flags (None: this CPU)."},
+       "_cpu_path(path, flags=None, dtype=None) -> str: the CPU path `path` runs with these /proc/cpuinfo flags (None: "
+       "this CPU) for weights of dtype ('float32' (None), 'bfloat16', 'float16')."},
+      {"_brgemm_mode", py_brgemm_mode, METH_O,
+       "_brgemm_mode(dtype) -> 'amx', 'vnni' or 'plain': how the brgemm CPU path runs for dtype on this CPU."},
       {"_cpu_paths", py_cpu_paths, METH_NOARGS,
        "_cpu_paths() -> the CPU paths: (name, needs, bit_exact, inner_loop) per path, in listing order."},
       {"_choose_mma_config", py_choose_mma_config, METH_VARARGS,

@@ -70,9 +70,10 @@ def shard_argmax(
         bias: ``[rows]`` float32 or weight-dtype bias, or None.
         path: the kernel: ``"auto"`` (default); on CPU ``"avx512"``, ``"avx2"``
             or ``"generic"`` (bit-identical; auto takes the first the CPU has),
-            or ``"avx512_bf16"`` (bf16 through vdpbf16ps: other bits, opt-in;
-            DESIGN.md "CPU paths"; a path the CPU lacks is a ValueError naming
-            the missing features); on CUDA ``"mma"`` (tensor cores; bf16 /
+            ``"avx512_bf16"`` (bf16 through vdpbf16ps: other bits, opt-in) or
+            ``"brgemm"`` (ATen's oneDNN brgemm: other bits; auto takes it for
+            bf16 / fp16 on AMX) (DESIGN.md "CPU paths"; a path the CPU lacks
+            is a ValueError naming the missing features); on CUDA ``"mma"`` (tensor cores; bf16 /
             fp16, ``H`` and row strides multiples of 8), ``"gemm"`` (cuBLAS logits, then keys) or ``"simt"``
             (CUDA cores, every dtype). CUDA ``"auto"`` is C++'s choice, or a
             measured dispatch table's (:mod:`localargmax.dispatch`). The CUDA
@@ -189,7 +190,7 @@ def shard_topk(
         hidden, weight, vocab_start, num_valid, bias: as in :func:`shard_argmax`.
         k: ``1 <= k <= 64``.
         path: ``"auto"``, CPU ``"generic"`` / ``"avx2"`` / ``"avx512"`` /
-            ``"avx512_bf16"``, CUDA ``"simt"`` (top-k
+            ``"avx512_bf16"`` / ``"brgemm"``, CUDA ``"simt"`` (top-k
             has no tensor-core or gemm path).
         log_partition, scale, soft_cap: as in :func:`shard_argmax`.
 

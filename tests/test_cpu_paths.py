@@ -4,7 +4,8 @@ the C++ choice itself); every named path this CPU has against the float64
 reference with the hard cases planted, against generic bit for bit where
 DESIGN.md says so (avx2, avx512; avx512_bf16 for float32 / float16), and
 batch-position and shard invariance where it does not (avx512_bf16 with
-bfloat16 weights). Paths this CPU lacks: the op's refusal is checked, then
+bfloat16 weights; brgemm, every dtype: tests/test_cpu_brgemm.py for larger
+batches). Paths this CPU lacks: the op's refusal is checked, then
 the test is skipped with it as the reason (it names the missing features)."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tests.support.paths import (
     CPU_ISA_PATHS,
     KernelPath,
     cpu_path_unavailable,
+    flushes_denormals,
     use_path,
 )
 from tests.support.problems import integer_problem, make_shards, random_problem, simulated_argmax
@@ -38,34 +40,40 @@ XEON_SPR = EPYC_ZEN4 + " avx512_fp16 amx_tile amx_bf16 amx_int8"
 @pytest.mark.parametrize(
     ("flags", "auto", "have"),
     [
-        ("", "generic", ("generic",)),
-        ("avx2 fma", "generic", ("generic",)),  # no F16C: not the AVX2 path
-        (EPYC_AVX2, "avx2", ("generic", "avx2")),
-        ("avx2 fma f16c avx512f", "avx512", ("generic", "avx2", "avx512")),
-        ("avx512f avx512bw avx512_bf16", "generic", ("generic",)),  # the AVX-512 builds use AVX2 code too
+        ("", "generic", ("generic", "brgemm")),
+        ("avx2 fma", "generic", ("generic", "brgemm")),  # no F16C: not the AVX2 path
+        (EPYC_AVX2, "avx2", ("generic", "avx2", "brgemm")),
+        ("avx2 fma f16c avx512f", "avx512", ("generic", "avx2", "avx512", "brgemm")),
+        ("avx512f avx512bw avx512_bf16", "generic", ("generic", "brgemm")),  # the AVX-512 builds use AVX2 code too
         (EPYC_ZEN4, "avx512", CPU_ISA_PATHS),
-        (XEON_SPR, "avx512", CPU_ISA_PATHS),  # AMX: no path of its own (DESIGN.md)
+        (XEON_SPR, "avx512", CPU_ISA_PATHS),  # float32: no AMX path (DESIGN.md)
+        ("amx_tile amx_bf16", "generic", ("generic", "brgemm")),
     ],
 )
 def test_choice_from_fake_features(flags, auto, have):
-    """auto = the first of avx512, avx2, generic the features allow (never
-    avx512_bf16, not bit-exact); a named path runs as itself where the
-    features have what it needs, else ValueError naming what is missing; the
-    exported table (_C._cpu_paths) says the same."""
+    """auto for float32 weights = the first of avx512, avx2, generic the
+    features allow (never avx512_bf16 or brgemm, not bit-exact); a named path
+    runs as itself where the features have what it needs (brgemm: always,
+    through ATen), else ValueError naming what is missing; the exported table
+    (_C._cpu_paths) says the same."""
     needs = {
         "generic": (),
         "avx2": ("avx2", "fma", "f16c"),
         "avx512": ("avx2", "fma", "f16c", "avx512f"),
         "avx512_bf16": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16"),
+        "brgemm": (),
     }
     assert _C._cpu_path("auto", flags) == auto
     assert _C._cpu_path("auto", flags) == auto  # the same answer again: no state
+    assert _C._cpu_path("auto", flags, "float32") == auto
     features = set(flags.split())
     for name in CPU_ISA_PATHS:
         lacks = [f for f in needs[name] if f not in features]
         assert (name in have) == (not lacks), name
         if not lacks:
             assert _C._cpu_path(name, flags) == name
+            for dtype in ("bfloat16", "float16"):  # a named path is itself for every dtype
+                assert _C._cpu_path(name, flags, dtype) == name
         else:
             with pytest.raises(ValueError) as info:
                 _C._cpu_path(name, flags)
@@ -78,9 +86,34 @@ def test_choice_from_fake_features(flags, auto, have):
     assert [n for n, p in table.items() if p.bit_exact] == ["generic", "avx2", "avx512"]
 
 
+@pytest.mark.parametrize(
+    ("flags", "bf16", "fp16"),
+    [
+        (EPYC_ZEN4, "avx512", "avx512"),  # this machine's kind: no AMX, auto as before
+        (XEON_SPR, "brgemm", "avx512"),  # AMX-BF16, no AMX-FP16
+        (XEON_SPR + " amx_fp16", "brgemm", "brgemm"),  # Granite Rapids
+        (EPYC_ZEN4 + " amx_bf16", "avx512", "avx512"),  # no amx_tile (the OS did not enable the tiles)
+        ("amx_tile amx_bf16 amx_fp16", "brgemm", "brgemm"),
+        (EPYC_AVX2, "avx2", "avx2"),
+    ],
+)
+def test_auto_takes_brgemm_where_it_runs_natively(flags, bf16, fp16):
+    """auto by dtype: brgemm for bfloat16 / float16 weights where the AMX
+    tiles run them (ATen's could_pack: amx_tile + amx_bf16 / amx_fp16), else
+    the bit-exact choice; float32 never (no AMX float32); a pure function of
+    the features and the dtype."""
+    assert _C._cpu_path("auto", flags, "bfloat16") == bf16
+    assert _C._cpu_path("auto", flags, "float16") == fp16
+    assert _C._cpu_path("auto", flags, "float32") == _C._cpu_path("auto", flags) != "brgemm"
+    with pytest.raises(ValueError, match="dtype must be 'float32', 'bfloat16' or 'float16', got 'int8'"):
+        _C._cpu_path("auto", flags, "int8")
+
+
 def test_choice_refuses_unknown_names():
-    for bad in ("AVX2", "amx", "amx_bf16", "avx512bf16", "", "mma"):
-        with pytest.raises(ValueError, match="path must be 'auto', 'generic', 'avx2', 'avx512' or 'avx512_bf16'"):
+    for bad in ("AVX2", "amx", "amx_bf16", "avx512bf16", "", "mma", "BRGEMM"):
+        with pytest.raises(
+            ValueError, match="path must be 'auto', 'generic', 'avx2', 'avx512', 'avx512_bf16' or 'brgemm'"
+        ):
             _C._cpu_path(bad, XEON_SPR)
     with pytest.raises(TypeError):
         _C._cpu_path(3)
@@ -96,13 +129,14 @@ def test_detected_features_agree_with_proc_cpuinfo():
     except (OSError, StopIteration):
         pytest.skip("no /proc/cpuinfo flags on this system")
     for name in ("auto", *CPU_ISA_PATHS):
-        outcomes = []
-        for given in (None, flags):
-            try:
-                outcomes.append(_C._cpu_path(name, given))
-            except ValueError as e:
-                outcomes.append(str(e))
-        assert outcomes[0] == outcomes[1], name
+        for dtype in ("float32", "bfloat16", "float16"):  # auto by dtype: the AMX features too
+            outcomes = []
+            for given in (None, flags):
+                try:
+                    outcomes.append(_C._cpu_path(name, given, dtype))
+                except ValueError as e:
+                    outcomes.append(str(e))
+            assert outcomes[0] == outcomes[1], (name, dtype)
     assert cpu_auto_path() == _C._cpu_path("auto")
 
 
@@ -121,7 +155,7 @@ def _runnable(name: str) -> None:
 
 
 def _bit_exact(name: str, dtype: torch.dtype) -> bool:
-    return name in BIT_EXACT_CPU_PATHS or dtype != torch.bfloat16
+    return name in BIT_EXACT_CPU_PATHS or (name == "avx512_bf16" and dtype != torch.bfloat16)
 
 
 @pytest.mark.parametrize("name", CPU_ISA_PATHS)
@@ -181,7 +215,7 @@ def test_path_bits_against_generic(gen, name, dtype):
     """avx2 and avx512 (and avx512_bf16 for float32 / float16 weights) give
     generic's keys and log-partition pairs bit for bit, for argmax, top-k,
     sampling, with and without bias, every k tail and batch tail.
-    avx512_bf16 with bfloat16 weights: other bits, but the same keys for a
+    avx512_bf16 with bfloat16 weights and brgemm: other bits, but the same keys for a
     batch row wherever it sits in the batch (alone, permuted), identical
     weight rows give identical values (exact ties), its log-partition pairs
     are within 1e-5 of float64, and an empty shard or batch 0 give what
@@ -255,13 +289,14 @@ def test_denormals_kept_or_flushed_as_documented(name):
     """Denormal bf16 weights (1e-39): the bit-exact paths keep them (generic's
     values, which order the two rows); avx512_bf16 flushes them to zero
     (vdpbf16ps' DAZ / FTZ, DESIGN.md "CPU paths"), so the rows tie at 0.0 and
-    the smaller index wins."""
+    the smaller index wins; brgemm flushes them where it runs on the AMX
+    tiles and keeps them where ATen serves it otherwise (this EPYC)."""
     _runnable(name)
     hidden = torch.ones(1, 32, dtype=torch.bfloat16)
     weight = torch.zeros(2, 32, dtype=torch.bfloat16)
     weight[0, 0], weight[1, 0] = -1e-39, 1e-39
     ids, values = localargmax.decode_keys(localargmax.shard_topk(hidden, weight, 2, path=name))
-    if name == "avx512_bf16":
+    if flushes_denormals(name, torch.bfloat16):
         assert ids.tolist() == [[0, 1]] and values.tolist() == [[0.0, 0.0]]
     else:
         tiny = float(weight[1, 0].float())

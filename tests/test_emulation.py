@@ -117,7 +117,7 @@ def test_every_instantiation_the_launchers_pick_runs(emu, gen):
                 assert_keys_equal(got, cpu_keys(h, w, None, 0, 3), f"{path} {dtype} with log-partition")
     # auto: every cp.async config, never a TMA one (sm_90+ only; a GPU --tune decides)
     assert auto == {n for n, m in MMA_CONFIGS.items() if not m.tma}, auto
-    keys = torch.stack([ops.shard_argmax(*exact_problem(gen, 4, 5, 8, torch.float32)[:2], None, 0, 5)])
+    keys = torch.stack([ops.shard_argmax(*exact_problem(gen, 4, 5, 8, torch.float32)[:2], None, 0, 5, "generic")])
     emu.merge_keys(keys)
     assert set(_instantiations()) == set(emu.launched), set(_instantiations()) ^ set(emu.launched)
 

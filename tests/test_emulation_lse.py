@@ -54,7 +54,7 @@ def test_log_partition_against_float64(emu, gen, path, dtype, shape):
     kw = {"path": path, "gemm_chunk": 50}  # gemm: several chunks of batch rows
     for scale, cap in ((1.0, None), (0.05, 2.0)):
         keys, pairs = emu.shard(h, w, b, 7, num_valid, log_partition=True, scale=scale, soft_cap=cap, **kw)
-        want_keys, want_pairs = ops.shard_argmax_lse(h, w, b, 7, num_valid, scale, cap or 0.0)
+        want_keys, want_pairs = ops.shard_argmax_lse(h, w, b, 7, num_valid, scale, cap or 0.0, "generic")
         assert_keys_equal(keys, want_keys, f"lse keys {scale} {cap}")
         assert torch.equal(pairs[:, 0], localargmax.decode_keys(keys)[1]), "log-partition ref is not the key's value"
         x = _ref_partition(h, w, b, num_valid, scale, cap)
@@ -67,7 +67,7 @@ def test_log_partition_against_float64(emu, gen, path, dtype, shape):
             assert torch.equal(top[:, 0], keys) and torch.equal(top_pairs, pairs)
     t = torch.tensor([0.0, 0.5, 1.0, 2.0, 1e-3, 7.0] * 22)[:batch]
     keys, pairs = emu.shard(h, w, b, 7, num_valid, temperature=t, seed=5, offset=3, log_partition=True, **kw)
-    assert_keys_equal(keys, ops.shard_sample(h, w, b, 7, num_valid, t, 5, 3), "sample keys")
+    assert_keys_equal(keys, ops.shard_sample(h, w, b, 7, num_valid, t, 5, 3, "generic"), "sample keys")
     ids = localargmax.decode_keys(keys)[0] - 7
     x = _ref_partition(h, w, b, num_valid, temperature=t)
     want = x.gather(1, ids[:, None])[:, 0] - torch.logsumexp(x, 1)
@@ -91,7 +91,7 @@ def test_log_partition_at_a_temperature(emu, gen, path, dtype, shape):
     t = torch.tensor([0.7, 0.0, 2.0, 1.0, 0.05, -1.0] * 22)[:batch]
     kw = {"path": path, "gemm_chunk": 50}
     keys, pairs = emu.shard(h, w, b, 7, num_valid, log_partition=True, partition_temperature=t, scale=0.5, **kw)
-    want_keys, want_pairs = ops.shard_argmax_lse(h, w, b, 7, num_valid, 0.5, 0.0, "auto", t)
+    want_keys, want_pairs = ops.shard_argmax_lse(h, w, b, 7, num_valid, 0.5, 0.0, "generic", t)
     assert_keys_equal(keys, want_keys, "lse keys at T")
     assert torch.equal(pairs[:, 0], localargmax.decode_keys(keys)[1])
     x = _ref_partition(h, w, b, num_valid, 0.5, temperature=t)  # x / T
@@ -121,7 +121,7 @@ def test_simt_log_partition_specials_and_empty_shard(emu, gen):
     b[:] = -math.inf  # every row -inf ...
     b[150] = math.nan  # ... but a NaN at 150 and +inf at 70 and 190
     keys, pairs = emu.shard(h, w, b, 0, 200, log_partition=True)
-    assert pairs[:, 1].isnan().all() and torch.equal(keys, ops.shard_argmax(h, w, b, 0, 200))
+    assert pairs[:, 1].isnan().all() and torch.equal(keys, ops.shard_argmax(h, w, b, 0, 200, "generic"))
     b[150] = -math.inf
     keys, pairs = emu.shard(h, w, b, 0, 200, log_partition=True)
     assert pairs.tolist() == [[-math.inf, 0.0]] * 4

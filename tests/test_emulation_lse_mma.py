@@ -143,7 +143,7 @@ def test_mma_log_partition_is_the_documented_tree(emu, gen, config, shape):
     path = f"mma/{config}"
     for scale in (1.0, 0.5):
         keys, pairs = emu.shard(h, w, b, 11, num_valid, path=path, log_partition=True, scale=scale)
-        want_keys = ops.shard_argmax_lse(h, w, b, 11, num_valid, scale, 0.0)[0]
+        want_keys = ops.shard_argmax_lse(h, w, b, 11, num_valid, scale, 0.0, "generic")[0]
         assert_keys_equal(keys, want_keys, f"{config} lse keys, scale {scale}")
         if scale == 1.0:
             assert_keys_equal(keys, emu.shard(h, w, b, 11, num_valid, path=path), f"{config}: lse keys vs plain")
@@ -172,7 +172,7 @@ def test_mma_log_partition_sampling(emu, gen, config):
     path = f"mma/{config}"
     keys, pairs = emu.shard(h, w, b, 7, 297, path=path, temperature=t, seed=5, offset=3, log_partition=True)
     assert_keys_equal(keys, emu.shard(h, w, b, 7, 297, path=path, temperature=t, seed=5, offset=3), "lse vs plain")
-    assert_keys_equal(keys, ops.shard_sample(h, w, b, 7, 297, t, 5, 3), "sample keys vs the CPU")
+    assert_keys_equal(keys, ops.shard_sample(h, w, b, 7, 297, t, 5, 3, "generic"), "sample keys vs the CPU")
     ids = localargmax.decode_keys(keys)[0] - 7
     assert torch.equal(pairs[:, 0].double(), _ref_partition(h, w, b, 297).gather(1, ids[:, None])[:, 0])
     x = _ref_partition(h, w, b, 297, temperature=t)
@@ -194,7 +194,7 @@ def test_mma_log_partition_specials(emu, gen):
         kw = dict(path=f"mma/{config}", log_partition=True)
         b[150] = math.nan
         keys, pairs = emu.shard(h, w, b, 0, 200, **kw)
-        assert pairs[:, 1].isnan().all() and torch.equal(keys, ops.shard_argmax(h, w, b, 0, 200))
+        assert pairs[:, 1].isnan().all() and torch.equal(keys, ops.shard_argmax(h, w, b, 0, 200, "generic"))
         b[150] = -math.inf
         assert emu.shard(h, w, b, 0, 200, **kw)[1].tolist() == [[-math.inf, 0.0]] * 4
         b[70] = b[190] = math.inf

@@ -12,6 +12,7 @@ import torch
 import localargmax
 from tests.support.keys import pack_key, same_float32, to_int64
 from tests.support.paths import (
+    BIT_EXACT_CPU_PATHS,
     bit_exact_cpu_paths,
     each_cpu_path_and_thread_count,
     use_path,
@@ -214,7 +215,7 @@ def test_near_ties_only_within_error_bound(gen, dtype, twins):
 @pytest.mark.parametrize("op", ["argmax", "topk", "sample"])
 def test_cpu_path_keyword(gen, op):
     """CPU paths: generic, avx2 and avx512 (where the CPU has them) give
-    bit-identical keys; a forced path the CPU lacks is a ValueError naming
+    bit-identical keys, and auto those of its choice for the dtype; a forced path the CPU lacks is a ValueError naming
     the missing features; an unknown path, or a CUDA path on CPU, is a
     ValueError naming ``path`` (checked by the wrapper and by the kernel
     itself)."""
@@ -226,19 +227,22 @@ def test_cpu_path_keyword(gen, op):
         "sample": lambda p: localargmax.shard_sample(hidden, weight, torch.full((5,), 0.7), 9, path=p),
     }[op]
     auto, generic = call("auto"), call("generic")
-    assert torch.equal(auto, generic)
-    for name in ("avx2", "avx512", "avx512_bf16"):
+    chosen = localargmax._C._cpu_path("auto", None, "bfloat16")  # brgemm on AMX (DESIGN.md, "CPU paths")
+    assert torch.equal(auto, generic if chosen in BIT_EXACT_CPU_PATHS else call(chosen)), chosen
+    for name in ("avx2", "avx512", "avx512_bf16", "brgemm"):
         try:
             got = call(name)
         except ValueError as e:  # a CPU without it: the refusal must say what is missing
             assert f"path='{name}' needs a CPU with" in str(e) and "this CPU lacks" in str(e)
         else:
-            if name != "avx512_bf16":  # vdpbf16ps: other bits for bf16 (tests/test_cpu_paths.py)
+            if name in BIT_EXACT_CPU_PATHS:  # vdpbf16ps, brgemm: other bits for bf16 (tests/test_cpu_paths.py)
                 assert torch.equal(got, generic), name
     for bad in ("mma", "simt", "mma/4", "AVX2", "amx", "", None, 3):
         with pytest.raises(ValueError, match="path must be one of"):
             call(bad)
-    with pytest.raises(ValueError, match="path must be 'auto', 'generic', 'avx2', 'avx512' or 'avx512_bf16' on CPU"):
+    with pytest.raises(
+        ValueError, match="path must be 'auto', 'generic', 'avx2', 'avx512', 'avx512_bf16' or 'brgemm' on CPU"
+    ):
         torch.ops.localargmax.shard_argmax.default(hidden, weight, None, 0, 200, "gemm")
 
 

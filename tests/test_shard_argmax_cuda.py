@@ -275,7 +275,7 @@ def test_mma_config_keyword_is_checked_before_the_kernel():
             call()
     with pytest.raises(ValueError, match="path must be one of .* on cpu, got 'mma/n1_r64'"):
         localargmax.shard_argmax(hidden, weight, path="mma/n1_r64")
-    cpu_names = "'auto', 'generic', 'avx2', 'avx512' or 'avx512_bf16'"
+    cpu_names = "'auto', 'generic', 'avx2', 'avx512', 'avx512_bf16' or 'brgemm'"
     with pytest.raises(ValueError, match=f"path must be {cpu_names} on CPU, got 'mma/n1_r64'"):
         torch.ops.localargmax.shard_argmax.default(hidden, weight, None, 0, 64, "mma/n1_r64")
 

@@ -6,6 +6,10 @@
 #include <sstream>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 namespace localargmax {
 namespace cpu {
 namespace {
@@ -18,6 +22,7 @@ const std::vector<CpuPathSpec>& path_specs() {
       {"avx512", {"avx2", "fma", "f16c", "avx512f"}, true, "AVX-512F float32 FMA loops"},
       {"avx512_bf16", {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16"}, false,
        "AVX-512-BF16 vdpbf16ps for bf16"},
+      {"brgemm", {}, false, "ATen cpublas::brgemm (oneDNN; AMX tiles where could_pack) + our epilogue"},
   };
   return specs;
 }
@@ -29,6 +34,9 @@ bool* feature_slot(CpuFeatures& f, const std::string& name) {
   if (name == "avx512f") return &f.avx512f;
   if (name == "avx512bw") return &f.avx512bw;
   if (name == "avx512_bf16") return &f.avx512_bf16;
+  if (name == "amx_tile") return &f.amx_tile;
+  if (name == "amx_bf16") return &f.amx_bf16;
+  if (name == "amx_fp16") return &f.amx_fp16;
   return nullptr;
 }
 
@@ -59,6 +67,19 @@ const CpuFeatures& detect_cpu_features() {
     f.avx512f = __builtin_cpu_supports("avx512f");
     f.avx512bw = __builtin_cpu_supports("avx512bw");
     f.avx512_bf16 = __builtin_cpu_supports("avx512bf16");
+    // AMX by CPUID leaf 7 (EDX 24 tile, 22 bf16; subleaf 1 EAX 21 fp16) and
+    // the OS's XSAVE state (XCR0 bits 17, 18: XTILECFG, XTILEDATA).
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_count(1, 0, &a, &b, &c, &d) && (c & (1u << 27))) {  // OSXSAVE
+      unsigned xcr0_lo = 0, xcr0_hi = 0;
+      __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+      const bool os_tiles = (xcr0_lo & (3u << 17)) == (3u << 17);
+      if (os_tiles && __get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+        f.amx_tile = d & (1u << 24);
+        f.amx_bf16 = f.amx_tile && (d & (1u << 22));
+        if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.amx_fp16 = f.amx_tile && (a & (1u << 21));
+      }
+    }
 #endif
     return f;
   }();
@@ -74,9 +95,18 @@ CpuFeatures parse_cpu_features(const std::string& flags) {
   return f;
 }
 
-std::string choose_cpu_path(const std::string& path, const CpuFeatures& features) {
+// Where brgemm runs natively for weights of `dtype`: ATen's could_pack
+// (oneDNN's AMX / AMX-FP16 ISA) by the CPU's features.
+static bool brgemm_native(const CpuFeatures& f, WeightDtype dtype) {
+  if (dtype == WeightDtype::kBFloat16) return f.amx_tile && f.amx_bf16;
+  if (dtype == WeightDtype::kFloat16) return f.amx_tile && f.amx_fp16;
+  return false;
+}
+
+std::string choose_cpu_path(const std::string& path, const CpuFeatures& features, WeightDtype dtype) {
   const auto& specs = path_specs();
   if (path == "auto") {
+    if (brgemm_native(features, dtype)) return "brgemm";
     for (auto spec = specs.rbegin(); spec != specs.rend(); ++spec)
       if (spec->bit_exact && missing(*spec, features).empty()) return spec->name;
   }

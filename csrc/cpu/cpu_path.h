@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "shard_argmax_tiles.h"
+
 namespace localargmax {
 namespace cpu {
 
@@ -20,6 +22,9 @@ struct CpuFeatures {
   bool avx512f = false;
   bool avx512bw = false;
   bool avx512_bf16 = false;
+  bool amx_tile = false;  // AMX tiles, enabled by the OS (XCR0 bits 17, 18)
+  bool amx_bf16 = false;
+  bool amx_fp16 = false;
 };
 
 // One CPU path: its name, the /proc/cpuinfo features it needs, whether its
@@ -44,18 +49,24 @@ const CpuFeatures& detect_cpu_features();
 // names are ignored).
 CpuFeatures parse_cpu_features(const std::string& flags);
 
-// The CPU path `path` runs on a CPU with `features`:
+// The CPU path `path` runs on a CPU with `features` for weights of `dtype`:
 //   "generic"      baseline ISA, always;
 //   "avx2"         needs avx2, fma, f16c;
 //   "avx512"       needs avx2, fma, f16c, avx512f;
 //   "avx512_bf16"  needs those and avx512bw, avx512_bf16;
-//   "auto"         the last bit-exact path of cpu_paths() the CPU has (avx512,
-//                  else avx2, else generic): the fastest path whose keys are
-//                  bit-identical to generic's (DESIGN.md rule 5); avx512_bf16
-//                  (vdpbf16ps, not bit-identical) only by name.
+//   "brgemm"       ATen's cpublas::brgemm (oneDNN), needs no feature of its
+//                  own (ATen falls back where oneDNN cannot run it);
+//   "auto"         brgemm where it runs natively (AMX tiles: amx_tile and
+//                  amx_bf16 for bfloat16, amx_tile and amx_fp16 for float16
+//                  weights; not bit-identical to generic's, DESIGN.md "CPU
+//                  paths"), else the last bit-exact path of cpu_paths() the
+//                  CPU has (avx512, else avx2, else generic): the fastest path
+//                  whose keys are bit-identical to generic's (DESIGN.md rule
+//                  5); avx512_bf16 (vdpbf16ps) only by name.
 // A named path the CPU lacks: ValueError naming the missing features; any
 // other name: ValueError listing the names.
-std::string choose_cpu_path(const std::string& path, const CpuFeatures& features);
+std::string choose_cpu_path(const std::string& path, const CpuFeatures& features,
+                            WeightDtype dtype = WeightDtype::kFloat32);
 
 }  // namespace cpu
 }  // namespace localargmax

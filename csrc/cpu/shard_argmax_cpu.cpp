@@ -21,6 +21,8 @@
 #include "../common/philox.h"
 #include "../impl_shard_ops.h"
 #include "cpu_path.h"
+#include "fp_env.h"
+#include "shard_argmax_brgemm.h"
 #include "shard_argmax_tiles.h"
 
 namespace localargmax {
@@ -30,19 +32,24 @@ namespace {
 using TilesFn = void (*)(const ShardArgmaxProblem&, int64_t, int64_t, float*, uint64_t*);
 
 // The tile function of a CPU path name (cpu_path.h: choose_cpu_path on this
-// CPU's features; "auto" -> avx512, avx2 or generic, all bit-identical;
-// "avx512_bf16" only by name).
+// CPU's features and the weight's dtype; "auto" -> brgemm where it runs on
+// AMX, else avx512, avx2 or generic, all bit-identical; "avx512_bf16" only
+// by name).
 struct TilesChoice {
   TilesFn fn;
   bool bf16_pairs;  // avx512_bf16: bfloat16 weights take vdpbf16ps (needs p.hidden_bf16)
+  bool brgemm;      // brgemm: p.brgemm_* (prepare_brgemm), brgemm_end_chunk per chunk
 };
 
-TilesChoice pick_tiles_fn(const std::string& path) {
-  const std::string chosen = choose_cpu_path(path, detect_cpu_features());
-  if (chosen == "avx512_bf16") return {shard_argmax_tiles_avx512_bf16, true};
-  if (chosen == "avx512") return {shard_argmax_tiles_avx512, false};
-  if (chosen == "avx2") return {shard_argmax_tiles_avx2, false};
-  return {shard_argmax_tiles_generic, false};
+WeightDtype weight_dtype_of(at::ScalarType t);
+
+TilesChoice pick_tiles_fn(const std::string& path, at::ScalarType dtype) {
+  const std::string chosen = choose_cpu_path(path, detect_cpu_features(), weight_dtype_of(dtype));
+  if (chosen == "brgemm") return {shard_argmax_tiles_brgemm, false, true};
+  if (chosen == "avx512_bf16") return {shard_argmax_tiles_avx512_bf16, true, false};
+  if (chosen == "avx512") return {shard_argmax_tiles_avx512, false, false};
+  if (chosen == "avx2") return {shard_argmax_tiles_avx2, false, false};
+  return {shard_argmax_tiles_generic, false, false};
 }
 
 WeightDtype weight_dtype_of(at::ScalarType t) {
@@ -70,7 +77,7 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
                         int64_t vocab_start, int64_t num_valid, int64_t topk, const at::Tensor& temperature,
                         uint64_t seed, uint64_t offset, const std::string& path,
                         const PartitionRequest* partition = nullptr) {
-  const TilesChoice choice = pick_tiles_fn(path);
+  const TilesChoice choice = pick_tiles_fn(path, weight.scalar_type());
   const TilesFn tiles_fn = choice.fn;
   const int64_t batch = hidden.size(0);
   const int64_t hidden_size = hidden.size(1);
@@ -84,8 +91,11 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
   if (batch == 0 || num_valid == 0) return keys;
 
   const int64_t hidden_pad = (hidden_size + kLanes - 1) / kLanes * kLanes;
-  at::Tensor hidden_f32 = at::zeros({batch, hidden_pad}, hidden.options().dtype(at::kFloat));
-  hidden_f32.narrow(1, 0, hidden_size).copy_(hidden);
+  at::Tensor hidden_f32;  // the ISA paths' hidden states (brgemm has its own operands)
+  if (!choice.brgemm) {
+    hidden_f32 = at::zeros({batch, hidden_pad}, hidden.options().dtype(at::kFloat));
+    hidden_f32.narrow(1, 0, hidden_size).copy_(hidden);
+  }
   at::Tensor bias_f32;
   if (bias.has_value()) bias_f32 = bias->narrow(0, 0, num_valid).to(at::kFloat).contiguous();
   at::Tensor temperature_f32;
@@ -101,7 +111,7 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
   }
 
   ShardArgmaxProblem p;
-  p.hidden = hidden_f32.data_ptr<float>();
+  p.hidden = hidden_f32.defined() ? hidden_f32.data_ptr<float>() : nullptr;
   p.hidden_bf16 = hidden_bf16.defined() ? static_cast<const uint16_t*>(hidden_bf16.data_ptr()) : nullptr;
   p.hidden_pad_bf16 = hidden_pad_bf16;
   p.weight = weight.data_ptr();
@@ -117,6 +127,12 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
   p.temperature = temperature_f32.defined() ? temperature_f32.data_ptr<float>() : nullptr;
   p.seed = seed;
   p.offset = offset;
+  p.brgemm_hidden = nullptr;
+  p.brgemm_weight_tail = nullptr;
+  p.brgemm_ldk = 0;
+  p.brgemm_vnni = false;
+  BrgemmOperands brgemm_operands;
+  if (choice.brgemm) brgemm_operands = prepare_brgemm(hidden, weight, num_valid, p);
   const int64_t num_tiles = (num_valid + kTileRows - 1) / kTileRows;
   std::vector<PartitionState> tile_partition;
   p.partition = nullptr;
@@ -139,14 +155,17 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
   const int64_t per_chunk = batch * topk;
   std::vector<uint64_t> partial(static_cast<size_t>(num_chunks * per_chunk), 0);
   at::parallel_for(0, num_chunks, 1, [&](int64_t c_begin, int64_t c_end) {
-    std::vector<float> scratch(static_cast<size_t>(4 * hidden_pad + kLanes));
+    const KeepDenormals keep_denormals;  // whatever this thread's FTZ / DAZ (fp_env.h)
+    std::vector<float> scratch(static_cast<size_t>(std::max(4 * hidden_pad + kLanes, kTileRows * kBrgemmBatchBlock)));
     for (int64_t c = c_begin; c < c_end; ++c) {
       const int64_t t0 = c * num_tiles / num_chunks;
       const int64_t t1 = (c + 1) * num_tiles / num_chunks;
       tiles_fn(p, t0, t1, scratch.data(), partial.data() + c * per_chunk);
     }
+    if (choice.brgemm) brgemm_end_chunk(p);  // the tile context is per thread
   });
   if (partition != nullptr) {
+    const KeepDenormals keep_denormals;  // the calling thread's merge too
     // The tiles' pairs, merged in tile order: independent of the chunking.
     float* pairs = partition->out->data_ptr<float>();
     for (int64_t b = 0; b < batch; ++b) {

@@ -55,11 +55,24 @@ struct ShardArgmaxProblem {
   // zero-padded to hidden_pad_bf16 = H rounded up to a multiple of kBf16Pairs.
   const uint16_t* hidden_bf16;
   int64_t hidden_pad_bf16;
+  // brgemm only (shard_argmax_brgemm.h), else nullptr: the B operands, the
+  // hidden states transposed per block of kBrgemmBatchBlock batch rows (zero
+  // columns past the batch), [batch_blocks][H][kBrgemmBatchBlock] in the
+  // weight's dtype, or VNNI pairs [batch_blocks][H / 2][kBrgemmBatchBlock][2]
+  // where brgemm_vnni; and the last partial tile's weight rows, zero-padded
+  // to kTileRows x ldw.
+  const void* brgemm_hidden;
+  const void* brgemm_weight_tail;
+  int64_t brgemm_ldk;  // K rows of one B block (H)
+  bool brgemm_vnni;
 };
 
 constexpr int kLanes = 8;        // float32 lanes per accumulator
 constexpr int64_t kTileRows = 64;  // vocabulary rows per parallel work item
 constexpr int64_t kBf16Pairs = 32;  // bfloat16 elements per vdpbf16ps step (16 lanes x 2)
+// brgemm's N: batch rows per call, whatever the batch (padded), so that a
+// row's logits are the same at every batch size and position (DESIGN.md).
+constexpr int64_t kBrgemmBatchBlock = 32;
 
 // Reduces rows [tile_begin * kTileRows, min(tile_end * kTileRows, num_valid))
 // and folds each batch row's keys into best_keys[b * topk, (b + 1) * topk)
@@ -77,6 +90,18 @@ void shard_argmax_tiles_avx512(const ShardArgmaxProblem& p, int64_t tile_begin,
                                int64_t tile_end, float* scratch, uint64_t* best_keys);
 void shard_argmax_tiles_avx512_bf16(const ShardArgmaxProblem& p, int64_t tile_begin,
                                     int64_t tile_end, float* scratch, uint64_t* best_keys);
+// brgemm (shard_argmax_brgemm.cpp): the dot products by ATen's
+// cpublas::brgemm, [kTileRows x kBrgemmBatchBlock] float32 per call, then
+// emit_block. scratch: at least kTileRows * kBrgemmBatchBlock floats.
+void shard_argmax_tiles_brgemm(const ShardArgmaxProblem& p, int64_t tile_begin,
+                               int64_t tile_end, float* scratch, uint64_t* best_keys);
+
+// The epilogue of every path (shard_argmax_tiles_impl.inc, generic build):
+// folds dots[r * ld + j] (+ bias) of weight rows row0 + r, r < rows, and
+// batch rows b0 + j, j < nb, into best_keys, rows ascending per batch row
+// (the order the log-partition pairs need).
+void emit_block(const ShardArgmaxProblem& p, const float* dots, int64_t ld, int64_t row0, int64_t rows,
+                int64_t b0, int64_t nb, uint64_t* best_keys);
 
 }  // namespace cpu
 }  // namespace localargmax

@@ -43,11 +43,13 @@ def exact_problem(gen, batch, rows, hidden_size, dtype, bias=None, lo=-3, hi=3):
 
 
 def cpu_keys(h, w, b, vocab_start, num_valid, k=None, temperature=None, seed=0, offset=0):
+    """The CPU kernel's keys on the generic path, named: auto may take brgemm
+    (other bits) for bf16 / fp16 on AMX CPUs (DESIGN.md, "CPU paths")."""
     if k is not None:
-        return ops.shard_topk(h, w, b, vocab_start, num_valid, k)
+        return ops.shard_topk(h, w, b, vocab_start, num_valid, k, "generic")
     if temperature is not None:
-        return ops.shard_sample(h, w, b, vocab_start, num_valid, temperature, seed, offset)
-    return ops.shard_argmax(h, w, b, vocab_start, num_valid)
+        return ops.shard_sample(h, w, b, vocab_start, num_valid, temperature, seed, offset, "generic")
+    return ops.shard_argmax(h, w, b, vocab_start, num_valid, "generic")
 
 
 def assert_keys_equal(got, want, what):

@@ -63,6 +63,19 @@ def cpu_path_unavailable(name: str) -> str | None:
     return None
 
 
+def flushes_denormals(name: str, dtype: torch.dtype) -> bool:
+    """Whether CPU path ``name`` (or ``"auto"``) flushes denormals for
+    weights of ``dtype`` whatever MXCSR says (DESIGN.md, "CPU paths"):
+    avx512_bf16's vdpbf16ps for bf16, and brgemm where ATen runs it with a
+    VNNI B (``_C._brgemm_mode``: the AMX tiles, or oneDNN's AVX-512-BF16
+    ukernel) for an even hidden size."""
+    dname = str(dtype).removeprefix("torch.")
+    chosen = localargmax._C._cpu_path(name, None, dname)
+    if chosen == "avx512_bf16":
+        return dtype == torch.bfloat16
+    return chosen == "brgemm" and localargmax._C._brgemm_mode(dname) != "plain"
+
+
 def bit_exact_cpu_paths() -> tuple[KernelPath, ...]:
     """:data:`CPU_PATHS` and every other path of :data:`BIT_EXACT_CPU_PATHS`
     this CPU has (auto's own choice is ``default`` already)."""
@@ -71,7 +84,16 @@ def bit_exact_cpu_paths() -> tuple[KernelPath, ...]:
     return CPU_PATHS + tuple(p for p in extra if cpu_path_unavailable(p.name) is None)
 
 
-_KEYWORD = {"default": "auto", **{n: n for n in CPU_ISA_PATHS}, "simt": "simt", "mma": "mma", "gemm": "gemm"}
+# "default" is auto's float32 choice: auto itself for every dtype on a CPU
+# without AMX; on AMX, auto runs brgemm for bf16 / fp16 (not bit-exact,
+# tests/test_cpu_paths.py), and the CPU reference stays bit-exact
+_KEYWORD = {
+    "default": localargmax._C._cpu_path("auto"),
+    **{n: n for n in CPU_ISA_PATHS},
+    "simt": "simt",
+    "mma": "mma",
+    "gemm": "gemm",
+}
 _OPS = ("shard_argmax", "shard_topk", "shard_sample")
 
 

@@ -1,0 +1,137 @@
+"""The brgemm CPU path (DESIGN.md, "CPU paths"): ATen's cpublas::brgemm for
+the dot products, our epilogue for the keys. Whatever ATen runs it on here
+(AMX tiles where could_pack, oneDNN's float32 kernel or ATen's gemm
+fallback elsewhere), a batch row's keys, top-k, sampled id and
+log-partition pair are the same bits at every batch size, every position in
+the batch and 1 or 2 threads (brgemm always runs N = 32 batch rows, M = 64
+weight rows), within the float32 bound of float64, with exact ties, a NaN
+row and an all -inf batch row across several batch blocks. The hard cases
+on small problems: tests/test_cpu_paths.py (every path)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+import torch
+
+import localargmax
+from localargmax import _C
+from tests.support.problems import integer_problem, random_problem
+from tests.support.reference import check_against_reference, ref_argmax
+from tests.support.shard_argmax_common import DTYPE_IDS, DTYPES, dominant_padding, log_partition_error
+
+BLOCK = 32  # kBrgemmBatchBlock
+
+
+@contextlib.contextmanager
+def threads(n: int):
+    saved = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def run_ops(hidden, weight, bias, num_valid, temperature, offset):
+    kw = dict(bias=bias, num_valid=num_valid, vocab_start=7, path="brgemm")
+    keys, pairs = localargmax.shard_argmax(hidden, weight, log_partition=True, scale=0.5, soft_cap=6.0, **kw)
+    return (
+        localargmax.shard_argmax(hidden, weight, **kw),
+        localargmax.shard_topk(hidden, weight, 5, **kw),
+        localargmax.shard_sample(hidden, weight, temperature, 11, offset, **kw),  # noise of row b: offset + b
+        keys,
+        pairs.view(torch.int32),
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_brgemm_row_keys_do_not_follow_batch_size_position_or_threads(gen, dtype):
+    """A 70-row batch (three N blocks, the last partial) on a shard whose
+    last tile is partial, then every slice of sizes 1, 5, 31, 32, 33, 61 at
+    offsets 0, 3 and 9 (a row at every block position), 1 and 2 threads:
+    every op's result for a batch row is the full batch's bits; argmax within
+    the float32 bound of float64, the pairs within 1e-5."""
+    batch, rows, hsize = 70, 333, 96
+    hidden, weight, bias = random_problem(gen, batch, rows, hsize, dtype, bias="float32")
+    num_valid = rows - 5
+    dominant_padding(hidden, weight, num_valid)
+    temperature = torch.rand(batch, generator=gen) + 0.1
+    temperature[::7] = 0.0
+    with threads(1):
+        full = run_ops(hidden, weight, bias, num_valid, temperature, 0)
+    ids, _ = localargmax.decode_keys(full[0])
+    check_against_reference(ids - 7, hidden, weight[:num_valid], bias[:num_valid], context=str(dtype))
+    pairs = full[4].view(torch.float32)
+    assert log_partition_error(pairs, hidden, weight, bias, num_valid, 0.5, 6.0) <= 1e-5
+    for n in (2, 1):
+        with threads(n):
+            again = run_ops(hidden, weight, bias, num_valid, temperature, 0)
+            assert all(torch.equal(a, b) for a, b in zip(again, full)), n
+            for size in (1, 5, 31, 32, 33, 61):
+                for start in (0, 3, 9):
+                    part = slice(start, start + size)
+                    got = run_ops(hidden[part], weight, bias, num_valid, temperature[part], start)
+                    for i, (a, b) in enumerate(zip(got, full)):
+                        assert torch.equal(a, b[part]), (n, size, start, i)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_brgemm_hard_cases_across_batch_blocks(gen, dtype):
+    """Exact integer logits, batch 45 (two N blocks), a shard of 3 tiles and a
+    partial one: exact ties across tiles (the smaller index), a NaN row (wins
+    every batch row), an all -inf batch row in the second block (the first
+    valid id), padding that would win; an empty shard and batch 0."""
+    batch, rows, hsize = 45, 230, 24
+    hidden, weight, bias = integer_problem(gen, batch, rows, hsize, dtype, bias=True)
+    num_valid = rows - 9
+    weight[3] = weight[num_valid - 1]
+    dominant_padding(hidden, weight, num_valid)  # padding that would win its batch rows
+    want = ref_argmax(hidden, weight[:num_valid], bias[:num_valid])
+    for n in (1, 2):
+        with threads(n):
+            keys = localargmax.shard_argmax(hidden, weight, bias=bias, num_valid=num_valid, path="brgemm")
+            assert torch.equal(localargmax.decode_keys(keys)[0], want), n
+            nan_weight = weight.clone()
+            nan_weight[150, hsize - 1] = math.nan
+            keys = localargmax.shard_argmax(hidden, nan_weight, bias=bias, num_valid=num_valid, path="brgemm")
+            assert localargmax.decode_keys(keys)[0].eq(150).all(), n
+            inf_hidden, neg_weight = hidden.clone(), weight.clone()
+            neg_weight[:, 0] = -neg_weight[:, 0].abs().clamp(min=1)
+            inf_hidden[40, 0] = math.inf
+            keys = localargmax.shard_argmax(inf_hidden, neg_weight, bias=bias, num_valid=num_valid, path="brgemm")
+            ids = localargmax.decode_keys(keys)[0]
+            assert torch.equal(ids, ref_argmax(inf_hidden, neg_weight[:num_valid], bias[:num_valid])) and ids[40] == 0
+    empty = localargmax.shard_topk(hidden, weight, 3, num_valid=0, path="brgemm")
+    assert torch.equal(empty, torch.zeros(batch, 3, dtype=torch.int64))
+    assert localargmax.shard_argmax(hidden[:0], weight, path="brgemm").shape == (0,)
+
+
+def test_auto_takes_brgemm_exactly_where_aten_packs():
+    """auto's feature rule (AMX tiles for the dtype) agrees with ATen's own
+    cpublas::could_pack on this CPU (brgemm mode "amx"; unless oneDNN is
+    switched off); float32 always runs "plain"."""
+    assert _C._brgemm_mode("float32") == "plain"
+    assert {_C._brgemm_mode(d) for d in ("bfloat16", "float16")} <= {"amx", "vnni", "plain"}
+    if not torch.backends.mkldnn.enabled:
+        pytest.skip("oneDNN is disabled (torch.backends.mkldnn.enabled is False): could_pack says no")
+    for dtype in ("bfloat16", "float16"):
+        assert (_C._cpu_path("auto", None, dtype) == "brgemm") == (_C._brgemm_mode(dtype) == "amx"), dtype
+    with pytest.raises(ValueError, match="dtype must be 'float32', 'bfloat16' or 'float16'"):
+        _C._brgemm_mode("int8")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_brgemm_vnni_and_plain_operands_agree_within_the_bound(gen, dtype):
+    """An even hidden size takes the VNNI B where ATen runs it (mode "amx" /
+    "vnni"), an odd one the plain B: both within the float32 bound of float64,
+    exact on integer logits; H = 1 and H = 2 (one VNNI pair)."""
+    for hsize in (1, 2, 63, 64, 130):
+        hidden, weight, bias = random_problem(gen, 9, 200, hsize, dtype, bias="float32")
+        ids = localargmax.decode_keys(localargmax.shard_argmax(hidden, weight, bias=bias, path="brgemm"))[0]
+        check_against_reference(ids, hidden, weight, bias, min_clear_fraction=0.8, context=f"H={hsize}")
+        hidden, weight, bias = integer_problem(gen, 9, 200, hsize, dtype, bias=True)
+        ids = localargmax.decode_keys(localargmax.shard_argmax(hidden, weight, bias=bias, path="brgemm"))[0]
+        assert torch.equal(ids, ref_argmax(hidden, weight, bias)), hsize
