@@ -30,6 +30,11 @@ FALLBACKS = ("gather", "error")
 _M0, _M1, _W0, _W1, _MASK = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85, 0xFFFFFFFF
 _G_MAX = -math.log(-math.log((2.0**32 - 0.5) / 2.0**32))
 """The largest Gumbel noise the 32-bit Philox word can give (u = (2**32 - 0.5) / 2**32): ~22.18."""
+_G_BOUND = _G_MAX + 1e-5
+"""Above every float32 noise value (``float32(_G_MAX)`` is within 1e-6 of it)."""
+_NOISE_CHUNK = 1 << 15
+_HEAD = 64
+"""Sorted positions whose noise gives the fallback's first bound (:func:`_gumbel_argmax`)."""
 _Z_RTOL = 1e-4
 """Relative error allowed to the log-partition pairs' total (measured <= 2e-6: DESIGN.md, "Log-probabilities")."""
 _NO_ENTRY_STANDIN = 0x007FFFFFFFFFFFFF  # a decodable key (-inf at id 0) in place of key 0 before decode_keys
@@ -37,16 +42,32 @@ _NO_ENTRY_STANDIN = 0x007FFFFFFFFFFFFF  # a decodable key (-inf at id 0) in plac
 
 def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """High and low 32 bits of ``a * b`` for ``a`` and ``b`` in [0, 2**32),
-    from 16-bit halves of ``b`` so no int64 product overflows."""
-    p_lo, p_hi = a * (b & 0xFFFF), a * (b >> 16)  # < 2**48 each
-    return (p_hi + (p_lo >> 16)) >> 16, (((p_hi & 0xFFFF) << 16) + p_lo) & _MASK
+    from 16-bit halves of ``a`` so no int64 product overflows (9 tensor ops,
+    in place where a temporary allows)."""
+    p_lo, p_hi = b * (a & 0xFFFF), b * (a >> 16)  # < 2**48 each
+    hi = (p_lo >> 16).add_(p_hi).bitwise_right_shift_(16)
+    lo = (p_hi & 0xFFFF).bitwise_left_shift_(16).add_(p_lo).bitwise_and_(_MASK)
+    return hi, lo
+
+
+def _philox(seed: int, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Philox 4x32-10's first output word at counter ``(id, row)``, key ``seed`` (int64, < 2**32)."""
+    c0, c1, c2, c3 = ids & _MASK, ids >> 32, rows & _MASK, rows >> 32
+    k0, k1 = seed & _MASK, (seed >> 32) & _MASK
+    for _ in range(10):
+        hi0, lo0 = _mulhilo(_M0, c0)
+        hi1, lo1 = _mulhilo(_M1, c2)
+        c0, c1, c2, c3 = hi1.bitwise_xor_(c1).bitwise_xor_(k0), lo1, hi0.bitwise_xor_(c3).bitwise_xor_(k1), lo0
+        k0, k1 = (k0 + _W0) & _MASK, (k1 + _W1) & _MASK
+    return c0
 
 
 def gumbel_noise(seed: int, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """The Gumbel noise of the sampling kernels at any (row, global id):
     Philox 4x32-10 with key ``seed`` and counter ``(id, row)``, ``u = (x0 +
     0.5) / 2**32``, ``g = float32(-log(-log(u)))`` (``gumbel_noise`` in
-    csrc/common/philox.h), in int64 tensor arithmetic on any device.
+    csrc/common/philox.h), in int64 tensor arithmetic on any device, in
+    chunks of ``_NOISE_CHUNK`` values (its ~100 temporaries stay in cache).
 
     Args:
         seed: ``0 <= seed < 2**63``.
@@ -59,15 +80,14 @@ def gumbel_noise(seed: int, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tens
         that ulp crosses a float32 rounding boundary (about 2**-28 of values).
     """
     rows, ids = torch.broadcast_tensors(rows, ids)
-    c0, c1, c2, c3 = ids & _MASK, (ids >> 32) & _MASK, rows & _MASK, (rows >> 32) & _MASK
-    k0, k1 = seed & _MASK, (seed >> 32) & _MASK
-    for _ in range(10):
-        hi0, lo0 = _mulhilo(_M0, c0)
-        hi1, lo1 = _mulhilo(_M1, c2)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-        k0, k1 = (k0 + _W0) & _MASK, (k1 + _W1) & _MASK
-    u = (c0.to(torch.float64) + 0.5) * (1.0 / 2.0**32)
-    return (-torch.log(-torch.log(u))).to(torch.float32)
+    shape = rows.shape
+    rows, ids = rows.reshape(-1), ids.reshape(-1)
+    out = torch.empty(rows.shape, dtype=torch.float32, device=rows.device)
+    for s in range(0, rows.numel(), _NOISE_CHUNK):
+        e = s + _NOISE_CHUNK
+        u = _philox(seed, rows[s:e], ids[s:e]).to(torch.float64).add_(0.5).mul_(1.0 / 2.0**32)
+        out[s:e] = u.log_().neg_().log_().neg_()  # rounds to float32 as .to(torch.float32)
+    return out.view(shape)
 
 
 def _row_param(value, name: str, batch: int, device, dtype, low: float, high: float):
@@ -305,6 +325,16 @@ def filter_and_sample(logits, t, k, p, mp, seed, rows):
     Returns:
         ``(ids [n] int64, log_probs [n] float64)`` under the filtered distribution.
     """
+    ys, ids, keep, a = _filter_sorted(logits, t, k, p, mp)
+    w = torch.where(keep, torch.exp(ys - a), 0.0)
+    best = _gumbel_argmax(ys, ids, keep, seed, rows)
+    return ids.gather(1, best)[:, 0], (ys.gather(1, best) - a)[:, 0] - torch.log(w.sum(dim=1))
+
+
+def _filter_sorted(logits, t, k, p, mp):
+    """The rows of :func:`filter_and_sample` sorted descending (stable):
+    ``(ys [n, V] float64 tempered values, ids [n, V] their ids, keep [n, V]
+    the allowed set, a [n, 1] the rows' maxima)``."""
     vocab = logits.shape[1]
     y = torch.nan_to_num(logits.to(torch.float64), nan=-math.inf) / t.to(torch.float64)[:, None]
     present = ~logits.isnan()
@@ -317,10 +347,27 @@ def filter_and_sample(logits, t, k, p, mp, seed, rows):
     w = torch.where(keep, torch.exp(ys - a), 0.0)
     before = w.cumsum(dim=1) - w
     keep &= (before < (p * w.sum(dim=1))[:, None]) | (p >= 1)[:, None] | (pos == 0)
-    w = torch.where(keep, w, 0.0)
-    score = torch.where(keep, ys + gumbel_noise(seed, rows[:, None], ids).to(torch.float64), -math.inf)
-    best = score.argmax(dim=1, keepdim=True)
-    return ids.gather(1, best)[:, 0], (ys.gather(1, best) - a)[:, 0] - torch.log(w.sum(dim=1))
+    return ys, ids, keep, a
+
+
+def _gumbel_argmax(ys, ids, keep, seed, rows):
+    """``argmax(where(keep, ys + g, -inf), dim=1, keepdim=True)`` with the
+    noise ``g = gumbel_noise(seed, rows[:, None], ids)`` evaluated only where
+    it can matter: at the first ``_HEAD`` positions, whose best score ``s``
+    bounds the row's maximum from below, and at the kept positions with
+    ``ys + _G_BOUND >= s`` (the others score ``fl(ys + g) <= fl(ys +
+    _G_BOUND) < s``: below the maximum, so -inf leaves the first maximum
+    where it was). ``ys`` [n, V] float64, ``ids`` [n, V] int64, ``keep`` [n, V]
+    bool, ``rows`` [n] int64; returns [n, 1] int64 positions."""
+    h = min(_HEAD, ys.shape[1])
+    score = torch.full_like(ys, -math.inf)
+    g = gumbel_noise(seed, rows[:, None], ids[:, :h]).to(torch.float64)
+    score[:, :h] = torch.where(keep[:, :h], ys[:, :h] + g, -math.inf)
+    rest = keep & (ys + _G_BOUND >= score[:, :h].max(dim=1, keepdim=True).values)
+    rest[:, :h] = False
+    r, c = rest.nonzero(as_tuple=True)
+    score[r, c] = ys[r, c] + gumbel_noise(seed, rows[r], ids[r, c]).to(torch.float64)
+    return score.argmax(dim=1, keepdim=True)
 
 
 def lm_head_sample(

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import localargmax
+from localargmax import sampling
 from localargmax.sampling import CANDIDATES, gumbel_noise
 from tests.support.launch import run_ranks
 from tests.support.problems import layout_kwargs, make_shards
@@ -144,6 +145,58 @@ def test_noise_is_the_kernels_bit_for_bit(seed):
             keys = localargmax.shard_sample(hidden, torch.zeros(1, 8), torch.ones(64), s, offset, vocab_start=start)
             got = gumbel_noise(s, torch.arange(64) + offset, torch.full((64,), start))
             assert torch.equal(localargmax.decode_keys(keys)[1].view(torch.int32), got.view(torch.int32))
+
+
+def _argmax_everywhere(ys, ids, keep, seed, rows):
+    """The fallback's argmax with the noise at every id (its former method)."""
+    g = gumbel_noise(seed, rows[:, None], ids).to(torch.float64)
+    return torch.where(keep, ys + g, -math.inf).argmax(dim=1, keepdim=True)
+
+
+def test_fallback_noise_where_it_can_win_is_exact(seed):
+    """filter_and_sample evaluates the noise only where an id can beat the
+    best of the first _HEAD sorted ids (g <= 22.18): the same ids and
+    log-probs as evaluating it at every id, on wide and narrow top-p / min-p
+    / top-k sets, flat and sharp rows, value ties and NaN gaps; and
+    _gumbel_argmax keeps the first of planted exact score ties past the head,
+    also with holes in the allowed set and none of it in the head."""
+    gen = torch.Generator().manual_seed(seed)
+    n, vocab = 40, 1500
+    scale = torch.tensor([0.05, 0.5, 3.0, 30.0])[torch.randint(4, (n, 1), generator=gen)]
+    logits = torch.randn(n, vocab, generator=gen) * scale
+    logits[:, 700:900] = logits[:, 3:4]  # value ties with a head id
+    logits[::5, 100:300] = math.nan  # gaps between shards
+    t, k, p, mp = mixed_rows(gen, n)
+    t, p = torch.where(t > 0, t, 1.5), torch.where(torch.arange(n) % 4 == 0, 0.99, p)
+    mp = torch.where(torch.arange(n) % 7 == 0, 0.001, mp)
+    k = torch.where(torch.arange(n) % 6 == 0, 1200, k)
+    args = (logits, t, k, p.double(), mp.double(), seed, torch.arange(n) + 2**40)
+    ys, ids, keep, a = sampling._filter_sorted(*args[:5])
+    assert int(keep.sum(dim=1).max()) > 1000 and int(keep.sum(dim=1).min()) <= 5, "wide and narrow sets planted"
+    best = _argmax_everywhere(ys, ids, keep, seed, args[-1])
+    got_ids, got_lp = sampling.filter_and_sample(*args)
+    assert torch.equal(got_ids, ids.gather(1, best)[:, 0])
+    w = torch.where(keep, torch.exp(ys - a), 0.0)
+    assert torch.equal(got_lp, (ys.gather(1, best) - a)[:, 0] - torch.log(w.sum(dim=1)))
+
+    ys = torch.randn(n, vocab, generator=gen, dtype=torch.float64) * scale.double()  # unsorted: any order
+    keep = torch.rand(n, vocab, generator=gen) < 0.7
+    keep[::4, : sampling._HEAD] = False  # no allowed id in the head: every allowed id is evaluated
+    rows = torch.arange(n) + seed
+    g = gumbel_noise(seed, rows[:, None], ids).to(torch.float64)
+    i, j = (
+        torch.randint(sampling._HEAD, vocab // 2, (n,), generator=gen),
+        torch.randint(vocab // 2, vocab, (n,), generator=gen),
+    )
+    top = (ys + 30.0).max(dim=1).values.floor()  # a multiple of 1: S - g and (S - g) + g are exact
+    for pos in (i, j):
+        ys[torch.arange(n), pos] = top - g[torch.arange(n), pos]
+    keep[torch.arange(n), j] = True
+    keep[1::3][torch.arange(len(range(1, n, 3))), i[1::3]] = False  # the later tie wins where the first is not allowed
+    assert ((ys + g).gather(1, i[:, None]) == (ys + g).gather(1, j[:, None])).all()
+    want = _argmax_everywhere(ys, ids, keep, seed, rows)
+    assert torch.equal(sampling._gumbel_argmax(ys, ids, keep, seed, rows), want)
+    assert torch.equal(want[:, 0], torch.where(keep[torch.arange(n), i], i, j))
 
 
 @pytest.mark.parametrize("tp", [1, 2, 3, 8])
