@@ -13,7 +13,10 @@ planted row within the float32 accumulation bound (H + 2) * u * sum|h_k w_k|.
 Shapes: the Qwen3 tp 8 shard (18992 x 4096) at B = 1 and 64, H = 40 and 4104,
 winning padding past num_valid, and a tie planted in several 128-row tiles and
 the last tile of the real gemm shape (B = 256, 151936 x 4096: the smallest
-index must win). --tiny shrinks every shape (the CPU dry run).
+index must win); filtered sampling (lm_head_sample with per-row top-k /
+top-p / min-p, a row past the 64 candidates: the fallback gather) against
+the float64 filter + Gumbel-max on the full matrix, near-ties excluded
+(filtered_reference). --tiny shrinks every shape (the CPU dry run).
 
 configs: one call of every config of the build (simt, gemm, each mma/<name>),
 in worker subprocesses, before the tune and the tests: ok / refused / error /
@@ -70,6 +73,53 @@ def _check_values(torch, values, hidden, weight, ids, context):
     assert bad.numel() == 0, (
         f"{context}: value off the float64 logit by more than the float32 bound at rows {bad[:5].tolist()}"
     )
+
+
+def filter_rows(torch, batch):
+    """(T, top_k, top_p, min_p) per row, cycling vLLM's common settings: greedy, unfiltered,
+    each filter alone and together, top_k past the candidates (the fallback gather)."""
+    table = [
+        (0.0, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0), (0.7, 0, 0.9, 0.0), (1.0, 20, 1.0, 0.0), (1.0, 50, 0.95, 0.0),
+        (1.0, 0, 1.0, 0.05), (0.7, 20, 0.8, 0.05), (1.0, 300, 1.0, 0.0), (0.5, 0, 0.95, 0.0), (1.3, 5, 1.0, 0.0),
+    ]  # fmt: skip
+    rows = [table[i % len(table)] for i in range(batch)]
+    t, k, p, mp = zip(*rows)
+    return (torch.tensor(t), torch.tensor(k), torch.tensor(p), torch.tensor(mp))
+
+
+def filtered_reference(torch, hidden, weight, t, k, p, mp, seed, tie=1e-3, tie_mass=1e-4):
+    """The float64 filtered Gumbel-max id of every row of ``hidden @ weight.T``
+    (vLLM's filters on the full row, sampling._filter_sorted, then the noise at
+    every allowed id; T = 0: the argmax) and whether no decision is within a near-tie: the k-th against
+    the (k+1)-th value, the min-p threshold, the top-p boundary mass, the top
+    two scores (margins in tempered logit units / relative mass)."""
+    import math
+
+    from localargmax import sampling
+
+    logits = hidden.double() @ weight.double().T
+    greedy = t == 0
+    tt = torch.where(greedy, 1.0, t)
+    ones, rows = torch.ones_like(p, dtype=torch.float64), torch.arange(hidden.shape[0])
+    ys, ids, keep, a = sampling._filter_sorted(logits, tt, k, p.double(), mp.double())
+    pre, _, keep_mk, _ = sampling._filter_sorted(logits, tt, k, ones, mp.double())  # before top-p
+    g = sampling.gumbel_noise(seed, rows[:, None], ids).double()
+    score = torch.where(keep, ys + g, -math.inf)
+    want = torch.where(greedy, logits.argmax(dim=1), ids.gather(1, score.argmax(dim=1, keepdim=True))[:, 0])
+    top2 = score.topk(2, dim=1)
+    margin = torch.where(keep.sum(dim=1) > 1, top2.values[:, 0] - top2.values[:, 1], math.inf)
+    greedy_top2 = logits.topk(2, dim=1).values
+    margin = torch.where(greedy, greedy_top2[:, 0] - greedy_top2[:, 1], margin)
+    kk = k.clamp(1, ys.shape[1] - 1)
+    kth = ys.gather(1, (kk - 1)[:, None])[:, 0] - ys.gather(1, kk[:, None])[:, 0]
+    margin = torch.minimum(margin, torch.where((k > 0) & (k < ys.shape[1]), kth, math.inf))
+    thr = a + torch.log(torch.where(mp > 0, mp.double(), 1.0))[:, None]
+    margin = torch.minimum(margin, torch.where(mp > 0, (ys - thr).abs().min(dim=1).values, math.inf))
+    w = torch.where(keep_mk, torch.exp(pre - a), 0.0)
+    before = (w.cumsum(dim=1) - w) / w.sum(dim=1, keepdim=True)
+    near_p = torch.where(keep_mk, (before - p.double()[:, None]).abs(), math.inf).min(dim=1).values
+    margin = torch.minimum(margin, torch.where(p < 1, near_p * tie / tie_mass, math.inf))
+    return want, margin >= tie
 
 
 def smoke(args) -> int:
@@ -161,6 +211,25 @@ def smoke(args) -> int:
             assert bool((values[:, :-1] >= values[:, 1:]).all()), "top-k values not in order"
 
         case("shard_topk", "auto", name, batch, topk)
+
+    # Filtered sampling (DESIGN.md, "Filtered sampling"): lm_head_sample with per-row top-k / top-p / min-p
+    # (the top-64 + log-partition pass, the decision, the fallback gather) against the float64 reference.
+    fb, fv, fh = (32, 18992, 512) if not tiny else (16, 1003, 64)
+    cpu_gen = torch.Generator().manual_seed(args.seed)
+    fhidden = torch.randn(fb, fh, generator=cpu_gen) * 3
+    fweight = torch.randn(fv, fh, generator=cpu_gen) / fh**0.5
+
+    def filtered():
+        want, exact = filtered_reference(torch, fhidden, fweight, *filter_rows(torch, fb), args.seed)
+        t, k, p, mp = (x.to(device) for x in filter_rows(torch, fb))
+        got = localargmax.lm_head_sample(
+            fhidden.to(device), fweight.to(device), temperature=t, seed=args.seed, top_k=k, top_p=p, min_p=mp
+        ).cpu()
+        assert int(exact.sum()) >= 0.7 * fb, f"too many near-ties: {fb - int(exact.sum())} of {fb}"
+        bad = (exact & (got != want)).nonzero().flatten()
+        assert bad.numel() == 0, f"filtered ids differ from float64 at rows {bad[:8].tolist()}"
+
+    case("filtered_sample", "auto", f"{fv}x{fh}", fb, filtered)
 
     # A tie planted at the real gemm shape: identical winning rows in several
     # 128/256-row tiles and the last tile; the smallest index must win on every path.

@@ -29,7 +29,8 @@
 #                        (LOCALARGMAX_TEST_SKIP_PATHS) and the sanitizer
 #   4 smoke     <= 25 s  bench/gpu_check.py smoke: every CUDA path (simt, mma, gemm;
 #                        argmax, sample, top-k) on planted problems, ids exact and values
-#                        within the float32 bound of the float64 logit (30 s budget)
+#                        within the float32 bound of the float64 logit; filtered sampling
+#                        (top-k / top-p / min-p) ids against float64 (30 s budget)
 #   5 bench     <= 95 s  first the tune sub-step (<= 45 s, GPU_CHECK_CAP_TUNE): python -m bench.tune
 #                        times simt, gemm and each mma config (mma/<name>)
 #                        on the engine shapes, smallest shard first, for --seconds (its cap

@@ -127,6 +127,7 @@ def test_dry_run_walks_every_step_and_a_timed_out_step_leaves_the_others_files(t
     assert rows and {r["timing"] for r in rows} == {"host"}  # CPU rows: host timer (CUDA: cuda_graph)
     assert {r["agree"] for r in rows if r["agree"] is not None} == {1.0}
     assert smoke["failed"] == 0 and any(c["ok"] for c in smoke["cases"])
+    assert [c["ok"] for c in smoke["cases"] if c["op"] == "filtered_sample"] == [True], "filtered sampling vs float64"
     assert "SKIPPED" in (out / "sanitizer.txt").read_text()
     assert "sanitize workload: ok" in (out / "sanitizer.txt").read_text()
     assert "qwen3_tp8" in (out / "summary.txt").read_text()
