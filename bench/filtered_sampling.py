@@ -1,5 +1,7 @@
-"""Filtered sampling (issue 49; DESIGN.md, "Filtered sampling"): the share of
-rows whose allowed set the candidates do not decide (the fallback), bytes per
+"""Filtered sampling (issue 49; DESIGN.md, "Filtered sampling"): a sweep over
+common SamplingParams of what ``localargmax-bench --op sample --top-k/--top-p/
+--min-p`` measures in one run (the shared code: localargmax/bench/filtered.py):
+the share of rows whose allowed set the candidates do not decide (the fallback), bytes per
 rank against the full gather, and the time of one rank's step against full
 logits + a vLLM-style filter + sample, at common SamplingParams.
 
@@ -16,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import platform
 import statistics
 import sys
 import time
@@ -25,62 +25,14 @@ import time
 import torch
 
 import localargmax
-from localargmax import sampling
-from localargmax.bench import data
-
-SETTINGS = [  # (T, top_k, top_p, min_p): common vLLM SamplingParams
-    (0.7, 0, 0.9, 0.0), (1.0, 0, 0.9, 0.0), (0.7, 0, 0.95, 0.0), (1.0, 0, 0.95, 0.0),
-    (1.0, 20, 1.0, 0.0), (1.0, 50, 1.0, 0.0), (0.7, 50, 0.95, 0.0), (1.0, 0, 1.0, 0.05),
-    (0.7, 20, 0.8, 0.05),
-]  # fmt: skip
-
-
-def fallback_share(hidden, weight, tp, t, k, p, mp) -> float:
-    """Share of rows the merged candidates of ``tp`` shards do not decide."""
-    keys, pairs = [], []
-    for r in range(tp):
-        s = localargmax.shard_vocab(weight.shape[0], r, tp)
-        kk, pp = localargmax.shard_topk(
-            hidden, weight[s.vocab_start : s.vocab_start + s.num_valid].contiguous(), sampling.CANDIDATES,
-            vocab_start=s.vocab_start, log_partition=True,
-        )  # fmt: skip
-        keys.append(kk)
-        pairs.append(pp)
-    b = hidden.shape[0]
-    full = lambda v, dt: torch.full((b,), v, dtype=dt)  # noqa: E731
-    rows = torch.arange(b)
-    _, _, need = sampling._decide(
-        torch.stack(keys), torch.stack(pairs), full(t, torch.float32), full(k, torch.int64),
-        full(p, torch.float64), full(mp, torch.float64), 1, rows, False,
-    )  # fmt: skip
-    return float(need.float().mean())
-
-
-def vllm_style(hidden, weight, t, k, p, mp, gen):
-    """The gather baseline after the gather: float32 logits, temperature,
-    min-p, top-k / top-p by a sort (apply_top_k_top_p_pytorch's method),
-    exponential-race sampling."""
-    y = (hidden @ weight.T) / t
-    if mp > 0:
-        y = y.masked_fill(y < y.max(dim=1, keepdim=True).values + math.log(mp), -math.inf)
-    if k > 0 or p < 1:
-        ys, idx = y.sort(dim=1)
-        if k > 0:
-            ys = ys.masked_fill(ys < ys[:, -k : -k + 1], -math.inf)
-        if p < 1:
-            mask = ys.softmax(dim=1).cumsum(dim=1) <= 1 - p
-            mask[:, -1] = False
-            ys = ys.masked_fill(mask, -math.inf)
-        y = y.scatter(1, idx, ys)
-    q = torch.empty_like(y).exponential_(generator=gen)
-    return (y.softmax(dim=1) / q).argmax(dim=1)
+from localargmax.bench import data, filtered
+from localargmax.bench.filtered import SETTINGS
+from localargmax.bench.report import cpu_name
 
 
 def machine() -> dict:
     """The CPU's model name and torch's version (for the record)."""
-    names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
-    cpu = names[0] if names else platform.machine()
-    return {"cpu": cpu, "threads": torch.get_num_threads(), "torch": torch.__version__}
+    return {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
 def timed(fn, repeat) -> float:
@@ -114,13 +66,11 @@ def main(argv=None) -> int:
     for t, k, p, mp in SETTINGS:
         row = {"temperature": t, "top_k": k, "top_p": p, "min_p": mp}
         for tp in args.tp:
-            share = fallback_share(hidden, weight, tp, t, k, p, mp)
+            share = filtered.fallback_share(hidden, weight, tp, t, k, p, mp)
             shard_rows = -(-vocab // tp)
-            ours = 8 * localargmax.payload_length(b, sampling.CANDIDATES, True)
-            fb = 8 * sampling.fallback_payload_length(round(share * b), shard_rows) if share else 0
             row[f"tp{tp}"] = {
                 "fallback_share": share,
-                "bytes_per_rank": ours + fb,
+                "bytes_per_rank": filtered.filtered_bytes(b, round(share * b), shard_rows),
                 "gather_bytes_per_rank": 4 * b * shard_rows,
             }
         if not args.no_time:
@@ -128,7 +78,9 @@ def main(argv=None) -> int:
             gen = torch.Generator().manual_seed(0)
             row["time_s_tp1"] = {
                 "ours": timed(lambda: localargmax.lm_head_sample(hidden, weight, **kw), args.repeat),
-                "gather_filter_sample": timed(lambda: vllm_style(hidden, weight, t, k, p, mp, gen), args.repeat),
+                "gather_filter_sample": timed(
+                    lambda: filtered.gather_filter_sample(hidden, weight, **kw, generator=gen), args.repeat
+                ),
             }
         print(json.dumps(row), flush=True)
         rows.append(row)

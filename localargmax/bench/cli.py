@@ -50,6 +50,24 @@ default 1.0, 0 = greedy):
                    row (localargmax.lm_head_sample). Every timed step uses the
                    same seed and offset.
 
+--op sample with --top-k K / --top-p P / --min-p M (vLLM's SamplingParams
+meaning, each off unless given: temperature, then min-p relative to the row's
+maximum, top-k, top-p over what they kept; DESIGN.md "Filtered sampling"):
+  full-gather      all-gather of the logits, vLLM's PyTorch filters (min-p
+                   mask, one sort for top-k / top-p), vLLM's exponential race
+                   probs / q (localargmax.bench.filtered.gather_filter_sample)
+  fused            lm_head_sample(..., top_k=, top_p=, min_p=): each rank's
+                   top-64 candidates and log-partition in one exchange
+                   (8*payload_length(B, 64, True) bytes); a row whose allowed
+                   set the candidates do not decide is recomputed from its
+                   gathered float32 logits (JSON fallback_share: the share
+                   of such rows in the run, decided from the run's shards;
+                   their gather is counted in sent_B).
+  agree (fused)    the share of rows whose id equals the same gather + filters
+                   sampled with the kernels' Gumbel noise instead of the
+                   exponential race (the same noise: equal but at float32
+                   near-ties); JSON top_k, top_p, min_p on every row.
+
 columns (the first line of each is the legend printed under the table):
   median_us, p90_us   {median_us}.
                       Every timed step starts after a barrier (not timed);
@@ -169,6 +187,9 @@ examples:
   localargmax-bench --model synthetic --vocab 262144 --hidden 2048 --methods full-gather,fused
   localargmax-bench --op topk --k 8 --json /tmp/minilm_topk8.json
   localargmax-bench --op sample --temperature 0.7 --model qwen3 --batch 8 --steps 5
+  localargmax-bench --op sample --temperature 0.7 --top-k 50 --top-p 0.9 --json /tmp/minilm_filtered.json
+  localargmax-bench --op sample --min-p 0.05 --batch 64 --steps 10 --json /tmp/minilm_min_p.json
+  localargmax-bench --kernel-only --cpu-path generic --json /tmp/generic.json   # force the fused kernel's CPU path
   localargmax-bench --device cuda --tp 8 --model deepseek-v3 --json -
   torchrun --nproc-per-node 8 -m localargmax.bench --device cuda --model qwen3
   localargmax-bench --kernel-only --model qwen3 --rows 75968 --dtype bfloat16
@@ -190,6 +211,7 @@ CHECKOUT_TOOLS = {
 
 MODELS = ("minilm", "synthetic", "qwen3", "llama3", "llama3-70b", "deepseek-v3")
 SMOKE_ENV = "LOCALARGMAX_BENCH_SMOKE"
+CPU_PATH_CHOICES = ("auto", "generic", "avx2", "avx512", "avx512_bf16", "brgemm")
 SMOKE_SHAPE = (1003, 64)  # a tiny synthetic vocab that does not divide by 64
 
 
@@ -235,6 +257,26 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--k", type=_int_at_least(1), help="--op topk: ids per row, 1..64 (default 8)")
     p.add_argument(
         "--temperature", type=_float_at_least(0.0), help="--op sample: temperature T >= 0 (default 1.0; 0 = greedy)"
+    )
+    p.add_argument(
+        "--top-k", type=_int_at_least(-1), help="--op sample: keep the K largest logits (0 or -1 = off, the default)"
+    )
+    p.add_argument(
+        "--top-p",
+        type=_top_p,
+        help="--op sample: keep the smallest set of mass >= P, in (0, 1] (1 = off, the default)",
+    )
+    p.add_argument(
+        "--min-p",
+        type=_fraction,
+        help="--op sample: keep ids of probability >= M * the largest, in [0, 1] (0 = off, the default)",
+    )
+    p.add_argument(
+        "--cpu-path",
+        choices=CPU_PATH_CHOICES,
+        default="auto",
+        help="--kernel-only on CPU: force the fused kernel's CPU path (the ops' path=); default auto, the one "
+        "localargmax picks per dtype (JSON cpu_path on each fused row names the path run)",
     )
     p.add_argument(
         "--log-probs",
@@ -340,6 +382,28 @@ def _finite_float(low: float, inclusive: bool):
     return parse
 
 
+def _top_p(text: str) -> float:
+    """argparse type of --top-p: a float in (0, 1]."""
+    value = _float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1] (1 = off), got {text}")
+    return value
+
+
+_top_p.below = 0.0
+
+
+def _fraction(text: str) -> float:
+    """argparse type of --min-p: a float in [0, 1]."""
+    value = _float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1] (0 = off), got {text}")
+    return value
+
+
+_fraction.below = -1.0
+
+
 def _float_at_least(low: float):
     return _finite_float(low, inclusive=True)
 
@@ -379,6 +443,20 @@ def make_config(args, command: list[str]):
         raise UsageError("--k goes with --op topk")
     if args.temperature is not None and op != "sample":
         raise UsageError("--temperature goes with --op sample")
+    given = [f for f in ("top_k", "top_p", "min_p") if getattr(args, f) is not None]
+    if given and op != "sample":
+        raise UsageError(f"{'/'.join('--' + f.replace('_', '-') for f in given)}: only with --op sample")
+    if given and args.kernel_only:
+        raise UsageError("--top-k / --top-p / --min-p: the multi-rank run only (not --kernel-only)")
+    if args.cpu_path != "auto":
+        if not args.kernel_only or args.device != "cpu":
+            raise UsageError("--cpu-path goes with --kernel-only on --device cpu (the ops' path=)")
+        from .. import _C
+
+        try:
+            _C._cpu_path(args.cpu_path)
+        except ValueError as exc:
+            raise UsageError(f"--cpu-path {args.cpu_path}: {exc}") from None
     k = 8 if args.k is None else args.k
     if not 1 <= k <= MAX_TOPK:
         raise UsageError(f"--k must be in 1..{MAX_TOPK}, got {k}")
@@ -458,6 +536,10 @@ def make_config(args, command: list[str]):
         seed=args.seed,
         timeout=args.timeout,
         log_probs=args.log_probs,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        cpu_path=args.cpu_path,
     )
     draft_vocab = 8192 if args.draft_vocab is None else args.draft_vocab
     if draft_vocab < 0:

@@ -50,7 +50,7 @@ import torch.distributed as dist
 
 from .. import decode_keys, lm_head_argmax, shard_argmax
 from .data import Shape, free_memory, reference_ids
-from .runner import DTYPES, SAMPLE_OFFSET, RunConfig, free_port
+from .runner import DTYPES, SAMPLE_OFFSET, RunConfig, cpu_path_of, free_port
 from .timing import time_cuda
 
 
@@ -257,6 +257,7 @@ def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, 
     timed = []
     if cfg.op == "sample":
         gumbel, multinomial, (fi_fn, fi_skip) = samplers
+    cpu_path = "auto" if cuda else cfg.cpu_path  # --cpu-path: the fused-kernel rows' forced CPU path
     for batch in cfg.batches:
         hidden = hidden_all[:batch].to(dtype).to(device)
         temps = torch.full((batch,), float(cfg.temperature), dtype=torch.float32, device=device)
@@ -265,7 +266,7 @@ def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, 
         ids_of = (lambda out: out[0]) if lp else (lambda out: out)  # noqa: E731  (ids / keys of a (x, log-probs) pair)
         step_kw = {"return_log_probs": True} if lp else {}
         if cfg.op == "argmax":
-            fused = lambda w: ids_of(shard_argmax(hidden, w, log_partition=lp))  # noqa: E731
+            fused = lambda w: ids_of(shard_argmax(hidden, w, log_partition=lp, path=cpu_path))  # noqa: E731
             methods += [
                 (
                     "torch-matmul-max",
@@ -279,14 +280,16 @@ def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, 
                 ("lm-head-step", lambda w: ids_of(lm_head_argmax(hidden, w, group=group, **step_kw)), None, False),
             ]
         elif cfg.op == "topk":
-            fused = lambda w: ids_of(shard_topk(hidden, w, cfg.k, log_partition=lp))  # noqa: E731
+            fused = lambda w: ids_of(shard_topk(hidden, w, cfg.k, log_partition=lp, path=cpu_path))  # noqa: E731
             methods += [
                 ("torch-matmul-topk", lambda w: _torch_best(hidden, w, cfg.k, lp), None, False),
                 ("fused-kernel", fused, None, True),
                 ("lm-head-step", lambda w: lm_head_topk(hidden, w, cfg.k, group=group, **step_kw)[0], None, False),
             ]
         else:
-            fused = lambda w: ids_of(shard_sample(hidden, w, temps, cfg.seed, SAMPLE_OFFSET, log_partition=lp))  # noqa: E731
+            fused = lambda w: ids_of(  # noqa: E731
+                shard_sample(hidden, w, temps, cfg.seed, SAMPLE_OFFSET, log_partition=lp, path=cpu_path)
+            )
             methods += [
                 ("gumbel-logits", lambda w: gumbel(hidden, w, inv_t), None, False),
                 ("compiled-multinomial", lambda w: multinomial(hidden, w, inv_t), None, False),
@@ -332,6 +335,8 @@ def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, 
             ids = decode_keys(out)[0] if keys else out
             row = _row(method, batch, times, nbytes, common)
             row["cuda_path"] = path if path is not None else ("auto" if cuda else None)
+            if not cuda and method in ("fused-kernel", "lm-head-step"):  # the CPU path run (the step: auto's)
+                row["cpu_path"] = cpu_path_of(cpu_path if method == "fused-kernel" else "auto", cfg.dtype)
             if reference is not None:
                 row["agree"] = (ids.cpu() == reference[:batch]).reshape(batch, -1).all(dim=1).double().mean().item()
             if method == "gumbel-logits":

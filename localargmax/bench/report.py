@@ -67,6 +67,17 @@ def cpu_auto_path() -> str:
     return _C._cpu_path("auto")
 
 
+def cpu_auto_paths_by_dtype(flags: str | None = None) -> dict:
+    """``{dtype: path}``: the CPU path ``path="auto"`` runs for weights of
+    each dtype on this CPU, or on one with ``flags`` (/proc/cpuinfo's
+    space-separated names) (``localargmax._C._cpu_path("auto", flags,
+    dtype)``; auto picks per dtype: brgemm for bf16 / fp16 where it is
+    native, e.g. AMX)."""
+    from .. import _C
+
+    return {dtype: _C._cpu_path("auto", flags, dtype) for dtype in ("float32", "bfloat16", "float16")}
+
+
 def cpu_paths_available() -> list[str]:
     """The named CPU paths (generic, avx2, avx512, avx512_bf16) this CPU can
     run: those the op's own choice (``localargmax._C._cpu_path``) accepts."""
@@ -94,7 +105,8 @@ def env_info(device: str, threads: int) -> dict:
     CPU name and count, torch threads per rank, the 1/5/15-minute load average
     when the run ended (other work on the machine skews CPU timings), the
     CPU's ISA features (:data:`CPU_FEATURES`, present or absent) and the CPU
-    path ``auto`` chose; for CUDA the GPU name, driver and CUDA version."""
+    path ``auto`` chose (``cpu_path_auto``: for float32; ``cpu_path_auto_by_dtype``:
+    per weight dtype); for CUDA the GPU name, driver and CUDA version."""
     from .. import __version__
 
     env = dict(
@@ -108,6 +120,7 @@ def env_info(device: str, threads: int) -> dict:
         loadavg=[round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
         cpu_features=cpu_features(),
         cpu_path_auto=cpu_auto_path(),
+        cpu_path_auto_by_dtype=cpu_auto_paths_by_dtype(),
     )
     if device == "cuda":
         env["gpu"] = torch.cuda.get_device_name()
@@ -238,6 +251,8 @@ def _multi_columns(rows: list[dict]) -> tuple:
         columns.insert(columns.index(("batch", "batch")) + 1, ("k", "k"))
     if any(r.get("op") == "sample" for r in rows):
         columns.append(("tp_invariance", "tp_inv"))
+    if any("fallback_share" in r for r in rows):
+        columns.append(("fallback_share", "fallback"))
     if any("bytes_sent_vllm" in r for r in rows):  # (results recorded before it lack the column)
         columns.insert(columns.index(("bytes_recv_per_rank", "recv_B")) + 1, ("bytes_sent_vllm", "vllm_B"))
     return tuple(columns)
@@ -294,6 +309,8 @@ DEFINITIONS = {
     "agree": "fraction of rows whose ids equal the float64 reference's",
     "agree_topk": "fraction of rows whose K ids equal the reference's, in order",
     "tp_inv": "fraction of rows whose sample equals the one-rank sample",
+    "agree_filtered": "fraction of rows whose id equals full-gather's filters with the kernels' noise",
+    "fallback": "share of rows recomputed from gathered logits (filtered sampling)",
     "kernel_median_us": "one local step's time in µs (median, 90th percentile)",
     "gbps": "weight bytes read / median time",
     "vs_torch": "torch-matmul-max's median time / this row's",
@@ -320,6 +337,8 @@ def format_legend(rows: list[dict], kernel_only: bool) -> str:
             "topk": f"agree = {d['agree_topk']}",
             "sample": f"tp_inv = {d['tp_inv']}",
         }[op]
+        if any("fallback_share" in r for r in rows):
+            agree = f"agree = {d['agree_filtered']}; {agree}; fallback = {d['fallback']}"
         first = f"speedup = {d['speedup']}; {agree}"
         second = f"sent_B = {d['sent_B']}; recv_B = {d['recv_B']}"
         if any("bytes_sent_vllm" in r for r in rows):
@@ -359,7 +378,9 @@ def timing_warnings(rows: list[dict], *, loadavg=None, cores=None, tp: int = 1, 
     for (shape, tp_, batch, method), whole in index.items():
         for part in PARTS.get(method, ()):
             inner = index.get((shape, tp_, batch, part))
-            if inner is not None and whole["median_us"] < IMPOSSIBLE_MARGIN * inner["median_us"]:
+            if inner is None or whole.get("cpu_path") != inner.get("cpu_path"):  # --cpu-path: not a part of it
+                continue
+            if whole["median_us"] < IMPOSSIBLE_MARGIN * inner["median_us"]:
                 out.append(
                     f"{shape} tp {tp_} B={batch}: {method} ({whole['median_us']:.1f} us) timed faster than {part} "
                     f"({inner['median_us']:.1f} us) inside it: the timings are noise here"
@@ -377,17 +398,30 @@ LOCAL_RIVALS = {
 """The rows that run torch's GEMM on the same shard as our fused kernel, and what they run."""
 
 
-def cpu_legend(rows: list[dict], features: dict, path: str) -> str | None:
-    """One line for a CPU run with fused rows: the CPU path of the fused
-    kernel and what torch's GEMM can use here; with a row that runs torch's
-    matmul on the same shard (:data:`LOCAL_RIVALS`, the first present), what
-    decides between the two. Names only methods the rows have."""
+def cpu_legend(rows: list[dict], features: dict, path) -> str | None:
+    """One line for a CPU run with fused rows: the CPU path the fused
+    kernel ran for each dtype of the rows (a row's ``cpu_path``, else
+    ``path``: a name, or ``{dtype: name}`` as
+    :func:`cpu_auto_paths_by_dtype`) and what torch's GEMM can use here;
+    with a row that runs torch's matmul on the same shard
+    (:data:`LOCAL_RIVALS`, the first present), what decides between the
+    two. Names only methods the rows have."""
     methods = {r["method"] for r in rows}
     if not rows or rows[0].get("device") != "cpu" or not ({"fused", "fused-kernel"} & methods):
         return None
     fast = [n for n in ("amx_bf16", "avx512_bf16", "avx512f") if features.get(n)]
     gemm = f"torch's GEMM here can use {', '.join(fast)}" if fast else "torch's GEMM here has AVX2 at most"
-    kernel = f"the local kernel (path {path!r}: {_inner_loop(path)})"
+    ran = {}  # dtype -> path, in row order
+    for r in rows:
+        if r["method"] in ("fused", "fused-kernel"):
+            dtype = r.get("dtype", "float32")
+            fallback = path.get(dtype) if isinstance(path, dict) else path
+            ran.setdefault(dtype, r.get("cpu_path") or fallback)
+    if len(ran) == 1:
+        name = next(iter(ran.values()))
+        kernel = f"the local kernel (path {name!r}: {_inner_loop(name)}, for {next(iter(ran))})"
+    else:
+        kernel = "the local kernel (" + "; ".join(f"{d}: path {p!r}: {_inner_loop(p)}" for d, p in ran.items()) + ")"
     rival = next((m for m in LOCAL_RIVALS if m in methods), None)
     if rival is None:
         return f"CPU: the fused rows run {kernel}; {gemm}"
@@ -448,6 +482,8 @@ def finish(rows: list[dict], cfg, kernel_only: bool) -> None:
             header += f" op=topk k={first['k']}"
         elif op == "sample":
             header += f" op=sample temperature={first['temperature']:g} seed={first['seed']} offset={first['offset']}"
+            if "top_k" in first:
+                header += f" top_k={first['top_k']} top_p={first['top_p']:g} min_p={first['min_p']:g}"
         if first.get("log_probs"):
             header += " log_probs"
         print(header, file=out)
@@ -459,7 +495,7 @@ def finish(rows: list[dict], cfg, kernel_only: bool) -> None:
         print(f"verdict: {line}", file=out, flush=True)
     device = getattr(cfg, "device", rows[0].get("device", "cpu") if rows else "cpu")
     env = env_info(device, cfg.threads)
-    line = cpu_legend(rows, env["cpu_features"], env["cpu_path_auto"])
+    line = cpu_legend(rows, env["cpu_features"], env["cpu_path_auto_by_dtype"])
     if line:
         print(line, file=out)
     warnings = timing_warnings(

@@ -36,6 +36,7 @@ from ..baselines import (
 from ..collective import payload_length
 from . import report
 from .data import Shape, free_memory, full_weight, reference_ids, reference_topk, weight_shard
+from .filtered import fallback_rows_dist, filtered_bytes, gather_filter_sample
 
 METHODS = ("full-gather", "unfused-local", "fused", "fused-allreduce")
 """The methods of the multi-rank benchmark (``--op argmax``), in table order."""
@@ -74,6 +75,20 @@ class RunConfig:
     seed: int = 0
     timeout: float = 60.0
     log_probs: bool = False
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    cpu_path: str = "auto"
+
+    def filters(self) -> dict:
+        """``--op sample``'s filters given on the command line (``{}``: plain sampling)."""
+        given = dict(top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
+        return {name: value for name, value in given.items() if value is not None}
+
+    def filter_values(self) -> tuple:
+        """``(top_k, top_p, min_p)`` with the off values for those not given."""
+        f = self.filters()
+        return f.get("top_k", 0), f.get("top_p", 1.0), f.get("min_p", 0.0)
 
 
 def free_port() -> int:
@@ -131,11 +146,15 @@ def make_step(
     temperature: float = 1.0,
     seed: int = 0,
     generator=None,
+    filters: dict | None = None,
 ):
     """A no-argument callable running one step of ``method`` for ``op`` on this
     rank, returning ids (``[B]``; ``[B, k]`` for topk). ``sample``: the fused
     step uses ``seed`` and :data:`SAMPLE_OFFSET`, full-gather draws from
-    ``generator``."""
+    ``generator``; with ``filters`` (``top_k`` / ``top_p`` / ``min_p``) the
+    fused step is ``lm_head_sample(..., **filters)`` and full-gather is
+    :func:`localargmax.bench.filtered.gather_filter_sample` (vLLM's filters
+    and its exponential race)."""
     kwargs = dict(vocab_start=layout.vocab_start, num_valid=layout.num_valid, d2t=d2t, group=group)
     if method not in OP_METHODS.get(op, ()):
         raise ValueError(f"method {method!r} is not available for op {op!r}; choose from {OP_METHODS.get(op, OPS)}")
@@ -143,6 +162,15 @@ def make_step(
         if method == "full-gather":
             return lambda: full_gather_topk(hidden, weight, k, **kwargs)[0]
         return lambda: lm_head_topk(hidden, weight, k, **kwargs)[0]
+    if op == "sample" and filters:
+        if method == "full-gather":
+            f = dict(top_k=0, top_p=1.0, min_p=0.0) | filters
+            return lambda: gather_filter_sample(
+                hidden, weight, temperature=temperature, seed=seed, generator=generator, **f, **kwargs
+            )
+        return lambda: lm_head_sample(
+            hidden, weight, temperature=temperature, seed=seed, offset=SAMPLE_OFFSET, **filters, **kwargs
+        )
     if op == "sample":
         if method == "full-gather":
             return lambda: full_gather_sample(hidden, weight, temperature=temperature, generator=generator, **kwargs)
@@ -250,8 +278,20 @@ def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[
             reference = reference_topk(shape, hidden_all, dtype, cfg.k)
         elif rank == 0 and cfg.op == "sample" and "fused" in cfg.methods:
             single = sample_reference(shape, hidden_all, dtype, device, cfg)
+        filters = cfg.filters() if cfg.op == "sample" else {}
         for batch in cfg.batches:
             hidden = hidden_all[:batch].to(dtype).to(device)
+            matched = need = None
+            if filters:  # (collectives: every rank) the same-noise baseline's ids and the rows needing the fallback
+                values = cfg.filter_values()
+                matched = gather_filter_sample(
+                    hidden, weight, temperature=cfg.temperature, top_k=values[0], top_p=values[1],
+                    min_p=values[2], seed=cfg.seed, offset=SAMPLE_OFFSET, vocab_start=layout.vocab_start,
+                    num_valid=layout.num_valid, d2t=d2t, group=group, noise="gumbel",
+                ).cpu()  # fmt: skip
+                need = fallback_rows_dist(
+                    hidden, weight, layout, group, cfg.temperature, *values, cfg.seed, SAMPLE_OFFSET
+                ).cpu()
             for method in cfg.methods:
                 if bar is not None:
                     bar.set_description(f"{shape.name} B={batch} {method}")
@@ -266,7 +306,18 @@ def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[
                     continue
                 generator = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.op == "sample" else None
                 step = make_step(
-                    method, hidden, weight, layout, d2t, group, cfg.op, cfg.k, cfg.temperature, cfg.seed, generator
+                    method,
+                    hidden,
+                    weight,
+                    layout,
+                    d2t,
+                    group,
+                    cfg.op,
+                    cfg.k,
+                    cfg.temperature,
+                    cfg.seed,
+                    generator,
+                    filters,
                 )
                 times = []
                 for i in range(cfg.warmup + cfg.steps):
@@ -322,12 +373,35 @@ def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[
                         ranks_agree=_fraction_equal(ids_by_rank, ids_by_rank[0], batch),
                         tp_invariance=_fraction_equal(ids_by_rank, single, batch) if method == "fused" else None,
                     )
+                if filters:
+                    top_k, top_p, min_p = cfg.filter_values()
+                    row.update(top_k=top_k, top_p=top_p, min_p=min_p, fallback_share=None)
+                    if method == "fused":
+                        n_fallback = int(need.sum())
+                        sent = filtered_bytes(batch, n_fallback, layout.rows)
+                        row.update(
+                            bytes_sent_per_rank=sent,
+                            bytes_recv_per_rank=(tp - 1) * sent,
+                            fallback_share=n_fallback / batch if batch else 0.0,
+                            agree=_fraction_equal(ids_by_rank, matched, batch),
+                        )
+                if cfg.device == "cpu" and method != "full-gather" and method != "unfused-local":
+                    row["cpu_path"] = cpu_path_of(cfg.cpu_path, cfg.dtype)
                 rows.append(row)
         del weight
     if bar is not None:
         bar.close()
     report.add_speedups(rows, "full-gather", "speedup_vs_full_gather")
     return rows
+
+
+def cpu_path_of(path: str, dtype: str) -> str:
+    """The CPU path the fused kernel runs for ``path`` (``"auto"`` or a
+    forced one) and weights of ``dtype`` on this CPU
+    (``localargmax._C._cpu_path``)."""
+    from .. import _C
+
+    return _C._cpu_path(path, None, dtype)
 
 
 def _fraction_equal(ids_by_rank: torch.Tensor, expected: torch.Tensor | None, batch: int) -> float | None:
@@ -366,6 +440,7 @@ def sample_reference(
         seed=cfg.seed,
         offset=SAMPLE_OFFSET,
         d2t=d2t,
+        **cfg.filters(),
     )
     return ids.cpu()
 

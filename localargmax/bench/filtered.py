@@ -1,0 +1,149 @@
+"""Filtered sampling in the benchmark (``--op sample --top-k/--top-p/--min-p``;
+DESIGN.md, "Filtered sampling"): the baseline that gathers the logits and
+filters them as vLLM does, the share of rows whose allowed set the merged
+candidates do not decide (the fallback), and the bytes of each side.
+
+bench/filtered_sampling.py (a checkout's sweep over common SamplingParams)
+and the CLI both use these."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from .. import sampling, shard_topk, shard_vocab
+from ..baselines import _gathered_logits
+from ..collective import payload_length
+
+SETTINGS = [  # (T, top_k, top_p, min_p): common vLLM SamplingParams
+    (0.7, 0, 0.9, 0.0), (1.0, 0, 0.9, 0.0), (0.7, 0, 0.95, 0.0), (1.0, 0, 0.95, 0.0),
+    (1.0, 20, 1.0, 0.0), (1.0, 50, 1.0, 0.0), (0.7, 50, 0.95, 0.0), (1.0, 0, 1.0, 0.05),
+    (0.7, 20, 0.8, 0.05),
+]  # fmt: skip
+"""The settings bench/filtered_sampling.py sweeps."""
+
+
+def vllm_filter(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """vLLM's filters on full rows, written as its PyTorch sampler does:
+    ``y = logits.float() / T``; min-p masks ``y < max(y) + log(min_p)``;
+    top-k / top-p by one ascending sort (``apply_top_k_top_p_pytorch``'s
+    method: top-k masks values below the k-th largest, top-p masks the
+    prefix whose cumulative softmax is ``<= 1 - p``, never the largest).
+    Off: ``top_k <= 0``, ``top_p >= 1``, ``min_p <= 0``.
+
+    Args:
+        logits: ``[B, V]`` logits (any float dtype, any device; -inf = never).
+        temperature: ``T > 0``.
+
+    Returns:
+        ``[B, V]`` float32 tempered logits, -inf where filtered out.
+    """
+    y = logits.float() / temperature
+    if min_p > 0:
+        y = y.masked_fill(y < y.max(dim=1, keepdim=True).values + math.log(min_p), -math.inf)
+    k_on = 0 < top_k < y.shape[1]
+    if k_on or top_p < 1:
+        ys, idx = y.sort(dim=1)
+        if k_on:
+            ys = ys.masked_fill(ys < ys[:, -top_k : ys.shape[1] - top_k + 1], -math.inf)
+        if top_p < 1:
+            mask = ys.softmax(dim=1).cumsum(dim=1) <= 1 - top_p
+            mask[:, -1] = False
+            ys = ys.masked_fill(mask, -math.inf)
+        y = y.scatter(1, idx, ys)
+    return y
+
+
+def gather_filter_sample(
+    hidden, weight, *, temperature, top_k, top_p, min_p, seed, offset=0, vocab_start=0, num_valid=None,
+    d2t=None, group=None, generator=None, noise="exponential",
+):  # fmt: skip
+    """The full-gather baseline of filtered sampling: the ``[B, tp * rows]``
+    logits all-gathered (:func:`localargmax.baselines.full_gather_sample`'s
+    gather), :func:`vllm_filter`, then a sample, then ``id + d2t[id]``.
+
+    ``noise="exponential"``: vLLM's sampler, ``argmax(probs / q)`` with
+    ``q ~ Exp(1)`` from ``generator`` (what the bench times).
+    ``noise="gumbel"``: ``argmax(y + g)`` with the fused kernels' noise
+    :func:`localargmax.sampling.gumbel_noise` keyed by ``(seed, offset + b,
+    global id)``, so the ids equal ``lm_head_sample``'s away from float32
+    near-ties (what the bench's ``agree`` compares). Temperature 0: argmax.
+
+    Returns:
+        ``[B]`` int64 ids (target ids with ``d2t``).
+    """
+    logits = _gathered_logits(hidden, weight, vocab_start, num_valid, None, group)
+    if temperature == 0:
+        ids = logits.argmax(dim=1)
+    else:
+        y = vllm_filter(logits, temperature, top_k, top_p, min_p)
+        if noise == "gumbel":
+            rows = offset + torch.arange(y.shape[0], device=y.device)[:, None]
+            g = sampling.gumbel_noise(seed, rows, torch.arange(y.shape[1], device=y.device)[None])
+            ids = (y + g).argmax(dim=1)
+        elif noise == "exponential":
+            q = torch.empty_like(y).exponential_(generator=generator)
+            ids = (y.softmax(dim=1) / q).argmax(dim=1)
+        else:
+            raise ValueError(f"noise must be 'exponential' or 'gumbel', got {noise!r}")
+    if d2t is not None:
+        ids = ids + d2t[ids]
+    return ids
+
+
+def needs_fallback(keys_by_rank, pairs_by_rank, temperature, top_k, top_p, min_p, seed, offset=0) -> torch.Tensor:
+    """``[B]`` bool: the rows whose allowed set the merged candidates of the
+    ranks do not decide (``lm_head_sample`` recomputes them from gathered
+    logits), from each rank's ``shard_topk(..., CANDIDATES,
+    log_partition=True)`` output (``[tp, B, K]`` keys, ``[tp, B, 2]`` pairs)."""
+    tp, b, _ = keys_by_rank.shape
+    dev = keys_by_rank.device
+    full = lambda v, dt: torch.full((b,), v, dtype=dt, device=dev)  # noqa: E731
+    p, mp = full(top_p, torch.float32).double(), full(min_p, torch.float32).double()  # as lm_head_sample rounds them
+    rows = offset + torch.arange(b, device=dev)
+    t, k = full(temperature, torch.float32), full(top_k, torch.int64)
+    _, _, need = sampling._decide(keys_by_rank, pairs_by_rank, t, k, p, mp, seed, rows, False)
+    return need
+
+
+def _candidates(hidden, weight, vocab_start, num_valid):
+    return shard_topk(
+        hidden, weight, sampling.CANDIDATES, vocab_start=vocab_start, num_valid=num_valid, log_partition=True
+    )
+
+
+def fallback_rows_dist(hidden, weight, layout, group, temperature, top_k, top_p, min_p, seed, offset=0):
+    """:func:`needs_fallback` of a running TP group: every rank's candidates of
+    its own shard, all-gathered (a collective: every rank calls it)."""
+    keys, pairs = _candidates(hidden, weight, layout.vocab_start, layout.num_valid)
+    tp = dist.get_world_size(group)
+    got_k = [torch.empty_like(keys) for _ in range(tp)]
+    got_p = [torch.empty_like(pairs) for _ in range(tp)]
+    dist.all_gather(got_k, keys.contiguous(), group=group)
+    dist.all_gather(got_p, pairs.contiguous(), group=group)
+    return needs_fallback(torch.stack(got_k), torch.stack(got_p), temperature, top_k, top_p, min_p, seed, offset)
+
+
+def fallback_share(hidden, weight, tp, temperature, top_k, top_p, min_p, seed=1) -> float:
+    """Share of rows the merged candidates of ``tp`` shards of the full
+    ``weight`` (``shard_vocab``, simulated in one process) do not decide."""
+    keys, pairs = [], []
+    for r in range(tp):
+        s = shard_vocab(weight.shape[0], r, tp)
+        kk, pp = _candidates(
+            hidden, weight[s.vocab_start : s.vocab_start + s.num_valid].contiguous(), s.vocab_start, None
+        )
+        keys.append(kk)
+        pairs.append(pp)
+    need = needs_fallback(torch.stack(keys), torch.stack(pairs), temperature, top_k, top_p, min_p, seed)
+    return float(need.float().mean())
+
+
+def filtered_bytes(batch: int, n_fallback: int, shard_rows: int) -> int:
+    """Bytes one rank sends in a filtered ``lm_head_sample`` step: the
+    candidates' exchange, ``8 * payload_length(batch, CANDIDATES, True)``,
+    plus the fallback gather of ``n_fallback`` rows (none: nothing)."""
+    fb = 8 * sampling.fallback_payload_length(n_fallback, shard_rows) if n_fallback else 0
+    return 8 * payload_length(batch, sampling.CANDIDATES, True) + fb
