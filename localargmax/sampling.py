@@ -54,12 +54,12 @@ def _philox(seed: int, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Philox 4x32-10's first output word at counter ``(id, row)``, key ``seed`` (int64, < 2**32)."""
     c0, c1, c2, c3 = ids & _MASK, ids >> 32, rows & _MASK, rows >> 32
     k0, k1 = seed & _MASK, (seed >> 32) & _MASK
-    for _ in range(10):
+    for _ in range(9):
         hi0, lo0 = _mulhilo(_M0, c0)
         hi1, lo1 = _mulhilo(_M1, c2)
         c0, c1, c2, c3 = hi1.bitwise_xor_(c1).bitwise_xor_(k0), lo1, hi0.bitwise_xor_(c3).bitwise_xor_(k1), lo0
         k0, k1 = (k0 + _W0) & _MASK, (k1 + _W1) & _MASK
-    return c0
+    return _mulhilo(_M1, c2)[0].bitwise_xor_(c1).bitwise_xor_(k0)  # round 10: only x0 is used
 
 
 def gumbel_noise(seed: int, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
