@@ -66,8 +66,9 @@ def gumbel_noise(seed: int, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tens
     """The Gumbel noise of the sampling kernels at any (row, global id):
     Philox 4x32-10 with key ``seed`` and counter ``(id, row)``, ``u = (x0 +
     0.5) / 2**32``, ``g = float32(-log(-log(u)))`` (``gumbel_noise`` in
-    csrc/common/philox.h), in int64 tensor arithmetic on any device, in
-    chunks of ``_NOISE_CHUNK`` values (its ~100 temporaries stay in cache).
+    csrc/common/philox.h), in int64 tensor arithmetic on any device (eager
+    on the CPU in chunks of ``_NOISE_CHUNK`` values, whose temporaries stay
+    in cache; elsewhere, and under torch.compile, in one piece).
 
     Args:
         seed: ``0 <= seed < 2**63``.
@@ -80,14 +81,20 @@ def gumbel_noise(seed: int, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tens
         that ulp crosses a float32 rounding boundary (about 2**-28 of values).
     """
     rows, ids = torch.broadcast_tensors(rows, ids)
-    shape = rows.shape
-    rows, ids = rows.reshape(-1), ids.reshape(-1)
-    out = torch.empty(rows.shape, dtype=torch.float32, device=rows.device)
-    for s in range(0, rows.numel(), _NOISE_CHUNK):
+    if rows.device.type != "cpu" or torch.compiler.is_compiling():  # one piece: ~200 launches, one graph
+        return _gumbel(_philox(seed, rows, ids))
+    out = torch.empty(rows.shape, dtype=torch.float32)
+    flat_rows, flat_ids, flat_out = rows.reshape(-1), ids.reshape(-1), out.view(-1)
+    for s in range(0, flat_out.numel(), _NOISE_CHUNK):
         e = s + _NOISE_CHUNK
-        u = _philox(seed, rows[s:e], ids[s:e]).to(torch.float64).add_(0.5).mul_(1.0 / 2.0**32)
-        out[s:e] = u.log_().neg_().log_().neg_()  # rounds to float32 as .to(torch.float32)
-    return out.view(shape)
+        flat_out[s:e] = _gumbel(_philox(seed, flat_rows[s:e], flat_ids[s:e]))
+    return out
+
+
+def _gumbel(x0: torch.Tensor) -> torch.Tensor:
+    """float32(-log(-log((x0 + 0.5) / 2**32))) of the int64 Philox words ``x0``, in float64."""
+    u = x0.to(torch.float64).add_(0.5).mul_(1.0 / 2.0**32)
+    return u.log_().neg_().log_().neg_().to(torch.float32)
 
 
 def _row_param(value, name: str, batch: int, device, dtype, low: float, high: float):

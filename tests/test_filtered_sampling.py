@@ -145,6 +145,8 @@ def test_noise_is_the_kernels_bit_for_bit(seed):
             keys = localargmax.shard_sample(hidden, torch.zeros(1, 8), torch.ones(64), s, offset, vocab_start=start)
             got = gumbel_noise(s, torch.arange(64) + offset, torch.full((64,), start))
             assert torch.equal(localargmax.decode_keys(keys)[1].view(torch.int32), got.view(torch.int32))
+            whole = sampling._gumbel(sampling._philox(s, torch.arange(64) + offset, torch.full((64,), start)))
+            assert torch.equal(whole.view(torch.int32), got.view(torch.int32))  # the unchunked path (CUDA, compile)
 
 
 def _argmax_everywhere(ys, ids, keep, seed, rows):
