@@ -422,10 +422,12 @@ def _check_log_probs_args(return_log_probs, logit_scale, soft_cap, reduce, retur
 
 def _resolve_temperature(temperature, hidden: torch.Tensor) -> torch.Tensor:
     """``temperature`` (a Python number or a tensor ``[B]`` / ``[]``) as the
-    float32 ``[B]`` tensor :func:`localargmax.shard_sample` takes. Values are
-    checked where they are known on the host: a Python number here, a tensor
-    of another float dtype here before its cast to float32 (a tiny negative
-    float64 would round to -0.0), a float32 tensor by the CPU kernel."""
+    float32 ``[B]`` tensor :func:`localargmax.shard_sample` takes. Its shape
+    and device are checked here, and its values wherever they are known on the
+    host: a Python number, a CPU tensor outside torch.compile (before the cast
+    to float32: a tiny negative float64 would round to -0.0). The filtered
+    step never runs shard_sample, so these checks are its only ones; compiled,
+    the CPU kernel reads the values (CUDA: the step's device-side assert)."""
     if not isinstance(hidden, torch.Tensor):
         raise TypeError(f"hidden must be a torch.Tensor [batch, hidden_size], got {type(hidden).__name__}")
     if hidden.dim() != 2:
@@ -435,9 +437,14 @@ def _resolve_temperature(temperature, hidden: torch.Tensor) -> torch.Tensor:
             raise TypeError(f"temperature must be a float32 tensor [batch={hidden.shape[0]}], got {temperature.dtype}")
         if temperature.dim() == 0:
             temperature = temperature.reshape(1).expand(hidden.shape[0])
-        if temperature.dtype != torch.float32 and _host_checks(temperature):
-            if not bool(((temperature >= 0) & temperature.isfinite()).all()):
-                raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {temperature.tolist()}")
+        if temperature.dim() != 1 or temperature.shape[0] != hidden.shape[0]:
+            raise ValueError(
+                f"temperature must be 1-D [batch={hidden.shape[0]}] (or 0-d), got shape {tuple(temperature.shape)}"
+            )
+        if temperature.device != hidden.device:
+            raise ValueError(f"temperature is on {temperature.device} but hidden is on {hidden.device}")
+        if _host_checks(temperature) and not bool(((temperature >= 0) & temperature.isfinite()).all()):
+            raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {temperature.tolist()}")
         return temperature.to(torch.float32).contiguous()
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
         raise ValueError(

@@ -170,13 +170,29 @@ BAD_TEMPERATURE = [
     torch.tensor(-0.5),
     torch.ones(B + 1),
     torch.ones(B, 2),
+    torch.tensor([1.0, math.inf, 1.0], dtype=torch.float64),
+    torch.tensor([1.0, -1.0, 1.0], dtype=torch.float16),
 ]
+FILTERS = {"none": {}, "top_k": {"top_k": 2}, "top_p": {"top_p": 0.9}, "min_p": {"min_p": 0.1}}
 
 
+@pytest.mark.parametrize("filters", list(FILTERS))
 @pytest.mark.parametrize("temp", BAD_TEMPERATURE, ids=[f"t{i}" for i in range(len(BAD_TEMPERATURE))])
-def test_lm_head_sample_rejects_bad_temperature(temp):
+def test_lm_head_sample_rejects_bad_temperature(temp, filters):
+    """Unfiltered and filtered alike (the filtered step runs no shard_sample:
+    a NaN / negative / inf row, a wrong shape or device was once sampled or
+    failed in a broadcast)."""
     h, w = torch.randn(B, H), torch.randn(ROWS, H)
-    raises_cleanly(ValueError, "temperature", localargmax.lm_head_sample, h, w, temperature=temp, seed=1)
+    raises_cleanly(
+        ValueError, "temperature", localargmax.lm_head_sample, h, w, temperature=temp, seed=1, **FILTERS[filters]
+    )
+
+
+@pytest.mark.parametrize("filters", list(FILTERS))
+def test_lm_head_sample_rejects_temperature_on_another_device(filters):
+    h, w = torch.randn(B, H), torch.randn(ROWS, H)
+    with pytest.raises(ValueError, match="temperature is on meta but hidden is on cpu"):
+        localargmax.lm_head_sample(h, w, temperature=torch.ones(B, device="meta"), seed=1, **FILTERS[filters])
 
 
 def _sample(entry, **kwargs):
