@@ -301,3 +301,22 @@ def test_denormals_kept_or_flushed_as_documented(name):
     else:
         tiny = float(weight[1, 0].float())
         assert ids.tolist() == [[1, 0]] and values.tolist() == [[tiny, -tiny]]
+
+
+STEPS = {
+    "lm_head_argmax": lambda h, w: localargmax.lm_head_argmax(h, w),
+    "lm_head_topk": lambda h, w: localargmax.lm_head_topk(h, w, 2),
+    "lm_head_sample": lambda h, w: localargmax.lm_head_sample(h, w, temperature=1.0, seed=1),
+    "lm_head_sample top_k": lambda h, w: localargmax.lm_head_sample(h, w, temperature=1.0, seed=1, top_k=2),
+}
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+def test_use_path_reaches_every_step(step):
+    """tests' use_path binds the ops' path= in every module whose step calls
+    them (once, a step moved to sampling.py and use_path failed with an
+    AttributeError; a step left unbound would run auto and its path's tests
+    would prove nothing): a CUDA path bound, a CPU call must be refused."""
+    hidden, weight = torch.randn(3, 8), torch.randn(70, 8)
+    with use_path(KernelPath("cuda", "simt")), pytest.raises(ValueError, match="path must be one of"):
+        STEPS[step](hidden, weight)

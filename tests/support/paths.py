@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections.abc import Iterator
 from typing import NamedTuple
 from unittest import mock
@@ -123,16 +124,20 @@ def _bound(op: str, fn, path: KernelPath):
 @contextlib.contextmanager
 def use_path(path: KernelPath) -> Iterator[KernelPath]:
     """Run the ops called inside the block on ``path``: binds the ops'
-    ``path=`` keyword (:func:`path_keyword`) in ``localargmax`` and in the
-    modules that call them (the ``lm_head_*`` steps), for the block."""
+    ``path=`` keyword (:func:`path_keyword`) in every localargmax module that
+    imported them (``localargmax``, ``ops``, the steps in ``step`` and
+    ``sampling``, ...), for the block."""
     import localargmax.ops as ops
-    import localargmax.step as step
+    import localargmax.sampling  # noqa: F401  (imported so its names are bound too)
 
     with contextlib.ExitStack() as stack:
         for op in _OPS:
-            bound = _bound(op, getattr(ops, op), path)
-            for module in (localargmax, ops, step):
-                stack.enter_context(mock.patch.object(module, op, bound))
+            fn = getattr(ops, op)
+            bound = _bound(op, fn, path)
+            holders = [m for n, m in list(sys.modules.items()) if n.split(".")[0] == "localargmax"]
+            for module in holders:
+                if getattr(module, op, None) is fn:
+                    stack.enter_context(mock.patch.object(module, op, bound))
         yield path
 
 
