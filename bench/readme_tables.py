@@ -125,7 +125,11 @@ def _provenance(docs: list) -> str:
     if env.get("cpu_features"):  # runs recorded since the ISA record: what the CPU has and the path auto took
         has = ", ".join(f for f, v in env["cpu_features"].items() if v) or "none"
         lacks = ", ".join(f for f, v in env["cpu_features"].items() if not v) or "none"
-        isa = f" (has {has}; lacks {lacks}; CPU path auto: {env.get('cpu_path_auto', '?')})"
+        by_dtype = env.get("cpu_path_auto_by_dtype") or {}
+        auto = env.get("cpu_path_auto", "?")
+        if len(set(by_dtype.values())) > 1:  # auto picks per dtype (brgemm where native): name each
+            auto = ", ".join(f"{dtype} {path}" for dtype, path in by_dtype.items())
+        isa = f" (has {has}; lacks {lacks}; CPU path auto: {auto})"
     return (
         f"{what} Times are one machine's: {env['cpu']}{isa}, {env['cpu_count']} CPUs, torch {env['torch']}, "
         f"{env['threads_per_rank']} thread(s) per rank; 1-minute load average at the end of the "

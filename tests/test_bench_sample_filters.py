@@ -170,3 +170,13 @@ def test_forced_cpu_path_is_run_and_recorded(tmp_path):
     assert rows["fused-kernel"]["cpu_path"] == "generic" and rows["fused-kernel"]["agree"] == 1.0
     assert rows["lm-head-step"]["cpu_path"] == localargmax._C._cpu_path("auto", None, "float32")
     assert "path 'generic'" in proc.stdout
+
+
+def test_rendered_note_names_auto_per_dtype_where_it_differs():
+    from bench import readme_tables
+
+    env = dict(cpu="X", cpu_count=2, torch="t", threads_per_rank=1, loadavg=[0.5], cpu_features={"avx512f": True})
+    doc = {"env": dict(env, cpu_path_auto="avx512"), "command": "c", "path": "p.json"}
+    assert "CPU path auto: avx512)" in readme_tables._provenance([doc])
+    doc["env"]["cpu_path_auto_by_dtype"] = {"float32": "avx512", "bfloat16": "brgemm"}
+    assert "CPU path auto: float32 avx512, bfloat16 brgemm)" in readme_tables._provenance([doc])
