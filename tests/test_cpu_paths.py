@@ -320,3 +320,31 @@ def test_use_path_reaches_every_step(step):
     hidden, weight = torch.randn(3, 8), torch.randn(70, 8)
     with use_path(KernelPath("cuda", "simt")), pytest.raises(ValueError, match="path must be one of"):
         STEPS[step](hidden, weight)
+
+
+@pytest.mark.parametrize("name", CPU_ISA_PATHS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_path_with_hidden_size_zero(gen, name, dtype):
+    """H = 0: every logit is its float32 bias (an empty sum is +0.0), for every
+    op of every path; brgemm once raised std::bad_alloc here (oneDNN has no
+    K = 0 kernel). ids and top-k against float64 of the bias, ties planted
+    (rows 3 and 60 share the best bias: the smaller id wins), sampling and the
+    log-partition pairs against the generic path's bits."""
+    _runnable(name)
+    batch, rows = 3, 70
+    hidden, weight = torch.empty(batch, 0, dtype=dtype), torch.empty(rows, 0, dtype=dtype)
+    bias = torch.randn(rows, generator=gen)
+    bias[60] = bias[3] = bias.max() + 1
+    want = bias.double().expand(batch, rows)
+    keys = localargmax.shard_argmax(hidden, weight, bias=bias, path=name)
+    assert localargmax.decode_keys(keys)[0].tolist() == want.argmax(1).tolist() == [3] * batch, name
+    top = localargmax.shard_topk(hidden, weight, 5, bias=bias, path=name)
+    ref_top = sorted(range(rows), key=lambda v: (-float(bias[v]), v))[:5]
+    assert localargmax.decode_keys(top)[0].tolist() == [ref_top] * batch, name
+    t = torch.tensor([0.0, 0.7, 1.0])
+    for op, args in ((localargmax.shard_argmax, ()), (localargmax.shard_topk, (5,)), (localargmax.shard_sample, (t, 7))):
+        for lse in (False, True):
+            ours = op(hidden, weight, *args, bias=bias, path=name, log_partition=lse)
+            generic = op(hidden, weight, *args, bias=bias, path="generic", log_partition=lse)
+            for a, b in zip(ours if lse else [ours], generic if lse else [generic], strict=True):
+                assert torch.equal(a, b), (name, op.__name__, lse)

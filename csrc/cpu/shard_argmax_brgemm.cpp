@@ -15,6 +15,7 @@
 #include <ATen/native/CPUBlas.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <exception>
 #include <string>
 #include <vector>
@@ -36,6 +37,10 @@ namespace {
 // C[kTileRows, kBrgemmBatchBlock] = A[kTileRows, H] (rows lda apart) x B block.
 void brgemm_block(const ShardArgmaxProblem& p, const void* a, const void* b, float* c) {
   const int64_t M = kTileRows, N = kBrgemmBatchBlock, K = p.hidden_size;
+  if (K == 0) {  // an empty sum is +0.0 (as every other path); oneDNN cannot make a K = 0 kernel
+    std::fill(c, c + M * N, 0.0f);
+    return;
+  }
   switch (p.weight_dtype) {
     case WeightDtype::kBFloat16:
       blas::brgemm(M, N, K, p.ldw, N, N, false, static_cast<const at::BFloat16*>(a),
