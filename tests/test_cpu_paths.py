@@ -342,7 +342,8 @@ def test_path_with_hidden_size_zero(gen, name, dtype):
     ref_top = sorted(range(rows), key=lambda v: (-float(bias[v]), v))[:5]
     assert localargmax.decode_keys(top)[0].tolist() == [ref_top] * batch, name
     t = torch.tensor([0.0, 0.7, 1.0])
-    for op, args in ((localargmax.shard_argmax, ()), (localargmax.shard_topk, (5,)), (localargmax.shard_sample, (t, 7))):
+    ops = ((localargmax.shard_argmax, ()), (localargmax.shard_topk, (5,)), (localargmax.shard_sample, (t, 7)))
+    for op, args in ops:
         for lse in (False, True):
             ours = op(hidden, weight, *args, bias=bias, path=name, log_partition=lse)
             generic = op(hidden, weight, *args, bias=bias, path="generic", log_partition=lse)
