@@ -210,6 +210,11 @@ def check_temperature_arg(op: str, hidden, temperature) -> None:
 
 def check_sample_args(hidden, temperature, seed, offset) -> None:
     check_temperature_arg("shard_sample", hidden, temperature)
+    check_seed_offset(seed, offset)
+
+
+def check_seed_offset(seed, offset) -> None:
+    """``seed`` and ``offset``: Python ints in ``[0, 2**63)`` (ValueError otherwise)."""
     for name, value in (("seed", seed), ("offset", offset)):
         if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or not 0 <= value < 2**63:
             raise ValueError(f"{name} must be an int in [0, 2**63), got {value!r}")

@@ -10,12 +10,13 @@ not decided by the candidates are recomputed from a gather of their logits."""
 from __future__ import annotations
 
 import math
+import numbers
 import struct
 
 import torch
 
 from . import envs
-from ._validation import MAX_TOPK
+from ._validation import MAX_TOPK, check_seed_offset
 from .collective import Group, check_step_consistency, exchange_keys
 from .ops import decode_keys, shard_sample, shard_topk
 from .packed_key import SIGN_FLIP
@@ -98,9 +99,14 @@ def _gumbel(x0: torch.Tensor) -> torch.Tensor:
 
 
 def _row_param(value, name: str, batch: int, device, dtype, low: float, high: float):
-    """A filter argument as a ``[B]`` tensor of ``dtype`` (None: None)."""
+    """A filter argument as a ``[B]`` tensor of ``dtype`` (None: None): a
+    number (``top_k`` an integer, ``top_p`` / ``min_p`` real; numpy scalars
+    too) or a ``[B]`` / ``[]`` tensor of any integer (``top_k``, vLLM keeps
+    int32) or floating (``top_p`` / ``min_p``) dtype on ``hidden``'s device."""
     if value is None:
         return None
+    integer = dtype == torch.int64
+    kind = "an integer" if integer else "a floating"
     if isinstance(value, torch.Tensor):
         if value.dim() == 0:
             value = value.reshape(1).expand(batch)
@@ -108,18 +114,19 @@ def _row_param(value, name: str, batch: int, device, dtype, low: float, high: fl
             raise ValueError(f"{name} must be a number or a tensor [batch={batch}], got shape {tuple(value.shape)}")
         if value.device != device:
             raise ValueError(f"{name} is on {value.device} but hidden is on {device}")
-        if (dtype == torch.int64) == value.is_floating_point():
-            raise TypeError(
-                f"{name} must be an {'integer' if dtype == torch.int64 else 'float'} tensor, got {value.dtype}"
-            )
+        is_int = not value.is_floating_point() and not value.is_complex() and value.dtype != torch.bool
+        if (is_int if integer else value.is_floating_point()) is False:
+            raise TypeError(f"{name} must be {kind} tensor, got {value.dtype}")
+        value = value.to(dtype)
         if _host_checks(value) and not bool(((value >= low) & (value <= high)).all()):
             raise ValueError(f"{name} must lie in [{low}, {high}], got {value.tolist()}")
-        return value.to(dtype)
-    kind = int if dtype == torch.int64 else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
-        kind = "an int" if dtype == torch.int64 else "a float"
-        raise ValueError(f"{name} must be {kind} in [{low}, {high}] or a tensor [B], got {value!r}")
-    return torch.full((batch,), value, dtype=dtype, device=device)
+        return value
+    number = numbers.Integral if integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, number):  # numpy scalars are numbers.*
+        raise TypeError(f"{name} must be {kind} number or a tensor [B], got {type(value).__name__} {value!r}")
+    if not low <= value <= high:  # NaN fails too
+        raise ValueError(f"{name} must lie in [{low}, {high}], got {value!r}")
+    return torch.full((batch,), int(value) if integer else float(value), dtype=dtype, device=device)
 
 
 def filtered_sample(
@@ -136,6 +143,7 @@ def filtered_sample(
     otherwise)."""
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
+    check_seed_offset(seed, offset)
     if not isinstance(return_log_probs, bool):
         raise TypeError(f"return_log_probs must be a bool, got {type(return_log_probs).__name__}")
     t = _resolve_temperature(temperature, hidden)
@@ -409,7 +417,7 @@ def lm_head_sample(
     Example::
 
         t = torch.full((B,), 0.7, device=hidden.device)
-        ids = lm_head_sample(hidden, weight, t, seed=1234, offset=step * B, vocab_start=shard.vocab_start,
+        ids = lm_head_sample(hidden, weight, temperature=t, seed=1234, offset=step * B, vocab_start=shard.vocab_start,
                              num_valid=shard.num_valid, group=tp_group)  # [B], the same for every tp
 
     Args:
@@ -451,6 +459,8 @@ def lm_head_sample(
         step's device-side assert raises (see :func:`lm_head_argmax`). The
         exchange is checked as in :func:`lm_head_argmax`.
     """
+    if fallback not in FALLBACKS:
+        raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
     if top_k is not None or top_p is not None or min_p is not None:
         if reduce != "all_gather":
             raise ValueError(f"top_k / top_p / min_p need reduce='all_gather', got {reduce!r}")

@@ -425,9 +425,16 @@ def test_bad_arguments():
         ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"min_p": -0.1}, "min_p"),
         ({"top_k": 2.5}, "top_k"), ({"top_k": torch.ones(3, dtype=torch.int64)}, "top_k"),
         ({"top_p": torch.ones(2, dtype=torch.int64)}, "top_p"), ({"top_k": 3, "fallback": "x"}, "fallback"),
-        ({"top_k": 3, "reduce": "all_reduce"}, "all_gather"),
+        ({"top_k": 3, "reduce": "all_reduce"}, "all_gather"), ({"fallback": "none"}, "fallback"),
+        ({"top_k": torch.ones(2, dtype=torch.bool)}, "top_k"), ({"top_k": True}, "top_k"),
+        ({"top_p": float("nan")}, "top_p"), ({"top_k": 3, "seed": -1}, "seed"), ({"top_k": 3, "seed": 2**64}, "seed"),
+        ({"top_p": 0.5, "seed": 1.5}, "seed"), ({"min_p": 0.1, "offset": -5}, "offset"),
     ):  # fmt: skip
         with pytest.raises((ValueError, TypeError), match=match):
-            localargmax.lm_head_sample(hidden, weight, **kw, **bad)
+            localargmax.lm_head_sample(hidden, weight, **dict(kw, **bad))
+    # vLLM's own forms are taken as the numbers they hold: an int32 top_k tensor, float64 / numpy top_p
+    want = localargmax.lm_head_sample(hidden, weight, **kw, top_k=3, top_p=0.5)
+    for k, p in ((torch.full((2,), 3, dtype=torch.int32), 0.5), (3, torch.full((2,), 0.5, dtype=torch.float64))):
+        assert torch.equal(localargmax.lm_head_sample(hidden, weight, **kw, top_k=k, top_p=p), want)
     empty = localargmax.lm_head_sample(hidden[:0], weight, **kw, top_k=3, return_log_probs=True)
     assert empty[0].shape == (0,) and empty[1].shape == (0,)

@@ -26,7 +26,7 @@ every rank; default: all four):
                    (localargmax.baselines.full_gather_argmax; today's path)
   unfused-local    torch matmul + max over the shard, all-gather of
                    (value, index) float32 pairs, pick the best rank
-                   (localargmax.baselines.unfused_local_argmax; vLLM 0.33's
+                   (localargmax.baselines.unfused_local_argmax; vLLM's
                    LogitsProcessor.get_top_tokens sends the same bytes)
   fused            one fused kernel (matmul + argmax, logits never stored) ->
                    one packed int64 key per row, all-gather of tp keys, merge

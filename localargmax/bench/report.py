@@ -304,7 +304,7 @@ DEFINITIONS = {
     "median_us": "rank 0's step time in µs (median, 90th percentile)",
     "sent_B": "bytes one rank sends per step",
     "recv_B": "bytes one rank receives per step",
-    "vllm_B": "bytes one rank sends per step in vLLM 0.33's own path for the op",
+    "vllm_B": "bytes one rank sends per step in vLLM's own path (0.34 and 0.33 alike) for the op",
     "speedup": "full-gather's median time / this row's (same shape, batch)",
     "agree": "fraction of rows whose ids equal the float64 reference's",
     "agree_topk": "fraction of rows whose K ids equal the reference's, in order",

@@ -121,7 +121,7 @@ def comm_bytes(method: str, batch: int, rows: int, itemsize: int, tp: int, k: in
 
 
 def vllm_bytes(op: str, batch: int, rows: int, itemsize: int, k: int = 1) -> int:
-    """Bytes one rank sends per step in vLLM 0.33's own path for ``op``
+    """Bytes one rank sends per step in vLLM's own path (0.34 and 0.33 alike) for ``op``
     (tests/test_vllm_plugin.py counts them on vLLM's classes): argmax,
     ``LogitsProcessor.get_top_tokens``: ``8·B`` (float32 value + float32
     index); topk, ``get_top_k_tokens``: ``(itemsize + 8)·k·B`` (values in the
