@@ -30,6 +30,8 @@ class VocabParallelLMHead(nn.Module):
             ranks' layouts are all-gathered and checked once here. ``None`` or a
             group of one rank with ``world_size > 1`` (or ``rank > 0``) is refused
             (``dist.group.WORLD`` is None before ``init_process_group``).
+            ``localargmax.LOCAL_SHARD``: this shard's own answer, no exchange
+            (ids from this rank's rows only).
         pad_to: vocabulary padding granularity.
         bias: whether the head has a bias (held in float32, the dtype the
             kernels add it in, whatever ``dtype`` is, through every Module
