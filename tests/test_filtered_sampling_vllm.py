@@ -1,0 +1,146 @@
+"""The allowed set S of filtered sampling (DESIGN.md, "Filtered sampling")
+against vLLM 0.34's own masks on the same logits: ``apply_min_p``
+(v1/worker/gpu/sample/min_p.py, a Triton kernel, interpreted on the CPU)
+then ``apply_top_k_top_p_pytorch`` (v1/sample/ops/topk_topp_sampler.py), S
+being the ids those leave above -inf; ours is :func:`_filter_sorted` (vLLM's
+semantics on the full row in float64). vLLM runs in a subprocess, since
+``TRITON_INTERPRET`` and the CPU platform must be set before triton / vLLM
+are imported (tests/support/vllm_common.py). vLLM's Triton top-k / top-p
+kernel (topk_topp_triton.py) is tried too and compared when it runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from localargmax.sampling import _filter_sorted
+from tests.support.vllm_common import RANK_ENV
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+
+VLLM_MASKS = r"""
+import sys, torch
+from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+from vllm.v1.sample.ops.topk_topp_triton import apply_top_k_top_p_triton
+from vllm.v1.worker.gpu.sample.min_p import apply_min_p
+d = torch.load(sys.argv[1])
+y, k, p, mp = d["y"].clone(), d["k"], d["p"], d["mp"]
+apply_min_p(y, torch.arange(y.shape[0], dtype=torch.int32), mp)  # in place, as sampler.py does
+out = {"torch": apply_top_k_top_p_pytorch(y.clone(), k, p) > -float("inf"), "triton": None, "triton_error": ""}
+try:
+    out["triton"] = apply_top_k_top_p_triton(y.clone(), k, p) > -float("inf")
+except Exception as e:  # the reason goes into the report
+    out["triton_error"] = repr(e)[:300]
+torch.save(out, sys.argv[1])
+"""
+
+B, V = 96, 1999
+TIE_ROWS = 24
+P_MARGIN = 2 * V * 2.0**-24
+"""A top-p decision closer than this to p (as a share of the row's kept mass)
+is a near-tie: vLLM's float32 softmax and cumsum over V terms err by up to
+about V ulps of 1 (``2**-24`` each), doubled for the softmax."""
+MP_MARGIN = 1e-5
+"""A value this close (absolute) to the min-p threshold is a near-tie:
+vLLM's float32 ``max + log(min_p)`` rounds within an ulp of values <= 30."""
+
+
+def _problem(gen):
+    """Tempered float32 logits ``y`` [B, V] (temperature applied in float32,
+    as vLLM's sampler does before its masks, so both sides see the same
+    values) and per-row top_k / top_p / min_p; the last TIE_ROWS rows have
+    top-k alone with exact ties planted across the k-th value."""
+    x = torch.randn(B, V, generator=gen) * 3
+    t = torch.tensor([0.7, 1.0, 1.5])[torch.randint(0, 3, (B,), generator=gen)]
+    y = (x / t[:, None]).float()
+    k = torch.randint(1, 60, (B,), generator=gen)
+    kind = torch.randint(0, 4, (B,), generator=gen)
+    k = torch.where(kind == 0, 0, torch.where(kind == 1, V + 3, k))  # 0 and > V: off (states.py:49-51)
+    p = torch.where(torch.rand(B, generator=gen) < 0.3, 1.0, 0.5 + 0.49 * torch.rand(B, generator=gen))
+    mp = torch.where(torch.rand(B, generator=gen) < 0.5, 0.0, 0.01 + 0.2 * torch.rand(B, generator=gen))
+    tie = torch.arange(B) >= B - TIE_ROWS
+    k[tie], p[tie], mp[tie] = torch.randint(2, 40, (TIE_ROWS,), generator=gen), 1.0, 0.0
+    for b in tie.nonzero()[:, 0].tolist():  # the k-th value shared by ids above and below it in the order
+        order = y[b].argsort(descending=True)
+        kk = int(k[b])
+        y[b, order[kk - 2 : kk + 2]] = y[b, order[kk - 1]].item()
+    return y, k, p, mp, tie
+
+
+def _vllm_masks(tmp_path, y, k, p, mp):
+    """vLLM's kept masks (min-p, then the torch top-k / top-p; the Triton one or why it failed)."""
+    path = tmp_path / "masks.pt"
+    kv = torch.where((k <= 0) | (k > V), V, k).to(torch.int32)  # states.py:49-51: off is V
+    torch.save({"y": y, "k": kv, "p": p.float(), "mp": mp.float()}, path)
+    env = {**os.environ, **RANK_ENV}
+    run = subprocess.run([sys.executable, "-c", VLLM_MASKS, str(path)], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return torch.load(path)
+
+
+def _ours(y, k, p, mp):
+    """Our allowed set [B, V] bool by id, and which rows sit within a margin of a decision."""
+    ys, ids, keep, a = _filter_sorted(y, torch.ones(B), k, p.double(), mp.double())
+    ours = torch.zeros(B, V, dtype=torch.bool).scatter_(1, ids, keep)
+    thr = a + torch.log(torch.where(mp > 0, mp.double(), 1.0))[:, None]
+    near = ((mp > 0)[:, None] & ((ys - thr).abs() < MP_MARGIN)).any(dim=1)
+    pos = torch.arange(V)[None]
+    pre = (pos < torch.where(k > 0, k, V)[:, None]) & ((ys >= thr) | (mp <= 0)[:, None])  # min-p and top-k
+    kth = ys.gather(1, (torch.where((k > 0) & (k < V), k, 1) - 1)[:, None])
+    kth_tie = ((k > 0) & (k < V)) & (ys.gather(1, torch.where((k > 0) & (k < V), k, 0)[:, None]) == kth)[:, 0]
+    w = torch.where(pre, torch.exp(ys - a), 0.0)
+    share = (w.cumsum(dim=1) - w) / w.sum(dim=1, keepdim=True)  # mass strictly before each id
+    near |= (p < 1) & (pre & ((share - p.double()[:, None]).abs() < P_MARGIN)).any(dim=1)
+    return ours, near, kth_tie, kth[:, 0]
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory):
+    gen = torch.Generator().manual_seed(2026)
+    y, k, p, mp, tie = _problem(gen)
+    got = _vllm_masks(tmp_path_factory.mktemp("vllm"), y, k, p, mp)
+    ours, near, kth_tie, kth = _ours(y, k, p, mp)
+    ties = tie | kth_tie  # a chance tie at the k-th value in a random row counts as one
+    compared = ~ties & ~near
+    assert int(compared.sum()) >= 0.8 * (B - TIE_ROWS), f"only {int(compared.sum())} rows away from near-ties"
+    return y, k, mp, tie, ties, got, ours, near, kth, compared
+
+
+def test_min_p_then_torch_top_k_top_p_match(case):
+    y, k, mp, tie, ties, got, ours, near, kth, compared = case
+    bad = (got["torch"] != ours)[compared].any(dim=1).nonzero()[:, 0]
+    assert not bad.numel(), f"vLLM's mask differs on rows {compared.nonzero()[bad, 0].tolist()}"
+    # Exact ties at the k-th value (DESIGN: vLLM's torch path keeps every id equal to it; we keep exactly k,
+    # the smaller ids first): ours has k ids, inside vLLM's, which is exactly {y >= the k-th value}; what
+    # only vLLM keeps equals the k-th value and lies at larger ids than every tied id we keep.
+    checked = 0
+    for b in ties.nonzero()[:, 0].tolist():
+        if bool(near[b]) or not (0 < k[b] < V):
+            continue
+        mine, theirs = ours[b], got["torch"][b]
+        assert int(mine.sum()) == int(k[b]) and bool((mine <= theirs).all()), f"row {b}"
+        v = y[b].double()
+        pre = (v >= v.max() + math.log(float(mp[b]))) if mp[b] > 0 else torch.ones(V, dtype=torch.bool)
+        assert torch.equal(theirs, pre & (v >= kth[b])), f"row {b}: vLLM torch kept {int(theirs.sum())}"
+        extra = (theirs & ~mine).nonzero()[:, 0]
+        kept_tied = (mine & (v == kth[b])).nonzero()[:, 0]
+        assert bool((v[extra] == kth[b]).all()), f"row {b}"
+        if extra.numel():
+            assert int(extra.min()) > int(kept_tied.max()), f"row {b}: a tie kept out of id order"
+        checked += 1
+    assert checked >= TIE_ROWS and any((got["torch"][b] & ~ours[b]).any() for b in range(B - TIE_ROWS, B))
+
+
+def test_triton_top_k_top_p_matches(case):
+    y, k, mp, tie, ties, got, ours, near, kth, compared = case
+    if got["triton"] is None:  # TRITON_INTERPRET: tl.range yields Python ints, so the kernel's row_id.to() fails
+        pytest.skip(f"vLLM's Triton top-k/top-p kernel does not run under TRITON_INTERPRET=1: {got['triton_error']}")
+    rows = compared | (tie & ~near)  # the Triton kernel keeps exactly k at a tie, smaller ids first (as ours)
+    bad = (got["triton"] != ours)[rows].any(dim=1).nonzero()[:, 0]
+    assert not bad.numel(), f"vLLM's Triton mask differs on rows {rows.nonzero()[bad, 0].tolist()}"
