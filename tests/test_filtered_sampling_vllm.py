@@ -6,7 +6,9 @@ being the ids those leave above -inf; ours is :func:`_filter_sorted` (vLLM's
 semantics on the full row in float64). vLLM runs in a subprocess, since
 ``TRITON_INTERPRET`` and the CPU platform must be set before triton / vLLM
 are imported (tests/support/vllm_common.py). vLLM's Triton top-k / top-p
-kernel (topk_topp_triton.py) is tried too and compared when it runs."""
+kernel (topk_topp_triton.py) is tried too and compared when it runs. The
+one-exchange step's own allowed set (``_decide`` from the candidates, the
+gather fallback for the rest) is read back on each row's head and compared."""
 
 from __future__ import annotations
 
@@ -109,11 +111,11 @@ def case(tmp_path_factory):
     ties = tie | kth_tie  # a chance tie at the k-th value in a random row counts as one
     compared = ~ties & ~near
     assert int(compared.sum()) >= 0.8 * (B - TIE_ROWS), f"only {int(compared.sum())} rows away from near-ties"
-    return y, k, mp, tie, ties, got, ours, near, kth, compared
+    return y, k, p, mp, tie, ties, got, ours, near, kth, compared
 
 
 def test_min_p_then_torch_top_k_top_p_match(case):
-    y, k, mp, tie, ties, got, ours, near, kth, compared = case
+    y, k, p, mp, tie, ties, got, ours, near, kth, compared = case
     bad = (got["torch"] != ours)[compared].any(dim=1).nonzero()[:, 0]
     assert not bad.numel(), f"vLLM's mask differs on rows {compared.nonzero()[bad, 0].tolist()}"
     # Exact ties at the k-th value (DESIGN: vLLM's torch path keeps every id equal to it; we keep exactly k,
@@ -138,9 +140,39 @@ def test_min_p_then_torch_top_k_top_p_match(case):
 
 
 def test_triton_top_k_top_p_matches(case):
-    y, k, mp, tie, ties, got, ours, near, kth, compared = case
+    y, k, p, mp, tie, ties, got, ours, near, kth, compared = case
     if got["triton"] is None:  # TRITON_INTERPRET: tl.range yields Python ints, so the kernel's row_id.to() fails
         pytest.skip(f"vLLM's Triton top-k/top-p kernel does not run under TRITON_INTERPRET=1: {got['triton_error']}")
     rows = compared | (tie & ~near)  # the Triton kernel keeps exactly k at a tie, smaller ids first (as ours)
     bad = (got["triton"] != ours)[rows].any(dim=1).nonzero()[:, 0]
     assert not bad.numel(), f"vLLM's Triton mask differs on rows {rows.nonzero()[bad, 0].tolist()}"
+
+
+HEAD = 32
+"""Top ids per row whose membership in the step's allowed set is read back."""
+
+
+def test_one_exchange_allowed_set_matches(case, monkeypatch):
+    """The allowed set the step decides from the candidates (``_decide``, and
+    the gather fallback for the rows it leaves): noise of 1e6 at one id and 0
+    elsewhere makes the step return that id iff it is allowed. Read for each
+    row's HEAD largest ids (hidden = the logits, weight = I: the same float32
+    logits), compared with vLLM's mask there on the rows away from near-ties."""
+    import localargmax
+    from localargmax import sampling
+
+    y, k, p, mp, tie, ties, got, ours, near, kth, compared = case
+    target = torch.zeros(B, dtype=torch.int64)
+    monkeypatch.setattr(sampling, "gumbel_noise", lambda seed, rows, ids: (ids == target[rows]).float() * 1e6)
+    head = y.argsort(dim=1, descending=True, stable=True)[:, :HEAD]
+    allowed = torch.zeros(B, HEAD, dtype=torch.bool)
+    eye = torch.eye(V)
+    for j in range(HEAD):
+        target[:] = head[:, j]
+        ids = localargmax.lm_head_sample(y, eye, temperature=1.0, seed=1, top_k=k, top_p=p, min_p=mp)
+        allowed[:, j] = ids == head[:, j]
+    vllm_head = got["torch"].gather(1, head)
+    assert allowed[:, 0].all()
+    bad = (allowed != vllm_head)[compared].any(dim=1).nonzero()[:, 0]
+    assert not bad.numel(), f"the step's allowed set differs from vLLM's on rows {compared.nonzero()[bad, 0].tolist()}"
+    assert torch.equal(allowed[tie & ~near], ours.gather(1, head)[tie & ~near])  # exactly k at a tie, as ours
