@@ -32,34 +32,18 @@ CASES = {"DeepSeekMTP": "float32", "DFlashLagunaForCausalLM": "float32", "DeepSe
 
 
 def _speculator(path, draft, cfg, dtype=None):
-    """vLLM's speculator class at ``path`` (a subclass that only supplies the
-    draft), bare: the attributes its load_model and get_draft_top_tokens read."""
+    """vLLM's speculator class at ``path``, bare (vllm_adaptive_cases.speculator),
+    adaptive verification off."""
     import importlib
 
     import torch
 
+    from tests.support.vllm_adaptive_cases import speculator
+
     module, _, name = path.partition(":")
     base = getattr(importlib.import_module(module), name)
-
-    class Speculator(base):
-        def load_draft_model(self, target_model, target_attn_layer_names):
-            return draft
-
-        def _gpu_only(self, *args, **kwargs):  # propose / capture / CUDA graphs: not run here
-            raise NotImplementedError
-
-        propose = capture = init_cudagraph_manager = _gpu_only
-
-    spec = Speculator.__new__(Speculator)
-    spec.vllm_config = types.SimpleNamespace(
-        compilation_config=cfg.compilation_config, model_config=types.SimpleNamespace(supports_multimodal_inputs=False)
-    )
-    spec.speculative_config = types.SimpleNamespace(draft_sample_method="greedy")
-    spec.use_local_argmax_reduction = True
-    spec.enable_adaptive_verification = spec.use_acceptance_estimator = spec.use_draft_logits = False
-    spec.acceptance_estimator = None
-    spec.num_speculative_steps, spec.hidden_size, spec.dtype = STEPS, HSIZE, dtype or torch.float32
-    spec.device, spec.dcp_size = torch.device("cpu"), 1
+    spec = speculator(draft, cfg, adaptive=False, hidden_size=HSIZE, base=base, dtype=dtype or torch.float32)
+    spec.num_speculative_steps = STEPS
     return spec
 
 

@@ -159,13 +159,15 @@ def _draft(gen, scale, soft_cap):
     return Draft()
 
 
-def speculator(draft, cfg, adaptive: bool = True, hidden_size: int = HSIZE):
-    """vLLM's DraftModelSpeculator (a subclass that only supplies the draft),
-    bare: the attributes its load_model / sample_draft read, none of its GPU
-    set-up; local argmax on, adaptive verification on or off."""
-    from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
+def speculator(draft, cfg, adaptive: bool = True, hidden_size: int = HSIZE, base=None, dtype=torch.float32):
+    """vLLM's DraftModelSpeculator, or its subclass ``base`` (a subclass that
+    only supplies the draft), bare: the attributes its load_model /
+    sample_draft / get_draft_top_tokens read, none of its GPU set-up; local
+    argmax on, adaptive verification on or off."""
+    if base is None:
+        from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator as base
 
-    class Speculator(DraftModelSpeculator):
+    class Speculator(base):
         def load_draft_model(self, target_model, target_attn_layer_names):
             return draft
 
@@ -184,7 +186,8 @@ def speculator(draft, cfg, adaptive: bool = True, hidden_size: int = HSIZE):
     spec.use_draft_logits = False  # (vLLM 0.34's load_model reads it: greedy drafts keep no draft logits)
     spec.acceptance_estimator = None
     spec.max_num_reqs, spec.num_speculative_steps, spec.device = MAX_REQS, STEPS, torch.device("cpu")
-    spec.hidden_size, spec.dtype = hidden_size, torch.float32  # (the drafter hook's load-time probe reads them)
+    spec.hidden_size, spec.dtype = hidden_size, dtype  # (the drafter hook's load-time probe reads them)
+    spec.dcp_size = 1
     spec.temperature = torch.tensor(TEMPERATURES, dtype=torch.float32)
     spec.draft_token_confidence_probs = torch.full((MAX_REQS, STEPS), -7.0)
     return spec
