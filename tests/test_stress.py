@@ -252,7 +252,9 @@ def _gloo_worker(rank, world, seed):
         if rank >= tp:
             continue
         for i, (hidden, _weight, _bias, shards, _offset, d2t, _exact, _faults) in enumerate(cases):
-            w, layout = shards[rank][0], dict(layout_kwargs(shards[rank]), group=groups[tp])
+            w, layout = shards[rank][0], layout_kwargs(shards[rank])
+            # one rank holding a shard past id 0 (the case's offset) says so: a one-rank group is refused there
+            layout["group"] = localargmax.LOCAL_SHARD if tp == 1 and layout["vocab_start"] > 0 else groups[tp]
             for reduce in ("all_gather", "all_reduce"):
                 out[(tp, i, reduce)] = timed(
                     lambda: localargmax.lm_head_argmax(hidden, w, d2t=d2t, reduce=reduce, **layout)
