@@ -54,6 +54,18 @@ static PyObject* py_parallel_workers(PyObject*, PyObject* arg) {
   return PyLong_FromLongLong(localargmax::cpu::parallel_workers(n));
 }
 
+// A weight dtype by name ("float32", "bfloat16", "float16") into *out; false
+// with a ValueError set (naming fn) for any other name.
+static bool weight_dtype_named(const char* fn, const char* name, at::ScalarType* out) {
+  const std::string dtype = name;
+  if (dtype == "float32" || dtype == "bfloat16" || dtype == "float16") {
+    *out = dtype == "bfloat16" ? at::kBFloat16 : dtype == "float16" ? at::kHalf : at::kFloat;
+    return true;
+  }
+  PyErr_Format(PyExc_ValueError, "%s: dtype must be 'float32', 'bfloat16' or 'float16', got '%s'", fn, name);
+  return false;
+}
+
 // localargmax._C._cpu_path(path, flags=None, dtype=None) -> str: the CPU path
 // the ops' `path` runs on a CPU with `flags` (space-separated /proc/cpuinfo
 // names; None: this CPU) for weights of `dtype` ("float32", "bfloat16",
@@ -64,17 +76,11 @@ static PyObject* py_cpu_path(PyObject*, PyObject* args) {
   const char* flags = nullptr;
   const char* dtype = nullptr;
   if (!PyArg_ParseTuple(args, "s|zz", &path, &flags, &dtype)) return nullptr;
+  at::ScalarType t = at::kFloat;
+  if (dtype != nullptr && !weight_dtype_named("_cpu_path", dtype, &t)) return nullptr;
   using localargmax::cpu::WeightDtype;
-  WeightDtype weight_dtype = WeightDtype::kFloat32;
-  const std::string dtype_name = dtype == nullptr ? "float32" : dtype;
-  if (dtype_name == "bfloat16") {
-    weight_dtype = WeightDtype::kBFloat16;
-  } else if (dtype_name == "float16") {
-    weight_dtype = WeightDtype::kFloat16;
-  } else if (dtype_name != "float32") {
-    PyErr_Format(PyExc_ValueError, "_cpu_path: dtype must be 'float32', 'bfloat16' or 'float16', got '%s'", dtype);
-    return nullptr;
-  }
+  const WeightDtype weight_dtype =
+      t == at::kBFloat16 ? WeightDtype::kBFloat16 : t == at::kHalf ? WeightDtype::kFloat16 : WeightDtype::kFloat32;
   try {
     const localargmax::cpu::CpuFeatures features = flags == nullptr ? localargmax::cpu::detect_cpu_features()
                                                                     : localargmax::cpu::parse_cpu_features(flags);
@@ -95,12 +101,8 @@ static PyObject* py_brgemm_mode(PyObject*, PyObject* arg) {
     PyErr_SetString(PyExc_TypeError, "_brgemm_mode: dtype must be a str");
     return nullptr;
   }
-  const std::string dtype = name;
-  if (dtype != "float32" && dtype != "bfloat16" && dtype != "float16") {
-    PyErr_Format(PyExc_ValueError, "_brgemm_mode: dtype must be 'float32', 'bfloat16' or 'float16', got '%s'", name);
-    return nullptr;
-  }
-  const at::ScalarType t = dtype == "bfloat16" ? at::kBFloat16 : dtype == "float16" ? at::kHalf : at::kFloat;
+  at::ScalarType t = at::kFloat;
+  if (!weight_dtype_named("_brgemm_mode", name, &t)) return nullptr;
   return PyUnicode_FromString(localargmax::cpu::brgemm_mode(t));
 }
 

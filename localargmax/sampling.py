@@ -115,7 +115,7 @@ def _row_param(value, name: str, batch: int, device, dtype, low: float, high: fl
         if value.device != device:
             raise ValueError(f"{name} is on {value.device} but hidden is on {device}")
         is_int = not value.is_floating_point() and not value.is_complex() and value.dtype != torch.bool
-        if (is_int if integer else value.is_floating_point()) is False:
+        if not (is_int if integer else value.is_floating_point()):
             raise TypeError(f"{name} must be {kind} tensor, got {value.dtype}")
         value = value.to(dtype)
         if _host_checks(value) and not bool(((value >= low) & (value <= high)).all()):

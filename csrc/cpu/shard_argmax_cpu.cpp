@@ -41,7 +41,13 @@ struct TilesChoice {
   bool brgemm;      // brgemm: p.brgemm_* (prepare_brgemm), brgemm_end_chunk per chunk
 };
 
-WeightDtype weight_dtype_of(at::ScalarType t);
+WeightDtype weight_dtype_of(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16: return WeightDtype::kBFloat16;
+    case at::kHalf: return WeightDtype::kFloat16;
+    default: return WeightDtype::kFloat32;
+  }
+}
 
 TilesChoice pick_tiles_fn(const std::string& path, at::ScalarType dtype) {
   const std::string chosen = choose_cpu_path(path, detect_cpu_features(), weight_dtype_of(dtype));
@@ -50,14 +56,6 @@ TilesChoice pick_tiles_fn(const std::string& path, at::ScalarType dtype) {
   if (chosen == "avx512") return {shard_argmax_tiles_avx512, false, false};
   if (chosen == "avx2") return {shard_argmax_tiles_avx2, false, false};
   return {shard_argmax_tiles_generic, false, false};
-}
-
-WeightDtype weight_dtype_of(at::ScalarType t) {
-  switch (t) {
-    case at::kBFloat16: return WeightDtype::kBFloat16;
-    case at::kHalf: return WeightDtype::kFloat16;
-    default: return WeightDtype::kFloat32;
-  }
 }
 
 // The fused kernel with its reduction policy: keys [B, topk] (see
