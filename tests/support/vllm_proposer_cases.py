@@ -73,11 +73,15 @@ def proposer_case(plugin, gen, cfg):
     ref = ref + draft.draft_id_to_target_id[ref]
     out.update(ours=ours.tolist(), vllm=theirs.tolist(), ref=ref.tolist())
 
-    try:
-        speculator(NoTopTokens(), cfg, adaptive=False, hidden_size=hsize).load_model(None)
-        out["missing_check"] = "no error"
-    except ValueError as e:
-        out["missing_check"] = str(e)
+    class NoLogits(torch.nn.Module):  # nor compute_logits: the hook must leave vLLM's refusal to vLLM
+        has_own_lm_head = True
+
+    for key, model in (("missing_check", NoTopTokens()), ("no_logits_check", NoLogits())):
+        try:
+            speculator(model, cfg, adaptive=False, hidden_size=hsize).load_model(None)
+            out[key] = "no error"
+        except Exception as e:  # vLLM's ValueError; anything else (an AttributeError of the hook) fails the test
+            out[key] = f"{type(e).__name__}: {e}"
     return out
 
 

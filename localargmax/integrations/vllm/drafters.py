@@ -132,11 +132,13 @@ def _top_tokens_method(takes_step: bool):
 def _validate(self) -> None:
     """``DraftModelSpeculator._validate_local_argmax_reduction``, after giving
     a draft model without ``get_top_tokens`` the method where the probe
-    allows (:func:`prepare`)."""
+    allows (:func:`prepare`). A model without ``compute_logits`` is not a
+    drafter of this kind: vLLM's own check refuses it."""
     if (
         self.use_local_argmax_reduction
         and self.speculative_config.draft_sample_method != "probabilistic"
         and not hasattr(self.model, "get_top_tokens")
+        and callable(getattr(self.model, "compute_logits", None))
     ):
         prepare(self.model, self.hidden_size, self.dtype, self.device, _steps_asked(self))
     from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
