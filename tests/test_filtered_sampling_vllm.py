@@ -6,7 +6,8 @@ being the ids those leave above -inf; ours is :func:`_filter_sorted` (vLLM's
 semantics on the full row in float64). vLLM runs in a subprocess, since
 ``TRITON_INTERPRET`` and the CPU platform must be set before triton / vLLM
 are imported (tests/support/vllm_common.py). vLLM's Triton top-k / top-p
-kernel (topk_topp_triton.py) is tried too and compared when it runs. The
+kernel (topk_topp_triton.py) runs interpreted too, its loop variable given
+as the tensor compiled Triton gives (see ``VLLM_MASKS``). The
 one-exchange step's own allowed set (``_decide`` from the candidates, the
 gather fallback for the rest) is read back on each row's head and compared."""
 
@@ -27,7 +28,22 @@ from tests.support.vllm_common import RANK_ENV
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 
 VLLM_MASKS = r"""
-import sys, torch
+import sys, numpy as np, torch, triton.language as tl
+from triton.runtime import interpreter
+
+# Compiled Triton gives a tl.range loop variable as a tensor; triton 3.8's interpreter gives a Python int
+# (interpreter.py _new_range), on which topk_topp_triton.py:128's row_id.to(tl.int64) raises. Give the
+# interpreted loop the tensor the compiled kernel sees (scope restores tl.range after each launch).
+_patch_lang_core = interpreter._patch_lang_core
+def _tensor_range(lang, scope):
+    _patch_lang_core(lang, scope)
+    ints = lang.range
+    def loop(*args, **kwargs):
+        for i in ints(*args, **kwargs):
+            yield tl.tensor(interpreter.TensorHandle(np.array([i], dtype=np.int32), tl.int32), tl.int32)
+    scope.set_attr(lang, "range", loop)
+interpreter._patch_lang_core = _tensor_range
+
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
 from vllm.v1.sample.ops.topk_topp_triton import apply_top_k_top_p_triton
 from vllm.v1.worker.gpu.sample.min_p import apply_min_p
@@ -141,11 +157,23 @@ def test_min_p_then_torch_top_k_top_p_match(case):
 
 def test_triton_top_k_top_p_matches(case):
     y, k, p, mp, tie, ties, got, ours, near, kth, compared = case
-    if got["triton"] is None:  # TRITON_INTERPRET: tl.range yields Python ints, so the kernel's row_id.to() fails
-        pytest.skip(f"vLLM's Triton top-k/top-p kernel does not run under TRITON_INTERPRET=1: {got['triton_error']}")
+    assert got["triton"] is not None, f"vLLM's Triton top-k/top-p kernel failed: {got['triton_error']}"
     rows = compared | (tie & ~near)  # the Triton kernel keeps exactly k at a tie, smaller ids first (as ours)
-    bad = (got["triton"] != ours)[rows].any(dim=1).nonzero()[:, 0]
-    assert not bad.numel(), f"vLLM's Triton mask differs on rows {rows.nonzero()[bad, 0].tolist()}"
+    # Where min-p left -inf entries and the nucleus needs every id min-p kept, the kernel's standalone top-p
+    # (a pivot search over "outliers" above an estimated pivot) may keep all but the smallest of them, where
+    # vLLM's torch path and ours keep them all (DESIGN, "Filtered sampling"). Only that one divergence is let.
+    minp_set = torch.stack([y[b].double() >= y[b].double().max() + math.log(max(float(mp[b]), 1e-300)) for b in range(B)])
+    whole = (mp > 0) & (p < 1) & (ours == minp_set).all(dim=1) & (ours.sum(dim=1) > 1)
+    for b in (rows & whole).nonzero()[:, 0].tolist():
+        missing = (ours[b] & ~got["triton"][b]).nonzero()[:, 0]
+        assert bool((got["triton"][b] <= ours[b]).all()) and missing.numel() <= 1, f"row {b}"
+        if missing.numel():
+            smallest = torch.where(ours[b], y[b], math.inf).argmin()
+            assert int(missing[0]) == int(smallest), f"row {b}: dropped id {int(missing[0])}, not the smallest kept"
+    rest = rows & ~whole
+    bad = (got["triton"] != ours)[rest].any(dim=1).nonzero()[:, 0]
+    assert not bad.numel(), f"vLLM's Triton mask differs on rows {rest.nonzero()[bad, 0].tolist()}"
+    assert int(rest.sum()) >= 0.7 * B, f"only {int(rest.sum())} rows compared exactly"
 
 
 HEAD = 32
