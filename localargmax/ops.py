@@ -357,6 +357,13 @@ def _merge_keys_fake(keys, d2t):
     return keys.new_empty((batch,), dtype=torch.int64), keys.new_empty((batch,), dtype=torch.float32)
 
 
+@torch.library.register_fake("localargmax::gumbel_noise")
+def _gumbel_noise_fake(seed, rows, ids):
+    if rows.shape != ids.shape or rows.dtype != torch.int64 or ids.dtype != torch.int64:
+        raise ValueError(f"gumbel_noise: rows and ids must be int64 of one shape, got {rows.shape}, {ids.shape}")
+    return rows.new_empty(rows.shape, dtype=torch.float32)
+
+
 def _pairs_fake(hidden):
     return hidden.new_empty((hidden.shape[0], 2), dtype=torch.float32)
 
@@ -396,7 +403,7 @@ def _shard_sample_lse_fake(
 # gradients through silently: a backward through any output raises, naming the op.
 FUSED_OPS = (
     "shard_argmax", "shard_topk", "shard_sample", "shard_argmax_lse", "shard_topk_lse", "shard_sample_lse",
-    "merge_keys",
+    "merge_keys", "gumbel_noise",
 )  # fmt: skip
 
 

@@ -33,7 +33,6 @@ _G_MAX = -math.log(-math.log((2.0**32 - 0.5) / 2.0**32))
 """The largest Gumbel noise the 32-bit Philox word can give (u = (2**32 - 0.5) / 2**32): ~22.18."""
 _G_BOUND = _G_MAX + 1e-5
 """Above every float32 noise value (``float32(_G_MAX)`` is within 1e-6 of it)."""
-_NOISE_CHUNK = 1 << 15
 _HEAD = 64
 """Sorted positions whose noise gives the fallback's first bound (:func:`_gumbel_argmax`)."""
 _Z_RTOL = 1e-4
@@ -67,29 +66,28 @@ def gumbel_noise(seed: int, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tens
     """The Gumbel noise of the sampling kernels at any (row, global id):
     Philox 4x32-10 with key ``seed`` and counter ``(id, row)``, ``u = (x0 +
     0.5) / 2**32``, ``g = float32(-log(-log(u)))`` (``gumbel_noise`` in
-    csrc/common/philox.h), in int64 tensor arithmetic on any device (eager
-    on the CPU in chunks of ``_NOISE_CHUNK`` values, whose temporaries stay
-    in cache; elsewhere, and under torch.compile, in one piece).
+    csrc/common/philox.h). On the CPU the op ``localargmax::gumbel_noise``
+    runs that function itself; on other devices it is evaluated in int64
+    tensor arithmetic (one graph under torch.compile).
 
     Args:
         seed: ``0 <= seed < 2**63``.
-        rows: int64 Philox subsequences (``offset + b``), broadcastable with ``ids``.
+        rows: int64 Philox subsequences (``offset + b``) ``>= 0``, broadcastable with ``ids``.
         ids: int64 global (draft) vocabulary ids ``>= 0``.
 
     Returns:
-        float32 noise of the broadcast shape. Bit-identical to the kernels'
-        but where ``log`` of float64 differs by an ulp across libraries and
-        that ulp crosses a float32 rounding boundary (about 2**-28 of values).
+        float32 noise of the broadcast shape, on their device. On the CPU
+        bit-identical to the kernels'; elsewhere too, but where ``log`` of
+        float64 differs by an ulp across libraries and that ulp crosses a
+        float32 rounding boundary (about 2**-28 of values).
+
+    Raises:
+        ValueError: on the CPU, a negative seed, row or id.
     """
     rows, ids = torch.broadcast_tensors(rows, ids)
-    if rows.device.type != "cpu" or torch.compiler.is_compiling():  # one piece: ~200 launches, one graph
-        return _gumbel(_philox(seed, rows, ids))
-    out = torch.empty(rows.shape, dtype=torch.float32)
-    flat_rows, flat_ids, flat_out = rows.reshape(-1), ids.reshape(-1), out.view(-1)
-    for s in range(0, flat_out.numel(), _NOISE_CHUNK):
-        e = s + _NOISE_CHUNK
-        flat_out[s:e] = _gumbel(_philox(seed, flat_rows[s:e], flat_ids[s:e]))
-    return out
+    if rows.device.type == "cpu":
+        return torch.ops.localargmax.gumbel_noise(seed, rows.contiguous(), ids.contiguous())
+    return _gumbel(_philox(seed, rows, ids))
 
 
 def _gumbel(x0: torch.Tensor) -> torch.Tensor:

@@ -146,7 +146,40 @@ def test_noise_is_the_kernels_bit_for_bit(seed):
             got = gumbel_noise(s, torch.arange(64) + offset, torch.full((64,), start))
             assert torch.equal(localargmax.decode_keys(keys)[1].view(torch.int32), got.view(torch.int32))
             whole = sampling._gumbel(sampling._philox(s, torch.arange(64) + offset, torch.full((64,), start)))
-            assert torch.equal(whole.view(torch.int32), got.view(torch.int32))  # the unchunked path (CUDA, compile)
+            assert torch.equal(whole.view(torch.int32), got.view(torch.int32))  # the torch formula (other devices)
+
+
+def test_noise_op_shapes_threads_compile_and_bad_input(seed):
+    """The CPU op localargmax::gumbel_noise: broadcast [n, 1] x [1, m] rows
+    and ids (64-bit, beyond 2**32) equal the torch formula bit for bit, on
+    1 and 2 threads and compiled; opcheck; a negative seed, row or id, a
+    dtype or a shape mismatch raise naming it."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.randint(0, 2**62, (37, 1), generator=gen)
+    ids = torch.randint(0, 2**33, (1, 5003), generator=gen)
+    want = sampling._gumbel(sampling._philox(seed, *torch.broadcast_tensors(rows, ids)))
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            assert torch.equal(gumbel_noise(seed, rows, ids).view(torch.int32), want.view(torch.int32)), n
+    finally:
+        torch.set_num_threads(threads)
+    compiled = torch.compile(lambda r, i: gumbel_noise(seed, r, i), fullgraph=True)
+    assert torch.equal(compiled(rows, ids).view(torch.int32), want.view(torch.int32))
+    op = torch.ops.localargmax.gumbel_noise.default
+    torch.library.opcheck(op, (seed, rows.expand(37, 64).contiguous(), ids[:, :64].expand(37, 64).contiguous()))
+    assert gumbel_noise(seed, rows[:0], ids).shape == (0, 5003)
+    one = torch.zeros(3, dtype=torch.int64)
+    for args, match in [
+        ((-1, one, one), "seed must be >= 0"),
+        ((seed, one - 1, one), "rows and ids must be >= 0"),
+        ((seed, one, one - 1), "rows and ids must be >= 0"),
+        ((seed, one.int(), one), "must be int64"),
+        ((seed, one, torch.zeros(4, dtype=torch.int64)), "one shape"),
+    ]:
+        with pytest.raises((ValueError, TypeError), match=match):
+            op(*args)
 
 
 def _argmax_everywhere(ys, ids, keep, seed, rows):
