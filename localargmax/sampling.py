@@ -33,6 +33,8 @@ _G_MAX = -math.log(-math.log((2.0**32 - 0.5) / 2.0**32))
 """The largest Gumbel noise the 32-bit Philox word can give (u = (2**32 - 0.5) / 2**32): ~22.18."""
 _G_BOUND = _G_MAX + 1e-5
 """Above every float32 noise value (``float32(_G_MAX)`` is within 1e-6 of it)."""
+_DENSE_NOISE = 1 / 8
+"""Share of set entries from which :func:`_add_noise_where` evaluates the noise everywhere."""
 _HEAD = 64
 """Sorted positions whose noise gives the fallback's first bound (:func:`_gumbel_argmax`)."""
 _Z_RTOL = 1e-4
@@ -337,11 +339,37 @@ def filter_and_sample(logits, t, k, p, mp, seed, rows):
 
     Returns:
         ``(ids [n] int64, log_probs [n] float64)`` under the filtered distribution.
+
+    Rows without top-k and top-p (min-p alone, or no filter) need no order:
+    they skip the sort (:func:`_min_p_sample`), with the same result.
     """
-    ys, ids, keep, a = _filter_sorted(logits, t, k, p, mp)
-    w = torch.where(keep, torch.exp(ys - a), 0.0)
-    best = _gumbel_argmax(ys, ids, keep, seed, rows)
-    return ids.gather(1, best)[:, 0], (ys.gather(1, best) - a)[:, 0] - torch.log(w.sum(dim=1))
+    vocab = logits.shape[1]
+    unsorted = ((k <= 0) | (k >= vocab)) & (p >= 1)
+    if bool(unsorted.all()):
+        return _min_p_sample(logits, t, mp, seed, rows)
+    if not bool(unsorted.any()):
+        ys, ids, keep, a = _filter_sorted(logits, t, k, p, mp)
+        w = torch.where(keep, torch.exp(ys - a), 0.0)
+        best = _gumbel_argmax(ys, ids, keep, seed, rows)
+        return ids.gather(1, best)[:, 0], (ys.gather(1, best) - a)[:, 0] - torch.log(w.sum(dim=1))
+    out_ids = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    out_lp = torch.empty(logits.shape[0], dtype=torch.float64, device=logits.device)
+    for part in (unsorted, ~unsorted):
+        out_ids[part], out_lp[part] = filter_and_sample(
+            logits[part], t[part], k[part], p[part], mp[part], seed, rows[part]
+        )
+    return out_ids, out_lp
+
+
+def _min_p_sample(logits, t, mp, seed, rows):
+    """:func:`filter_and_sample` for rows whose only filter is min-p (or
+    none), in id order: the same allowed set, ids and log-probs."""
+    y = torch.nan_to_num(logits.to(torch.float64), nan=-math.inf) / t.to(torch.float64)[:, None]
+    a = y.max(dim=1, keepdim=True).values
+    keep = ~logits.isnan() & ((y >= a + torch.log(torch.where(mp > 0, mp, 1.0))[:, None]) | (mp <= 0)[:, None])
+    w = torch.where(keep, torch.exp(y - a), 0.0)
+    best = _gumbel_argmax_by_id(y, keep, seed, rows)
+    return best[:, 0], (y.gather(1, best) - a)[:, 0] - torch.log(w.sum(dim=1))
 
 
 def _filter_sorted(logits, t, k, p, mp):
@@ -378,9 +406,40 @@ def _gumbel_argmax(ys, ids, keep, seed, rows):
     score[:, :h] = torch.where(keep[:, :h], ys[:, :h] + g, -math.inf)
     rest = keep & (ys + _G_BOUND >= score[:, :h].max(dim=1, keepdim=True).values)
     rest[:, :h] = False
-    r, c = rest.nonzero(as_tuple=True)
-    score[r, c] = ys[r, c] + gumbel_noise(seed, rows[r], ids[r, c]).to(torch.float64)
-    return score.argmax(dim=1, keepdim=True)
+    return _add_noise_where(score, rest, ys, ids, seed, rows).argmax(dim=1, keepdim=True)
+
+
+def _add_noise_where(score, mask, y, ids, seed, rows):
+    """``score`` with ``y + g`` where ``mask`` (``g`` at ``ids``, or at the
+    column index when ``ids`` is None): dense when ``_DENSE_NOISE`` of the
+    entries or more is set (the noise op costs less than indexing then), else at the
+    set entries only. The same values either way."""
+    if int(mask.sum()) >= _DENSE_NOISE * mask.numel():
+        cols = torch.arange(y.shape[1], device=y.device)[None] if ids is None else ids
+        return torch.where(mask, y + gumbel_noise(seed, rows[:, None], cols).to(torch.float64), score)
+    r, c = mask.nonzero(as_tuple=True)
+    score[r, c] = y[r, c] + gumbel_noise(seed, rows[r], c if ids is None else ids[r, c]).to(torch.float64)
+    return score
+
+
+def _gumbel_argmax_by_id(y, keep, seed, rows):
+    """:func:`_gumbel_argmax` on rows in id order (``y`` [n, V] float64 by
+    id, ``keep`` [n, V]): the noise only where an id can win (the head: the
+    ``_HEAD`` largest allowed values), and among equal best scores the id the
+    sorted order puts first (the larger value, then the smaller id). Returns
+    [n, 1] int64 ids."""
+    n, vocab = y.shape
+    allowed = torch.where(keep, y, -math.inf)
+    head = allowed.topk(min(_HEAD, vocab), dim=1)
+    g = gumbel_noise(seed, rows[:, None], head.indices).to(torch.float64)
+    head_score = torch.where(keep.gather(1, head.indices), head.values + g, -math.inf)
+    score = torch.full_like(y, -math.inf).scatter_(1, head.indices, head_score)
+    rest = keep & (y + _G_BOUND >= head_score.max(dim=1, keepdim=True).values)
+    rest.scatter_(1, head.indices, False)
+    score = _add_noise_where(score, rest, y, None, seed, rows)
+    tied = score == score.max(dim=1, keepdim=True).values
+    first = tied & (y == torch.where(tied, y, -math.inf).max(dim=1, keepdim=True).values)
+    return first.to(torch.uint8).argmax(dim=1, keepdim=True)
 
 
 def lm_head_sample(

@@ -188,13 +188,16 @@ def _argmax_everywhere(ys, ids, keep, seed, rows):
     return torch.where(keep, ys + g, -math.inf).argmax(dim=1, keepdim=True)
 
 
-def test_fallback_noise_where_it_can_win_is_exact(seed):
+@pytest.mark.parametrize("dense", [0.0, 2.0], ids=["dense-noise", "indexed-noise"])
+def test_fallback_noise_where_it_can_win_is_exact(seed, dense, monkeypatch):
     """filter_and_sample evaluates the noise only where an id can beat the
     best of the first _HEAD sorted ids (g <= 22.18): the same ids and
     log-probs as evaluating it at every id, on wide and narrow top-p / min-p
     / top-k sets, flat and sharp rows, value ties and NaN gaps; and
     _gumbel_argmax keeps the first of planted exact score ties past the head,
-    also with holes in the allowed set and none of it in the head."""
+    also with holes in the allowed set and none of it in the head. The noise
+    evaluated everywhere at once and at the needed entries alone."""
+    monkeypatch.setattr(sampling, "_DENSE_NOISE", dense)
     gen = torch.Generator().manual_seed(seed)
     n, vocab = 40, 1500
     scale = torch.tensor([0.05, 0.5, 3.0, 30.0])[torch.randint(4, (n, 1), generator=gen)]
@@ -212,7 +215,8 @@ def test_fallback_noise_where_it_can_win_is_exact(seed):
     got_ids, got_lp = sampling.filter_and_sample(*args)
     assert torch.equal(got_ids, ids.gather(1, best)[:, 0])
     w = torch.where(keep, torch.exp(ys - a), 0.0)
-    assert torch.equal(got_lp, (ys.gather(1, best) - a)[:, 0] - torch.log(w.sum(dim=1)))
+    want_lp = (ys.gather(1, best) - a)[:, 0] - torch.log(w.sum(dim=1))
+    torch.testing.assert_close(got_lp, want_lp, rtol=1e-12, atol=1e-12)  # min-p rows sum in id order
 
     ys = torch.randn(n, vocab, generator=gen, dtype=torch.float64) * scale.double()  # unsorted: any order
     keep = torch.rand(n, vocab, generator=gen) < 0.7
@@ -232,6 +236,58 @@ def test_fallback_noise_where_it_can_win_is_exact(seed):
     want = _argmax_everywhere(ys, ids, keep, seed, rows)
     assert torch.equal(sampling._gumbel_argmax(ys, ids, keep, seed, rows), want)
     assert torch.equal(want[:, 0], torch.where(keep[torch.arange(n), i], i, j))
+
+
+@pytest.mark.parametrize("dense", [0.0, 2.0], ids=["dense-noise", "indexed-noise"])
+def test_min_p_rows_skip_the_sort_with_the_same_result(seed, dense, monkeypatch):
+    """Rows whose only filter is min-p (or none) take the id-order path
+    (_min_p_sample): the same ids and log-probs as the sorted path with the
+    noise at every id, alone and mixed with sorted rows in one call; and its
+    argmax breaks planted exact score ties as the sorted order does (the
+    larger value first, then the smaller id), with the head's ids not allowed."""
+    monkeypatch.setattr(sampling, "_DENSE_NOISE", dense)
+    gen = torch.Generator().manual_seed(seed)
+    n, vocab = 48, 1500
+    scale = torch.tensor([0.05, 0.5, 3.0, 30.0])[torch.randint(4, (n, 1), generator=gen)]
+    logits = torch.randn(n, vocab, generator=gen) * scale
+    logits[:, 700:900] = logits[:, 3:4]  # value ties with a head id
+    logits[::5, 100:300] = math.nan
+    t = torch.tensor([0.5, 1.0, 1.7])[torch.randint(3, (n,), generator=gen)]
+    mp = torch.tensor([0.0, 1e-4, 0.05, 0.3])[torch.randint(4, (n,), generator=gen)].double()
+    k = torch.where(torch.arange(n) % 3 == 0, vocab + 7, 0)  # k > V and k = 0: both off
+    p = torch.where(torch.arange(n) % 4 == 1, 0.9, 1.0).double()  # a quarter of the rows sorted (top-p)
+    rows = torch.arange(n) + 2**33
+    ys, ids, keep, a = sampling._filter_sorted(logits, t, k, p, mp)
+    best = _argmax_everywhere(ys, ids, keep, seed, rows)
+    w = torch.where(keep, torch.exp(ys - a), 0.0)
+    want_ids, want_lp = ids.gather(1, best)[:, 0], (ys.gather(1, best) - a)[:, 0] - torch.log(w.sum(dim=1))
+    assert int(keep.sum(dim=1).max()) > 1000 and int(keep.sum(dim=1).min()) <= 5, "wide and narrow sets planted"
+    unsorted = p >= 1
+    for rows_of in (unsorted, torch.ones(n, dtype=torch.bool)):  # the min-p rows alone, then mixed
+        got_ids, got_lp = sampling.filter_and_sample(
+            logits[rows_of], t[rows_of], k[rows_of], p[rows_of], mp[rows_of], seed, rows[rows_of]
+        )
+        assert torch.equal(got_ids, want_ids[rows_of])
+        torch.testing.assert_close(got_lp, want_lp[rows_of], rtol=1e-12, atol=1e-12)  # the sum's order differs
+
+    y = torch.randn(n, vocab, generator=gen, dtype=torch.float64) * scale.double()
+    allowed = torch.rand(n, vocab, generator=gen) < 0.7
+    allowed[::4] &= y[::4] < y[::4].topk(sampling._HEAD, dim=1).values[:, -1:]  # no allowed id in the head
+    g = gumbel_noise(seed, rows[:, None], torch.arange(vocab)[None]).to(torch.float64)
+    top = (y + 30.0).max(dim=1).values.floor()
+    i = torch.randint(0, vocab // 2, (n,), generator=gen)
+    j = torch.randint(vocab // 2, vocab, (n,), generator=gen)
+    r = torch.arange(n)
+    for pos in (i, j):
+        y[r, pos] = top - g[r, pos]
+        allowed[r, pos] = True
+    assert ((y + g)[r, i] == (y + g)[r, j]).all() and (y[r, i] != y[r, j]).all()
+    order = torch.sort(y, dim=1, descending=True, stable=True)
+    want = order.indices.gather(
+        1, _argmax_everywhere(order.values, order.indices, allowed.gather(1, order.indices), seed, rows)
+    )
+    assert torch.equal(sampling._gumbel_argmax_by_id(y, allowed, seed, rows), want)
+    assert torch.equal(want[:, 0], torch.where(y[r, i] > y[r, j], i, j))  # the larger value wins the tie
 
 
 @pytest.mark.parametrize("tp", [1, 2, 3, 8])
