@@ -16,6 +16,7 @@ import localargmax
 from localargmax import sampling
 from localargmax.sampling import CANDIDATES, gumbel_noise
 from tests.support.launch import run_ranks
+from tests.support.paths import CPU_ISA_PATHS, KernelPath, cpu_path_unavailable, use_path
 from tests.support.problems import layout_kwargs, make_shards
 
 TIE, TIE_MASS = 1e-4, 1e-5
@@ -299,6 +300,23 @@ def test_same_id_as_float64_reference(seed, tp):
     t, k, p, mp = mixed_rows(gen, hidden.shape[0])
     ids = run_tp(hidden, weight, tp, temperature=t, seed=seed, offset=7, top_k=k, top_p=p, min_p=mp)
     check(ids, hidden, weight, t, k, p, mp, seed, 7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", CPU_ISA_PATHS)
+def test_every_cpu_path_gives_the_reference_id(seed, name, dtype):
+    """The same float64 comparison (mixed rows, fallback rows, tp 2, padded
+    shards) with the fused top-64 + log-partition pass forced onto each CPU
+    path this CPU has (brgemm too: not bit-exact, within the float32 bound)."""
+    why = cpu_path_unavailable(name)
+    if why:
+        pytest.skip(f"this CPU lacks what path {name!r} needs: {why}")
+    gen = torch.Generator().manual_seed(seed)
+    hidden, weight = (x.to(dtype) for x in problem(gen, batch=20, vocab=1501))
+    t, k, p, mp = mixed_rows(gen, hidden.shape[0])
+    with use_path(KernelPath("cpu", name)):
+        ids = run_tp(hidden, weight, 2, temperature=t, seed=seed, offset=3, top_k=k, top_p=p, min_p=mp)
+    check(ids, hidden, weight, t, k, p, mp, seed, 3)
 
 
 @pytest.mark.parametrize("kind", ["top_k", "top_p", "min_p", "off"])
