@@ -13,9 +13,11 @@ none is given one at load by the plugin's probe
 can build small (:data:`BUILDERS`: vLLM's own class and ``compute_logits``,
 with only the submodules ``compute_logits`` uses) are probed here on one
 rank, on CPU, and so are the other classes where :func:`build_auto`'s
-generic skeleton suffices. A module that needs a package this environment
-lacks is imported with stand-ins for that package (listed per row and in the
-JSON); its ``compute_logits`` runs as any other.
+generic skeleton suffices. A module whose import trips on something this
+CPU machine lacks (a package, a compiled extension, a GPU to query, a
+platform check) is imported with the narrowest stand-in for it
+(:class:`_StandIns`; listed per row and in the JSON); its ``compute_logits``
+runs as any other, on vLLM's own tensors.
 
 Writes bench/results/vllm_drafters_<version>.json (rows and the command) and
 prints its markdown table (``--markdown FILE``: one JSON's table);
@@ -37,6 +39,7 @@ import os
 import platform
 import re
 import sys
+import traceback
 import types
 import unittest.mock
 from pathlib import Path
@@ -175,11 +178,52 @@ def build_auto(cls, gen, vocab, hsize, dtype, layers=3, start=5):
     return skeleton(cls, lm_head=head, logits_processor=processor(vocab), config=config, model=model).to(dtype)
 
 
-BUILDERS = {  # class name -> builder(gen, vocab, hidden size, dtype) -> (model, reference)
+def build_deepseek_v4_mtp(gen, vocab, hsize, dtype, cls, layers=2, hc_mult=2):
+    """vLLM's DeepSeekV4MTP (``cls``: a platform variant's), its MTP layers
+    holding only what ``compute_logits`` reads: the hc-multiplexed residual's
+    head reduction (``hc_mult`` streams of ``hsize // hc_mult``: ``hc_head_fn``,
+    ``_scale``, ``_base``, the xpu variant's ``HCHeadOp``) and a SharedHead
+    (an RMSNorm, then its own head), chosen by ``spec_step_idx % layers``."""
+    from vllm.model_executor.layers.mhc import HCHeadOp
+    from vllm.model_executor.models.deepseek_mtp import SharedHead
+
+    from tests.support.vllm_common import after_loading, processor
+
+    width = hsize // hc_mult
+    config = types.SimpleNamespace(hidden_size=width, rms_norm_eps=1e-6, vocab_size=vocab)
+    start, mods = 5, {}
+    for i in range(layers):
+        shared = SharedHead(config, prefix=f"model.layers.{start + i}.shared_head")
+        shared.head.weight.weight_loader(shared.head.weight, torch.randn(vocab, width, generator=gen) / width**0.5)
+        after_loading(shared.head)
+        mods[str(start + i)] = skeleton(
+            torch.nn.Module,
+            config=config,
+            shared_head=shared,
+            hc_mult=hc_mult,
+            hc_head_fn=torch.nn.Parameter(torch.randn(hc_mult, hc_mult * width, generator=gen), requires_grad=False),
+            hc_head_scale=torch.nn.Parameter(torch.rand(1, generator=gen), requires_grad=False),
+            hc_head_base=torch.nn.Parameter(torch.randn(hc_mult, generator=gen), requires_grad=False),
+            hc_head_op=HCHeadOp(),
+            rms_norm_eps=1e-6,
+            hc_eps=1e-6,
+        )
+    predictor = skeleton(
+        sys.modules[cls.__module__].DeepSeekV4MultiTokenPredictor,
+        layers=torch.nn.ModuleDict(mods),
+        mtp_start_layer_idx=start,
+        num_mtp_layers=layers,
+        logits_processor=processor(vocab),
+    )
+    return skeleton(cls, model=predictor).to(dtype), None
+
+
+BUILDERS = {  # class name -> builder(gen, vocab, hidden size, dtype[, cls]) -> (model, reference or None)
     "DeepSeekMTP": build_deepseek_mtp,
     "DFlashLagunaForCausalLM": build_plain("vllm.model_executor.models.laguna_dflash:DFlashLagunaForCausalLM"),
     "NemotronHMTP": build_plain("vllm.model_executor.models.nemotron_h_mtp:NemotronHMTP"),
     "ExaoneMoeMTP": build_plain("vllm.model_executor.models.exaone_moe_mtp:ExaoneMoeMTP"),
+    "DeepSeekV4MTP": build_deepseek_v4_mtp,  # takes the variant's class
     "LongCatFlashMTP": build_plain("vllm.model_executor.models.longcat_flash_mtp:LongCatFlashMTP"),
     # masks its logits past the speech vocabulary after the processor: left without the method
     "Nemotron3_5TranscribeMTP": build_plain(
@@ -192,22 +236,164 @@ BUILDERS = {  # class name -> builder(gen, vocab, hidden size, dtype) -> (model,
 # ----------------------------------------------------------------------------- the inventory
 
 
-class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports of absent packages (:data:`STAND_IN_PACKAGES`, and any other
-    non-vLLM package a draft module needs and this machine lacks: AMD's,
-    NVIDIA's kernels) answered by mock modules."""
+class _StandIns(importlib.abc.MetaPathFinder):
+    """What a draft module trips on at import on this CPU machine, each
+    answered by the narrowest stand-in and named in its row (see :meth:`load`):
+
+    - an absent package (:data:`STAND_IN_PACKAGES`, and any other non-vLLM
+      package a draft module needs and this machine lacks: AMD's, NVIDIA's
+      kernels), or vLLM's ``vllm_flash_attn`` without its compiled
+      ``_vllm_fa2_C`` / ``_vllm_fa3_C``: mock modules;
+    - ``vllm.platforms.rocm``, whose import reads the GPU's architecture
+      (``torch.cuda.get_device_properties``): that call answers ``gfx942``
+      while it is imported;
+    - a package ``__init__`` that picks its platform's variant and raises on
+      others (Mistral Large 4): an empty package, so a variant module imports;
+    - a name a vLLM module defines on another platform only
+      (``cannot import name``): a mock of it there while the module imports.
+    """
+
+    GCN_ARCH = "gfx942"
 
     def __init__(self):
-        self.names = set(STAND_IN_PACKAGES)
-        self.used = set()
+        self.names = set(STAND_IN_PACKAGES)  # mocked packages (dotted prefixes)
+        self.patched = {}  # module -> label: imported with torch.cuda.get_device_properties answered
+        self.bare = {}  # package -> label: its __init__ not run
+        self.labels = set(STAND_IN_PACKAGES)  # every stand-in's name, as rows show it
+        self.all_used = set()
+        self.taint: dict[str, set] = {}  # module -> stand-ins its import needed
+        self._loading = None
+
+    def _mocked(self, fullname):
+        return next((n for n in self.names if fullname == n or fullname.startswith(n + ".")), None)
 
     def find_spec(self, fullname, path=None, target=None):
-        root = fullname.split(".")[0]
-        if root not in self.names:
+        if fullname in self.patched:
+            self.taint[fullname] = {self.patched[fullname]}
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            spec.loader = _PatchedLoader(spec.loader, self.GCN_ARCH)
+            return spec
+        if fullname in self.bare and self._loading != fullname:
+            real = importlib.machinery.PathFinder.find_spec(fullname, path)
+            spec = importlib.machinery.ModuleSpec(fullname, _BareLoader(), is_package=True)
+            spec.submodule_search_locations = list(real.submodule_search_locations)
+            return spec
+        name = self._mocked(fullname)
+        if name is None:
             return None
-        self.used.add(root)
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return importlib.machinery.ModuleSpec(fullname, _MockLoader(), is_package=True)
 
+    def _diagnose(self, e: BaseException, modname: str, names: dict) -> str | None:
+        """The stand-in for what ``e`` tripped on (added), or None if there is none."""
+        if isinstance(e, ModuleNotFoundError):
+            root = (e.name or "").split(".")[0]
+            if root and root != "vllm" and root not in self.names:
+                self.names.add(root)
+                self.labels.add(root)
+                return root
+            return None
+        frames = [f.f_globals.get("__name__", "") for f, _ in traceback.walk_tb(e.__traceback__)]
+        rocm = "vllm.platforms.rocm"
+        if rocm in frames and rocm not in self.patched:
+            self.patched[rocm] = f"torch.cuda.get_device_properties ({self.GCN_ARCH}) in {rocm}"
+            return self.patched[rocm]
+        if isinstance(e, ImportError) and frames[-1] == "vllm.vllm_flash_attn":
+            self.names.add("vllm.vllm_flash_attn")  # its compiled _vllm_fa2_C / _vllm_fa3_C absent
+            self.labels.add("vllm.vllm_flash_attn")
+            for mod in [m for m in sys.modules if m.startswith("vllm.vllm_flash_attn")]:
+                del sys.modules[mod]
+            return "vllm.vllm_flash_attn"
+        match = re.match(r"cannot import name '(\w+)' from '(vllm[\w.]*)'", str(e))
+        if isinstance(e, ImportError) and match and match[2] in sys.modules and match.groups() not in names:
+            names[match.groups()] = unittest.mock.MagicMock(name=f"{match[2]}.{match[1]}")
+            self.labels.add(f"{match[2]}.{match[1]}")
+            return f"{match[2]}.{match[1]}"
+        for frame, _ in traceback.walk_tb(e.__traceback__):
+            name = frame.f_globals.get("__name__", "")
+            if (
+                frame.f_code.co_filename.endswith("__init__.py")
+                and frame.f_code.co_name == "<module>"
+                and modname.startswith(name + ".")
+                and name.startswith("vllm.models.")
+                and name not in self.bare
+            ):
+                self.bare[name] = f"{name} (its platform dispatch not run)"
+                return self.bare[name]
+        return None
+
+    def load(self, modname: str, name: str):
+        """Import ``modname`` and read its class ``name``, answering each thing
+        the import trips on by a stand-in and importing again. Returns (the
+        class, None, the stand-ins of the class's modules and of the modules
+        they take names from) or (None, the import error, [])."""
+        before = set(sys.modules)
+        names: dict[tuple[str, str], object] = {}  # (name, module) -> mock, set while importing
+        sys.meta_path.insert(0, self)
+        self._loading = modname
+        try:
+            for _ in range(12):
+                for (attr, mod), value in names.items():
+                    setattr(sys.modules[mod], attr, value)
+                try:
+                    cls = getattr(importlib.import_module(modname), name)
+                except Exception as e:  # noqa: BLE001 - reported in the table
+                    if self._diagnose(e, modname, names) is None:
+                        return None, _message(e), []
+                    continue
+                finally:
+                    for attr, mod in names:
+                        if hasattr(sys.modules.get(mod), attr):
+                            delattr(sys.modules[mod], attr)
+                self._spread(set(sys.modules) - before)
+                used = set().union(*(self.taint.get(k.__module__, ()) for k in cls.__mro__))
+                self.all_used |= used
+                return cls, None, sorted(used)
+            return None, "too many stand-ins", []
+        finally:
+            self._loading = None
+            sys.meta_path.remove(self)
+            for mod in [m for m in sys.modules if self._mocked(m) or m in self.bare]:
+                del sys.modules[mod]  # the next import asks again (and is recorded); imported classes keep theirs
+            self.names -= {n for n in self.names if n.startswith("vllm.")}  # a vLLM module's mock serves its row only
+
+    def _label(self, value) -> str | None:
+        """The stand-in ``value`` is (a mock module or a mock of a name), or None."""
+        if not isinstance(value, unittest.mock.NonCallableMock):
+            return None
+        name = value._extract_mock_name()
+        return max((lab for lab in self.labels if name == lab or name.startswith(lab + ".")), key=len, default=None)
+
+    def _spread(self, new: set) -> None:
+        """Record, for each module ``new`` to sys.modules, the stand-ins its import
+        needed: those of the names it took (a mock, or an object of a module that
+        needed stand-ins), and the package whose ``__init__`` was not run."""
+        direct = {}
+        for mod in new:
+            labels, sources = set(), set()
+            for value in list(vars(sys.modules[mod]).values()) if sys.modules.get(mod) is not None else ():
+                label = self._label(value)
+                if label:
+                    labels.add(label)
+                elif isinstance(value, types.ModuleType):
+                    sources.add(value.__name__)
+                else:
+                    try:
+                        sources.add(getattr(value, "__module__", None))
+                    except Exception:  # noqa: BLE001 - an object that cannot say: not a source
+                        pass
+            labels |= {lab for pkg, lab in self.bare.items() if mod.startswith(pkg + ".")}
+            direct[mod] = (labels, sources - {mod, None})
+        changed = True
+        while changed:
+            changed = False
+            for mod, (labels, sources) in direct.items():
+                spread = labels.union(*(self.taint.get(src, ()) for src in sources))
+                if spread - self.taint.get(mod, set()):
+                    self.taint.setdefault(mod, set()).update(spread)
+                    changed = True
+
+
+class _MockLoader(importlib.abc.Loader):
     def create_module(self, spec):
         module = unittest.mock.MagicMock(name=spec.name)
         module.__path__, module.__spec__, module.__name__ = [], spec, spec.name
@@ -216,26 +402,28 @@ class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module):
         pass
 
-    def load(self, modname: str, name: str):
-        """(the class, None, stand-ins used) or (None, the import error, stand-ins used)."""
-        before = set(self.used)
-        sys.meta_path.append(self)
-        try:
-            for _ in range(8):
-                try:
-                    return getattr(importlib.import_module(modname), name), None, sorted(self.used - before)
-                except ModuleNotFoundError as e:
-                    root = (e.name or "").split(".")[0]
-                    if not root or root == "vllm" or root in self.names:
-                        return None, f"{type(e).__name__}: {e}", []
-                    self.names.add(root)
-                except Exception as e:  # noqa: BLE001 - reported in the table
-                    return None, _message(e), []
-            return None, "too many absent packages", []
-        finally:
-            sys.meta_path.remove(self)
-            for mod in [m for m in sys.modules if m.split(".")[0] in self.names]:
-                del sys.modules[mod]  # the next import asks again (and is recorded); imported classes keep theirs
+
+class _BareLoader(importlib.abc.Loader):
+    def create_module(self, spec):
+        return None  # a plain package module: spec's search locations, no __init__ run
+
+    def exec_module(self, module):
+        pass
+
+
+class _PatchedLoader(importlib.abc.Loader):
+    """``loader``, with ``torch.cuda.get_device_properties`` answering ``gcnArchName=arch`` while it runs."""
+
+    def __init__(self, loader, arch):
+        self.loader, self.arch = loader, arch
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        props = types.SimpleNamespace(gcnArchName=self.arch)
+        with unittest.mock.patch("torch.cuda.get_device_properties", return_value=props):
+            self.loader.exec_module(module)
 
 
 _PATH_DIRS = re.compile(r"(?<![:/\w])(?:/[\w.+-]+)+/")  # an absolute path's directories (not a URL's)
@@ -244,6 +432,16 @@ _PATH_DIRS = re.compile(r"(?<![:/\w])(?:/[\w.+-]+)+/")  # an absolute path's dir
 def _message(e: BaseException) -> str:
     """``Type: first line`` of an exception, without this machine's directories, at most 120 characters."""
     return f"{type(e).__name__}: {_PATH_DIRS.sub('', str(e).splitlines()[0] if str(e) else '')[:120]}"
+
+
+def _where(e: BaseException) -> str:
+    """`` (at vLLM's A > B > ...)``: the vLLM functions from ``compute_logits``'s
+    call down to where ``e`` was raised ("" if it was not raised below one)."""
+    frames = [(f.f_globals.get("__name__", ""), f.f_code) for f, _ in traceback.walk_tb(e.__traceback__)]
+    last = max((i for i, (_, code) in enumerate(frames) if code.co_name == "compute_logits"), default=None)
+    below = frames[last + 1 :] if last is not None else []
+    calls = [code.co_qualname for mod, code in below if mod.startswith("vllm.") and code.co_name != "<module>"]
+    return f" (at vLLM's {' > '.join(calls)})" if calls else ""
 
 
 def _defined_by(cls, attr):
@@ -299,6 +497,12 @@ def inventory(stand_ins: _StandIns) -> list[dict]:
             row["get_top_tokens"] = _defined_by(cls, "get_top_tokens")
             if row["compute_logits"]:
                 row["compute_logits_takes_step"] = "spec_step_idx" in inspect.signature(cls.compute_logits).parameters
+    for key, row in list(rows.items()):  # a registry module that picks no variant on this machine, its variants rows
+        variants = [r for r in rows.values() if r["module"].startswith(key[0] + ".") and r["import"] == "ok"]
+        if row["import"] != "ok" and variants:
+            del rows[key]
+            for variant in variants:
+                variant["registry_module_error"] = f"{key[0]}: {row['import']}"
     return list(rows.values())
 
 
@@ -316,11 +520,15 @@ def probe_small(rows: list[dict]) -> None:
         build = BUILDERS.get(row["class"])
         row["built_by"] = "BUILDERS" if build else "build_auto"
         try:
-            model = build(gen, 1000, 32, torch.float32)[0] if build else build_auto(cls, gen, 1000, 32, torch.float32)
+            if build is None:
+                model = build_auto(cls, gen, 1000, 32, torch.float32)
+            else:
+                per_variant = "cls" in inspect.signature(build).parameters
+                model = build(gen, 1000, 32, torch.float32, **({"cls": cls} if per_variant else {}))[0]
             model.compute_logits(torch.randn(4, 32, generator=gen))
         except Exception as e:  # noqa: BLE001 - the table says which could not be built
             row["built_by"] = None
-            row["build_error"] = _message(e)
+            row["build_error"] = _message(e) + _where(e)
             continue
         try:
             reason = drafters.prepare(model, 32, torch.float32, torch.device("cpu"), steps=range(3))
@@ -360,6 +568,10 @@ def markdown(doc: dict) -> str:
             where = f" ({where}{', on this machine' if row['resolved_here'] else ''})"
         stand = f"; stand-ins for {', '.join(row['stand_ins'])}" if row.get("stand_ins") else ""
         lines.append(f"| `{row['class']}`{where}{stand} | {archs} | {alone} | {plugin} |")
+    unresolved = dict.fromkeys(r["registry_module_error"] for r in doc["rows"] if r.get("registry_module_error"))
+    for error in unresolved:
+        module, _, message = error.partition(": ")
+        lines += ["", f"On this machine vLLM's `{module}` resolves no class ({message}); its variants are rows above."]
     return "\n".join(lines)
 
 
@@ -406,7 +618,7 @@ def main(argv=None) -> int:
         "date": datetime.date.today().isoformat(),
         "cpu": platform.processor() or platform.machine(),
         "drafter_classes": len(rows),
-        "stand_in_packages": sorted(stand_ins.used),
+        "stand_ins": sorted(stand_ins.all_used),
         "rows": rows,
     }
     out = RESULTS / f"vllm_drafters_{version}.json"

@@ -6,8 +6,9 @@ DFlashSpeculator), Nemotron3_5TranscribeMTP (masks its logits after the
 processor: left without the method) and a planted disagreement (an error).
 The classes are built small by bench/vllm_drafters.py's builders (vLLM's
 class and compute_logits, only the submodules compute_logits uses). One
-launch of 2 spawned ranks. Skipped, with the reason, only when vLLM is not
-installed. docs/vllm.md's drafter tables are checked by tests/test_readme.py.
+launch of 2 spawned ranks; one more interpreter imports GPU-only draft
+modules with the script's stand-ins (each named per row). Skipped, with the
+reason, only when vLLM is not installed. docs/vllm.md's drafter tables are checked by tests/test_readme.py.
 """
 
 from __future__ import annotations
@@ -276,3 +277,61 @@ def test_planted_disagreement_is_an_error_on_every_rank(ranks):
         p = r["planted"]
         assert p["start"].startswith("RuntimeError") and "DeepSeekMTP" in p["start"], p["start"]
         assert not p["has_method"]
+
+
+STAND_INS = r"""
+import importlib.util, json, sys
+import vllm  # noqa: F401
+from vllm.model_executor.models import registry  # noqa: F401
+from bench.vllm_drafters import _StandIns
+
+s, out = _StandIns(), {}
+for mod, name in [
+    ("vllm.model_executor.models.deepseek_mtp", "DeepSeekMTP"),
+    ("vllm.models.deepseek_v4.amd.dspark", "DSparkDeepseekV4ForCausalLM"),
+    ("vllm.models.deepseek_v4.amd.mtp", "DeepSeekV4MTP"),
+    ("vllm.models.dots3_note.nvidia.mtp", "Dots3NoteMTP"),
+    ("vllm.models.mistral.mistral_large4", "MistralLarge4DSparkForCausalLM"),
+    ("vllm.models.mistral.mistral_large4.nvidia.dspark", "MistralLarge4DSparkForCausalLM"),
+]:
+    if importlib.util.find_spec(".".join(mod.split(".")[:3])) is None:
+        continue  # not in this vLLM (0.33 has no Mistral Large 4)
+    cls, error, used = s.load(mod, name)
+    out[mod] = {"class": cls.__name__ if cls else None, "error": error, "used": used}
+out["mocked_after"] = sorted(s.names)
+out["modules_after"] = [m for m in ("vllm.vllm_flash_attn", "vllm.models.mistral.mistral_large4") if m in sys.modules]
+print(json.dumps(out))
+"""
+
+
+@needs_vllm
+def test_stand_ins_import_gpu_only_modules_and_name_them_per_row():
+    """bench/vllm_drafters.py's import stand-ins (in a fresh interpreter: they
+    leave vllm.platforms.rocm imported): AMD modules import with the GPU-arch
+    query answered and say so, the second one too though rocm was imported by
+    then; Dots3Note with vllm_flash_attn mocked for its row only; Mistral
+    Large 4's variant with its package's platform dispatch not run, while the
+    package itself still refuses this machine; a plain class shows none."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.support.vllm_common import rank_env
+
+    with rank_env():
+        root = Path(__file__).resolve().parent.parent  # bench/ importable
+        proc = subprocess.run([sys.executable, "-c", STAND_INS], capture_output=True, text=True, timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    rocm = "torch.cuda.get_device_properties (gfx942) in vllm.platforms.rocm"
+    assert out["vllm.model_executor.models.deepseek_mtp"] == {"class": "DeepSeekMTP", "error": None, "used": []}
+    for mod in ("vllm.models.deepseek_v4.amd.dspark", "vllm.models.deepseek_v4.amd.mtp"):
+        assert out[mod]["class"] and rocm in out[mod]["used"], out[mod]
+    dots = out["vllm.models.dots3_note.nvidia.mtp"]
+    assert dots["class"] == "Dots3NoteMTP" and "vllm.vllm_flash_attn" in dots["used"], dots
+    assert not any(n.startswith("vllm.") for n in out["mocked_after"]) and not out["modules_after"], out
+    if "vllm.models.mistral.mistral_large4" in out:
+        assert "Mistral Large 4 is only supported" in out["vllm.models.mistral.mistral_large4"]["error"]
+        variant = out["vllm.models.mistral.mistral_large4.nvidia.dspark"]
+        assert variant["used"] == ["vllm.models.mistral.mistral_large4 (its platform dispatch not run)"], variant
