@@ -17,7 +17,13 @@ generic skeleton suffices. A module whose import trips on something this
 CPU machine lacks (a package, a compiled extension, a GPU to query, a
 platform check) is imported with the narrowest stand-in for it
 (:class:`_StandIns`; listed per row and in the JSON); its ``compute_logits``
-runs as any other, on vLLM's own tensors.
+runs as any other, on vLLM's own tensors. A GPU kernel a ``compute_logits``
+calls before its ``LogitsProcessor`` is replaced, while that row is probed,
+by vLLM's own Triton kernel for the same operation
+(:data:`KERNEL_STAND_INS`, named per row). vLLM's Triton kernels run under
+Triton's interpreter on the CPU: ``main`` sets ``TRITON_INTERPRET=1`` (with
+vLLM's CPU platform and no visible CUDA device) before triton is imported,
+unless the environment sets them.
 
 Writes bench/results/vllm_drafters_<version>.json (rows and the command) and
 prints its markdown table (``--markdown FILE``: one JSON's table);
@@ -28,6 +34,7 @@ docs/vllm.md (kind ``vllm_drafters``; tests/test_readme.py checks it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib
 import importlib.abc
@@ -182,8 +189,9 @@ def build_deepseek_v4_mtp(gen, vocab, hsize, dtype, cls, layers=2, hc_mult=2):
     """vLLM's DeepSeekV4MTP (``cls``: a platform variant's), its MTP layers
     holding only what ``compute_logits`` reads: the hc-multiplexed residual's
     head reduction (``hc_mult`` streams of ``hsize // hc_mult``: ``hc_head_fn``,
-    ``_scale``, ``_base``, the xpu variant's ``HCHeadOp``) and a SharedHead
-    (an RMSNorm, then its own head), chosen by ``spec_step_idx % layers``."""
+    ``_scale``, ``_base`` in float32 as vLLM creates them, the xpu variant's
+    ``HCHeadOp``) and a SharedHead in ``dtype`` (an RMSNorm with random
+    weights, then its own head), chosen by ``spec_step_idx % layers``."""
     from vllm.model_executor.layers.mhc import HCHeadOp
     from vllm.model_executor.models.deepseek_mtp import SharedHead
 
@@ -196,6 +204,9 @@ def build_deepseek_v4_mtp(gen, vocab, hsize, dtype, cls, layers=2, hc_mult=2):
         shared = SharedHead(config, prefix=f"model.layers.{start + i}.shared_head")
         shared.head.weight.weight_loader(shared.head.weight, torch.randn(vocab, width, generator=gen) / width**0.5)
         after_loading(shared.head)
+        with torch.no_grad():
+            shared.norm.weight.copy_(torch.rand(width, generator=gen) + 0.5)
+        shared.to(dtype)
         mods[str(start + i)] = skeleton(
             torch.nn.Module,
             config=config,
@@ -215,7 +226,44 @@ def build_deepseek_v4_mtp(gen, vocab, hsize, dtype, cls, layers=2, hc_mult=2):
         num_mtp_layers=layers,
         logits_processor=processor(vocab),
     )
-    return skeleton(cls, model=predictor).to(dtype), None
+    return skeleton(cls, model=predictor), None
+
+
+def triton_hc_head(hidden_states, hc_fn, hc_scale, hc_base, rms_norm_eps, hc_eps):
+    """vLLM's Triton hc_head (``torch.ops.vllm.hc_head_triton``), called as
+    vLLM's ``HCHeadOp.forward_hip`` calls it without TileLang: ``hidden_states``
+    ``[..., hc_mult, D]`` viewed ``[T, hc_mult, D]``; ``hc_fn``
+    ``[hc_mult, hc_mult * D]``, ``hc_scale`` ``[1]``, ``hc_base`` ``[hc_mult]``
+    float32. Returns ``[..., D]`` bfloat16 (as vLLM's TileLang, XPU and Triton
+    hc_heads do), on ``hidden_states``' device."""
+    import vllm.model_executor.kernels.mhc.triton  # noqa: F401 - registers torch.ops.vllm.hc_head_triton
+
+    hc_mult, hidden_size = hidden_states.shape[-2:]
+    outer_shape = hidden_states.shape[:-2]
+    hs_flat = hidden_states.view(-1, hc_mult, hidden_size)
+    out = torch.empty(hs_flat.shape[0], hidden_size, dtype=torch.bfloat16, device=hidden_states.device)
+    torch.ops.vllm.hc_head_triton(hs_flat, hc_fn, hc_scale, hc_base, out, hidden_size, rms_norm_eps, hc_eps, hc_mult)
+    return out.view(*outer_shape, hidden_size)
+
+
+KERNEL_STAND_INS = {
+    # a class's module -> (module, name, stand-in, label): a GPU kernel its compute_logits calls before
+    # its LogitsProcessor, replaced while its row is probed
+    "vllm.models.deepseek_v4.nvidia.mtp": (
+        "vllm.models.deepseek_v4.nvidia.mtp",
+        "hc_head_fused_kernel_tilelang",
+        triton_hc_head,
+        "hc_head_fused_kernel_tilelang (TileLang): vLLM's Triton hc_head, interpreted",
+    ),
+    # HCHeadOp dispatches by platform: forward_xpu on an XPU, forward_cpu > hc_head_fused_cpu here
+    "vllm.models.deepseek_v4.xpu.mtp": (
+        "vllm.model_executor.kernels.mhc",
+        "hc_head_fused_cpu",
+        triton_hc_head,
+        "HCHeadOp's hc_head_fused_cpu (vLLM's CPU build): vLLM's Triton hc_head, interpreted",
+    ),
+}
+PROBE_DTYPES = {"DeepSeekV4MTP": torch.bfloat16}  # class name -> dtype: its hc_head gives bfloat16; others float32
 
 
 BUILDERS = {  # class name -> builder(gen, vocab, hidden size, dtype[, cls]) -> (model, reference or None)
@@ -507,7 +555,9 @@ def inventory(stand_ins: _StandIns) -> list[dict]:
 
 
 def probe_small(rows: list[dict]) -> None:
-    """Build the :data:`BUILDERS` classes small (1 rank, CPU, float32) and record the plugin's probe verdict."""
+    """Build the :data:`BUILDERS` classes small (1 rank, CPU, float32 or
+    :data:`PROBE_DTYPES`), with :data:`KERNEL_STAND_INS` while each is probed,
+    and record the plugin's probe verdict."""
     import localargmax.integrations.vllm as plugin
     from localargmax.integrations.vllm import drafters
 
@@ -519,22 +569,30 @@ def probe_small(rows: list[dict]) -> None:
         cls = getattr(importlib.import_module(row["module"]), row["class"])
         build = BUILDERS.get(row["class"])
         row["built_by"] = "BUILDERS" if build else "build_auto"
-        try:
-            if build is None:
-                model = build_auto(cls, gen, 1000, 32, torch.float32)
-            else:
-                per_variant = "cls" in inspect.signature(build).parameters
-                model = build(gen, 1000, 32, torch.float32, **({"cls": cls} if per_variant else {}))[0]
-            model.compute_logits(torch.randn(4, 32, generator=gen))
-        except Exception as e:  # noqa: BLE001 - the table says which could not be built
-            row["built_by"] = None
-            row["build_error"] = _message(e) + _where(e)
-            continue
-        try:
-            reason = drafters.prepare(model, 32, torch.float32, torch.device("cpu"), steps=range(3))
-            row["probe"] = "given" if reason is None else f"left without: {reason}"
-        except RuntimeError as e:
-            row["probe"] = f"error: {e}"
+        dtype = PROBE_DTYPES.get(row["class"], torch.float32)
+        if dtype != torch.float32:
+            row["probe_dtype"] = str(dtype).removeprefix("torch.")
+        with contextlib.ExitStack() as kernels:
+            if row["module"] in KERNEL_STAND_INS:
+                module, name, stand_in, label = KERNEL_STAND_INS[row["module"]]
+                kernels.enter_context(unittest.mock.patch.object(importlib.import_module(module), name, stand_in))
+                row["stand_ins"] = sorted([*row.get("stand_ins", []), label])
+            try:
+                if build is None:
+                    model = build_auto(cls, gen, 1000, 32, dtype)
+                else:
+                    per_variant = "cls" in inspect.signature(build).parameters
+                    model = build(gen, 1000, 32, dtype, **({"cls": cls} if per_variant else {}))[0]
+                model.compute_logits(torch.randn(4, 32, generator=gen).to(dtype))
+            except Exception as e:  # noqa: BLE001 - the table says which could not be built
+                row["built_by"] = None
+                row["build_error"] = _message(e) + _where(e)
+                continue
+            try:
+                reason = drafters.prepare(model, 32, dtype, torch.device("cpu"), steps=range(3))
+                row["probe"] = "given" if reason is None else f"left without: {reason}"
+            except RuntimeError as e:
+                row["probe"] = f"error: {e}"
 
 
 def verdicts(row: dict) -> tuple[str, str]:
@@ -547,7 +605,8 @@ def verdicts(row: dict) -> tuple[str, str]:
         return "no (no `compute_logits` in this variant)", "no (not a LogitsProcessor drafter)"
     probe = row.get("probe")
     if probe == "given":
-        return "no", f"**yes**: given at load (probed here, `{row['built_by']}`)"
+        dtype = f", {row['probe_dtype']}" if row.get("probe_dtype") else ""
+        return "no", f"**yes**: given at load (probed here, `{row['built_by']}`{dtype})"
     if probe is not None:
         return "no", f"no: {probe}"
     return "no", f"at load, if the probe passes (not built here: {row.get('build_error')})"
@@ -595,6 +654,7 @@ def main(argv=None) -> int:
         return 0
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton's first import: vLLM's Triton kernels on the CPU
     import vllm
 
     stand_ins = _StandIns()
@@ -618,7 +678,7 @@ def main(argv=None) -> int:
         "date": datetime.date.today().isoformat(),
         "cpu": platform.processor() or platform.machine(),
         "drafter_classes": len(rows),
-        "stand_ins": sorted(stand_ins.all_used),
+        "stand_ins": sorted(stand_ins.all_used.union(*(row.get("stand_ins", ()) for row in rows))),
         "rows": rows,
     }
     out = RESULTS / f"vllm_drafters_{version}.json"

@@ -7,7 +7,9 @@ processor: left without the method) and a planted disagreement (an error).
 The classes are built small by bench/vllm_drafters.py's builders (vLLM's
 class and compute_logits, only the submodules compute_logits uses). One
 launch of 2 spawned ranks; one more interpreter imports GPU-only draft
-modules with the script's stand-ins (each named per row). Skipped, with the
+modules with the script's stand-ins (each named per row), and one probes
+DeepSeekV4MTP's nvidia and xpu variants with vLLM's Triton hc_head
+(interpreted) for their GPU-only one. Skipped, with the
 reason, only when vLLM is not installed. docs/vllm.md's drafter tables are checked by tests/test_readme.py.
 """
 
@@ -335,3 +337,97 @@ def test_stand_ins_import_gpu_only_modules_and_name_them_per_row():
         assert "Mistral Large 4 is only supported" in out["vllm.models.mistral.mistral_large4"]["error"]
         variant = out["vllm.models.mistral.mistral_large4.nvidia.dspark"]
         assert variant["used"] == ["vllm.models.mistral.mistral_large4 (its platform dispatch not run)"], variant
+
+
+KERNELS = r"""
+import importlib, json, sys, torch
+from bench import vllm_drafters as vd
+import localargmax.integrations.vllm as plugin  # noqa: F401
+
+ctx, _ = vd._single_rank_vllm()
+gen, out = torch.Generator().manual_seed(int(sys.argv[1])), {}
+
+# the stand-in against float64 hc_head (vLLM's HCHeadOp: gates from the RMS-normalised flattened residual,
+# out = sum_i gate_i * residual_i), within a bound of its bfloat16 roundings (the normalised input, the output)
+T, M, D, eps, hc_eps = 7, 4, 48, 1e-6, 0.125
+x = torch.randn(T, M, D, generator=gen).bfloat16()
+x[2] = 0  # an all-zero row: its norm is eps's
+fn = torch.randn(M, M * D, generator=gen) / (M * D) ** 0.5  # mixes of order 1: gates off sigmoid's flat ends
+scale, base = torch.rand(1, generator=gen) + 0.5, torch.randn(M, generator=gen)
+got = vd.triton_hc_head(x.view(T, 1, M, D), fn, scale, base, eps, hc_eps).view(T, D).double()
+xd, f = x.double(), fn.double()
+flat = xd.flatten(1)
+normed = flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + eps)
+gate = torch.sigmoid(normed @ f.T * scale.double() + base.double()) + hc_eps
+ref = (gate[:, :, None] * xd).sum(1)
+u = 2.0**-8  # bfloat16's unit roundoff; float32's error folded in by the factor 2
+gate_err = 0.25 * scale.double() * u * (normed.abs() @ f.abs().T)
+bound = 2 * ((gate_err[:, :, None] * xd.abs()).sum(1) + u * ref.abs()) + 1e-30
+out["hc_head"] = {"dtype": str(got.dtype), "shape": [T, D], "excess": ((got - ref).abs() / bound).max().item()}
+out["hc_head_dtype"] = str(vd.triton_hc_head(x, fn, scale, base, eps, hc_eps).dtype)
+
+def rows():
+    return [{"import": "ok", "module": m, "class": "DeepSeekV4MTP", "compute_logits": "DeepSeekV4MTP",
+             "get_top_tokens": None} for m in ("vllm.models.deepseek_v4.nvidia.mtp", "vllm.models.deepseek_v4.xpu.mtp")]
+
+probed = rows()
+vd.probe_small(probed)
+out["probed"] = probed
+out["restored"] = {  # vLLM's own kernel back in place after the row's probe
+    row: getattr(importlib.import_module(module), name) is not stand_in
+    for row, (module, name, stand_in, _) in vd.KERNEL_STAND_INS.items()
+}
+
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+right = LogitsProcessor.get_top_tokens
+LogitsProcessor.get_top_tokens = lambda self, head, h, bias=None: right(self, head, h, bias) + 1  # a planted wrong id
+wrong = rows()
+vd.probe_small(wrong)
+LogitsProcessor.get_top_tokens = right
+out["planted"] = wrong
+
+vd.KERNEL_STAND_INS.clear()
+bare = rows()
+vd.probe_small(bare)
+out["without"] = bare
+ctx.__exit__(None, None, None)
+print(json.dumps(out))
+"""
+
+
+@needs_vllm
+def test_deepseek_v4_rows_probe_with_vllms_triton_hc_head():
+    """DeepSeekV4MTP's nvidia and xpu variants (compute_logits: a GPU-only
+    hc_head, vLLM's Triton shared-head RMSNorm, then its LogitsProcessor):
+    the script's stand-in, vLLM's Triton hc_head under Triton's interpreter,
+    is within its bfloat16 bound of float64's hc_head; with it each row is
+    built and the plugin's probe gives the method, the stand-in named in the
+    row and removed after; the probe on those rows refuses a planted wrong
+    fused id; without the stand-in neither row builds."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import draw_seed
+    from tests.support.vllm_common import rank_env
+
+    seed = draw_seed()
+    with rank_env():
+        root = Path(__file__).resolve().parent.parent
+        proc = subprocess.run(
+            [sys.executable, "-c", KERNELS, str(seed)], capture_output=True, text=True, timeout=300, cwd=root
+        )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["hc_head"]["excess"] <= 1, f"seed {seed}: {out['hc_head']}"
+    assert out["hc_head_dtype"] == "torch.bfloat16"
+    for row in out["probed"]:
+        assert row["probe"] == "given" and row["probe_dtype"] == "bfloat16", row
+        assert any("vLLM's Triton hc_head" in s for s in row["stand_ins"]), row
+    assert all(out["restored"].values()), out["restored"]
+    for row in out["planted"]:
+        assert row["probe"].startswith("error") and "DeepSeekV4MTP" in row["probe"], row
+    tilelang, cpu = out["without"]
+    assert "tilelang" in tilelang["build_error"] and "probe" not in tilelang, tilelang
+    assert "hc_head_fused_cpu" in cpu["build_error"] and "probe" not in cpu, cpu
