@@ -35,8 +35,8 @@ TORCH_LIBRARY(localargmax, m) {
         "-> (Tensor, Tensor)");
   // keys [tp, B] or [B] int64, d2t [draft_vocab]? int64 -> (ids [B] int64, values [B] float32)
   m.def("merge_keys(Tensor keys, Tensor? d2t) -> (Tensor, Tensor)");
-  // The samplers' Gumbel noise (common/philox.h) at (seed, rows[i], ids[i]): rows, ids int64 of one shape,
-  // >= 0 -> float32 of that shape. CPU only (on CUDA, localargmax.sampling evaluates it in torch).
+  // The samplers' Gumbel noise (common/philox.h) at (seed, rows[i], ids[i]): rows (uint64 bits) and ids (>= 0)
+  // int64 of one shape -> float32 of that shape. CPU only (on CUDA, localargmax.sampling evaluates it in torch).
   m.def("gumbel_noise(int seed, Tensor rows, Tensor ids) -> Tensor");
 }
 

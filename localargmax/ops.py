@@ -361,6 +361,8 @@ def _merge_keys_fake(keys, d2t):
 def _gumbel_noise_fake(seed, rows, ids):
     if rows.shape != ids.shape or rows.dtype != torch.int64 or ids.dtype != torch.int64:
         raise ValueError(f"gumbel_noise: rows and ids must be int64 of one shape, got {rows.shape}, {ids.shape}")
+    if rows.device != ids.device:
+        raise ValueError(f"gumbel_noise: rows and ids must be on one device, got {rows.device} and {ids.device}")
     return rows.new_empty(rows.shape, dtype=torch.float32)
 
 

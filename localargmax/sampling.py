@@ -30,7 +30,7 @@ FALLBACKS = ("gather", "error")
 
 _M0, _M1, _W0, _W1, _MASK = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85, 0xFFFFFFFF
 _G_MAX = -math.log(-math.log((2.0**32 - 0.5) / 2.0**32))
-"""The largest Gumbel noise the 32-bit Philox word can give (u = (2**32 - 0.5) / 2**32): ~22.18."""
+"""The largest Gumbel noise the 32-bit Philox word can give (u = (2**32 - 0.5) / 2**32): about 22.87 (33 ln 2)."""
 _G_BOUND = _G_MAX + 1e-5
 """Above every float32 noise value (``float32(_G_MAX)`` is within 1e-6 of it)."""
 _DENSE_NOISE = 1 / 8
@@ -54,7 +54,7 @@ def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _philox(seed: int, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Philox 4x32-10's first output word at counter ``(id, row)``, key ``seed`` (int64, < 2**32)."""
-    c0, c1, c2, c3 = ids & _MASK, ids >> 32, rows & _MASK, rows >> 32
+    c0, c1, c2, c3 = ids & _MASK, ids >> 32, rows & _MASK, (rows >> 32) & _MASK  # rows: uint64 bits
     k0, k1 = seed & _MASK, (seed >> 32) & _MASK
     for _ in range(9):
         hi0, lo0 = _mulhilo(_M0, c0)
@@ -73,9 +73,11 @@ def gumbel_noise(seed: int, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tens
     tensor arithmetic (one graph under torch.compile).
 
     Args:
-        seed: ``0 <= seed < 2**63``.
-        rows: int64 Philox subsequences (``offset + b``) ``>= 0``, broadcastable with ``ids``.
-        ids: int64 global (draft) vocabulary ids ``>= 0``.
+        seed: int, ``0 <= seed < 2**63``.
+        rows: int64 Philox subsequences ``offset + b``, read as uint64 (the
+            kernels' ``offset + b`` past ``2**63 - 1`` is the int64 that
+            wraps to negative), broadcastable with ``ids``.
+        ids: int64 global (draft) vocabulary ids ``>= 0``, on the device of ``rows``.
 
     Returns:
         float32 noise of the broadcast shape, on their device. On the CPU
@@ -84,9 +86,21 @@ def gumbel_noise(seed: int, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tens
         float32 rounding boundary (about 2**-28 of values).
 
     Raises:
-        ValueError: on the CPU, a negative seed, row or id.
+        ValueError: a seed out of range, shapes that do not broadcast,
+            tensors on two devices; on the CPU a negative id.
+        TypeError: rows or ids not int64.
     """
-    rows, ids = torch.broadcast_tensors(rows, ids)
+    check_seed_offset(seed, 0)
+    if not isinstance(rows, torch.Tensor) or not isinstance(ids, torch.Tensor):
+        raise TypeError(f"rows and ids must be int64 tensors, got {type(rows).__name__} and {type(ids).__name__}")
+    if rows.dtype != torch.int64 or ids.dtype != torch.int64:
+        raise TypeError(f"rows and ids must be int64, got {rows.dtype} and {ids.dtype}")
+    if rows.device != ids.device:
+        raise ValueError(f"rows and ids must be on one device, got {rows.device} and {ids.device}")
+    try:
+        rows, ids = torch.broadcast_tensors(rows, ids)
+    except RuntimeError as e:
+        raise ValueError(f"rows {tuple(rows.shape)} and ids {tuple(ids.shape)} must broadcast: {e}") from None
     if rows.device.type == "cpu":
         return torch.ops.localargmax.gumbel_noise(seed, rows.contiguous(), ids.contiguous())
     return _gumbel(_philox(seed, rows, ids))

@@ -54,7 +54,8 @@ def reference(logits, t, k, p, mp, seed, offset):
                     break
                 before, n = before + wi, n + 1
             order = order[:n]
-        g = gumbel_noise(seed, torch.tensor([offset + b]), torch.tensor(order)).double().tolist()
+        row = offset + b - (2**64 if offset + b >= 2**63 else 0)  # the uint64 row in int64
+        g = gumbel_noise(seed, torch.tensor([row]), torch.tensor(order)).double().tolist()
         scores = sorted(((y[i] + gi, -i) for i, gi in zip(order, g)), reverse=True)
         if len(scores) > 1:
             margins.append(scores[0][0] - scores[1][0])
@@ -142,7 +143,7 @@ def test_noise_is_the_kernels_bit_for_bit(seed):
     hidden = torch.randn(64, 8, generator=gen)
     s = int(torch.randint(0, 2**62, (1,), generator=gen)) * 2 + 1
     for start in (0, 1, 4097, 2**31 + 5, 2**32 - 2):
-        for offset in (0, 2**32 - 7, 2**62 + 3):
+        for offset in (0, 2**32 - 7, 2**62 + 3, 2**63 - 5):  # the last: offset + b past 2**63 - 1 (uint64)
             keys = localargmax.shard_sample(hidden, torch.zeros(1, 8), torch.ones(64), s, offset, vocab_start=start)
             got = gumbel_noise(s, torch.arange(64) + offset, torch.full((64,), start))
             assert torch.equal(localargmax.decode_keys(keys)[1].view(torch.int32), got.view(torch.int32))
@@ -174,13 +175,31 @@ def test_noise_op_shapes_threads_compile_and_bad_input(seed):
     one = torch.zeros(3, dtype=torch.int64)
     for args, match in [
         ((-1, one, one), "seed must be >= 0"),
-        ((seed, one - 1, one), "rows and ids must be >= 0"),
-        ((seed, one, one - 1), "rows and ids must be >= 0"),
+        ((seed, one, one - 1), "ids must be >= 0"),
         ((seed, one.int(), one), "must be int64"),
         ((seed, one, torch.zeros(4, dtype=torch.int64)), "one shape"),
+        ((seed, one, one.to("meta")), "one device"),
     ]:
         with pytest.raises((ValueError, TypeError), match=match):
             op(*args)
+    for args, error, match in [  # the wrapper, on any device
+        ((-1, one, one), ValueError, r"seed must be an int in \[0, 2\*\*63\)"),
+        ((2**63, one, one), ValueError, "seed must be"),
+        ((True, one, one), ValueError, "seed must be"),
+        ((torch.tensor(1.5), one, one), ValueError, "seed must be"),
+        ((seed, one.int(), one), TypeError, "must be int64"),
+        ((seed, one, one.float().to("meta")), TypeError, "must be int64"),
+        ((seed, one, one.to("meta")), ValueError, "one device"),
+        ((seed, one.to("meta"), one.to("meta") + 1), None, None),  # meta: no data, no check of values
+        ((seed, one, torch.zeros(4, dtype=torch.int64)), ValueError, r"rows \(3,\) and ids \(4,\) must broadcast"),
+    ]:
+        if error is None:
+            assert gumbel_noise(*args).device.type == "meta"
+            continue
+        with pytest.raises(error, match=match):
+            gumbel_noise(*args)
+    wrapped = torch.tensor([-(2**63), -1])  # uint64 rows 2**63 and 2**64 - 1: the torch formula's bits
+    assert torch.equal(gumbel_noise(seed, wrapped, one[:2]), sampling._gumbel(sampling._philox(seed, wrapped, one[:2])))
 
 
 def _argmax_everywhere(ys, ids, keep, seed, rows):
@@ -192,7 +211,7 @@ def _argmax_everywhere(ys, ids, keep, seed, rows):
 @pytest.mark.parametrize("dense", [0.0, 2.0], ids=["dense-noise", "indexed-noise"])
 def test_fallback_noise_where_it_can_win_is_exact(seed, dense, monkeypatch):
     """filter_and_sample evaluates the noise only where an id can beat the
-    best of the first _HEAD sorted ids (g <= 22.18): the same ids and
+    best of the first _HEAD sorted ids (g <= 22.87): the same ids and
     log-probs as evaluating it at every id, on wide and narrow top-p / min-p
     / top-k sets, flat and sharp rows, value ties and NaN gaps; and
     _gumbel_argmax keeps the first of planted exact score ties past the head,
@@ -300,6 +319,17 @@ def test_same_id_as_float64_reference(seed, tp):
     t, k, p, mp = mixed_rows(gen, hidden.shape[0])
     ids = run_tp(hidden, weight, tp, temperature=t, seed=seed, offset=7, top_k=k, top_p=p, min_p=mp)
     check(ids, hidden, weight, t, k, p, mp, seed, 7)
+
+
+def test_offsets_up_to_the_last_one(seed):
+    """Every offset the steps accept (< 2**63) works filtered as unfiltered:
+    rows offset + b past 2**63 - 1 are the kernels' uint64 rows."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden, weight = problem(gen, batch=12, vocab=600)
+    t, k, p, mp = mixed_rows(gen, 12)
+    offset = 2**63 - 5
+    ids = run_tp(hidden, weight, 2, temperature=t, seed=seed, offset=offset, top_k=k, top_p=p, min_p=mp)
+    check(ids, hidden, weight, t, k, p, mp, seed, offset)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

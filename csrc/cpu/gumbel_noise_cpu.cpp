@@ -19,6 +19,8 @@ at::Tensor gumbel_noise_cpu(int64_t seed, const at::Tensor& rows_in, const at::T
   TORCH_CHECK_TYPE(rows_in.scalar_type() == at::kLong && ids_in.scalar_type() == at::kLong,
                    "gumbel_noise: rows and ids must be int64, got ", rows_in.scalar_type(), " and ",
                    ids_in.scalar_type());
+  TORCH_CHECK_VALUE(rows_in.device().is_cpu() && ids_in.device().is_cpu(), "gumbel_noise: rows and ids must be ",
+                    "on the CPU (this kernel), got ", rows_in.device(), " and ", ids_in.device());
   TORCH_CHECK_VALUE(rows_in.sizes() == ids_in.sizes(), "gumbel_noise: rows ", rows_in.sizes(), " and ids ",
                     ids_in.sizes(), " must have one shape (broadcast them first)");
   const at::Tensor rows = rows_in.contiguous();
@@ -28,15 +30,16 @@ at::Tensor gumbel_noise_cpu(int64_t seed, const at::Tensor& rows_in, const at::T
   const int64_t* v = ids.data_ptr<int64_t>();
   float* g = out.data_ptr<float>();
   std::atomic<bool> negative{false};
-  // Each value is a pure function of (seed, row, id): the result does not depend on the split.
+  // Each value is a pure function of (seed, row, id): the result does not depend on the split. Rows are
+  // uint64 (offset + b, as the kernels form it), carried in int64.
   at::parallel_for(0, out.numel(), 4096, [&](int64_t begin, int64_t end) {
     const KeepDenormals keep_denormals;  // whatever this thread's FTZ / DAZ (fp_env.h)
     for (int64_t i = begin; i < end; ++i) {
-      if (r[i] < 0 || v[i] < 0) negative.store(true, std::memory_order_relaxed);
+      if (v[i] < 0) negative.store(true, std::memory_order_relaxed);
       g[i] = gumbel_noise(static_cast<uint64_t>(seed), static_cast<uint64_t>(r[i]), static_cast<uint64_t>(v[i]));
     }
   });
-  TORCH_CHECK_VALUE(!negative.load(), "gumbel_noise: rows and ids must be >= 0");
+  TORCH_CHECK_VALUE(!negative.load(), "gumbel_noise: ids must be >= 0 (global vocabulary ids)");
   return out;
 }
 
