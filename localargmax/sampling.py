@@ -345,8 +345,10 @@ def filter_and_sample(logits, t, k, p, mp, seed, rows):
     smallest prefix, in descending order, of mass ``>= p``; at least one id).
 
     Args:
-        logits: ``[n, V]`` float32 transformed logits; NaN marks ids outside
-            the vocabulary (gaps between shards), which are never sampled.
+        logits: ``[n, V]`` float32 transformed logits, ``V >= 1``; NaN marks
+            ids outside the vocabulary (gaps between shards), which are never
+            sampled while a row has an entry that is not NaN (every row the
+            step sends has: its shards hold ``num_valid >= 1`` ids in all).
         t: ``[n]`` float32 temperatures ``> 0``; k ``[n]`` int64 (``<= 0``
             off); p, mp ``[n]`` float64; seed; rows ``[n]`` int64 Philox
             subsequences.
