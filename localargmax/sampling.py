@@ -155,8 +155,6 @@ def filtered_sample(
     of those rows' logits (``fallback="gather"``, eager only) or an error
     (``fallback="error"``: ValueError on the CPU, a device-side assert
     otherwise)."""
-    if fallback not in FALLBACKS:
-        raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
     check_seed_offset(seed, offset)
     if not isinstance(return_log_probs, bool):
         raise TypeError(f"return_log_probs must be a bool, got {type(return_log_probs).__name__}")
@@ -193,7 +191,7 @@ def filtered_sample(
             f"{int(need.sum())} rows' allowed sets do not fit among the {CANDIDATES} candidates per rank "
             "(fallback='error'); pass fallback='gather' to recompute them from their gathered logits"
         )
-    if fallback == "gather" and not _capturing() and bool(need.any()):
+    if fallback == "gather" and bool(need.any()):  # (refused above under capture / compile)
         idx = need.nonzero()[:, 0]
         fb_ids, fb_logp = _fallback(
             hidden, weight, idx, vocab_start, num_valid, bias, group, logit_scale, soft_cap, t, k, p, mp, seed, rows
@@ -287,7 +285,7 @@ def _decide(gathered, pairs, t, k, p, mp, seed, rows, want_lp):
     g = gumbel_noise(seed, rows[:, None], ids)
     score = torch.where(allowed, y + g.to(torch.float64), -math.inf)
     best = score.argmax(dim=1, keepdim=True)
-    certified = ~full | (score.gather(1, best)[:, 0] > y_front[:, 0] + _G_MAX + 1e-6)  # no outsider can beat it
+    certified = ~full | (score.gather(1, best)[:, 0] > y_front[:, 0] + _G_BOUND)  # no outsider can beat it
     z_sel = torch.where(none_on & full, torch.where(t1 == 1, z1, math.nan), (w * allowed).sum(dim=1))
     logp = (y.gather(1, best)[:, 0] - a[:, 0]) - torch.log(z_sel)
     need = (mp_on | k_on) & ~restricted
@@ -357,35 +355,46 @@ def filter_and_sample(logits, t, k, p, mp, seed, rows):
         ``(ids [n] int64, log_probs [n] float64)`` under the filtered distribution.
 
     Rows without top-k and top-p (min-p alone, or no filter) need no order:
-    they skip the sort (:func:`_min_p_sample`), with the same result.
+    they skip the sort (:func:`_filter_by_id`), with the same result.
     """
-    vocab = logits.shape[1]
-    unsorted = ((k <= 0) | (k >= vocab)) & (p >= 1)
+    unsorted = ((k <= 0) | (k >= logits.shape[1])) & (p >= 1)
+    if bool(unsorted.any()) and not bool(unsorted.all()):
+        out_ids = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+        out_lp = torch.empty(logits.shape[0], dtype=torch.float64, device=logits.device)
+        for part in (unsorted, ~unsorted):
+            out_ids[part], out_lp[part] = filter_and_sample(
+                logits[part], t[part], k[part], p[part], mp[part], seed, rows[part]
+            )
+        return out_ids, out_lp
     if bool(unsorted.all()):
-        return _min_p_sample(logits, t, mp, seed, rows)
-    if not bool(unsorted.any()):
-        ys, ids, keep, a = _filter_sorted(logits, t, k, p, mp)
-        w = torch.where(keep, torch.exp(ys - a), 0.0)
-        best = _gumbel_argmax(ys, ids, keep, seed, rows)
-        return ids.gather(1, best)[:, 0], (ys.gather(1, best) - a)[:, 0] - torch.log(w.sum(dim=1))
-    out_ids = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-    out_lp = torch.empty(logits.shape[0], dtype=torch.float64, device=logits.device)
-    for part in (unsorted, ~unsorted):
-        out_ids[part], out_lp[part] = filter_and_sample(
-            logits[part], t[part], k[part], p[part], mp[part], seed, rows[part]
-        )
-    return out_ids, out_lp
-
-
-def _min_p_sample(logits, t, mp, seed, rows):
-    """:func:`filter_and_sample` for rows whose only filter is min-p (or
-    none), in id order: the same allowed set, ids and log-probs."""
-    y = torch.nan_to_num(logits.to(torch.float64), nan=-math.inf) / t.to(torch.float64)[:, None]
-    a = y.max(dim=1, keepdim=True).values
-    keep = ~logits.isnan() & ((y >= a + torch.log(torch.where(mp > 0, mp, 1.0))[:, None]) | (mp <= 0)[:, None])
+        y, keep, a = _filter_by_id(logits, t, mp)
+        best = _gumbel_argmax_by_id(y, keep, seed, rows)  # positions are ids
+        chosen = best[:, 0]
+    else:
+        y, ids, keep, a = _filter_sorted(logits, t, k, p, mp)
+        best = _gumbel_argmax(y, ids, keep, seed, rows)
+        chosen = ids.gather(1, best)[:, 0]
     w = torch.where(keep, torch.exp(y - a), 0.0)
-    best = _gumbel_argmax_by_id(y, keep, seed, rows)
-    return best[:, 0], (y.gather(1, best) - a)[:, 0] - torch.log(w.sum(dim=1))
+    return chosen, (y.gather(1, best) - a)[:, 0] - torch.log(w.sum(dim=1))
+
+
+def _tempered(logits, t):
+    """``y = logits / t`` in float64, NaN (outside the vocabulary) as -inf."""
+    return torch.nan_to_num(logits.to(torch.float64), nan=-math.inf) / t.to(torch.float64)[:, None]
+
+
+def _min_p_keeps(y, a, mp):
+    """min-p's mask: ``y >= a + log(min_p)`` (``a`` the row's maximum), every id where ``min_p = 0``."""
+    return (y >= a + torch.log(torch.where(mp > 0, mp, 1.0))[:, None]) | (mp <= 0)[:, None]
+
+
+def _filter_by_id(logits, t, mp):
+    """The rows of :func:`filter_and_sample` whose only filter is min-p (or
+    none), in id order: ``(y [n, V] float64 tempered values, keep [n, V] the
+    allowed set, a [n, 1] the rows' maxima)``."""
+    y = _tempered(logits, t)
+    a = y.max(dim=1, keepdim=True).values
+    return y, ~logits.isnan() & _min_p_keeps(y, a, mp), a
 
 
 def _filter_sorted(logits, t, k, p, mp):
@@ -393,14 +402,11 @@ def _filter_sorted(logits, t, k, p, mp):
     ``(ys [n, V] float64 tempered values, ids [n, V] their ids, keep [n, V]
     the allowed set, a [n, 1] the rows' maxima)``."""
     vocab = logits.shape[1]
-    y = torch.nan_to_num(logits.to(torch.float64), nan=-math.inf) / t.to(torch.float64)[:, None]
-    present = ~logits.isnan()
-    order = torch.sort(y, dim=1, descending=True, stable=True)  # ties: the smaller id first
+    order = torch.sort(_tempered(logits, t), dim=1, descending=True, stable=True)  # ties: the smaller id first
     ys, ids = order.values, order.indices
     a = ys[:, :1]
     pos = torch.arange(vocab, device=logits.device)[None]
-    keep = present.gather(1, ids) & (pos < torch.where(k > 0, k, vocab)[:, None])
-    keep &= (ys >= a + torch.log(torch.where(mp > 0, mp, 1.0))[:, None]) | (mp <= 0)[:, None]
+    keep = (~logits.isnan()).gather(1, ids) & (pos < torch.where(k > 0, k, vocab)[:, None]) & _min_p_keeps(ys, a, mp)
     w = torch.where(keep, torch.exp(ys - a), 0.0)
     before = w.cumsum(dim=1) - w
     keep &= (before < (p * w.sum(dim=1))[:, None]) | (p >= 1)[:, None] | (pos == 0)
@@ -444,9 +450,7 @@ def _gumbel_argmax_by_id(y, keep, seed, rows):
     ``_HEAD`` largest allowed values), and among equal best scores the id the
     sorted order puts first (the larger value, then the smaller id). Returns
     [n, 1] int64 ids."""
-    n, vocab = y.shape
-    allowed = torch.where(keep, y, -math.inf)
-    head = allowed.topk(min(_HEAD, vocab), dim=1)
+    head = torch.where(keep, y, -math.inf).topk(min(_HEAD, y.shape[1]), dim=1)
     g = gumbel_noise(seed, rows[:, None], head.indices).to(torch.float64)
     head_score = torch.where(keep.gather(1, head.indices), head.values + g, -math.inf)
     score = torch.full_like(y, -math.inf).scatter_(1, head.indices, head_score)

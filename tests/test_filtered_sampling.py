@@ -261,7 +261,7 @@ def test_fallback_noise_where_it_can_win_is_exact(seed, dense, monkeypatch):
 @pytest.mark.parametrize("dense", [0.0, 2.0], ids=["dense-noise", "indexed-noise"])
 def test_min_p_rows_skip_the_sort_with_the_same_result(seed, dense, monkeypatch):
     """Rows whose only filter is min-p (or none) take the id-order path
-    (_min_p_sample): the same ids and log-probs as the sorted path with the
+    (_filter_by_id): the same ids and log-probs as the sorted path with the
     noise at every id, alone and mixed with sorted rows in one call; and its
     argmax breaks planted exact score ties as the sorted order does (the
     larger value first, then the smaller id), with the head's ids not allowed."""
