@@ -79,6 +79,26 @@ def _head(gen, vocab, hsize, dtype):
     return head_of(full), full
 
 
+def _shared_head(config, prefix, gen, vocab, dtype, random_norm=True):
+    """vLLM's SharedHead (an RMSNorm, then its own ParallelLMHead) in
+    ``dtype``, its head loaded with a random ``[vocab, config.hidden_size]``
+    and, with ``random_norm``, norm weights in [0.5, 1.5): (module, the full head)."""
+    from vllm.model_executor.models.deepseek_mtp import SharedHead
+
+    from tests.support.vllm_common import after_loading
+
+    hsize = config.hidden_size
+    shared = SharedHead(config, prefix=prefix)
+    full = (torch.randn(vocab, hsize, generator=gen) / hsize**0.5).to(dtype)
+    shared.head.weight.data = shared.head.weight.data.to(dtype)
+    shared.head.weight.weight_loader(shared.head.weight, full)
+    after_loading(shared.head)
+    if random_norm:
+        with torch.no_grad():
+            shared.norm.weight.copy_(torch.rand(hsize, generator=gen) + 0.5)
+    return shared.to(dtype), full
+
+
 def build_deepseek_mtp(gen, vocab, hsize, dtype, layers=2):
     """vLLM's DeepSeekMTP: ``layers`` MTP layers, each with vLLM's SharedHead
     (an RMSNorm with random weights, then its own ParallelLMHead), chosen by
@@ -88,23 +108,15 @@ def build_deepseek_mtp(gen, vocab, hsize, dtype, layers=2):
         DeepSeekMTP,
         DeepSeekMultiTokenPredictor,
         DeepSeekMultiTokenPredictorLayer,
-        SharedHead,
     )
 
-    from tests.support.vllm_common import after_loading, processor
+    from tests.support.vllm_common import processor
 
     start = 5
     config = types.SimpleNamespace(hidden_size=hsize, rms_norm_eps=1e-6, vocab_size=vocab)
     mods, fulls = {}, []
     for i in range(layers):
-        shared = SharedHead(config, prefix=f"model.layers.{start + i}.shared_head")
-        full = (torch.randn(vocab, hsize, generator=gen) / hsize**0.5).to(dtype)
-        shared.head.weight.data = shared.head.weight.data.to(dtype)
-        shared.head.weight.weight_loader(shared.head.weight, full)
-        after_loading(shared.head)
-        with torch.no_grad():
-            shared.norm.weight.copy_(torch.rand(hsize, generator=gen) + 0.5)
-        shared.norm.to(dtype)
+        shared, full = _shared_head(config, f"model.layers.{start + i}.shared_head", gen, vocab, dtype)
         mods[str(start + i)] = skeleton(DeepSeekMultiTokenPredictorLayer, shared_head=shared)
         fulls.append(full)
     predictor = skeleton(
@@ -153,9 +165,8 @@ def build_auto(cls, gen, vocab, hsize, dtype, layers=3, start=5):
     own head) and a ``final_layernorm``. A class that needs anything else
     fails to build: the table says so."""
     from vllm.model_executor.layers.layernorm import RMSNorm
-    from vllm.model_executor.models.deepseek_mtp import SharedHead
 
-    from tests.support.vllm_common import after_loading, processor
+    from tests.support.vllm_common import processor
 
     config = types.SimpleNamespace(hidden_size=hsize, rms_norm_eps=1e-6, vocab_size=vocab)
     module = sys.modules[cls.__module__]
@@ -166,9 +177,7 @@ def build_auto(cls, gen, vocab, hsize, dtype, layers=3, start=5):
     ]
     mods = {}
     for i in range(start + layers):
-        shared = SharedHead(config, prefix=f"model.layers.{i}.shared_head")
-        shared.head.weight.weight_loader(shared.head.weight, torch.randn(vocab, hsize, generator=gen) / hsize**0.5)
-        after_loading(shared.head)
+        shared, _ = _shared_head(config, f"model.layers.{i}.shared_head", gen, vocab, dtype, random_norm=False)
         mods[str(i)] = skeleton(torch.nn.Module, shared_head=shared, final_layernorm=RMSNorm(hsize))
     mods = torch.nn.ModuleDict(mods)
     model = skeleton(
@@ -193,20 +202,14 @@ def build_deepseek_v4_mtp(gen, vocab, hsize, dtype, cls, layers=2, hc_mult=2):
     ``HCHeadOp``) and a SharedHead in ``dtype`` (an RMSNorm with random
     weights, then its own head), chosen by ``spec_step_idx % layers``."""
     from vllm.model_executor.layers.mhc import HCHeadOp
-    from vllm.model_executor.models.deepseek_mtp import SharedHead
 
-    from tests.support.vllm_common import after_loading, processor
+    from tests.support.vllm_common import processor
 
     width = hsize // hc_mult
     config = types.SimpleNamespace(hidden_size=width, rms_norm_eps=1e-6, vocab_size=vocab)
     start, mods = 5, {}
     for i in range(layers):
-        shared = SharedHead(config, prefix=f"model.layers.{start + i}.shared_head")
-        shared.head.weight.weight_loader(shared.head.weight, torch.randn(vocab, width, generator=gen) / width**0.5)
-        after_loading(shared.head)
-        with torch.no_grad():
-            shared.norm.weight.copy_(torch.rand(width, generator=gen) + 0.5)
-        shared.to(dtype)
+        shared, _ = _shared_head(config, f"model.layers.{start + i}.shared_head", gen, vocab, dtype)
         mods[str(start + i)] = skeleton(
             torch.nn.Module,
             config=config,
