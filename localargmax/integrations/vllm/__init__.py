@@ -37,16 +37,16 @@ import sys
 
 from . import adaptive, drafters, logits, versions
 from .adaptive import write_estimator_state
-from .collective import PAYLOAD_ALIGN_BYTES, PAYLOAD_DTYPE
+from .collective import PAYLOAD_ALIGN_BYTES, payload_dtype
 from .counters import STATS, logger
 from .logits import unsupported_reason
 
 __all__ = [
     "PAYLOAD_ALIGN_BYTES",
-    "PAYLOAD_DTYPE",
     "adaptive_verification_active",
     "install",
     "is_active",
+    "payload_dtype",
     "register",
     "stats",
     "uninstall",
@@ -122,6 +122,7 @@ def adaptive_verification_active() -> bool:
 def stats() -> dict:
     """Calls in this process: ``{"fused": n, "fused with log-odds": n,
     "fallback: <reason>": n, "collective: GroupCoordinator.all_gather (<vLLM
-    device communicator>)": n}`` (the last: exchanges of the fused path at
-    TP > 1, by the communicator class vLLM's coordinator dispatched to)."""
+    device communicator>, <payload view>)": n}`` (the last: exchanges of the
+    fused path at TP > 1, by the communicator class vLLM's coordinator
+    dispatched to and :func:`payload_dtype`)."""
     return dict(STATS)

