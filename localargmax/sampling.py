@@ -9,6 +9,7 @@ not decided by the candidates are recomputed from a gather of their logits."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 import struct
@@ -23,8 +24,9 @@ from .packed_key import SIGN_FLIP
 from .step import _host_checks, _merge_checked, _resolve_temperature, _step, log_probs_from_pairs
 
 CANDIDATES = MAX_TOPK
-"""Keys per row each rank sends (its top-K): the step's payload is
-``payload_length(B, CANDIDATES, log_probs=True)`` words."""
+"""Candidate keys per row each rank sends (its top-K); with its noised best
+key (for rows with every filter off) the step's payload is
+``payload_length(B, CANDIDATES + 1, log_probs=True)`` words."""
 
 FALLBACKS = ("gather", "error")
 
@@ -150,7 +152,9 @@ def filtered_sample(
 ):  # fmt: skip
     """:func:`localargmax.lm_head_sample` with ``top_k`` / ``top_p`` /
     ``min_p`` (its docstring has the arguments; DESIGN.md, "Filtered sampling").
-    Each rank sends ``payload_length(B, CANDIDATES, log_probs=True)`` words,
+    Each rank sends ``payload_length(B, CANDIDATES + 1, log_probs=True)``
+    words (its candidates, and its noised best key for the rows with every
+    filter off: those are the unfiltered step's samples, never a fallback),
     plus, for rows whose allowed set the candidates do not decide, one gather
     of those rows' logits (``fallback="gather"``, eager only) or an error
     (``fallback="error"``: ValueError on the CPU, a device-side assert
@@ -171,21 +175,29 @@ def filtered_sample(
             "torch.compile do not allow: pass fallback='error' (a device-side assert if any row needs the gather)"
         )
     if envs.LOCALARGMAX_DEBUG:
-        _debug_check_filters(group, seed, offset, fallback, t=t, top_k=k, top_p=p, min_p=mp)
-    _, gathered, pairs, ok = _step(
-        shard_topk, (CANDIDATES,), hidden, weight, vocab_start, num_valid, bias, d2t, group, "all_gather", True,
-        logit_scale, soft_cap, CANDIDATES,
-    )  # fmt: skip
-    if batch == 0:
-        empty = hidden.new_empty((0,), dtype=torch.int64)
-        return (empty, hidden.new_empty((0,), dtype=torch.float32)) if return_log_probs else empty
-    greedy_ids, _ = _merge_checked(gathered[..., 0], d2t, ok)  # the argmax, d2t applied, checked
+        _debug_check_filters(group, seed, offset, fallback, temperature=t, top_k=k, top_p=p, min_p=mp)
     zero = torch.zeros(batch, dtype=torch.float64, device=dev)
     k = torch.zeros(batch, dtype=torch.int64, device=dev) if k is None else k
     p = zero + 1.0 if p is None else p.to(torch.float64)
     mp = zero if mp is None else mp.to(torch.float64)
+    off = (t > 0) & (k <= 0) & (p >= 1) & (mp <= 0)  # every filter off: the unfiltered sample decides
+    sample = _some_row_off(off, temperature, top_k, top_p, min_p)
+    _, gathered, pairs, ok, vocab_total = _step(
+        _candidates_and_sample, (CANDIDATES, t, seed, offset, off if sample else None, return_log_probs), hidden,
+        weight, vocab_start, num_valid, bias, d2t, group, "all_gather", True, logit_scale, soft_cap, CANDIDATES + 1,
+        vocab_total=True,
+    )  # fmt: skip
+    if batch == 0:
+        empty = hidden.new_empty((0,), dtype=torch.int64)
+        return (empty, hidden.new_empty((0,), dtype=torch.float32)) if return_log_probs else empty
+    gathered, sampled = gathered[..., :CANDIDATES], gathered[..., CANDIDATES]
+    greedy_ids, _ = _merge_checked(gathered[..., 0], d2t, ok)  # the argmax, d2t applied, checked
     rows = torch.arange(batch, device=dev) + offset
-    draft, logp, need = _decide(gathered, pairs, t, k, p, mp, seed, rows, return_log_probs)
+    draft, logp, need = _decide(gathered, pairs, t, k, p, mp, seed, rows, vocab_total)
+    # Rows with every filter off: the merge of the ranks' noised best keys, as lm_head_sample without filters.
+    winner = (sampled ^ SIGN_FLIP).argmax(dim=0, keepdim=True)  # signed max == unsigned max
+    best = sampled.gather(0, winner)[0]
+    draft = torch.where(off, decode_keys(torch.where(best == 0, _NO_ENTRY_STANDIN, best))[0], draft)
     if fallback == "error" and _host_checks(need) and bool(need.any()):
         raise ValueError(
             f"{int(need.sum())} rows' allowed sets do not fit among the {CANDIDATES} candidates per rank "
@@ -209,30 +221,87 @@ def filtered_sample(
     greedy_values = decode_keys(torch.where(gathered[..., 0] == 0, _NO_ENTRY_STANDIN, gathered[..., 0]))[1]
     top = (gathered[..., 0] ^ SIGN_FLIP).argmax(dim=0, keepdim=True)
     greedy_lp = log_probs_from_pairs(greedy_values.gather(0, top)[0], pairs)
-    return ids, torch.where(sampling, logp.to(torch.float32), greedy_lp)
+    off_lp = log_probs_from_pairs(pairs[..., 0].gather(0, winner)[0], pairs, t)  # off rows: the sampled pairs
+    return ids, torch.where(off, off_lp, torch.where(sampling, logp.to(torch.float32), greedy_lp))
+
+
+def _some_row_off(off, temperature, top_k, top_p, min_p) -> bool:
+    """Whether the step runs the sampling kernel for the rows with every
+    filter off (``off``): on the host, whether there is one; elsewhere (no
+    synchronisation) unless the arguments show there is none (a number that
+    turns a filter on, or a greedy temperature, for every row). The ranks
+    hold the same arguments, so they decide alike (and their payloads have
+    the same length either way)."""
+    if _host_checks(off):
+        return bool(off.any())
+    num = lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool)  # noqa: E731
+    return not (
+        (num(temperature) and temperature == 0)
+        or (num(top_k) and top_k > 0)
+        or (num(top_p) and top_p < 1)
+        or (num(min_p) and min_p > 0)
+    )
+
+
+def _candidates_and_sample(hidden, weight, kk, t, seed, offset, off, off_lp, *, log_partition, **kw):
+    """One rank's keys for the filtered exchange (the op :func:`_step` runs,
+    always with ``log_partition``): its ``kk`` largest keys of ``x`` with its
+    pair at ``T = 1`` (:func:`shard_topk`), then, in column ``kk``, its
+    noised best key (:func:`shard_sample`, the unfiltered step's key; 0 when
+    ``off`` is None: no row needs it). With ``off_lp`` the rows ``off`` carry
+    the sampling kernel's pair instead (the unfiltered step's
+    log-probabilities). Returns ``(keys [B, kk + 1], pairs [B, 2])``."""
+    keys, pairs = shard_topk(hidden, weight, kk, log_partition=True, **kw)
+    if off is None:
+        return torch.cat([keys, keys.new_zeros(keys.shape[0], 1)], dim=1), pairs
+    lse = off_lp or kw["scale"] != 1.0 or kw["soft_cap"] is not None
+    out = shard_sample(hidden, weight, t, seed, offset, log_partition=lse, **kw)
+    best, best_pairs = out if lse else (out, None)
+    if off_lp:
+        pairs = torch.where(off[:, None], best_pairs, pairs)
+    return torch.cat([keys, best[:, None]], dim=1), pairs
 
 
 def _debug_check_filters(group, seed, offset, fallback, **rows) -> None:
     """With ``LOCALARGMAX_DEBUG=1``: the ranks must be called with the same
-    seed, offset, fallback and per-row temperature and filters (each rank
-    decides the fallback rows from them; ranks that disagree would meet in
-    different collectives). Compares a fingerprint of each (the float64 sum
-    of its values, as int64 bits) across the ranks; ValueError naming it."""
-    bits = lambda v: int.from_bytes(struct.pack("<d", float(v)), "little", signed=True)  # noqa: E731
-    fields = [seed, offset, FALLBACKS.index(fallback)]
-    fields += [0 if v is None else bits(v.to(torch.float64).sum()) for v in rows.values()]
-    check_step_consistency(group, fields, ["seed", "offset", "fallback", *rows])
+    batch size, seed, offset, fallback and per-row temperature and filters
+    (each rank decides the fallback rows from them; ranks that disagree would
+    meet in different collectives, or return other ids). Compares a
+    fingerprint of each per-row tensor (:func:`_fingerprint`: its values in
+    row order) across the ranks; ValueError naming the first that differs."""
+    batch = next(v.shape[0] for v in rows.values() if v is not None)  # temperature's, first: named as the step does
+    fields = [batch, seed, offset, FALLBACKS.index(fallback)]
+    fields += [0 if v is None else _fingerprint(v) for v in rows.values()]
+    check_step_consistency(group, fields, ["batch size", "seed", "offset", "fallback", *rows])
+
+
+def _fingerprint(values: torch.Tensor) -> int:
+    """An int64 fingerprint of a ``[B]`` tensor's values in row order (the
+    first 8 bytes of their BLAKE2b digest): rows held in another order, or
+    one value changed, give another (but with probability ``2**-64``).
+    Integers as int64; floats as float64 with ``-0.0`` as ``+0.0`` (the steps
+    treat them alike). Reads the values on the host (debug mode only)."""
+    vals = values.detach().cpu().tolist()
+    if values.is_floating_point():
+        data = struct.pack(f"<{len(vals)}d", *(v + 0.0 for v in vals))
+    else:
+        data = struct.pack(f"<{len(vals)}q", *vals)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
 
 
 def _capturing() -> bool:
     return torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
-def _decide(gathered, pairs, t, k, p, mp, seed, rows, want_lp):
+def _decide(gathered, pairs, t, k, p, mp, seed, rows, vocab_total=None):
     """From the merged candidates and every rank's pair, per row: the sampled
-    draft id (-1 where the row is greedy, special or not decided), its
-    log-probability under the filtered distribution, and whether the row
-    needs the fallback. All from values every rank holds, in the same order."""
+    draft id (-1 where the row is greedy, special, not decided or has every
+    filter off), its log-probability under the filtered distribution, and
+    whether the row needs the fallback. All from values every rank holds, in
+    the same order. Rows with every filter off never need it: the ranks'
+    noised best keys decide them (:func:`filtered_sample`). ``vocab_total``
+    (the end of the valid vocabulary, an int or a tensor; None: unknown)
+    bounds the outsiders' count for top-p at ``T > 1``."""
     tp, batch, kk = gathered.shape
     cand = (gathered.permute(1, 0, 2).reshape(batch, tp * kk) ^ SIGN_FLIP).sort(dim=1, descending=True).values
     cand = cand ^ SIGN_FLIP  # [B, N], unsigned descending: the merged order
@@ -258,7 +327,9 @@ def _decide(gathered, pairs, t, k, p, mp, seed, rows, want_lp):
     k_fits = ~full | (k <= n_prefix)
     restricted = (mp_on & mp_fits) | (k_on & k_fits)  # the min-p / top-k set is a known prefix
     # Partition of the allowed set before top-p: exact when restricted or no rank is full; else bounds from
-    # the pairs (T = 1) and the frontier: tail(T) <= a_front**(1/T - 1) * tail(1) for T <= 1.
+    # the pairs (T = 1) and the frontier, a = exp(x - x_max) <= a_front for every outsider (n of them at most):
+    # T <= 1: tail(T) <= a_front**(1/T - 1) * tail(1); T > 1: tail(T) <= n * a_front**(1/T), and by the power
+    # mean, <= n**(1 - 1/T) * tail(1)**(1/T); T >= 1: tail(T) >= tail(1) (a**(1/T) >= a).
     z_known = (w * keep).sum(dim=1)
     xa = x[:, :1]
     ref, others = pairs[..., 0].to(torch.float64), pairs[..., 1].to(torch.float64)
@@ -269,8 +340,14 @@ def _decide(gathered, pairs, t, k, p, mp, seed, rows, want_lp):
     tail_lo1 = (z1 * (1 - _Z_RTOL) - pre1).clamp(min=0)
     t1 = tt[:, 0]
     a_front = torch.exp(x.gather(1, (n_prefix - 1).clamp(min=0)[:, None])[:, 0] - xa[:, 0])  # exp(x_front - x_max)
-    tail_hi = torch.where(t1 <= 1, a_front ** (1 / t1 - 1) * tail_hi1, math.inf)
-    tail_lo = torch.where(t1 == 1, tail_lo1, 0.0)
+    if vocab_total is None:
+        hot = torch.full_like(tail_hi1, math.inf)
+    else:
+        n_out = (vocab_total - n_prefix).clamp(min=0).to(torch.float64)
+        e = 1 / t1
+        hot = torch.minimum(n_out * a_front**e, n_out ** (1 - e) * tail_hi1**e) * (1 + _Z_RTOL)
+    tail_hi = torch.where(t1 <= 1, a_front ** (1 / t1 - 1) * tail_hi1, hot)
+    tail_lo = torch.where(t1 >= 1, tail_lo1, 0.0)
     unrestricted = ~(mp_on | k_on)
     none_on = unrestricted & ~p_on
     z_lo = torch.where(restricted | ~full, z_known, pre_t + tail_lo)
@@ -285,16 +362,11 @@ def _decide(gathered, pairs, t, k, p, mp, seed, rows, want_lp):
     g = gumbel_noise(seed, rows[:, None], ids)
     score = torch.where(allowed, y + g.to(torch.float64), -math.inf)
     best = score.argmax(dim=1, keepdim=True)
-    certified = ~full | (score.gather(1, best)[:, 0] > y_front[:, 0] + _G_BOUND)  # no outsider can beat it
-    z_sel = torch.where(none_on & full, torch.where(t1 == 1, z1, math.nan), (w * allowed).sum(dim=1))
-    logp = (y.gather(1, best)[:, 0] - a[:, 0]) - torch.log(z_sel)
+    logp = (y.gather(1, best)[:, 0] - a[:, 0]) - torch.log((w * allowed).sum(dim=1))
     need = (mp_on | k_on) & ~restricted
     need |= p_on & ~p_fits
-    need |= none_on & ~certified
-    if want_lp:
-        need |= none_on & full & (t1 != 1)
     need &= (t > 0) & ~special
-    draft = torch.where((t > 0) & ~special & ~need, ids.gather(1, best)[:, 0], -1)
+    draft = torch.where((t > 0) & ~special & ~need & ~none_on, ids.gather(1, best)[:, 0], -1)
     return draft, logp, need
 
 
@@ -514,14 +586,20 @@ def lm_head_sample(
             :func:`lm_head_argmax`). The Gumbel-max scores are then those of
             ``x``. Each rank's pair refers to its own sampled entry, so no
             noise is recomputed in the merge.
-        logit_scale, soft_cap: as in :func:`lm_head_argmax`.
+        logit_scale, soft_cap: vLLM's transform (soft-cap, then scale; see
+            :func:`lm_head_argmax`), with or without ``return_log_probs``:
+            the samples are those of ``softmax(x / T)`` of the transformed
+            logits ``x``.
         top_k, top_p, min_p: vLLM's filters (``SamplingParams``), a number
             or a ``[B]`` tensor each; off at None, ``top_k <= 0`` (or ``>=
             V``), ``top_p = 1``, ``min_p = 0``; greedy rows ignore them. With
             any of them the step runs :func:`filtered_sample` below (DESIGN.md,
-            "Filtered sampling"): ``payload_length(B, 64, True)`` words and
+            "Filtered sampling"): ``payload_length(B, 65, True)`` words and
             ``reduce="all_gather"``; ``fallback`` (``"gather"``, eager only,
             or ``"error"``) says what rows the candidates cannot decide get.
+            A row with every filter off (``top_k <= 0``, ``top_p = 1``,
+            ``min_p = 0``) gets the id (and log-probability) this step gives
+            without filters, at any ``T``: it never needs the fallback.
         Others: as in :func:`lm_head_argmax`.
 
     Returns:
@@ -547,9 +625,12 @@ def lm_head_sample(
             return_log_probs=return_log_probs, logit_scale=logit_scale, soft_cap=soft_cap, fallback=fallback,
         )  # fmt: skip
     t = _resolve_temperature(temperature, hidden)
+    if envs.LOCALARGMAX_DEBUG:
+        check_seed_offset(seed, offset)
+        _debug_check_filters(group, seed, offset, fallback, temperature=t)
     _, gathered, got_pairs, ok = _step(
         shard_sample, (t, seed, offset), hidden, weight, vocab_start, num_valid, bias, d2t, group, reduce,
-        return_log_probs, logit_scale, soft_cap,
+        return_log_probs, logit_scale, soft_cap, sampling=True,
     )  # fmt: skip
     ids, _ = _merge_checked(gathered, d2t, ok)
     if not return_log_probs:

@@ -80,9 +80,10 @@ def _exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: 
     * ``d2t``, if given, has one entry per draft id: exactly ``vocab_total``.
 
     Returns ``(keys [tp, *keys.shape], pairs [tp, B, 2] float32 or None,
-    ok)``: on the host (CPU, eager) the checks raise ValueError at once and
-    ``ok`` is None; on a device (or under torch.compile) ``ok`` is a bool
-    tensor for :func:`_assert_ids` (no host synchronisation).
+    ok, vocab_total)``: on the host (CPU, eager) the checks raise ValueError
+    at once, ``ok`` is None and ``vocab_total`` an int; on a device (or under
+    torch.compile) ``ok`` is a bool tensor for :func:`_assert_ids` (no host
+    synchronisation) and ``vocab_total`` an int64 tensor.
     """
     if pairs is not None and reduce != "all_gather":
         raise ValueError(
@@ -103,7 +104,7 @@ def _exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: 
         ok = (sizes == size).all() & (neg_sizes == -size).all() & ~out_of_range.any()
         if d2t is not None:
             ok = ok & (vocab_total == d2t.shape[0])
-        return body, got_pairs, ok
+        return body, got_pairs, ok, vocab_total
     # On the host: the headers as Python ints (one read), few tensor ops.
     header = header.tolist()
     if any(h[0] != size or h[1] != -size for h in header):
@@ -138,7 +139,7 @@ def _exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: 
             f"[0, {vocab_total}): d2t must be 1-D [draft_vocab_size={vocab_total}], one entry per draft id, as "
             'localargmax.validate_d2t requires (DESIGN.md, "d2t")'
         )
-    return body, got_pairs, None
+    return body, got_pairs, None, vocab_total
 
 
 def _assert_ids(ids: torch.Tensor, ok) -> torch.Tensor:
@@ -376,26 +377,31 @@ def _log_odds_temperature(temperature, hidden) -> torch.Tensor | None:
 
 def _step(
     op, op_args, hidden, weight, vocab_start, num_valid, bias, d2t, group, reduce, lp, scale, cap, k=1, op_kw=None,
-    odds=False,
+    odds=False, sampling=False, vocab_total=False,
 ):  # fmt: skip
-    """One rank's step up to the merge, shared by the three ``lm_head_*`` ops:
+    """One rank's step up to the merge, shared by the ``lm_head_*`` ops:
     the argument checks, ``op(hidden, weight, *op_args, ...)`` (the rank's
     fused kernel, with its log-partition pairs for the log-probabilities
     ``lp`` or the log-odds ``odds``), ``d2t`` checked, the checked exchange.
-    Returns ``(keys, gathered keys, gathered pairs or None, ok)`` (see
+    ``sampling``: the transform (``scale``, ``cap``) changes the ids, so it
+    is taken without ``lp`` too (the op's ``_lse`` variant runs; its pairs
+    stay home). Returns ``(keys, gathered keys, gathered pairs or None,
+    ok)``, and ``vocab_total`` after them when asked (see
     :func:`_exchange_checked`)."""
-    _check_log_probs_args(lp, scale, cap, reduce, odds)
+    _check_log_probs_args(lp, scale, cap, reduce, odds, sampling)
     _debug_check(group, hidden, weight, d2t, k, reduce, lp, odds)
     kw = {"vocab_start": vocab_start, "num_valid": num_valid, "bias": bias, "scale": scale, "soft_cap": cap}
     kw.update(op_kw or {})
-    lp = lp or odds  # either needs the pairs
-    out = op(hidden, weight, *op_args, log_partition=lp, **kw)
+    send_pairs = lp or odds  # either needs the pairs
+    lse = send_pairs or scale != 1.0 or cap is not None  # (only sampling passes a transform without pairs)
+    out = op(hidden, weight, *op_args, log_partition=lse, **kw)
     check_group(group, vocab_start=vocab_start)  # after the op has checked its arguments
-    keys, pairs = out if lp else (out, None)
+    keys, pairs = out if lse else (out, None)
     if d2t is not None:
         check_d2t_arg(d2t, keys.device)
     end = _vocab_end(weight, vocab_start, num_valid)
-    return (keys, *_exchange_checked(keys, group, reduce, end, d2t, pairs))
+    body, got_pairs, ok, total = _exchange_checked(keys, group, reduce, end, d2t, pairs if send_pairs else None)
+    return (keys, body, got_pairs, ok, total) if vocab_total else (keys, body, got_pairs, ok)
 
 
 def _merge_checked(keys: torch.Tensor, d2t, ok):
@@ -404,14 +410,18 @@ def _merge_checked(keys: torch.Tensor, d2t, ok):
     return _assert_ids(ids, ok), values
 
 
-def _check_log_probs_args(return_log_probs, logit_scale, soft_cap, reduce, return_log_odds=False) -> None:
+def _check_log_probs_args(return_log_probs, logit_scale, soft_cap, reduce, return_log_odds=False, sampling=False):
+    """The log-probability keywords. A transform without log-probabilities
+    (or log-odds) is refused where it cannot change the ids (argmax, top-k);
+    ``sampling`` takes it: it changes ``softmax(x / T)``, so the samples."""
     if not isinstance(return_log_probs, bool):
         raise TypeError(f"return_log_probs must be a bool, got {type(return_log_probs).__name__}")
     check_transform_args(logit_scale, soft_cap)
-    if not (return_log_probs or return_log_odds) and (logit_scale != 1.0 or soft_cap is not None):
+    transform = logit_scale != 1.0 or soft_cap is not None
+    if transform and not (return_log_probs or return_log_odds or sampling):
         raise ValueError(
             f"logit_scale={logit_scale!r} and soft_cap={soft_cap!r} apply to the log-probabilities (and log-odds) "
-            "only: pass return_log_probs=True (a positive scale and a soft-cap do not change the ids)"
+            "only: pass return_log_probs=True (a positive scale and a soft-cap do not change the argmax or top-k ids)"
         )
     for name, wanted in (("return_log_probs", return_log_probs), ("return_log_odds", return_log_odds)):
         if wanted and reduce != "all_gather":

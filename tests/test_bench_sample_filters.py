@@ -117,9 +117,9 @@ def test_fallback_share_is_what_the_candidates_imply(t, k, p, mp):
             assert share == 1.0, (tp, share)
         if 0 < k <= sampling.CANDIDATES and mp == 0 and p == 1:
             assert share == 0.0, (tp, share)  # every rank's top-64 holds its part of the top-k
-    assert filtered.filtered_bytes(8, 0, 100) == 8 * localargmax.payload_length(8, 64, True)
+    assert filtered.filtered_bytes(8, 0, 100) == 8 * localargmax.payload_length(8, 65, True)  # 64 + the noised best
     assert filtered.filtered_bytes(8, 3, 100) == 8 * (
-        localargmax.payload_length(8, 64, True) + sampling.fallback_payload_length(3, 100)
+        localargmax.payload_length(8, 65, True) + sampling.fallback_payload_length(3, 100)
     )
 
 

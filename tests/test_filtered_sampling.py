@@ -394,9 +394,9 @@ def test_fallback_error_and_gather(seed):
 
 @pytest.mark.parametrize("tp", [2, 8])
 def test_wide_sets_take_the_fallback(seed, tp):
-    """Flat logits: min-p, top-p (T below, at and above 1) and unfiltered
-    sets far wider than the candidates are not decided by them (fallback='error'
-    raises) and come back right from the gather."""
+    """Flat logits: min-p and top-p (T below, at and above 1) sets far wider
+    than the candidates are not decided by them (fallback='error' raises) and
+    come back right from the gather; unfiltered rows (4, 5) never need it."""
     gen = torch.Generator().manual_seed(seed)
     hidden, weight = problem(gen, batch=8, vocab=2500, sharp=0.3)
     t = torch.tensor([1.0, 0.7, 1.3, 1.0, 0.7, 1.0, 1.0, 0.5])
@@ -405,8 +405,14 @@ def test_wide_sets_take_the_fallback(seed, tp):
     mp = torch.tensor([0.01, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
     kw = dict(temperature=t, seed=seed, top_k=k, top_p=p.float(), min_p=mp.float())
     for row in range(8):
+        one = {n: v[row : row + 1] for n, v in kw.items() if isinstance(v, torch.Tensor)}
+        if row in (4, 5):
+            ids = run_tp(hidden[row : row + 1], weight, tp, seed=seed, offset=row, fallback="error", **one)
+            assert torch.equal(
+                ids, run_tp(hidden[row : row + 1], weight, tp, seed=seed, offset=row, temperature=t[row])
+            )
+            continue
         with pytest.raises(ValueError, match="fallback='gather'"):
-            one = {n: v[row : row + 1] for n, v in kw.items() if isinstance(v, torch.Tensor)}
             run_tp(hidden[row : row + 1], weight, tp, seed=seed, offset=row, fallback="error", **one)
     check(run_tp(hidden, weight, tp, **kw), hidden, weight, t, k, p, mp, seed, 0, share=0.4)  # flat: near-ties
 
@@ -539,18 +545,21 @@ def test_chi_square_per_filter(seed, kind):
 @pytest.mark.slow
 def test_torch_compile_fullgraph_with_fallback_error(seed):
     """torch.compile(fullgraph=True) with fallback='error' (no host sync: the
-    fallback check is a device-side assert) gives eager's ids; with
-    fallback='gather' a full graph is refused (~60 s of compile on 2 cores: slow)."""
+    fallback check is a device-side assert) gives eager's ids, the row with
+    every filter off (4) the unfiltered step's; with fallback='gather' a full
+    graph is refused (~60 s of compile on 2 cores: slow)."""
     gen = torch.Generator().manual_seed(seed)
-    hidden, weight = problem(gen, batch=6, vocab=500)
+    hidden, weight = problem(gen, batch=6, vocab=500, sharp=0.3)
     t = torch.tensor([0.0, 0.7, 1.0, 1.3, 0.7, 1.0])
     k, p = torch.tensor([0, 5, 20, 40, 0, 3]), torch.tensor([1.0, 0.9, 1.0, 0.8, 1.0, 1.0])
-    mp = torch.tensor([0.0, 0.0, 0.05, 0.0, 0.1, 0.0])
+    mp = torch.tensor([0.0, 0.0, 0.05, 0.0, 0.0, 0.0])
 
     def step(h, w, fallback="error"):
         return localargmax.lm_head_sample(h, w, temperature=t, seed=seed, top_k=k, top_p=p, min_p=mp, fallback=fallback)
 
-    assert torch.equal(torch.compile(step, fullgraph=True)(hidden, weight), step(hidden, weight))
+    compiled = torch.compile(step, fullgraph=True)(hidden, weight)
+    assert torch.equal(compiled, step(hidden, weight))
+    assert int(compiled[4]) == int(localargmax.lm_head_sample(hidden, weight, temperature=t, seed=seed)[4])
     with pytest.raises(Exception, match="fallback='gather'|Observed exception"):
         torch.compile(lambda h, w: step(h, w, "gather"), fullgraph=True)(hidden, weight)
 

@@ -21,20 +21,24 @@ pytestmark = pytest.mark.skipif(not emulation.have_compiler(), reason="g++ / obj
 
 def emulated_sample(emu, hidden, weight, tp, t, k, p, mp, seed, offset):
     """lm_head_sample's filtered path with every rank's keys and pairs from
-    the emulated CUDA kernel; returns (ids, need) with the rows ``need`` (not
-    decided by the candidates) recomputed from the full float32 logits."""
-    keys, pairs = [], []
+    the emulated CUDA kernel (its noised best keys, the sampling kernel's,
+    for the rows with every filter off); returns (ids, need) with the rows
+    ``need`` (not decided by the candidates) recomputed from the full float32
+    logits."""
+    keys, pairs, best = [], [], []
     for w, _, s in make_shards(weight, None, tp, 64, hidden=hidden):
         kk, pp = emu.shard(
             hidden, w, None, s.vocab_start, s.num_valid, path="simt", k=sampling.CANDIDATES, log_partition=True
         )
         keys.append(kk)
         pairs.append(pp)
+        best.append(emu.shard(hidden, w, None, s.vocab_start, s.num_valid, temperature=t, seed=seed, offset=offset))
     gathered, pairs = torch.stack(keys), torch.stack(pairs)
     rows = torch.arange(hidden.shape[0]) + offset
-    draft, _, need = sampling._decide(gathered, pairs, t, k, p.double(), mp.double(), seed, rows, False)
-    greedy = localargmax.decode_keys((gathered[..., 0] ^ emulation.SIGN).max(dim=0).values ^ emulation.SIGN)[0]
-    ids = torch.where(draft >= 0, draft, greedy)
+    draft, _, need = sampling._decide(gathered, pairs, t, k, p.double(), mp.double(), seed, rows, weight.shape[0])
+    merged = lambda keys: localargmax.decode_keys((keys ^ emulation.SIGN).max(dim=0).values ^ emulation.SIGN)[0]  # noqa: E731
+    off = (t > 0) & (k <= 0) & (p >= 1) & (mp <= 0)
+    ids = torch.where(off, merged(torch.stack(best)), torch.where(draft >= 0, draft, merged(gathered[..., 0])))
     if bool(need.any()):
         idx = need.nonzero()[:, 0]
         logits = hidden[idx].float() @ weight.float().T

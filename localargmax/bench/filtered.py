@@ -93,18 +93,21 @@ def gather_filter_sample(
     return ids
 
 
-def needs_fallback(keys_by_rank, pairs_by_rank, temperature, top_k, top_p, min_p, seed, offset=0) -> torch.Tensor:
+def needs_fallback(
+    keys_by_rank, pairs_by_rank, temperature, top_k, top_p, min_p, seed, offset=0, vocab_total=None
+) -> torch.Tensor:
     """``[B]`` bool: the rows whose allowed set the merged candidates of the
     ranks do not decide (``lm_head_sample`` recomputes them from gathered
     logits), from each rank's ``shard_topk(..., CANDIDATES,
-    log_partition=True)`` output (``[tp, B, K]`` keys, ``[tp, B, 2]`` pairs)."""
+    log_partition=True)`` output (``[tp, B, K]`` keys, ``[tp, B, 2]`` pairs);
+    ``vocab_total`` (or an upper bound) for top-p at ``T > 1``."""
     tp, b, _ = keys_by_rank.shape
     dev = keys_by_rank.device
     full = lambda v, dt: torch.full((b,), v, dtype=dt, device=dev)  # noqa: E731
     p, mp = full(top_p, torch.float32).double(), full(min_p, torch.float32).double()  # as lm_head_sample rounds them
     rows = offset + torch.arange(b, device=dev)
     t, k = full(temperature, torch.float32), full(top_k, torch.int64)
-    _, _, need = sampling._decide(keys_by_rank, pairs_by_rank, t, k, p, mp, seed, rows, False)
+    _, _, need = sampling._decide(keys_by_rank, pairs_by_rank, t, k, p, mp, seed, rows, vocab_total)
     return need
 
 
@@ -123,7 +126,8 @@ def fallback_rows_dist(hidden, weight, layout, group, temperature, top_k, top_p,
     got_p = [torch.empty_like(pairs) for _ in range(tp)]
     dist.all_gather(got_k, keys.contiguous(), group=group)
     dist.all_gather(got_p, pairs.contiguous(), group=group)
-    return needs_fallback(torch.stack(got_k), torch.stack(got_p), temperature, top_k, top_p, min_p, seed, offset)
+    got_k, got_p = torch.stack(got_k), torch.stack(got_p)
+    return needs_fallback(got_k, got_p, temperature, top_k, top_p, min_p, seed, offset, tp * layout.rows)
 
 
 def fallback_share(hidden, weight, tp, temperature, top_k, top_p, min_p, seed=1) -> float:
@@ -137,13 +141,14 @@ def fallback_share(hidden, weight, tp, temperature, top_k, top_p, min_p, seed=1)
         )
         keys.append(kk)
         pairs.append(pp)
-    need = needs_fallback(torch.stack(keys), torch.stack(pairs), temperature, top_k, top_p, min_p, seed)
+    keys, pairs = torch.stack(keys), torch.stack(pairs)
+    need = needs_fallback(keys, pairs, temperature, top_k, top_p, min_p, seed, 0, weight.shape[0])
     return float(need.float().mean())
 
 
 def filtered_bytes(batch: int, n_fallback: int, shard_rows: int) -> int:
     """Bytes one rank sends in a filtered ``lm_head_sample`` step: the
-    candidates' exchange, ``8 * payload_length(batch, CANDIDATES, True)``,
+    candidates' exchange, ``8 * payload_length(batch, CANDIDATES + 1, True)``,
     plus the fallback gather of ``n_fallback`` rows (none: nothing)."""
     fb = 8 * sampling.fallback_payload_length(n_fallback, shard_rows) if n_fallback else 0
-    return 8 * payload_length(batch, sampling.CANDIDATES, True) + fb
+    return 8 * payload_length(batch, sampling.CANDIDATES + 1, True) + fb
