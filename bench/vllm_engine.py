@@ -284,7 +284,6 @@ def _head_breakdown(worker, batches):
     rank runs the same calls in the same order: the collectives pair up). ms,
     median of 20."""
     import torch
-    import torch.nn.functional as F
     from vllm.distributed import get_tp_group
     from vllm.model_executor.layers.logits_processor import LogitsProcessor
 
@@ -302,11 +301,11 @@ def _head_breakdown(worker, batches):
     for batch in batches:
         gen = torch.Generator().manual_seed(batch)  # the same hidden states on every rank
         hidden = torch.randn(batch, weight.shape[1], generator=gen).to(weight.dtype)
-        local = F.linear(hidden, weight)
+        local = lp._apply_head(head, hidden, None)
         pair = torch.stack([local.max(-1).values.float(), local.max(-1).indices.float()], -1)
         words = torch.zeros(localargmax.payload_length(batch), dtype=torch.int64)
         row = {
-            "vllm: matmul": _median_ms(lambda: F.linear(hidden, weight)),
+            "vllm: matmul": _median_ms(lambda: lp._apply_head(head, hidden, None)),  # its (packed) CPU GEMM
             "vllm: local argmax": _median_ms(lambda: local.max(dim=-1)),
             "vllm: pair all-gather": _median_ms(lambda: coordinator.all_gather(pair, dim=-1)),
             "vllm: get_top_tokens": _median_ms(lambda: vllm_top(lp, head, hidden)),

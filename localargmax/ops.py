@@ -124,12 +124,15 @@ def shard_argmax(
     return torch.ops.localargmax.shard_argmax.default(hidden, weight, bias, vocab_start, num_valid, path)
 
 
-def _wants_partition(log_partition, scale, soft_cap) -> bool:
-    """Checks the log-partition keywords; whether the *_lse op runs."""
+def _wants_partition(log_partition, scale, soft_cap, samples: bool = False) -> bool:
+    """Checks the log-partition keywords; whether the *_lse op runs. A scale
+    or soft-cap without ``log_partition`` is refused for the argmax and top-k
+    (it cannot change their ids) and taken for sampling (``samples``: it
+    changes the sampled ids)."""
     if not isinstance(log_partition, bool):
         raise TypeError(f"log_partition must be a bool, got {type(log_partition).__name__}")
     check_transform_args(scale, soft_cap)
-    if not log_partition and (scale != 1.0 or soft_cap is not None):
+    if not (log_partition or samples) and (scale != 1.0 or soft_cap is not None):
         raise ValueError(
             f"scale={scale!r} and soft_cap={soft_cap!r} transform the logits for the log-partition only: "
             "pass log_partition=True (they do not change the argmax)"
@@ -254,8 +257,9 @@ def shard_sample(
         offset: Philox subsequence of row 0 (row ``b`` uses ``offset + b``);
             advance it by ``B`` every step for fresh noise.
         path: as in :func:`shard_argmax`.
-        log_partition, scale, soft_cap: as in :func:`shard_argmax`; the
-            Gumbel-max scores are then those of the transformed logits.
+        log_partition, scale, soft_cap: as in :func:`shard_argmax`, but a
+            scale or soft-cap is taken without ``log_partition`` too: the
+            Gumbel-max scores are those of the transformed logits either way.
 
     Returns:
         ``[B]`` int64 packed keys (their values are the perturbed scores).
@@ -277,10 +281,10 @@ def shard_sample(
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_sample_args(hidden, temperature, seed, offset)
     path = mma_config_path(path, _mma_config, weight.device)
-    wants_partition = _wants_partition(log_partition, scale, soft_cap)
+    transformed = _wants_partition(log_partition, scale, soft_cap, samples=True) or scale != 1.0 or soft_cap is not None
     path = _auto_path(path, hidden, weight)
-    if wants_partition:
-        return torch.ops.localargmax.shard_sample_lse.default(
+    if transformed:  # the transform runs in the log-partition op; without log_partition its pairs are dropped
+        out = torch.ops.localargmax.shard_sample_lse.default(
             hidden,
             weight,
             bias,
@@ -293,6 +297,7 @@ def shard_sample(
             float(soft_cap or 0.0),
             path,
         )
+        return out if log_partition else out[0]
     return torch.ops.localargmax.shard_sample.default(
         hidden, weight, bias, vocab_start, num_valid, temperature, seed, offset, path
     )

@@ -378,3 +378,31 @@ def test_shard_sample_log_partition(gen):
     op = torch.ops.localargmax.shard_sample_lse.default
     torch.library.opcheck(op, (hidden, weight, bias, 0, 480, t, 9, 4))
     torch.library.opcheck(op, (hidden, weight, None, 3, 300, t, 1, 0, 2.0, 30.0), {"path": "generic"})
+
+
+def test_shard_sample_takes_a_soft_cap_without_log_partition(gen):
+    """A scale or soft-cap changes the sampled ids, so shard_sample takes it
+    without ``log_partition`` (one rule with lm_head_sample): the keys equal
+    the log-partition call's, and the sampled ids are float64's Gumbel-max of
+    the transformed logits with the specified noise (rows whose top two
+    scores lie within float32 rounding are not judged)."""
+    hidden, weight = torch.randn(6, H, generator=gen), torch.randn(40, H, generator=gen) * 4
+    t = torch.tensor([0.5, 1.0, 1.0, 2.0, 1.0, 0.7])
+    seed, offset, scale, cap = 11, 3, 0.8, 2.0
+    keys = localargmax.shard_sample(hidden, weight, t, seed, offset, vocab_start=7, scale=scale, soft_cap=cap)
+    with_pairs, _ = localargmax.shard_sample(
+        hidden, weight, t, seed, offset, vocab_start=7, scale=scale, soft_cap=cap, log_partition=True
+    )
+    assert torch.equal(keys, with_pairs)
+    plain = localargmax.shard_sample(hidden, weight, t, seed, offset, vocab_start=7)
+    x = cap * torch.tanh(hidden.double() @ weight.double().T / cap) * scale
+    noise = torch.tensor(
+        [[py_gumbel(seed, offset + b, 7 + v) for v in range(40)] for b in range(6)], dtype=torch.float64
+    )
+    scores = x / t.double()[:, None] + noise
+    top2 = scores.topk(2, dim=1).values
+    ids, _ = localargmax.decode_keys(keys)
+    judged = (top2[:, 0] - top2[:, 1]) > 1e-4
+    assert judged.sum() >= 3
+    assert torch.equal(ids[judged], scores.argmax(1)[judged] + 7)
+    assert not torch.equal(keys, plain)  # the transform reached the scores
