@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -135,3 +138,60 @@ def test_brgemm_vnni_and_plain_operands_agree_within_the_bound(gen, dtype):
         hidden, weight, bias = integer_problem(gen, 9, 200, hsize, dtype, bias=True)
         ids = localargmax.decode_keys(localargmax.shard_argmax(hidden, weight, bias=bias, path="brgemm"))[0]
         assert torch.equal(ids, ref_argmax(hidden, weight, bias)), hsize
+
+
+TOGGLE_SCRIPT = r"""
+import sys, threading, time
+import torch
+import localargmax
+from tests.support.problems import integer_problem
+from tests.support.reference import ref_argmax
+
+seed, seconds = int(sys.argv[1]), float(sys.argv[2])
+torch.set_num_threads(2)
+gen = torch.Generator().manual_seed(seed)
+problems = {}
+for dtype in (torch.bfloat16, torch.float16, torch.float32):
+    hidden, weight, bias = integer_problem(gen, 40, 1000, 96, dtype, bias=True)  # 2 batch blocks, 16 tiles
+    problems[dtype] = hidden, weight, bias, ref_argmax(hidden, weight[:997], bias[:997])
+stop, flips = threading.Event(), [0]
+
+def toggle():
+    while not stop.is_set():
+        with torch.backends.mkldnn.flags(enabled=False):
+            time.sleep(1e-4)
+        time.sleep(1e-4)  # on as long: calls start with it on, and it goes off under them
+        flips[0] += 1
+
+thread = threading.Thread(target=toggle)
+thread.start()
+calls, end = 0, time.monotonic() + seconds
+try:
+    while time.monotonic() < end or calls < 30:
+        for dtype, (hidden, weight, bias, want) in problems.items():
+            keys = localargmax.shard_argmax(hidden, weight, bias=bias, num_valid=997, path="brgemm")
+            ids = localargmax.decode_keys(keys)[0]
+            assert torch.equal(ids, want), (dtype, calls, ids.tolist(), want.tolist())
+            hidden.float() @ weight.float()[:64].T, hidden @ weight[:64].T  # torch's own kernels in between
+        calls += 1
+finally:
+    stop.set()
+    thread.join()
+print(f"calls {calls} flips {flips[0]}")
+"""
+
+
+def test_brgemm_survives_the_mkldnn_flag_toggled_by_another_thread(seed):
+    """Another thread switches torch.backends.mkldnn off for 0.1 ms, on for
+    0.1 ms, in a loop while bf16 / fp16 / fp32 shard_argmax run on brgemm (with torch's own
+    matmuls in between), in a subprocess (a SIGILL fails the test instead of
+    killing pytest): every call returns float64's ids (exact integer logits,
+    ties included); the process ends cleanly. Each call reads the flag once;
+    a block ATen ran otherwise makes the call run again without oneDNN."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, "-c", TOGGLE_SCRIPT, str(seed), "3"]
+    proc = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"exit code {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    calls, flips = (int(w) for w in proc.stdout.split()[1::2])
+    assert calls >= 30 and flips >= 100, proc.stdout  # the flag did change during the calls

@@ -1,21 +1,27 @@
 // The brgemm CPU path (see shard_argmax_brgemm.h): per vocabulary tile, one
 // cpublas::brgemm call of M = kTileRows weight rows (the A operand read in
-// place, lda = the weight's row stride) by N = kBrgemmBatchBlock batch rows
-// (the B operand: hidden states transposed once per call, zero columns past
-// the batch) over K = H, float32 C; then emit_block, every path's epilogue.
+// place, lda = the weight's row stride; a stride below H: each tile copied,
+// lda = H) by N = kBrgemmBatchBlock batch rows (the B operand: hidden states
+// transposed once per call, zero columns past the batch) over K = H, float32
+// C; then emit_block, every path's epilogue.
 // M, N, K, lda, ldb and ldc are the same in every call of one problem (the
-// last partial tile is copied to a zero-padded kTileRows x ldw block), so
+// last partial tile is copied to a zero-padded kTileRows x lda block), so
 // every (row, batch row) runs the same oneDNN kernel wherever it sits.
 // Where ATen takes a VNNI B for bf16 / fp16 (brgemm_mode: AMX tiles where
 // cpublas::could_pack, oneDNN's AVX-512 ukernel elsewhere) B is VNNI-packed
 // here; otherwise brgemm runs with is_vnni = false, which ATen serves as it
-// can (DESIGN.md, "CPU paths").
+// can (DESIGN.md, "CPU paths"). ATen reads torch.backends.mkldnn.enabled at
+// every call; a call reads it once, and a block ATen ran otherwise (it
+// refuses the VNNI B, or float32 finds the flag off) makes the caller redo
+// the whole call without oneDNN.
 #include "shard_argmax_brgemm.h"
 
 #include <ATen/native/CPUBlas.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
@@ -34,25 +40,34 @@ namespace blas = at::native::cpublas;
 
 namespace {
 
-// C[kTileRows, kBrgemmBatchBlock] = A[kTileRows, H] (rows lda apart) x B block.
-void brgemm_block(const ShardArgmaxProblem& p, const void* a, const void* b, float* c) {
-  const int64_t M = kTileRows, N = kBrgemmBatchBlock, K = p.hidden_size;
+bool mkldnn_enabled() { return at::globalContext().userEnabledMkldnn(); }
+
+// C[kTileRows, kBrgemmBatchBlock] = A[kTileRows, H] (rows brgemm_lda apart) x
+// B block. False where ATen did not run it on the kernel the call decided.
+bool brgemm_block(const ShardArgmaxProblem& p, const void* a, const void* b, float* c) {
+  const int64_t M = kTileRows, N = kBrgemmBatchBlock, K = p.hidden_size, lda = p.brgemm_lda;
   if (K == 0) {  // an empty sum is +0.0 (as every other path); oneDNN cannot make a K = 0 kernel
     std::fill(c, c + M * N, 0.0f);
-    return;
+    return true;
   }
-  switch (p.weight_dtype) {
-    case WeightDtype::kBFloat16:
-      blas::brgemm(M, N, K, p.ldw, N, N, false, static_cast<const at::BFloat16*>(a),
-                   static_cast<const at::BFloat16*>(b), c, p.brgemm_vnni);
-      break;
-    case WeightDtype::kFloat16:
-      blas::brgemm(M, N, K, p.ldw, N, N, false, static_cast<const at::Half*>(a), static_cast<const at::Half*>(b), c,
-                   p.brgemm_vnni);
-      break;
-    default:
-      blas::brgemm(M, N, K, p.ldw, N, N, false, static_cast<const float*>(a), static_cast<const float*>(b), c, false);
+  try {
+    switch (p.weight_dtype) {
+      case WeightDtype::kBFloat16:
+        blas::brgemm(M, N, K, lda, N, N, false, static_cast<const at::BFloat16*>(a),
+                     static_cast<const at::BFloat16*>(b), c, p.brgemm_vnni);
+        break;
+      case WeightDtype::kFloat16:
+        blas::brgemm(M, N, K, lda, N, N, false, static_cast<const at::Half*>(a), static_cast<const at::Half*>(b), c,
+                     p.brgemm_vnni);
+        break;
+      default:
+        blas::brgemm(M, N, K, lda, N, N, false, static_cast<const float*>(a), static_cast<const float*>(b), c, false);
+    }
+  } catch (const c10::Error&) {
+    if (!p.brgemm_vnni) throw;
+    return false;  // ATen refused the VNNI B: the flag went off since the call read it
   }
+  return !p.brgemm_recheck || mkldnn_enabled();  // float32: ATen may have run its gemm fallback
 }
 
 size_t element_size(WeightDtype dtype) { return dtype == WeightDtype::kFloat32 ? 4 : 2; }
@@ -60,9 +75,11 @@ size_t element_size(WeightDtype dtype) { return dtype == WeightDtype::kFloat32 ?
 }  // namespace
 
 // Whether ATen runs brgemm with a VNNI B (is_vnni = true) for T here: a
-// 2 x 32 x 2 product of small integers, exact in any order.
+// 2 x 32 x 2 product of small integers, exact in any order. 1: it does; 0:
+// oneDNN cannot (or computes it wrong); -1: ATen refused, which a flag
+// switched off since the caller read it may have caused (not remembered).
 template <typename T>
-bool vnni_runs() {
+int vnni_probe() {
   const int64_t M = 2, N = kBrgemmBatchBlock, K = 2;
   std::vector<T> a(M * K), b(K * N);
   std::vector<float> c(M * N, -1.0f);
@@ -70,34 +87,47 @@ bool vnni_runs() {
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) b[n * K + k] = static_cast<T>(static_cast<float>(n % 5 - k));  // VNNI: [K/2][N][2]
   try {
+    const BrgemmChunk release(true);
     blas::brgemm(M, N, K, K, N, N, false, a.data(), b.data(), c.data(), true);
-    blas::brgemm_release(true);
-  } catch (const std::exception&) {  // c10::Error (ATen refuses) or dnnl::error (oneDNN cannot)
-    return false;
+  } catch (const c10::Error&) {
+    return -1;
+  } catch (const std::exception&) {  // dnnl::error: oneDNN cannot
+    return 0;
   }
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
       const float want = static_cast<float>((2 * m + 1) * (n % 5) + (2 * m + 2) * (n % 5 - 1));
-      if (c[m * N + n] != want) return false;
+      if (c[m * N + n] != want) return 0;
     }
-  return true;
+  return 1;
 }
 
 const char* brgemm_mode(at::ScalarType dtype) {
   if (dtype != at::kBFloat16 && dtype != at::kHalf) return "plain";
+  if (!mkldnn_enabled()) return "plain";  // ATen's own check
   if (blas::could_pack(dtype)) return "amx";
-  if (!at::globalContext().userEnabledMkldnn()) return "plain";  // ATen's own check, per call
-  static const bool bf16 = vnni_runs<at::BFloat16>();
-  static const bool fp16 = vnni_runs<at::Half>();
-  return (dtype == at::kBFloat16 ? bf16 : fp16) ? "vnni" : "plain";
+  static std::atomic<int> bf16{-1}, fp16{-1};
+  std::atomic<int>& known = dtype == at::kBFloat16 ? bf16 : fp16;
+  int runs = known.load();
+  if (runs < 0) {
+    runs = dtype == at::kBFloat16 ? vnni_probe<at::BFloat16>() : vnni_probe<at::Half>();
+    if (runs >= 0) known.store(runs);
+  }
+  return runs == 1 ? "vnni" : "plain";
+}
+
+bool brgemm_serves(at::ScalarType dtype, bool flag_free) {
+  return dtype != at::kFloat || (!flag_free && mkldnn_enabled());
 }
 
 BrgemmOperands prepare_brgemm(const at::Tensor& hidden, const at::Tensor& weight, int64_t num_valid,
-                              ShardArgmaxProblem& p) {
+                              ShardArgmaxProblem& p, bool flag_free) {
   const int64_t batch = hidden.size(0), H = hidden.size(1);
   const int64_t blocks = (batch + kBrgemmBatchBlock - 1) / kBrgemmBatchBlock;
   const at::ScalarType dtype = weight.scalar_type();
-  p.brgemm_vnni = H % 2 == 0 && std::string(brgemm_mode(dtype)) != "plain";
+  p.brgemm_vnni = !flag_free && H % 2 == 0 && std::string(brgemm_mode(dtype)) != "plain";
+  p.brgemm_recheck = dtype == at::kFloat;
+  p.brgemm_lda = std::max(p.ldw, H);
   BrgemmOperands ops;
   at::Tensor rows = at::zeros({blocks * kBrgemmBatchBlock, H}, hidden.options());
   rows.narrow(0, 0, batch).copy_(hidden);
@@ -114,7 +144,7 @@ BrgemmOperands prepare_brgemm(const at::Tensor& hidden, const at::Tensor& weight
   p.brgemm_weight_tail = nullptr;
   const int64_t full = num_valid / kTileRows * kTileRows;
   if (full < num_valid) {
-    ops.weight_tail = at::zeros({kTileRows, p.ldw}, weight.options());
+    ops.weight_tail = at::zeros({kTileRows, p.brgemm_lda}, weight.options());
     ops.weight_tail.narrow(0, 0, num_valid - full).narrow(1, 0, H).copy_(weight.narrow(0, full, num_valid - full));
     p.brgemm_weight_tail = ops.weight_tail.data_ptr();
   }
@@ -126,25 +156,44 @@ void shard_argmax_tiles_brgemm(const ShardArgmaxProblem& p, int64_t tile_begin, 
   const size_t esize = element_size(p.weight_dtype);
   const size_t b_block_bytes = static_cast<size_t>(p.brgemm_ldk * kBrgemmBatchBlock) * esize;
   const int64_t blocks = (p.batch + kBrgemmBatchBlock - 1) / kBrgemmBatchBlock;
-  for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+  const size_t row_bytes = static_cast<size_t>(p.hidden_size) * esize;
+  std::vector<char> copied(p.brgemm_lda != p.ldw ? kTileRows * row_bytes : 0);  // rows brgemm_lda = H apart
+  for (int64_t tile = tile_begin; tile < tile_end && !p.brgemm_refused->load(std::memory_order_relaxed); ++tile) {
     const int64_t row0 = tile * kTileRows;
     const int64_t rows = std::min(kTileRows, p.num_valid - row0);
-    const void* a = rows == kTileRows
-                        ? static_cast<const char*>(p.weight) + static_cast<size_t>(row0 * p.ldw) * esize
-                        : p.brgemm_weight_tail;
+    const char* first = static_cast<const char*>(p.weight) + static_cast<size_t>(row0 * p.ldw) * esize;
+    const void* a = first;
+    if (rows < kTileRows) {
+      a = p.brgemm_weight_tail;
+    } else if (!copied.empty()) {
+      for (int64_t r = 0; r < kTileRows; ++r)
+        std::memcpy(copied.data() + r * row_bytes, first + static_cast<size_t>(r * p.ldw) * esize, row_bytes);
+      a = copied.data();
+    }
     for (int64_t j = 0; j < blocks; ++j) {
       const int64_t b0 = j * kBrgemmBatchBlock;
-      brgemm_block(p, a, static_cast<const char*>(p.brgemm_hidden) + j * b_block_bytes, scratch);
+      if (!brgemm_block(p, a, static_cast<const char*>(p.brgemm_hidden) + j * b_block_bytes, scratch)) {
+        p.brgemm_refused->store(true);
+        return;
+      }
       emit_block(p, scratch, kBrgemmBatchBlock, row0, rows, b0, std::min(kBrgemmBatchBlock, p.batch - b0), best_keys);
     }
   }
 }
 
-void brgemm_end_chunk(const ShardArgmaxProblem& p) { blas::brgemm_release(p.brgemm_vnni); }
+BrgemmChunk::~BrgemmChunk() {
+  if (!vnni_) return;
+  try {
+    blas::brgemm_release(true);
+  } catch (const std::exception&) {  // a destructor must not throw; nothing is left configured to release
+  }
+}
 
 #else  // no cpublas::brgemm in this torch
 
-BrgemmOperands prepare_brgemm(const at::Tensor&, const at::Tensor&, int64_t, ShardArgmaxProblem&) {
+bool brgemm_serves(at::ScalarType, bool) { return true; }  // prepare_brgemm refuses
+
+BrgemmOperands prepare_brgemm(const at::Tensor&, const at::Tensor&, int64_t, ShardArgmaxProblem&, bool) {
   TORCH_CHECK_VALUE(false, "shard_argmax: path='brgemm' needs a torch whose ATen has cpublas::brgemm "
                            "(CPUBLAS_BRGEMM_* in ATen/native/CPUBlas.h); this build's torch has none");
   return {};
@@ -154,7 +203,7 @@ const char* brgemm_mode(at::ScalarType) { return "plain"; }
 
 void shard_argmax_tiles_brgemm(const ShardArgmaxProblem&, int64_t, int64_t, float*, uint64_t*) {}
 
-void brgemm_end_chunk(const ShardArgmaxProblem&) {}
+BrgemmChunk::~BrgemmChunk() {}
 
 #endif
 

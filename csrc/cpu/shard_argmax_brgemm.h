@@ -17,23 +17,44 @@ struct BrgemmOperands {
   at::Tensor weight_tail;    // p.brgemm_weight_tail (undefined: no partial tile)
 };
 
+// Whether this call runs the brgemm path for weights of `dtype`: always for
+// bf16 / fp16; float32 only where torch.backends.mkldnn.enabled reads true
+// and not `flag_free` (ATen serves a float32 brgemm by oneDNN or by its gemm
+// fallback as the flag says at each call: without oneDNN the call runs
+// auto's float32 path instead, DESIGN.md "CPU paths").
+bool brgemm_serves(at::ScalarType dtype, bool flag_free);
+
 // Fills p.brgemm_* for hidden [batch, H] and weight [rows, H] (one dtype)
-// with rows [0, num_valid) used. ValueError if this torch has no brgemm.
+// with rows [0, num_valid) used, reading the oneDNN flag once (brgemm_mode)
+// unless `flag_free` (bf16 / fp16: the plain B, which ATen serves without
+// reading it). ValueError if this torch has no brgemm.
 BrgemmOperands prepare_brgemm(const at::Tensor& hidden, const at::Tensor& weight, int64_t num_valid,
-                              ShardArgmaxProblem& p);
+                              ShardArgmaxProblem& p, bool flag_free);
 
 // How the brgemm path runs for weights of `dtype` on this CPU and torch
 // (DESIGN.md, "CPU paths"): "amx" (cpublas::could_pack: B VNNI-packed, the
 // AMX tiles), "vnni" (B VNNI-packed, oneDNN's AVX-512 ukernel, which ATen
-// accepts where could_pack is false: found once per process by a tiny
-// exact call), "plain" (is_vnni = false: oneDNN's float32 ukernel or ATen's
-// cpublas::gemm fallback). An odd hidden size always runs "plain" (VNNI
-// pairs K). localargmax._C._brgemm_mode exports it.
+// accepts where could_pack is false: found by a tiny exact call, remembered
+// once oneDNN has answered), "plain" (is_vnni = false: oneDNN's float32
+// ukernel or ATen's cpublas::gemm fallback). An odd hidden size always runs
+// "plain" (VNNI pairs K). localargmax._C._brgemm_mode exports it.
 const char* brgemm_mode(at::ScalarType dtype);
 
-// End of one parallel_for chunk of the brgemm path: cpublas::brgemm_release
-// (the tile context is per thread).
-void brgemm_end_chunk(const ShardArgmaxProblem& p);
+// Ends one parallel_for chunk of the brgemm path when it leaves scope, on
+// unwind too: cpublas::brgemm_release where the chunk ran a VNNI B (the tile
+// context and ATen's current kernel are per thread; a chunk that skipped it
+// left ATen believing its tiles configured after another kernel released
+// them: SIGILL at the next tile instruction).
+class BrgemmChunk {
+ public:
+  explicit BrgemmChunk(bool vnni) : vnni_(vnni) {}
+  BrgemmChunk(const BrgemmChunk&) = delete;
+  BrgemmChunk& operator=(const BrgemmChunk&) = delete;
+  ~BrgemmChunk();
+
+ private:
+  bool vnni_;
+};
 
 }  // namespace cpu
 }  // namespace localargmax

@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <tuple>
 #include <cstdlib>
@@ -38,7 +39,7 @@ using TilesFn = void (*)(const ShardArgmaxProblem&, int64_t, int64_t, float*, ui
 struct TilesChoice {
   TilesFn fn;
   bool bf16_pairs;  // avx512_bf16: bfloat16 weights take vdpbf16ps (needs p.hidden_bf16)
-  bool brgemm;      // brgemm: p.brgemm_* (prepare_brgemm), brgemm_end_chunk per chunk
+  bool brgemm;      // brgemm: p.brgemm_* (prepare_brgemm), a BrgemmChunk per chunk
 };
 
 WeightDtype weight_dtype_of(at::ScalarType t) {
@@ -74,8 +75,11 @@ struct PartitionRequest {
 at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                         int64_t vocab_start, int64_t num_valid, int64_t topk, const at::Tensor& temperature,
                         uint64_t seed, uint64_t offset, const std::string& path,
-                        const PartitionRequest* partition = nullptr) {
-  const TilesChoice choice = pick_tiles_fn(path, weight.scalar_type());
+                        const PartitionRequest* partition = nullptr, bool brgemm_flag_free = false) {
+  TilesChoice choice = pick_tiles_fn(path, weight.scalar_type());
+  // brgemm reads torch.backends.mkldnn.enabled once per call (DESIGN.md, "CPU paths")
+  if (choice.brgemm && !brgemm_serves(weight.scalar_type(), brgemm_flag_free))
+    choice = pick_tiles_fn("auto", at::kFloat);
   const TilesFn tiles_fn = choice.fn;
   const int64_t batch = hidden.size(0);
   const int64_t hidden_size = hidden.size(1);
@@ -128,9 +132,13 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
   p.brgemm_hidden = nullptr;
   p.brgemm_weight_tail = nullptr;
   p.brgemm_ldk = 0;
+  p.brgemm_lda = 0;
   p.brgemm_vnni = false;
+  p.brgemm_recheck = false;
+  std::atomic<bool> brgemm_refused{false};
+  p.brgemm_refused = &brgemm_refused;
   BrgemmOperands brgemm_operands;
-  if (choice.brgemm) brgemm_operands = prepare_brgemm(hidden, weight, num_valid, p);
+  if (choice.brgemm) brgemm_operands = prepare_brgemm(hidden, weight, num_valid, p, brgemm_flag_free);
   const int64_t num_tiles = (num_valid + kTileRows - 1) / kTileRows;
   std::vector<PartitionState> tile_partition;
   p.partition = nullptr;
@@ -154,14 +162,17 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
   std::vector<uint64_t> partial(static_cast<size_t>(num_chunks * per_chunk), 0);
   at::parallel_for(0, num_chunks, 1, [&](int64_t c_begin, int64_t c_end) {
     const KeepDenormals keep_denormals;  // whatever this thread's FTZ / DAZ (fp_env.h)
+    const BrgemmChunk brgemm_chunk(choice.brgemm && p.brgemm_vnni);  // releases the tile context, on unwind too
     std::vector<float> scratch(static_cast<size_t>(std::max(4 * hidden_pad + kLanes, kTileRows * kBrgemmBatchBlock)));
     for (int64_t c = c_begin; c < c_end; ++c) {
       const int64_t t0 = c * num_tiles / num_chunks;
       const int64_t t1 = (c + 1) * num_tiles / num_chunks;
       tiles_fn(p, t0, t1, scratch.data(), partial.data() + c * per_chunk);
     }
-    if (choice.brgemm) brgemm_end_chunk(p);  // the tile context is per thread
   });
+  if (brgemm_refused.load())  // the oneDNN flag changed during the call: all of it again without oneDNN
+    return reduce_shard(hidden, weight, bias, vocab_start, num_valid, topk, temperature, seed, offset, path, partition,
+                        true);
   if (partition != nullptr) {
     const KeepDenormals keep_denormals;  // the calling thread's merge too
     // The tiles' pairs, merged in tile order: independent of the chunking.

@@ -14,6 +14,7 @@
 // order depends on k only (DESIGN.md rule 5).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "../common/log_partition.h"
@@ -27,7 +28,7 @@ struct ShardArgmaxProblem {
   const float* hidden;     // [batch, hidden_pad] float32, zero-padded to hidden_pad
   const void* weight;      // [num_valid rows used, ldw] in weight_dtype
   WeightDtype weight_dtype;
-  int64_t ldw;             // elements between weight rows (>= hidden_size)
+  int64_t ldw;             // elements between weight rows (any: 0 for a broadcast row)
   const float* bias;       // [num_valid] float32, or nullptr
   int64_t batch;
   int64_t hidden_size;     // H
@@ -60,11 +61,19 @@ struct ShardArgmaxProblem {
   // columns past the batch), [batch_blocks][H][kBrgemmBatchBlock] in the
   // weight's dtype, or VNNI pairs [batch_blocks][H / 2][kBrgemmBatchBlock][2]
   // where brgemm_vnni; and the last partial tile's weight rows, zero-padded
-  // to kTileRows x ldw.
+  // to kTileRows x brgemm_lda.
   const void* brgemm_hidden;
   const void* brgemm_weight_tail;
   int64_t brgemm_ldk;  // K rows of one B block (H)
+  // A's leading dimension in every call: ldw, or H where ldw < H (a
+  // broadcast or overlapping weight: each tile is then copied to a
+  // kTileRows x H block first)
+  int64_t brgemm_lda;
   bool brgemm_vnni;
+  bool brgemm_recheck;  // float32: ATen re-reads the oneDNN flag per call (read it after each block)
+  // Set when a block did not run on the kernel the call decided (the oneDNN
+  // flag changed during the call): the call is redone without oneDNN.
+  std::atomic<bool>* brgemm_refused;
 };
 
 constexpr int kLanes = 8;        // float32 lanes per accumulator
