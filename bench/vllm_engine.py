@@ -269,20 +269,24 @@ def _worker_facts(worker):
     return facts
 
 
-def _median_ms(fn, repeat=20):
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+def _median_ms(parts: dict, repeat=20) -> dict:
+    """``{name: median ms}`` of each callable in ``parts``, timed round-robin
+    (one call of each per round, after one warm-up round): a slow spell of
+    the machine falls on every part alike, so their differences hold."""
+    times = {name: [] for name in parts}
+    for round_ in range(repeat + 1):
+        for name, fn in parts.items():
+            t0 = time.perf_counter()
+            fn()
+            if round_:
+                times[name].append(time.perf_counter() - t0)
+    return {name: 1e3 * statistics.median(values) for name, values in times.items()}
 
 
 def _head_breakdown(worker, batches):
     """The draft head's parts, timed on this worker's head and TP group (every
     rank runs the same calls in the same order: the collectives pair up). ms,
-    median of 20."""
+    median of 20 rounds (:func:`_median_ms`)."""
     import torch
     from vllm.distributed import get_tp_group
     from vllm.model_executor.layers.logits_processor import LogitsProcessor
@@ -304,17 +308,19 @@ def _head_breakdown(worker, batches):
         local = lp._apply_head(head, hidden, None)
         pair = torch.stack([local.max(-1).values.float(), local.max(-1).indices.float()], -1)
         words = torch.zeros(localargmax.payload_length(batch), dtype=torch.int64)
-        row = {
-            "vllm: matmul": _median_ms(lambda: lp._apply_head(head, hidden, None)),  # its (packed) CPU GEMM
-            "vllm: local argmax": _median_ms(lambda: local.max(dim=-1)),
-            "vllm: pair all-gather": _median_ms(lambda: coordinator.all_gather(pair, dim=-1)),
-            "vllm: get_top_tokens": _median_ms(lambda: vllm_top(lp, head, hidden)),
-            "plugin: kernel": _median_ms(
-                lambda: localargmax.shard_argmax(hidden, weight, vocab_start=start, num_valid=num_valid)
-            ),
-            "plugin: exchange": _median_ms(lambda: exchange(words)),
-            "plugin: get_top_tokens": _median_ms(lambda: logits.get_top_tokens(lp, head, hidden)),
-        }
+        row = _median_ms(
+            {
+                "vllm: matmul": lambda: lp._apply_head(head, hidden, None),  # its (packed) CPU GEMM
+                "vllm: local argmax": lambda: local.max(dim=-1),
+                "vllm: pair all-gather": lambda: coordinator.all_gather(pair, dim=-1),
+                "vllm: get_top_tokens": lambda: vllm_top(lp, head, hidden),
+                "plugin: kernel": lambda: localargmax.shard_argmax(
+                    hidden, weight, vocab_start=start, num_valid=num_valid
+                ),
+                "plugin: exchange": lambda: exchange(words),
+                "plugin: get_top_tokens": lambda: logits.get_top_tokens(lp, head, hidden),
+            }
+        )
         row["plugin: Python around"] = row["plugin: get_top_tokens"] - row["plugin: kernel"] - row["plugin: exchange"]
         rows[str(batch)] = row
     return rows
@@ -370,11 +376,13 @@ def markdown(report: dict) -> str:
     shape, worker = report["shape"], results["plugin"]["workers"][0] if "plugin" in results else {}
     lines += [
         "",
-        f"ms, median of 20 (the parts); `{report['command']}` on {report['date']}: {report['cpu']} "
+        f"ms, the parts each a median of 20 rounds, timed round-robin; `{report['command']}` on {report['date']}: "
+        f"{report['cpu']} "
         f"({', '.join(report['cpu_flags'])}), {report['cores']} cores, vLLM {report['vllm']}, torch {report['torch']}, "
         f"TP {report['tp']} (one core per rank), {report['dtype']}, vocab {shape['vocab']}, draft hidden "
         f"{shape['draft_hidden']} (head shard {worker.get('draft head shard')}, CPU path {worker.get('cpu path')}), "
-        f"{report['num_spec']} speculative tokens, {report['max_tokens']} output tokens per request. Tokens equal "
+        f"{report['num_spec']} speculative tokens, {report['max_tokens']} output tokens per request; 1-minute load "
+        f"{report['load_average_start'][0]:.1f} at the start, {report['load_average_end'][0]:.1f} at the end. Tokens equal "
         f"the first method's: {', '.join(m for m, same in report['tokens_equal_first_method'].items() if same)}. "
         f"From `{report['path']}`.",
     ]
@@ -412,6 +420,7 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     shape = LARGE if args.shape == "large" else SMALL
+    load_start = os.getloadavg()
     results = {}
     with tempfile.TemporaryDirectory(prefix="localargmax-engine-") as folder:
         print(f"making the models ({shape}, {args.dtype}) in {folder}", file=sys.stderr)
@@ -438,6 +447,7 @@ def main(argv=None) -> int:
         "cpu": cpu_name(),
         "cpu_flags": cpu_flags(),
         "cores": os.cpu_count(),
+        "load_average_start": load_start,
         "load_average_end": os.getloadavg(),
         "date": time.strftime("%Y-%m-%d"),
         "vllm": vllm.__version__,
