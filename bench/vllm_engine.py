@@ -374,6 +374,7 @@ def markdown(report: dict) -> str:
         for batch, row in breakdown[0].items():
             lines.append(f"| {batch} | " + " | ".join(f"{row[p]:.3f}" for p in parts) + " |")
     shape, worker = report["shape"], results["plugin"]["workers"][0] if "plugin" in results else {}
+    same = report["tokens_equal_first_method"]
     lines += [
         "",
         f"ms, the parts each a median of 20 rounds, timed round-robin; `{report['command']}` on {report['date']}: "
@@ -382,8 +383,8 @@ def markdown(report: dict) -> str:
         f"TP {report['tp']} (one core per rank), {report['dtype']}, vocab {shape['vocab']}, draft hidden "
         f"{shape['draft_hidden']} (head shard {worker.get('draft head shard')}, CPU path {worker.get('cpu path')}), "
         f"{report['num_spec']} speculative tokens, {report['max_tokens']} output tokens per request; 1-minute load "
-        f"{report['load_average_start'][0]:.1f} at the start, {report['load_average_end'][0]:.1f} at the end. Tokens equal "
-        f"the first method's: {', '.join(m for m, same in report['tokens_equal_first_method'].items() if same)}. "
+        f"{report['load_average_start'][0]:.1f} at the start, {report['load_average_end'][0]:.1f} at the end. "
+        f"Tokens equal the first method's: {', '.join(m for m, ok in same.items() if ok)}. "
         f"From `{report['path']}`.",
     ]
     return "\n".join(lines)
