@@ -15,6 +15,7 @@ Public API:
     log_probs_from_pairs                    the log-probabilities' merge of the ranks' pairs
     log_odds_from_pairs                     the argmax's log-odds from them (lm_head_argmax(return_log_odds=True))
     exchange_keys                           the collective step alone
+    kernel_path                             which kernel path serves a weight dtype (CPU: by its features)
     LOCAL_SHARD                             group= sentinel: one shard's own answer, no exchange (on purpose)
     payload_length                          int64 words one rank sends per step (a callable group's buffer)
     shard_vocab, VocabShard, check_layouts  the standard vocab-parallel layout
@@ -44,6 +45,7 @@ from .d2t import build_d2t, draft_to_target_ids, validate_d2t
 from .layout import VocabShard, check_layouts, shard_vocab
 from .lm_head import LocalArgmaxMixin, VocabParallelLMHead
 from .ops import MAX_GLOBAL_INDEX, MAX_TOPK, decode_keys, merge_keys, shard_argmax, shard_sample, shard_topk
+from .paths import kernel_path
 from .sampling import lm_head_sample
 from .step import lm_head_argmax, lm_head_topk, log_odds_from_pairs, log_probs_from_pairs
 
@@ -65,6 +67,7 @@ __all__ = [
     "decode_keys",
     "draft_to_target_ids",
     "exchange_keys",
+    "kernel_path",
     "lm_head_argmax",
     "lm_head_sample",
     "lm_head_topk",

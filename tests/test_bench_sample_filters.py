@@ -168,8 +168,16 @@ def test_forced_cpu_path_is_run_and_recorded(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {r["method"]: r for r in json.loads((tmp_path / "k.json").read_text())["rows"]}
     assert rows["fused-kernel"]["cpu_path"] == "generic" and rows["fused-kernel"]["agree"] == 1.0
-    assert rows["lm-head-step"]["cpu_path"] == localargmax._C._cpu_path("auto", None, "float32")
+    assert rows["lm-head-step"]["cpu_path"] == localargmax.kernel_path(torch.float32)
     assert "path 'generic'" in proc.stdout
+    # the printed table's path column names what each row ran (issue 54: it was in the JSON only)
+    lines = proc.stdout.splitlines()
+    header = next(line.split() for line in lines if line.startswith("method"))
+    cells = {row[0]: row for row in map(str.split, lines) if row[:1] in (["fused-kernel"], ["lm-head-step"])}
+    at = header.index("path")
+    assert header[at - 1] == "dtype"
+    assert cells["fused-kernel"][at] == "generic"
+    assert cells["lm-head-step"][at] == localargmax.kernel_path(torch.float32)
 
 
 def test_rendered_note_names_auto_per_dtype_where_it_differs():

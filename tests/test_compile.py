@@ -99,6 +99,7 @@ _DRAFT = _Draft()
 NOT_STEPS = {
     "LOCAL_SHARD", "MAX_GLOBAL_INDEX", "MAX_TOPK", "WITH_CUDA", "VocabShard", "check_layouts", "shard_vocab",
     "build_d2t", "validate_d2t", "draft_to_target_ids", "exchange_keys", "payload_length",
+    "kernel_path",
 }  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from tests.support.keys import pack_key, same_float32, to_int64
 from tests.support.paths import (
     BIT_EXACT_CPU_PATHS,
     bit_exact_cpu_paths,
+    bit_identical_to_generic,
     each_cpu_path_and_thread_count,
     use_path,
 )
@@ -227,8 +228,10 @@ def test_cpu_path_keyword(gen, op):
         "sample": lambda p: localargmax.shard_sample(hidden, weight, torch.full((5,), 0.7), 9, path=p),
     }[op]
     auto, generic = call("auto"), call("generic")
-    chosen = localargmax._C._cpu_path("auto", None, "bfloat16")  # brgemm on AMX (DESIGN.md, "CPU paths")
-    assert torch.equal(auto, generic if chosen in BIT_EXACT_CPU_PATHS else call(chosen)), chosen
+    chosen = localargmax.kernel_path(torch.bfloat16)  # brgemm on AMX (DESIGN.md, "CPU paths")
+    assert torch.equal(auto, call(chosen)), chosen
+    if bit_identical_to_generic("auto", torch.bfloat16):
+        assert torch.equal(auto, generic), chosen
     for name in ("avx2", "avx512", "avx512_bf16", "brgemm"):
         try:
             got = call(name)

@@ -105,6 +105,10 @@ columns (the first line of each is the legend printed under the table):
                       to the smaller index, a stable sort, mapped by d2t).
                       --op sample: "-" (another random stream, not comparable).
   k                   --op topk only: K.
+  path                {path}:
+                      on CPU, the fused rows (--kernel-only: fused-kernel
+                      runs --cpu-path, lm-head-step auto); "-" for rows
+                      that do not run our CPU kernel.
   tp_inv              {tp_inv}
                       (JSON tp_invariance; --op sample, fused only): the
                       one-rank sample is lm_head_sample on rank 0 with
@@ -189,7 +193,7 @@ examples:
   localargmax-bench --op sample --temperature 0.7 --model qwen3 --batch 8 --steps 5
   localargmax-bench --op sample --temperature 0.7 --top-k 50 --top-p 0.9 --json /tmp/minilm_filtered.json
   localargmax-bench --op sample --min-p 0.05 --batch 64 --steps 10 --json /tmp/minilm_min_p.json
-  localargmax-bench --kernel-only --cpu-path generic --json /tmp/generic.json   # force the fused kernel's CPU path
+  localargmax-bench --kernel-only --cpu-path generic --json /tmp/generic.json   # forced CPU path; slow (below)
   localargmax-bench --device cuda --tp 8 --model deepseek-v3 --json -
   torchrun --nproc-per-node 8 -m localargmax.bench --device cuda --model qwen3
   localargmax-bench --kernel-only --model qwen3 --rows 75968 --dtype bfloat16
@@ -197,6 +201,15 @@ examples:
   localargmax-bench --kernel-only --op topk --k 8 --log-probs --model qwen3 --batch 1,8,64 --tp 8
   localargmax-bench --kernel-only --op sample --device cuda --model llama3-70b --tp 1,2,4,8 --json out.json
   localargmax-bench --smoke --json out.json           # tiny, for tests (or LOCALARGMAX_BENCH_SMOKE=1)
+
+slow runs (on CPU these take minutes, not seconds):
+  --kernel-only        every row at 9 batch sizes (1 to 256) with 100 steps
+                       each on minilm; a forced slow path takes longer still
+                       (--kernel-only --cpu-path generic: 5 min 23 s on an
+                       AMX Xeon); shorter with --batch 1,8 --steps 10
+  qwen3, llama3, llama3-70b, deepseek-v3 on CPU: minutes per batch size
+                       (10 steps each); --batch 1 --steps 3 for a first look
+  --smoke is the quick check that everything runs (seconds).
 
 from a checkout of the repository (not installed with the package):
   python -m bench.predict_cli --help                  # the bandwidth model: PREDICTED H200 times, no GPU
@@ -451,10 +464,12 @@ def make_config(args, command: list[str]):
     if args.cpu_path != "auto":
         if not args.kernel_only or args.device != "cpu":
             raise UsageError("--cpu-path goes with --kernel-only on --device cpu (the ops' path=)")
-        from .. import _C
+        import torch
+
+        from ..paths import kernel_path
 
         try:
-            _C._cpu_path(args.cpu_path)
+            kernel_path(torch.float32, "cpu", args.cpu_path)
         except ValueError as exc:
             raise UsageError(f"--cpu-path {args.cpu_path}: {exc}") from None
     k = 8 if args.k is None else args.k

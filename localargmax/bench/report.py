@@ -59,23 +59,24 @@ def cpu_features(flags: str | None = None) -> dict:
 
 
 def cpu_auto_path() -> str:
-    """The CPU kernel ``path="auto"`` runs on this CPU: ``"avx512"``,
-    ``"avx2"`` or ``"generic"`` (the op's own choice from CPUID,
-    ``localargmax._C._cpu_path``; never the opt-in ``"avx512_bf16"``)."""
-    from .. import _C
+    """The CPU kernel ``path="auto"`` runs on this CPU for float32 weights:
+    ``"avx512"``, ``"avx2"`` or ``"generic"`` (the op's own choice from
+    CPUID, :func:`localargmax.kernel_path`; never the opt-in
+    ``"avx512_bf16"``)."""
+    from ..paths import kernel_path
 
-    return _C._cpu_path("auto")
+    return kernel_path(torch.float32)
 
 
 def cpu_auto_paths_by_dtype(flags: str | None = None) -> dict:
     """``{dtype: path}``: the CPU path ``path="auto"`` runs for weights of
     each dtype on this CPU, or on one with ``flags`` (/proc/cpuinfo's
-    space-separated names) (``localargmax._C._cpu_path("auto", flags,
-    dtype)``; auto picks per dtype: brgemm for bf16 / fp16 where it is
+    space-separated names) (:func:`localargmax.kernel_path`; auto picks per dtype: brgemm for bf16 / fp16 where it is
     native, e.g. AMX)."""
-    from .. import _C
+    from ..paths import kernel_path
 
-    return {dtype: _C._cpu_path("auto", flags, dtype) for dtype in ("float32", "bfloat16", "float16")}
+    dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    return {str(d).removeprefix("torch."): kernel_path(d, cpu_flags=flags) for d in dtypes}
 
 
 def cpu_paths_available() -> list[str]:
@@ -188,7 +189,8 @@ _KERNEL_COLUMNS = (
 
 
 def _kernel_columns(rows: list[dict]) -> tuple:
-    """The --kernel-only columns: :data:`_KERNEL_COLUMNS`, then a ``vs_*``
+    """The --kernel-only columns: :data:`_KERNEL_COLUMNS` (with ``path`` after
+    ``dtype`` when a row ran a CPU path: its ``cpu_path``), then a ``vs_*``
     ratio per baseline present, each followed by ``FS_*`` (FlashSampling's
     published H200 ratio for the same cell) when any row has one, then
     ``vs_gemm_keys`` (CUDA), ``agree`` and ``note`` (compile fallback, skip
@@ -196,6 +198,8 @@ def _kernel_columns(rows: list[dict]) -> tuple:
     from .rival import BASELINES
 
     columns = list(_KERNEL_COLUMNS)
+    if any(r.get("cpu_path") for r in rows):
+        columns.insert(columns.index(("dtype", "dtype")) + 1, ("cpu_path", "path"))
     seen = set()
     for column, title, _ in BASELINES.values():
         published = any(column in (r.get("flashsampling_h200") or {}) for r in rows)
@@ -244,8 +248,10 @@ def format_cell(value) -> str:
 
 def _multi_columns(rows: list[dict]) -> tuple:
     """The multi-rank columns: a ``k`` column after ``batch`` when there are
-    topk rows, ``tp_inv`` (tp_invariance) after ``agree`` when there are sample
-    rows; argmax rows get exactly :data:`_MULTI_COLUMNS`."""
+    topk rows, ``path`` (the CPU path of the fused rows) before the times
+    when a row has one, ``tp_inv`` (tp_invariance) after ``agree`` when
+    there are sample rows; argmax rows without a CPU path get exactly
+    :data:`_MULTI_COLUMNS`."""
     columns = list(_MULTI_COLUMNS)
     if any(r.get("op") == "topk" for r in rows):
         columns.insert(columns.index(("batch", "batch")) + 1, ("k", "k"))
@@ -253,6 +259,8 @@ def _multi_columns(rows: list[dict]) -> tuple:
         columns.append(("tp_invariance", "tp_inv"))
     if any("fallback_share" in r for r in rows):
         columns.append(("fallback_share", "fallback"))
+    if any(r.get("cpu_path") for r in rows):  # (results recorded before it lack the column)
+        columns.insert(columns.index(("median_us", "median_us")), ("cpu_path", "path"))
     if any("bytes_sent_vllm" in r for r in rows):  # (results recorded before it lack the column)
         columns.insert(columns.index(("bytes_recv_per_rank", "recv_B")) + 1, ("bytes_sent_vllm", "vllm_B"))
     return tuple(columns)
@@ -316,6 +324,7 @@ DEFINITIONS = {
     "vs_torch": "torch-matmul-max's median time / this row's",
     "vs_torch_topk": "torch-matmul-topk's median time / this row's",
     "of_stream": "this row's GB/s / the stream-read row's GB/s",
+    "path": "the CPU path the row's fused kernel ran (localargmax.kernel_path; JSON cpu_path)",
 }
 
 

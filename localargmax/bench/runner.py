@@ -398,10 +398,10 @@ def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[
 def cpu_path_of(path: str, dtype: str) -> str:
     """The CPU path the fused kernel runs for ``path`` (``"auto"`` or a
     forced one) and weights of ``dtype`` on this CPU
-    (``localargmax._C._cpu_path``)."""
-    from .. import _C
+    (:func:`localargmax.kernel_path`)."""
+    from ..paths import kernel_path
 
-    return _C._cpu_path(path, None, dtype)
+    return kernel_path(DTYPES[dtype], "cpu", path)
 
 
 def _fraction_equal(ids_by_rank: torch.Tensor, expected: torch.Tensor | None, batch: int) -> float | None:

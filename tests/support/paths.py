@@ -58,29 +58,62 @@ def cpu_path_unavailable(name: str) -> str | None:
     """Why this CPU cannot run the CPU path ``name`` (the op's own refusal,
     naming the missing CPU features), or None if it can."""
     try:
-        localargmax._C._cpu_path(name)
+        localargmax.kernel_path(torch.float32, "cpu", name)
     except ValueError as e:
         return str(e)
     return None
 
 
-def flushes_denormals(name: str, dtype: torch.dtype) -> bool:
-    """Whether CPU path ``name`` (or ``"auto"``) flushes denormals for
-    weights of ``dtype`` whatever MXCSR says (DESIGN.md, "CPU paths"):
-    avx512_bf16's vdpbf16ps for bf16, and brgemm where ATen runs it with a
-    VNNI B (``_C._brgemm_mode``: the AMX tiles, or oneDNN's AVX-512-BF16
-    ukernel) for an even hidden size."""
-    dname = str(dtype).removeprefix("torch.")
-    chosen = localargmax._C._cpu_path(name, None, dname)
+def brgemm_mode(dtype: torch.dtype, cpu_flags: str | None = None) -> str | None:
+    """How ATen runs the brgemm path for weights of ``dtype`` (DESIGN.md,
+    "CPU paths", brgemm): on this CPU (``cpu_flags`` None) ATen's own answer,
+    ``_C._brgemm_mode``; for a CPU with ``cpu_flags`` what DESIGN.md
+    documents: ``"amx"`` where the tiles run the dtype (``amx_tile`` and
+    ``amx_bf16`` / ``amx_fp16``), ``"vnni"`` for bf16 with AVX-512-BF16
+    (oneDNN's vdpbf16ps ukernel), ``"plain"`` for float32, fp16 without
+    AMX-FP16 and a CPU without AVX-512F (ATen refuses a VNNI B there); None
+    where DESIGN.md says nothing (bf16 on AVX-512F without AVX-512-BF16)."""
+    name = str(dtype).removeprefix("torch.")
+    if cpu_flags is None:
+        return localargmax._C._brgemm_mode(name)
+    have = set(cpu_flags.split())
+    if dtype != torch.float32 and {"amx_tile", "amx_bf16" if dtype == torch.bfloat16 else "amx_fp16"} <= have:
+        return "amx"
+    if dtype == torch.bfloat16 and {"avx512f", "avx512_bf16"} <= have:
+        return "vnni"
+    if dtype != torch.bfloat16 or "avx512f" not in have:
+        return "plain"
+    return None
+
+
+def flushes_denormals(name: str, dtype: torch.dtype, cpu_flags: str | None = None) -> bool:
+    """Whether CPU path ``name`` (or ``"auto"``, resolved for ``dtype`` by
+    :func:`localargmax.kernel_path`) may flush subnormal inputs, products or
+    sums for weights of ``dtype`` whatever MXCSR says, on this CPU or on one
+    with ``cpu_flags`` (DESIGN.md, "CPU paths"): avx512_bf16's vdpbf16ps for
+    bf16, and brgemm where ATen runs it with a VNNI B (:func:`brgemm_mode`
+    "amx": the AMX tiles, "vnni": oneDNN's AVX-512-BF16 ukernel, None:
+    undocumented, so it may). Every other path keeps them (bit-exact paths,
+    brgemm "plain")."""
+    chosen = localargmax.kernel_path(dtype, "cpu", name, cpu_flags=cpu_flags)
     if chosen == "avx512_bf16":
         return dtype == torch.bfloat16
-    return chosen == "brgemm" and localargmax._C._brgemm_mode(dname) != "plain"
+    return chosen == "brgemm" and brgemm_mode(dtype, cpu_flags) != "plain"
+
+
+def bit_identical_to_generic(name: str, dtype: torch.dtype, cpu_flags: str | None = None) -> bool:
+    """Whether CPU path ``name`` (or ``"auto"``, resolved for ``dtype``) gives
+    generic's keys bit for bit for weights of ``dtype`` (DESIGN.md rule 5:
+    generic, avx2, avx512 for every dtype; avx512_bf16 for float32 / float16;
+    brgemm never)."""
+    chosen = localargmax.kernel_path(dtype, "cpu", name, cpu_flags=cpu_flags)
+    return chosen in BIT_EXACT_CPU_PATHS or (chosen == "avx512_bf16" and dtype != torch.bfloat16)
 
 
 def bit_exact_cpu_paths() -> tuple[KernelPath, ...]:
     """:data:`CPU_PATHS` and every other path of :data:`BIT_EXACT_CPU_PATHS`
     this CPU has (auto's own choice is ``default`` already)."""
-    auto = localargmax._C._cpu_path("auto")
+    auto = localargmax.kernel_path(torch.float32)
     extra = [KernelPath("cpu", n) for n in BIT_EXACT_CPU_PATHS if n not in ("generic", auto)]
     return CPU_PATHS + tuple(p for p in extra if cpu_path_unavailable(p.name) is None)
 
@@ -89,7 +122,7 @@ def bit_exact_cpu_paths() -> tuple[KernelPath, ...]:
 # without AMX; on AMX, auto runs brgemm for bf16 / fp16 (not bit-exact,
 # tests/test_cpu_paths.py), and the CPU reference stays bit-exact
 _KEYWORD = {
-    "default": localargmax._C._cpu_path("auto"),
+    "default": localargmax.kernel_path(torch.float32),
     **{n: n for n in CPU_ISA_PATHS},
     "simt": "simt",
     "mma": "mma",

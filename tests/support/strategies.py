@@ -32,11 +32,30 @@ except ImportError:  # e.g. a GPU machine with pytest only: the property tests s
 
 
 import localargmax
+from tests.support.paths import flushes_denormals
 from tests.support.problems import PAD_KINDS
 
 EXACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 EXP_RANGE = {torch.float32: (-149, 120), torch.bfloat16: (-133, 120), torch.float16: (-24, 12)}
 """Exponents e of m * 2**e, |m| <= 7, exactly representable (subnormals included)."""
+NORMAL_EXP = {torch.float32: -126, torch.bfloat16: -126, torch.float16: -14}
+"""The smallest e for which every nonzero m * 2**e, |m| <= 7, is a normal number of the dtype."""
+
+
+def lowest_exponents(dtype: torch.dtype, path: str = "auto", cpu_flags: str | None = None) -> tuple[int, int]:
+    """``(input, product)``: the smallest exponent e of an exact problem's
+    inputs ``m * 2**e`` and the smallest ``eh + ew`` of its products for
+    weights of ``dtype`` run on CPU path ``path`` (``"auto"``: the path it
+    resolves to for ``dtype`` on this CPU, or on one with ``cpu_flags``).
+    Subnormal inputs, products and sums where the path keeps them; where it
+    flushes them (tests.support.paths.flushes_denormals: AMX tiles,
+    vdpbf16ps) only normal ones, so the exact answer is still float64's (the
+    flushing itself: tests/test_cpu_paths.py, tests/test_cpu_denormals.py)."""
+    if flushes_denormals(path, dtype, cpu_flags):
+        return NORMAL_EXP[dtype], -126
+    return EXP_RANGE[dtype][0], -149
+
+
 SPECIALS = tuple(
     "w_nan w_inf w_ninf h_inf h_ninf h_nan b_nan b_inf "
     "b_ninf dup dup dup_far zero_hidden_row all_neg_inf_bias neg_zero_weight_row".split()
@@ -84,20 +103,23 @@ def _plant_special(kind, fa, fb, fc, hidden, weight, bias):
 
 
 @st.composite
-def exact_problems(draw, max_batch=6, max_vocab=260, max_h=48, min_batch=0):
+def exact_problems(draw, max_batch=6, max_vocab=260, max_h=48, min_batch=0, path="auto", cpu_flags=None):
     """Problems whose float32 accumulation is exact in any order: hidden values
     m * 2**eh, weights m * 2**ew (|m| <= 7, eh + ew >= -149, H <= 48), so every
     partial sum is a multiple of 2**(eh + ew) below 2**24 of them, and so is the
     float64 reference. Ties, NaN, +-inf, -0.0 and denormals are then decided by
-    DESIGN.md's rules alone. Tensors come from a torch generator whose seed
-    hypothesis draws (a failure shrinks to small shapes and a small seed)."""
+    DESIGN.md's rules alone. Denormals only where CPU path ``path`` (the ops'
+    ``path=``; ``"auto"``: the path it resolves to for the drawn dtype on this
+    CPU, or on one with ``cpu_flags``) keeps them (:func:`lowest_exponents`).
+    Tensors come from a torch generator whose seed hypothesis draws (a
+    failure shrinks to small shapes and a small seed)."""
     dtype = draw(st.sampled_from(EXACT_DTYPES))
     batch = draw(st.integers(min_batch, max_batch))
     vocab = draw(st.integers(1, max_vocab))
     hsize = draw(st.integers(1, max_h))
-    lo, hi = EXP_RANGE[dtype]
+    (lo, low_product), hi = lowest_exponents(dtype, path, cpu_flags), EXP_RANGE[dtype][1]
     eh = draw(st.integers(lo, hi))
-    ew = draw(st.integers(max(lo, -149 - eh), min(hi, 100 - eh)))
+    ew = draw(st.integers(max(lo, low_product - eh), min(hi, 100 - eh)))
     seed = draw(st.integers(0, 2**32 - 1))
     bias_kind = draw(st.sampled_from([None, "float32", "weight"]))
     specials = draw(
@@ -117,7 +139,8 @@ def exact_problems(draw, max_batch=6, max_vocab=260, max_h=48, min_batch=0):
     for kind, fa, fb, fc in specials:
         bias = _plant_special(kind, fa, fb, fc, hidden, weight, bias)
     desc = (
-        f"B={batch} V={vocab} H={hsize} {dtype} eh={eh} ew={ew} seed={seed} bias={bias_kind}"
+        f"B={batch} V={vocab} H={hsize} {dtype} eh={eh} ew={ew} (>= {lo}, sum >= {low_product}: path {path!r}) "
+        f"seed={seed} bias={bias_kind}"
         f"{'/' + str(bias.dtype) if bias is not None else ''} specials={[s[0] for s in specials]}"
     )
     return Problem(hidden, weight, bias, desc)
