@@ -265,7 +265,7 @@ def _worker_facts(worker):
         facts["draft head dtype"] = str(head.weight.dtype).removeprefix("torch.")
         import localargmax
 
-        facts["cpu path"] = localargmax._C._cpu_path("auto", None, facts["draft head dtype"])
+        facts["cpu path"] = localargmax.kernel_path(head.weight.dtype)
     return facts
 
 
