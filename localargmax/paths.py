@@ -70,6 +70,8 @@ def kernel_path(
     name = _DTYPE_NAMES.get(dtype) if isinstance(dtype, torch.dtype) else None
     if name is None:
         raise ValueError(f"dtype must be torch.float32, torch.bfloat16 or torch.float16, got {dtype!r}")
+    if not isinstance(device, (str, torch.device)):  # torch.device(3) is "cuda:3" on a CUDA build, refused on a CPU one
+        raise ValueError(f"device must be 'cpu' or 'cuda' (a str or torch.device), got {device!r}")
     try:
         dev = torch.device(device)
     except (TypeError, RuntimeError):
