@@ -109,6 +109,22 @@ static PyObject* py_brgemm_mode(PyObject*, PyObject* arg) {
   return PyUnicode_FromString(localargmax::cpu::brgemm_mode(t));
 }
 
+// localargmax._C._fma_peak(isa, iters) -> float: float32 FLOP/s of a tight
+// FMA loop ("avx512": zmm, "avx2": ymm; cpu/shard_argmax_tiles.h), for
+// bench/cpu_paths.py's fraction of peak; ValueError where the CPU lacks it.
+static PyObject* py_fma_peak(PyObject*, PyObject* args) {
+  const char* isa = nullptr;
+  long long iters = 0;
+  if (!PyArg_ParseTuple(args, "sL", &isa, &iters)) return nullptr;
+  const std::string name = isa;
+  if (name == "avx512" && __builtin_cpu_supports("avx512f"))
+    return PyFloat_FromDouble(localargmax::cpu::fma_peak_avx512(iters));
+  if (name == "avx2" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return PyFloat_FromDouble(localargmax::cpu::fma_peak_avx2(iters));
+  PyErr_Format(PyExc_ValueError, "_fma_peak: '%s' is not an FMA ISA this CPU has (avx512, avx2)", isa);
+  return nullptr;
+}
+
 // localargmax._C._cpu_paths() -> tuple of (name, needs, bit_exact, inner_loop):
 // the CPU paths of cpu/cpu_path.h in listing order (needs: /proc/cpuinfo names).
 static PyObject* py_cpu_paths(PyObject*, PyObject*) {
@@ -185,6 +201,7 @@ extern "C" PyObject* PyInit__C(void) {
        "this CPU) for weights of dtype ('float32' (None), 'bfloat16', 'float16')."},
       {"_brgemm_mode", py_brgemm_mode, METH_O,
        "_brgemm_mode(dtype) -> 'amx', 'vnni' or 'plain': how the brgemm CPU path runs for dtype on this CPU."},
+      {"_fma_peak", py_fma_peak, METH_VARARGS, "Float32 FLOP/s of a tight FMA loop (isa, iters)."},
       {"_cpu_paths", py_cpu_paths, METH_NOARGS,
        "_cpu_paths() -> the CPU paths: (name, needs, bit_exact, inner_loop) per path, in listing order."},
       {"_choose_mma_config", py_choose_mma_config, METH_VARARGS,

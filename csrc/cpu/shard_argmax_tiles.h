@@ -105,12 +105,28 @@ void shard_argmax_tiles_avx512_bf16(const ShardArgmaxProblem& p, int64_t tile_be
 void shard_argmax_tiles_brgemm(const ShardArgmaxProblem& p, int64_t tile_begin,
                                int64_t tile_end, float* scratch, uint64_t* best_keys);
 
-// The epilogue of every path (shard_argmax_tiles_impl.inc, generic build):
+// The epilogue of every path (emit_rows, shard_argmax_tiles_impl.inc):
 // folds dots[r * ld + j] (+ bias) of weight rows row0 + r, r < rows, and
 // batch rows b0 + j, j < nb, into best_keys, rows ascending per batch row
-// (the order the log-partition pairs need).
+// (the order the log-partition pairs need). emit_block (generic build) runs
+// the AVX-512F, AVX2 or generic build of it, the widest the CPU has: the
+// same keys from each (the argmax's screen only skips logits that cannot win).
 void emit_block(const ShardArgmaxProblem& p, const float* dots, int64_t ld, int64_t row0, int64_t rows,
                 int64_t b0, int64_t nb, uint64_t* best_keys);
+typedef void (*EmitBlockFn)(const ShardArgmaxProblem&, const float*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                            uint64_t*);
+void emit_block_generic(const ShardArgmaxProblem& p, const float* dots, int64_t ld, int64_t row0, int64_t rows,
+                        int64_t b0, int64_t nb, uint64_t* best_keys);
+void emit_block_avx2(const ShardArgmaxProblem& p, const float* dots, int64_t ld, int64_t row0, int64_t rows,
+                     int64_t b0, int64_t nb, uint64_t* best_keys);
+void emit_block_avx512(const ShardArgmaxProblem& p, const float* dots, int64_t ld, int64_t row0, int64_t rows,
+                       int64_t b0, int64_t nb, uint64_t* best_keys);
+
+// Float32 FLOP/s of a tight loop of independent FMAs (zmm / ymm), timed in
+// the call: the core's measured FMA peak (bench/cpu_paths.py). iters: loop
+// steps of 24 zmm / 12 ymm independent FMAs.
+double fma_peak_avx512(int64_t iters);
+double fma_peak_avx2(int64_t iters);
 
 }  // namespace cpu
 }  // namespace localargmax

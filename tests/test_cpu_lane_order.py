@@ -1,0 +1,158 @@
+"""The bit-exact CPU paths' arithmetic, modelled independently (DESIGN.md,
+"CPU paths"): per (weight row, batch row) 8 float32 lanes, lane l holding
+k = l (mod 8), one correctly rounded fused multiply-add per step in
+increasing k over the zero-padded hidden size, then the tree
+((a0+a4)+(a2+a6))+((a1+a5)+(a3+a7)), then + bias. The model computes each
+FMA exactly in float64 (the product of two float32 is exact there; the sum
+rounded to odd, then to float32, is the correctly rounded result), so a
+register-tiled kernel that changed any lane's order, the tree, or which
+logit a key carries fails here, at every batch size 1..70 (every batch
+tail of every tile shape) and every row position of every tile. The
+argmax's screen (only logits that can still win make keys) is compared
+with the unscreened epilogue (temperature 0 rows: the same greedy keys,
+every logit emitted) on every path, brgemm included, with ties, NaN, -inf,
+signed zeros and denormal logits under the caller's flush-to-zero mode."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import localargmax
+from tests.support.paths import CPU_ISA_PATHS, cpu_path_unavailable
+
+LANE_EXACT = ("generic", "avx2", "avx512")
+U32 = 0xFFFFFFFF
+
+
+def _fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """float32(a * b + c) rounded once, from float32-valued float64 tensors."""
+    p = a * b  # exact: 24 + 24 bits
+    s = p + c
+    bp = s - c  # TwoSum: s + e == p + c exactly
+    e = (p - bp) + (c - (s - bp))
+    e = torch.where(torch.isfinite(s), e, torch.zeros_like(e))
+    bits = s.view(torch.int64)
+    # round to odd: an inexact s with an even last bit moves one ulp towards the exact value
+    step = torch.where((e > 0) == (s > 0), 1, -1)
+    odd = torch.where((e != 0) & (bits & 1 == 0), bits + step, bits).view(torch.float64)
+    return odd.to(torch.float32).to(torch.float64)
+
+
+def lane_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """[B, V] float32 logits in the bit-exact paths' order."""
+    H = hidden.shape[1]
+    pad = (H + 7) // 8 * 8
+    h = torch.zeros(hidden.shape[0], pad, dtype=torch.float64)
+    h[:, :H] = hidden.float().double()
+    w = torch.zeros(weight.shape[0], pad, dtype=torch.float64)
+    w[:, :H] = weight.float().double()
+    acc = torch.zeros(h.shape[0], w.shape[0], 8, dtype=torch.float64)
+    for k in range(0, pad, 8):
+        acc = _fma32(w[None, :, k : k + 8], h[:, None, k : k + 8], acc)
+    a = acc.float()
+    logits = ((a[..., 0] + a[..., 4]) + (a[..., 2] + a[..., 6])) + ((a[..., 1] + a[..., 5]) + (a[..., 3] + a[..., 7]))
+    return logits + bias if bias is not None else logits
+
+
+def best_keys(logits: torch.Tensor, vocab_start: int) -> torch.Tensor:
+    """Per batch row the largest packed key (DESIGN.md), as the ops' int64."""
+    u = logits.contiguous().view(torch.int32).long() & U32
+    u = torch.where(u == 0x80000000, 0, u)  # -0.0 as +0.0
+    o = torch.where(u & 0x80000000 != 0, u ^ U32, u | 0x80000000)
+    o = torch.where(torch.isnan(logits), U32, o)
+    index = torch.arange(logits.shape[1]) + vocab_start
+    signed = ((o - 2**31) << 32) | (U32 - index)  # key ^ (1 << 63): signed max = unsigned max
+    return signed.max(dim=1).values ^ -(2**63)
+
+
+def _paths(names):
+    return [pytest.param(n, marks=pytest.mark.skipif(cpu_path_unavailable(n) is not None, reason=n)) for n in names]
+
+
+def test_model_is_the_fma():
+    """The model's FMA against cases where rounding the float64 sum directly
+    to float32 double-rounds (a halfway float32 value plus a tiny tail)."""
+    # a * b = 1 - 2^-30; c + a * b lies just below 2^24 + 3, halfway between float32s 2^24 + 2 and 2^24 + 4
+    a = torch.tensor([1.0 + 2.0**-15], dtype=torch.float64)
+    b = torch.tensor([1.0 - 2.0**-15], dtype=torch.float64)
+    c = torch.tensor([2.0**24 + 2], dtype=torch.float64)
+    assert _fma32(a, b, c).item() == 2.0**24 + 2  # rounded once
+    assert (a * b + c).float().item() == 2.0**24 + 4  # float64 first: 2^24 + 3, then ties to even
+    assert _fma32(-a, b, -c).item() == -(2.0**24 + 2)
+    assert _fma32(a, b, torch.tensor([1.0], dtype=torch.float64)).item() == 2.0  # 2 - 2^-30: nearest float32
+
+
+@pytest.mark.parametrize("name", _paths(LANE_EXACT))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("hsize", [13, 40, 136])
+def test_keys_equal_the_lane_model_at_every_batch_size(gen, name, dtype, hsize):
+    """Batch 1..70 (each a prefix of one batch: every batch-tail shape),
+    205 rows (3 full tiles and a tail; row groups of every size at every
+    position), identical rows planted (exact ties), with and without bias:
+    the keys are the model's argmax keys, bit for bit."""
+    rows, vocab_start = 205, 1000
+    weight = (torch.randn(rows, hsize, generator=gen) / hsize**0.5).to(dtype)
+    weight[64] = weight[3]
+    weight[204] = weight[3]
+    weight[130] = weight[129]
+    hidden = torch.randn(70, hsize, generator=gen).to(dtype)
+    hidden[5] = 0.0  # every logit +-0: the first row wins
+    bias = torch.randn(rows, generator=gen)
+    bias[64] = bias[204] = bias[3]
+    for b in (None, bias):
+        want = best_keys(lane_logits(hidden, weight, b), vocab_start)
+        assert int(localargmax.decode_keys(want[5:6])[0]) == vocab_start + (int(b.argmax()) if b is not None else 0)
+        for batch in range(1, 71):
+            got = localargmax.shard_argmax(hidden[:batch], weight, bias=b, vocab_start=vocab_start, path=name)
+            assert torch.equal(got, want[:batch]), (name, hsize, batch, b is not None)
+
+
+def _planted(gen, dtype, hsize=24, rows=150, batch=21):
+    weight = (torch.randn(rows, hsize, generator=gen) / hsize**0.5).to(dtype)
+    hidden = torch.randn(batch, hsize, generator=gen).to(dtype)
+    bias = torch.randn(rows, generator=gen)
+    bias[70] = bias[71] = 50.0  # rows 70 and 71 identical and ahead: a tie
+    weight[71] = weight[70]
+    hidden[1] = 0.0  # all +-0 (the bias decides)
+    hidden[2, 0] = math.inf  # +-inf / NaN logits in batch row 2
+    return hidden, weight, bias
+
+
+@pytest.mark.parametrize("name", _paths(CPU_ISA_PATHS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("flush", [False, True], ids=["keep", "ftz"])
+def test_screen_equals_every_logit_emitted(gen, name, dtype, flush):
+    """The argmax's screened keys equal those of the unscreened epilogue
+    (shard_sample at temperature 0 on every row: greedy keys, every logit packed and
+    compared) on every path, brgemm's emit_block included: ties, a NaN row
+    (planted at each position), an all -inf row, zero hidden states, and
+    denormal logits under either flush mode of the caller."""
+    hidden, weight, bias = _planted(gen, dtype)
+    zero_t = torch.zeros(hidden.shape[0])
+    tiny = (weight.float() * 2.0**-70).to(dtype)
+
+    def both(h, w, bias=None, **kw):
+        torch.set_flush_denormal(flush)
+        try:
+            a = localargmax.shard_argmax(h, w, bias=bias, path=name, **kw)
+            b = localargmax.shard_sample(h, w, zero_t[: h.shape[0]], 3, 0, bias=bias, path=name, **kw)
+        finally:
+            torch.set_flush_denormal(False)
+        assert torch.equal(a, b), (name, kw)
+        return a
+
+    keys = both(hidden, weight, bias, vocab_start=7)
+    assert int(localargmax.decode_keys(keys[0:1])[0]) == 7 + 70
+    for nan_row in (0, 69, 71, 149):
+        w = weight.clone()
+        w[nan_row, 3] = math.nan
+        ids = localargmax.decode_keys(both(hidden, w, bias))[0]
+        assert ids.eq(nan_row).all(), (nan_row, ids.tolist())
+    all_inf = torch.full_like(bias, -math.inf)
+    ids = localargmax.decode_keys(both(hidden, weight, all_inf, num_valid=140))[0]
+    assert ids[:2].eq(0).all() and ids[3:].eq(0).all()  # batch row 2: inf + -inf = NaN wins
+    both(hidden, weight, -bias)
+    both(hidden * 2.0**-70, tiny)  # denormal logits (or flushed, where the path flushes whatever the mode)
