@@ -89,7 +89,7 @@ def filter_rows(torch, batch):
 
 def filtered_reference(torch, hidden, weight, t, k, p, mp, seed, tie=1e-3, tie_mass=1e-4):
     """The float64 filtered Gumbel-max id of every row of ``hidden @ weight.T``
-    (vLLM's filters on the full row, sampling._filter_sorted, then the noise at
+    (vLLM's filters on the full row, sampling.filter_sorted, then the noise at
     every allowed id; T = 0: the argmax) and whether no decision is within a near-tie: the k-th against
     the (k+1)-th value, the min-p threshold, the top-p boundary mass, the top
     two scores (margins in tempered logit units / relative mass)."""
@@ -101,8 +101,8 @@ def filtered_reference(torch, hidden, weight, t, k, p, mp, seed, tie=1e-3, tie_m
     greedy = t == 0
     tt = torch.where(greedy, 1.0, t)
     ones, rows = torch.ones_like(p, dtype=torch.float64), torch.arange(hidden.shape[0])
-    ys, ids, keep, a = sampling._filter_sorted(logits, tt, k, p.double(), mp.double())
-    pre, _, keep_mk, _ = sampling._filter_sorted(logits, tt, k, ones, mp.double())  # before top-p
+    ys, ids, keep, a = sampling.filter_sorted(logits, tt, k, p.double(), mp.double())
+    pre, _, keep_mk, _ = sampling.filter_sorted(logits, tt, k, ones, mp.double())  # before top-p
     g = sampling.gumbel_noise(seed, rows[:, None], ids).double()
     score = torch.where(keep, ys + g, -math.inf)
     want = torch.where(greedy, logits.argmax(dim=1), ids.gather(1, score.argmax(dim=1, keepdim=True))[:, 0])

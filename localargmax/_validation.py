@@ -6,6 +6,8 @@ can never crash or read out of bounds."""
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import NamedTuple
 
 import torch
@@ -194,18 +196,115 @@ def check_topk_arg(k) -> None:
         raise ValueError(f"k must be an int in [1, {MAX_TOPK}], got {k!r}")
 
 
+class RowRule(NamedTuple):
+    """What a per-row parameter (a temperature, a filter) may hold: integers
+    or floats in ``[low, high]`` (``(low, high]`` with ``low_open``; an
+    infinite bound means "finite"), and what the edge value ``means``, said in
+    every message about it."""
+
+    integer: bool
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+    means: str = ""
+
+    def words(self, number: bool) -> str:
+        """The allowed values in words: for a number (``a finite float >= 0``)
+        or for a tensor's values (``finite and >= 0``)."""
+        if self.high == math.inf:
+            bound = "" if self.low == -math.inf else f"{'>' if self.low_open else '>='} {_bound(self.low)}"
+            if number:
+                return f"a finite {'integer' if self.integer else 'float'}" + (f" {bound}" if bound else "")
+            return "finite" + (f" and {bound}" if bound else "")
+        interval = f"{'(' if self.low_open else '['}{_bound(self.low)}, {_bound(self.high)}]"
+        return f"{'an integer' if self.integer else 'a float'} in {interval}" if number else f"in {interval}"
+
+    def holds(self, value):
+        """Whether ``value`` (a number, or a tensor elementwise) is allowed; NaN never is."""
+        above = value > self.low if self.low_open else value >= self.low
+        return above & (value <= self.high) & (value < math.inf)
+
+
+def _bound(v) -> str:
+    return f"{'-' if v < 0 else ''}2**62" if abs(v) == 2**62 else f"{v:g}"
+
+
+TEMPERATURE = RowRule(False, 0.0, means="0 = greedy")
+"""The sampling steps' temperature: finite, ``>= 0``; 0 is greedy."""
+LOG_ODDS_TEMPERATURE = RowRule(False, -math.inf, low_open=True, means="T <= 0 means 1")
+"""``lm_head_argmax``'s log-odds temperature: finite; ``T <= 0`` uses 1 (vLLM's rule)."""
+TOP_K = RowRule(True, -(2**62), 2**62, means="<= 0 = off")
+TOP_P = RowRule(False, 0.0, 1.0, low_open=True, means="1 = off")
+MIN_P = RowRule(False, 0.0, 1.0, means="0 = off")
+
+
+def host_checks(t: torch.Tensor) -> bool:
+    """Whether a check may read ``t`` on the host: CPU tensors outside
+    torch.compile. Elsewhere checks are folded into one device-side assert."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def check_row_number(value, name: str, rule: RowRule):
+    """A per-row parameter given as one number (numpy scalars too), checked
+    against ``rule``: returns it as an int or float, else ValueError."""
+    kind = numbers.Integral if rule.integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind) or not rule.holds(value):
+        raise ValueError(f"{name} must be {rule.words(True)} ({rule.means}) or a tensor [B], got {value!r}")
+    return int(value) if rule.integer else float(value)
+
+
+def row_param(value, name: str, hidden, rule: RowRule, *, optional: bool = True) -> torch.Tensor | None:
+    """A per-row parameter (temperature, top_k, top_p, min_p) as the ``[B]``
+    tensor the steps take (int64 or float32; None stays None if ``optional``): a number
+    (:func:`check_row_number`) or a ``[B]`` / ``[]`` tensor of an integer or
+    floating dtype on ``hidden``'s device. Values are checked against
+    ``rule`` where they are on the host (:func:`host_checks`), before the cast
+    (a tiny negative float64 would round to -0.0); elsewhere the kernels or the
+    step's device-side assert see them. The one parser of every per-row
+    parameter: its rule, and so its message, is the argument."""
+    _check_tensor("hidden", hidden, "[batch, hidden_size]")
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden must be 2-D [batch, hidden_size], got shape {tuple(hidden.shape)}")
+    if value is None and optional:
+        return None
+    batch, dtype = hidden.shape[0], torch.int64 if rule.integer else torch.float32
+    if not isinstance(value, torch.Tensor):
+        return torch.full((batch,), check_row_number(value, name, rule), dtype=dtype, device=hidden.device)
+    if value.dim() == 0:
+        value = value.reshape(1).expand(batch)
+    check_row_tensor(name, value, hidden)
+    is_int = not value.is_floating_point() and not value.is_complex() and value.dtype != torch.bool
+    if not (is_int if rule.integer else value.is_floating_point()):
+        kind = "an integer" if rule.integer else "a float32"
+        raise TypeError(f"{name} must be {kind} tensor [batch={batch}], got {value.dtype}")
+    if rule.integer:  # int64 first: an int32 tensor cannot be compared with the 2**62 bounds
+        value = value.to(dtype)
+    if host_checks(value) and not bool(rule.holds(value).all()):
+        raise ValueError(f"{name} must be {rule.words(False)} ({rule.means}), got {value.tolist()}")
+    return value.to(dtype).contiguous()
+
+
+def check_row_tensor(name: str, value, hidden, op: str = "") -> None:
+    """A per-row tensor's shape and device: ``[B]`` on ``hidden``'s device
+    (``op``, if given, prefixes the message)."""
+    where = f"{op}: " if op else ""
+    if value.dim() != 1 or value.shape[0] != hidden.shape[0]:
+        raise ValueError(f"{where}{name} must be 1-D [batch={hidden.shape[0]}], got shape {tuple(value.shape)}")
+    if value.device != hidden.device:
+        raise ValueError(f"{where}{name} is on {value.device} but hidden is on {hidden.device}")
+
+
 def check_temperature_arg(op: str, hidden, temperature) -> None:
-    """A per-row temperature: ``[B]`` float32 on ``hidden``'s device."""
+    """The ops' per-row temperature, as the kernels take it: ``[B]`` float32
+    on ``hidden``'s device (its values: csrc/checks.h, by :data:`TEMPERATURE`'s rule)."""
     if not isinstance(temperature, torch.Tensor):  # format the batch only to raise: formatting specialises it
         _check_tensor("temperature", temperature, f"[batch={hidden.shape[0]}] float32")
     if temperature.dim() != 1 or temperature.shape[0] != hidden.shape[0]:
-        raise ValueError(
-            f"{op}: temperature must be 1-D [batch={hidden.shape[0]}], got shape {tuple(temperature.shape)}"
-        )
+        check_row_tensor("temperature", temperature, hidden, op)
     if temperature.dtype != torch.float32:
         raise TypeError(f"{op}: temperature must be float32, got {temperature.dtype}")
     if temperature.device != hidden.device:
-        raise ValueError(f"{op}: temperature is on {temperature.device} but hidden is on {hidden.device}")
+        check_row_tensor("temperature", temperature, hidden, op)
 
 
 def check_sample_args(hidden, temperature, seed, offset) -> None:

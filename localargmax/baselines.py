@@ -12,7 +12,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .collective import _all_gather_single
+from ._validation import TEMPERATURE, check_row_number
+from .collective import all_gather_single
+from .engine import local_logits
 
 FLOAT32_EXACT_INDEX_LIMIT = 2**24
 """float32 holds every integer below 2**24 exactly, and not all above it."""
@@ -26,16 +28,11 @@ def _rank_and_size(group: dist.ProcessGroup | None):
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def _local_logits(hidden, weight, num_valid, bias):
-    """``[B, rows]`` logits in the weight dtype, padding rows set to -inf."""
+def _weight_dtype_logits(hidden, weight, num_valid, bias):
+    """``[B, rows]`` logits in the weight dtype (the bias rounded to it), padding rows set to -inf."""
     if hidden.dtype != weight.dtype:
         raise TypeError(f"hidden dtype ({hidden.dtype}) must equal weight dtype ({weight.dtype})")
-    logits = hidden @ weight.T
-    if bias is not None:
-        logits = logits + bias.to(logits.dtype)
-    if num_valid < weight.shape[0]:
-        logits[:, num_valid:] = float("-inf")
-    return logits
+    return local_logits(hidden, weight, None if bias is None else bias.to(weight.dtype), num_valid)
 
 
 def _check_standard_layout(vocab_start, rows, rank):
@@ -68,7 +65,7 @@ def full_gather_argmax(
 
     Returns ``[B]`` int64 ids. Raises ValueError for a non-standard layout.
     """
-    ids = _gathered_logits(hidden, weight, vocab_start, num_valid, bias, group).argmax(dim=1)
+    ids = gathered_logits(hidden, weight, vocab_start, num_valid, bias, group).argmax(dim=1)
     if d2t is not None:
         ids = ids + d2t[ids]
     return ids
@@ -109,12 +106,12 @@ def unfused_local_argmax(
             f"unfused_local_argmax carries indices as float32, exact only below 2**24; the padded vocabulary "
             f"tp * rows = {tp * rows} is larger (use localargmax.lm_head_argmax, which packs exact 32-bit indices)"
         )
-    logits = _local_logits(hidden, weight, num_valid, bias)
+    logits = _weight_dtype_logits(hidden, weight, num_valid, bias)
     values, local_ids = logits.float().max(dim=1)
     pairs = torch.stack([values, (local_ids + vocab_start).float()], dim=1)  # [B, 2] float32
     batch = pairs.shape[0]
     if tp > 1:
-        pairs = _all_gather_single(pairs.contiguous(), group).view(tp, batch, 2)
+        pairs = all_gather_single(pairs.contiguous(), group).view(tp, batch, 2)
     else:
         pairs = pairs.unsqueeze(0)
     best_rank = pairs[:, :, 0].argmax(dim=0)  # first rank wins ties; NaN wins
@@ -124,17 +121,17 @@ def unfused_local_argmax(
     return ids
 
 
-def _gathered_logits(hidden, weight, vocab_start, num_valid, bias, group):
+def gathered_logits(hidden, weight, vocab_start, num_valid, bias, group):
     """``[B, tp * rows]`` logits in the weight dtype on every rank (padding -inf):
     the local logits, all-gathered in rank order (the full-gather path)."""
     rank, tp = _rank_and_size(group)
     rows = weight.shape[0]
     num_valid = rows if num_valid is None else num_valid
     _check_standard_layout(vocab_start, rows, rank)
-    logits = _local_logits(hidden, weight, num_valid, bias)
+    logits = _weight_dtype_logits(hidden, weight, num_valid, bias)
     batch = logits.shape[0]
     if tp > 1:
-        gathered = _all_gather_single(logits.contiguous(), group)  # [tp * B, rows]
+        gathered = all_gather_single(logits.contiguous(), group)  # [tp * B, rows]
         logits = gathered.view(tp, batch, rows).permute(1, 0, 2).reshape(batch, tp * rows)
     return logits
 
@@ -178,7 +175,7 @@ def full_gather_topk(
     _, tp = _rank_and_size(group)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= tp * weight.shape[0]:
         raise ValueError(f"k must be an int in [1, tp * rows = {tp * weight.shape[0]}], got {k!r}")
-    logits = _gathered_logits(hidden, weight, vocab_start, num_valid, bias, group)
+    logits = gathered_logits(hidden, weight, vocab_start, num_valid, bias, group)
     values, ids = logits.topk(k, dim=1, sorted=True)
     if d2t is not None:
         ids = ids + d2t[ids]
@@ -222,14 +219,14 @@ def full_gather_sample(
         ``[B]`` int64 sampled ids (target ids with ``d2t``).
 
     Raises:
-        ValueError for a negative, NaN or non-number temperature or a
+        ValueError for a negative, infinite, NaN or non-number temperature
+        (the rule of :func:`localargmax.lm_head_sample`) or a
         non-standard layout; TypeError as in :func:`full_gather_argmax`;
         RuntimeError (from ``torch.multinomial``) for a row whose logits are
         all -inf or hold NaN or +inf.
     """
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise ValueError(f"temperature must be a float >= 0 (0 = greedy), got {temperature!r}")
-    logits = _gathered_logits(hidden, weight, vocab_start, num_valid, bias, group)
+    temperature = check_row_number(temperature, "temperature", TEMPERATURE)  # the sampling steps' rule
+    logits = gathered_logits(hidden, weight, vocab_start, num_valid, bias, group)
     if temperature == 0:
         ids = logits.argmax(dim=1)
     else:

@@ -7,6 +7,7 @@ exchanges keys goes through :func:`exchange_keys`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Union
 
@@ -19,7 +20,7 @@ from .packed_key import SIGN_FLIP
 REDUCE_MODES = ("all_gather", "all_reduce")
 
 
-def _all_gather_single(tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+def all_gather_single(tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """``funcol.all_gather_single(tensor, 0, group)``, waited on: the ranks' tensors
     concatenated along dim 0. torch 2.11 has only the older name,
     ``all_gather_tensor``, which warns FutureWarning (deprecated) where
@@ -100,7 +101,7 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
                 f"group uses the NCCL backend but keys are on {keys.device}: use a gloo group for CPU tensors"
             )
         if reduce == "all_gather":
-            return _all_gather_single(keys, group).view(dist.get_world_size(group), *keys.shape)
+            return all_gather_single(keys, group).view(dist.get_world_size(group), *keys.shape)
         flipped = funcol.all_reduce(keys ^ SIGN_FLIP, "max", group)
         return (funcol.wait_tensor(flipped) ^ SIGN_FLIP).unsqueeze(0)
     if _is_nccl_communicator(group):
@@ -125,6 +126,19 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
         "group must be None, localargmax.LOCAL_SHARD, a torch.distributed.ProcessGroup, a "
         f"cupy.cuda.nccl.NcclCommunicator or a callable all_gather(keys [B]) -> [tp, B], got {type(group).__name__}"
     )
+
+
+def exchange_step(payload: torch.Tensor, group: Group, reduce: str = "all_gather", *, vocab_start=0,
+                  debug: dict[str, int] | None = None) -> torch.Tensor:  # fmt: skip
+    """A step's exchange, the one place the steps hand their ``group`` to:
+    :func:`check_group` first (before anything uses the group), then, with
+    ``debug`` (``LOCALARGMAX_DEBUG=1``: what this rank was called with, by
+    name), :func:`check_step_consistency`, then :func:`exchange_keys` of the
+    framed ``payload`` (:func:`frame_keys`, :func:`frame_logits`)."""
+    check_group(group, vocab_start=vocab_start)
+    if debug is not None:
+        check_step_consistency(group, list(debug.values()), list(debug))
+    return exchange_keys(payload, group, reduce)
 
 
 _INIT_HINT = (
@@ -284,6 +298,48 @@ def frame_keys(keys: torch.Tensor, vocab_end: int, pairs: torch.Tensor | None = 
     return torch.cat([header, keys.reshape(-1), pairs_to_words(pairs)])
 
 
+LOGITS_HEADER_LEN = 4
+"""int64 words before a rank's logits in the filtered step's fallback gather (see :func:`frame_logits`)."""
+
+
+def logits_payload_length(n_rows: int, shard_rows: int) -> int:
+    """Int64 words one rank sends in the fallback gather (:func:`frame_logits`):
+    the :data:`LOGITS_HEADER_LEN`-word header and the rows' float32 logits, two per word."""
+    return LOGITS_HEADER_LEN + (n_rows * shard_rows + 1) // 2
+
+
+def frame_logits(logits: torch.Tensor, vocab_start: int, num_valid: int) -> torch.Tensor:
+    """One rank's payload for the filtered step's fallback gather, beside
+    :func:`frame_keys`: a 4-word header ``[vocab_start, num_valid, n_rows,
+    shard_rows]``, then the ``[n_rows, shard_rows]`` float32 logits as their
+    bits, two per int64 word (zero-padded to a whole word). Every rank's
+    weight must have the same ``shard_rows`` (vLLM pads the shards equally).
+    Read back by :func:`logits_from_frames`."""
+    n, shard_rows = logits.shape
+    body = logits.to(torch.float32).contiguous().reshape(-1)
+    if body.numel() % 2:
+        body = torch.cat([body, body.new_zeros(1)])
+    header = torch.tensor([vocab_start, num_valid, n, shard_rows], dtype=torch.int64).to(logits.device)
+    return torch.cat([header, body.view(torch.int64)])
+
+
+def logits_from_frames(gathered: torch.Tensor) -> torch.Tensor:
+    """``[n_rows, vocab]`` float32 logits from every rank's :func:`frame_logits`
+    (``gathered [tp, L]``), each shard's valid columns at its place and NaN in
+    the gaps between shards. ValueError, on every rank alike, if the ranks
+    sent different row counts or shard sizes."""
+    heads = gathered[:, :LOGITS_HEADER_LEN].tolist()
+    n, shard_rows = heads[0][2:]
+    if any(h[2:] != [n, shard_rows] for h in heads):
+        raise ValueError(f"the TP ranks disagree on the fallback gather (rows, shard rows): {[h[2:] for h in heads]}")
+    vocab = max(s + v for s, v, _, _ in heads)
+    full = torch.full((n, vocab), math.nan, dtype=torch.float32, device=gathered.device)
+    for r, (s, v, _, _) in enumerate(heads):
+        part = gathered[r, LOGITS_HEADER_LEN:].view(torch.float32)[: n * shard_rows].view(n, shard_rows)
+        full[:, s : s + v] = part[:, :v]
+    return full
+
+
 def pairs_to_words(pairs: torch.Tensor) -> torch.Tensor:
     """``[B, 2]`` float32 pairs -> ``[B]`` int64 words (their bits)."""
     if not isinstance(pairs, torch.Tensor) or pairs.dtype != torch.float32 or pairs.dim() != 2 or pairs.shape[1] != 2:
@@ -343,7 +399,7 @@ def check_step_consistency(group: Group, fields: Sequence[int], names: Sequence[
         else torch.device("cpu")
     )
     mine = torch.tensor(list(fields), dtype=torch.int64, device=device)
-    table = _all_gather_single(mine, group).view(-1, len(fields)).cpu()
+    table = all_gather_single(mine, group).view(-1, len(fields)).cpu()
     for column, name in enumerate(names):
         values = {}
         for rank, value in enumerate(table[:, column].tolist()):

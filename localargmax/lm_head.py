@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from .collective import Group, check_group
+from .engine import local_logits
 from .layout import VocabShard, check_layouts, shard_vocab
 from .step import lm_head_argmax
 
@@ -189,12 +190,7 @@ class VocabParallelLMHead(nn.Module):
         """``[B, rows]`` this shard's logits, for non-greedy paths: weight dtype
         without a bias, float32 with one (the bias is float32); columns at or
         past ``num_valid`` are padding (set to -inf)."""
-        logits = hidden @ self.weight.T
-        if self.bias is not None:
-            logits = logits + self.bias
-        if self.shard.num_valid < self.shard.rows:
-            logits[:, self.shard.num_valid :] = float("-inf")
-        return logits
+        return local_logits(hidden, self.weight, self.bias, self.shard.num_valid)
 
     def extra_repr(self) -> str:
         s = self.shard

@@ -17,11 +17,11 @@ import struct
 import torch
 
 from . import envs
-from ._validation import MAX_TOPK, check_seed_offset
-from .collective import Group, check_step_consistency, exchange_keys
+from ._validation import MAX_TOPK, MIN_P, TEMPERATURE, TOP_K, TOP_P, check_seed_offset, host_checks, row_param
+from .collective import Group, exchange_step, frame_logits, logits_from_frames, logits_payload_length
+from .engine import local_logits, log_probs_from_pairs, merge_checked, run_step, winning_rank
 from .ops import decode_keys, shard_sample, shard_topk
 from .packed_key import SIGN_FLIP
-from .step import _host_checks, _merge_checked, _resolve_temperature, _step, log_probs_from_pairs
 
 CANDIDATES = MAX_TOPK
 """Candidate keys per row each rank sends (its top-K); with its noised best
@@ -29,6 +29,10 @@ key (for rows with every filter off) the step's payload is
 ``payload_length(B, CANDIDATES + 1, log_probs=True)`` words."""
 
 FALLBACKS = ("gather", "error")
+
+fallback_payload_length = logits_payload_length
+"""Int64 words one rank sends in the fallback gather
+(:func:`localargmax.collective.logits_payload_length`: ``4 + ceil(n_rows·shard_rows / 2)``)."""
 
 _M0, _M1, _W0, _W1, _MASK = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85, 0xFFFFFFFF
 _G_MAX = -math.log(-math.log((2.0**32 - 0.5) / 2.0**32))
@@ -42,496 +46,6 @@ _HEAD = 64
 _Z_RTOL = 1e-4
 """Relative error allowed to the log-partition pairs' total (measured <= 2e-6: DESIGN.md, "Log-probabilities")."""
 _NO_ENTRY_STANDIN = 0x007FFFFFFFFFFFFF  # a decodable key (-inf at id 0) in place of key 0 before decode_keys
-
-
-def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """High and low 32 bits of ``a * b`` for ``a`` and ``b`` in [0, 2**32),
-    from 16-bit halves of ``a`` so no int64 product overflows (9 tensor ops,
-    in place where a temporary allows)."""
-    p_lo, p_hi = b * (a & 0xFFFF), b * (a >> 16)  # < 2**48 each
-    hi = (p_lo >> 16).add_(p_hi).bitwise_right_shift_(16)
-    lo = (p_hi & 0xFFFF).bitwise_left_shift_(16).add_(p_lo).bitwise_and_(_MASK)
-    return hi, lo
-
-
-def _philox(seed: int, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Philox 4x32-10's first output word at counter ``(id, row)``, key ``seed`` (int64, < 2**32)."""
-    c0, c1, c2, c3 = ids & _MASK, ids >> 32, rows & _MASK, (rows >> 32) & _MASK  # rows: uint64 bits
-    k0, k1 = seed & _MASK, (seed >> 32) & _MASK
-    for _ in range(9):
-        hi0, lo0 = _mulhilo(_M0, c0)
-        hi1, lo1 = _mulhilo(_M1, c2)
-        c0, c1, c2, c3 = hi1.bitwise_xor_(c1).bitwise_xor_(k0), lo1, hi0.bitwise_xor_(c3).bitwise_xor_(k1), lo0
-        k0, k1 = (k0 + _W0) & _MASK, (k1 + _W1) & _MASK
-    return _mulhilo(_M1, c2)[0].bitwise_xor_(c1).bitwise_xor_(k0)  # round 10: only x0 is used
-
-
-def gumbel_noise(seed: int, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """The Gumbel noise of the sampling kernels at any (row, global id):
-    Philox 4x32-10 with key ``seed`` and counter ``(id, row)``, ``u = (x0 +
-    0.5) / 2**32``, ``g = float32(-log(-log(u)))`` (``gumbel_noise`` in
-    csrc/common/philox.h). On the CPU the op ``localargmax::gumbel_noise``
-    runs that function itself; on other devices it is evaluated in int64
-    tensor arithmetic (one graph under torch.compile).
-
-    Args:
-        seed: int, ``0 <= seed < 2**63``.
-        rows: int64 Philox subsequences ``offset + b``, read as uint64 (the
-            kernels' ``offset + b`` past ``2**63 - 1`` is the int64 that
-            wraps to negative), broadcastable with ``ids``.
-        ids: int64 global (draft) vocabulary ids ``>= 0``, on the device of ``rows``.
-
-    Returns:
-        float32 noise of the broadcast shape, on their device. On the CPU
-        bit-identical to the kernels'; elsewhere too, but where ``log`` of
-        float64 differs by an ulp across libraries and that ulp crosses a
-        float32 rounding boundary (about 2**-28 of values).
-
-    Raises:
-        ValueError: a seed out of range, shapes that do not broadcast,
-            tensors on two devices; on the CPU a negative id.
-        TypeError: rows or ids not int64.
-    """
-    check_seed_offset(seed, 0)
-    if not isinstance(rows, torch.Tensor) or not isinstance(ids, torch.Tensor):
-        raise TypeError(f"rows and ids must be int64 tensors, got {type(rows).__name__} and {type(ids).__name__}")
-    if rows.dtype != torch.int64 or ids.dtype != torch.int64:
-        raise TypeError(f"rows and ids must be int64, got {rows.dtype} and {ids.dtype}")
-    if rows.device != ids.device:
-        raise ValueError(f"rows and ids must be on one device, got {rows.device} and {ids.device}")
-    try:
-        rows, ids = torch.broadcast_tensors(rows, ids)
-    except RuntimeError as e:
-        raise ValueError(f"rows {tuple(rows.shape)} and ids {tuple(ids.shape)} must broadcast: {e}") from None
-    if rows.device.type == "cpu":
-        return torch.ops.localargmax.gumbel_noise(seed, rows.contiguous(), ids.contiguous())
-    return _gumbel(_philox(seed, rows, ids))
-
-
-def _gumbel(x0: torch.Tensor) -> torch.Tensor:
-    """float32(-log(-log((x0 + 0.5) / 2**32))) of the int64 Philox words ``x0``, in float64."""
-    u = x0.to(torch.float64).add_(0.5).mul_(1.0 / 2.0**32)
-    return u.log_().neg_().log_().neg_().to(torch.float32)
-
-
-def _row_param(value, name: str, batch: int, device, dtype, low: float, high: float):
-    """A filter argument as a ``[B]`` tensor of ``dtype`` (None: None): a
-    number (``top_k`` an integer, ``top_p`` / ``min_p`` real; numpy scalars
-    too) or a ``[B]`` / ``[]`` tensor of any integer (``top_k``, vLLM keeps
-    int32) or floating (``top_p`` / ``min_p``) dtype on ``hidden``'s device."""
-    if value is None:
-        return None
-    integer = dtype == torch.int64
-    kind = "an integer" if integer else "a floating"
-    if isinstance(value, torch.Tensor):
-        if value.dim() == 0:
-            value = value.reshape(1).expand(batch)
-        if value.dim() != 1 or value.shape[0] != batch:
-            raise ValueError(f"{name} must be a number or a tensor [batch={batch}], got shape {tuple(value.shape)}")
-        if value.device != device:
-            raise ValueError(f"{name} is on {value.device} but hidden is on {device}")
-        is_int = not value.is_floating_point() and not value.is_complex() and value.dtype != torch.bool
-        if not (is_int if integer else value.is_floating_point()):
-            raise TypeError(f"{name} must be {kind} tensor, got {value.dtype}")
-        value = value.to(dtype)
-        if _host_checks(value) and not bool(((value >= low) & (value <= high)).all()):
-            raise ValueError(f"{name} must lie in [{low}, {high}], got {value.tolist()}")
-        return value
-    number = numbers.Integral if integer else numbers.Real
-    if isinstance(value, bool) or not isinstance(value, number):  # numpy scalars are numbers.*
-        raise TypeError(f"{name} must be {kind} number or a tensor [B], got {type(value).__name__} {value!r}")
-    if not low <= value <= high:  # NaN fails too
-        raise ValueError(f"{name} must lie in [{low}, {high}], got {value!r}")
-    return torch.full((batch,), int(value) if integer else float(value), dtype=dtype, device=device)
-
-
-def filtered_sample(
-    hidden, weight, *, temperature, seed, offset=0, top_k=None, top_p=None, min_p=None, vocab_start=0,
-    num_valid=None, bias=None, d2t=None, group=None, return_log_probs=False, logit_scale=1.0, soft_cap=None,
-    fallback="gather",
-):  # fmt: skip
-    """:func:`localargmax.lm_head_sample` with ``top_k`` / ``top_p`` /
-    ``min_p`` (its docstring has the arguments; DESIGN.md, "Filtered sampling").
-    Each rank sends ``payload_length(B, CANDIDATES + 1, log_probs=True)``
-    words (its candidates, and its noised best key for the rows with every
-    filter off: those are the unfiltered step's samples, never a fallback),
-    plus, for rows whose allowed set the candidates do not decide, one gather
-    of those rows' logits (``fallback="gather"``, eager only) or an error
-    (``fallback="error"``: ValueError on the CPU, a device-side assert
-    otherwise)."""
-    check_seed_offset(seed, offset)
-    if not isinstance(return_log_probs, bool):
-        raise TypeError(f"return_log_probs must be a bool, got {type(return_log_probs).__name__}")
-    t = _resolve_temperature(temperature, hidden)
-    batch, dev = hidden.shape[0], hidden.device
-    k = _row_param(top_k, "top_k", batch, dev, torch.int64, -(2**62), 2**62)
-    p = _row_param(top_p, "top_p", batch, dev, torch.float32, 0.0, 1.0)
-    mp = _row_param(min_p, "min_p", batch, dev, torch.float32, 0.0, 1.0)
-    if p is not None and _host_checks(p) and bool((p <= 0).any()):
-        raise ValueError(f"top_p must lie in (0, 1] (1 = off), got {p.tolist()}")
-    if fallback == "gather" and _capturing():
-        raise ValueError(
-            "fallback='gather' needs the number of fallback rows on the host, which CUDA-graph capture and "
-            "torch.compile do not allow: pass fallback='error' (a device-side assert if any row needs the gather)"
-        )
-    if envs.LOCALARGMAX_DEBUG:
-        _debug_check_filters(group, seed, offset, fallback, temperature=t, top_k=k, top_p=p, min_p=mp)
-    zero = torch.zeros(batch, dtype=torch.float64, device=dev)
-    k = torch.zeros(batch, dtype=torch.int64, device=dev) if k is None else k
-    p = zero + 1.0 if p is None else p.to(torch.float64)
-    mp = zero if mp is None else mp.to(torch.float64)
-    off = (t > 0) & (k <= 0) & (p >= 1) & (mp <= 0)  # every filter off: the unfiltered sample decides
-    sample = _some_row_off(off, temperature, top_k, top_p, min_p)
-    _, gathered, pairs, ok, vocab_total = _step(
-        _candidates_and_sample, (CANDIDATES, t, seed, offset, off if sample else None, return_log_probs), hidden,
-        weight, vocab_start, num_valid, bias, d2t, group, "all_gather", True, logit_scale, soft_cap, CANDIDATES + 1,
-        vocab_total=True,
-    )  # fmt: skip
-    if batch == 0:
-        empty = hidden.new_empty((0,), dtype=torch.int64)
-        return (empty, hidden.new_empty((0,), dtype=torch.float32)) if return_log_probs else empty
-    gathered, sampled = gathered[..., :CANDIDATES], gathered[..., CANDIDATES]
-    greedy_ids, _ = _merge_checked(gathered[..., 0], d2t, ok)  # the argmax, d2t applied, checked
-    rows = torch.arange(batch, device=dev) + offset
-    draft, logp, need = _decide(gathered, pairs, t, k, p, mp, seed, rows, vocab_total)
-    # Rows with every filter off: the merge of the ranks' noised best keys, as lm_head_sample without filters.
-    winner = (sampled ^ SIGN_FLIP).argmax(dim=0, keepdim=True)  # signed max == unsigned max
-    best = sampled.gather(0, winner)[0]
-    draft = torch.where(off, decode_keys(torch.where(best == 0, _NO_ENTRY_STANDIN, best))[0], draft)
-    if fallback == "error" and _host_checks(need) and bool(need.any()):
-        raise ValueError(
-            f"{int(need.sum())} rows' allowed sets do not fit among the {CANDIDATES} candidates per rank "
-            "(fallback='error'); pass fallback='gather' to recompute them from their gathered logits"
-        )
-    if fallback == "gather" and bool(need.any()):  # (refused above under capture / compile)
-        idx = need.nonzero()[:, 0]
-        fb_ids, fb_logp = _fallback(
-            hidden, weight, idx, vocab_start, num_valid, bias, group, logit_scale, soft_cap, t, k, p, mp, seed, rows
-        )
-        draft, logp = draft.index_put((idx,), fb_ids), logp.index_put((idx,), fb_logp)
-    elif fallback == "error" and not _host_checks(need):
-        torch._assert_async(~need.any(), "localargmax: a row's filtered set needs fallback='gather'")
-    sampling = (t > 0) & (draft >= 0)
-    ids = torch.where(sampling, draft, 0)
-    if d2t is not None:
-        ids = ids + d2t[ids]
-    ids = torch.where(sampling, ids, greedy_ids)
-    if not return_log_probs:
-        return ids
-    greedy_values = decode_keys(torch.where(gathered[..., 0] == 0, _NO_ENTRY_STANDIN, gathered[..., 0]))[1]
-    top = (gathered[..., 0] ^ SIGN_FLIP).argmax(dim=0, keepdim=True)
-    greedy_lp = log_probs_from_pairs(greedy_values.gather(0, top)[0], pairs)
-    off_lp = log_probs_from_pairs(pairs[..., 0].gather(0, winner)[0], pairs, t)  # off rows: the sampled pairs
-    return ids, torch.where(off, off_lp, torch.where(sampling, logp.to(torch.float32), greedy_lp))
-
-
-def _some_row_off(off, temperature, top_k, top_p, min_p) -> bool:
-    """Whether the step runs the sampling kernel for the rows with every
-    filter off (``off``): on the host, whether there is one; elsewhere (no
-    synchronisation) unless the arguments show there is none (a number that
-    turns a filter on, or a greedy temperature, for every row). The ranks
-    hold the same arguments, so they decide alike (and their payloads have
-    the same length either way)."""
-    if _host_checks(off):
-        return bool(off.any())
-    num = lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool)  # noqa: E731
-    return not (
-        (num(temperature) and temperature == 0)
-        or (num(top_k) and top_k > 0)
-        or (num(top_p) and top_p < 1)
-        or (num(min_p) and min_p > 0)
-    )
-
-
-def _candidates_and_sample(hidden, weight, kk, t, seed, offset, off, off_lp, *, log_partition, **kw):
-    """One rank's keys for the filtered exchange (the op :func:`_step` runs,
-    always with ``log_partition``): its ``kk`` largest keys of ``x`` with its
-    pair at ``T = 1`` (:func:`shard_topk`), then, in column ``kk``, its
-    noised best key (:func:`shard_sample`, the unfiltered step's key; 0 when
-    ``off`` is None: no row needs it). With ``off_lp`` the rows ``off`` carry
-    the sampling kernel's pair instead (the unfiltered step's
-    log-probabilities). Returns ``(keys [B, kk + 1], pairs [B, 2])``."""
-    keys, pairs = shard_topk(hidden, weight, kk, log_partition=True, **kw)
-    if off is None:
-        return torch.cat([keys, keys.new_zeros(keys.shape[0], 1)], dim=1), pairs
-    lse = off_lp or kw["scale"] != 1.0 or kw["soft_cap"] is not None
-    out = shard_sample(hidden, weight, t, seed, offset, log_partition=lse, **kw)
-    best, best_pairs = out if lse else (out, None)
-    if off_lp:
-        pairs = torch.where(off[:, None], best_pairs, pairs)
-    return torch.cat([keys, best[:, None]], dim=1), pairs
-
-
-def _debug_check_filters(group, seed, offset, fallback, **rows) -> None:
-    """With ``LOCALARGMAX_DEBUG=1``: the ranks must be called with the same
-    batch size, seed, offset, fallback and per-row temperature and filters
-    (each rank decides the fallback rows from them; ranks that disagree would
-    meet in different collectives, or return other ids). Compares a
-    fingerprint of each per-row tensor (:func:`_fingerprint`: its values in
-    row order) across the ranks; ValueError naming the first that differs."""
-    batch = next(v.shape[0] for v in rows.values() if v is not None)  # temperature's, first: named as the step does
-    fields = [batch, seed, offset, FALLBACKS.index(fallback)]
-    fields += [0 if v is None else _fingerprint(v) for v in rows.values()]
-    check_step_consistency(group, fields, ["batch size", "seed", "offset", "fallback", *rows])
-
-
-def _fingerprint(values: torch.Tensor) -> int:
-    """An int64 fingerprint of a ``[B]`` tensor's values in row order (the
-    first 8 bytes of their BLAKE2b digest): rows held in another order, or
-    one value changed, give another (but with probability ``2**-64``).
-    Integers as int64; floats as float64 with ``-0.0`` as ``+0.0`` (the steps
-    treat them alike). Reads the values on the host (debug mode only)."""
-    vals = values.detach().cpu().tolist()
-    if values.is_floating_point():
-        data = struct.pack(f"<{len(vals)}d", *(v + 0.0 for v in vals))
-    else:
-        data = struct.pack(f"<{len(vals)}q", *vals)
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
-
-
-def _capturing() -> bool:
-    return torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
-
-
-def _decide(gathered, pairs, t, k, p, mp, seed, rows, vocab_total=None):
-    """From the merged candidates and every rank's pair, per row: the sampled
-    draft id (-1 where the row is greedy, special, not decided or has every
-    filter off), its log-probability under the filtered distribution, and
-    whether the row needs the fallback. All from values every rank holds, in
-    the same order. Rows with every filter off never need it: the ranks'
-    noised best keys decide them (:func:`filtered_sample`). ``vocab_total``
-    (the end of the valid vocabulary, an int or a tensor; None: unknown)
-    bounds the outsiders' count for top-p at ``T > 1``."""
-    tp, batch, kk = gathered.shape
-    cand = (gathered.permute(1, 0, 2).reshape(batch, tp * kk) ^ SIGN_FLIP).sort(dim=1, descending=True).values
-    cand = cand ^ SIGN_FLIP  # [B, N], unsigned descending: the merged order
-    valid = cand != 0
-    ids, x = decode_keys(torch.where(valid, cand, _NO_ENTRY_STANDIN))
-    frontier = gathered[:, :, kk - 1]  # each rank's K-th key: its ids beyond the candidates lie below it
-    full = (frontier != 0).any(dim=0)  # some rank may hold ids that are not candidates
-    fmax = ((frontier ^ SIGN_FLIP).max(dim=0).values ^ SIGN_FLIP)[:, None]
-    prefix = valid & ((cand ^ SIGN_FLIP) >= (fmax ^ SIGN_FLIP))  # the exact head of the global order
-    n_prefix = prefix.sum(dim=1)
-    x = torch.where(valid, x.to(torch.float64), -math.inf)
-    special = ~x[:, 0].isfinite()  # NaN / +inf / all -inf: the argmax (as lm_head_sample)
-    tt = torch.where(t > 0, t, 1.0).to(torch.float64)[:, None]
-    y = x / tt
-    a = y[:, :1]
-    w = torch.where(valid, torch.exp(y - a), 0.0)
-    pos = torch.arange(tp * kk, device=cand.device)[None]
-    y_front = y.gather(1, (n_prefix - 1).clamp(min=0)[:, None])  # the largest value a non-candidate can have
-    k_on, p_on, mp_on = k > 0, p < 1, mp > 0
-    thr = a + torch.log(torch.where(mp_on, mp, 1.0))[:, None]
-    keep = valid & (~mp_on[:, None] | (y >= thr)) & (~k_on[:, None] | (pos < k[:, None]))
-    mp_fits = ~full | (y_front[:, 0] < thr[:, 0])
-    k_fits = ~full | (k <= n_prefix)
-    restricted = (mp_on & mp_fits) | (k_on & k_fits)  # the min-p / top-k set is a known prefix
-    # Partition of the allowed set before top-p: exact when restricted or no rank is full; else bounds from
-    # the pairs (T = 1) and the frontier, a = exp(x - x_max) <= a_front for every outsider (n of them at most):
-    # T <= 1: tail(T) <= a_front**(1/T - 1) * tail(1); T > 1: tail(T) <= n * a_front**(1/T), and by the power
-    # mean, <= n**(1 - 1/T) * tail(1)**(1/T); T >= 1: tail(T) >= tail(1) (a**(1/T) >= a).
-    z_known = (w * keep).sum(dim=1)
-    xa = x[:, :1]
-    ref, others = pairs[..., 0].to(torch.float64), pairs[..., 1].to(torch.float64)
-    z1 = ((others + (ref > -math.inf)) * torch.where(ref == xa[:, 0], 1.0, torch.exp(ref - xa[:, 0]))).sum(dim=0)
-    pre1 = torch.where(prefix, torch.exp(x - xa), 0.0).sum(dim=1)
-    pre_t = (w * prefix).sum(dim=1)
-    tail_hi1 = (z1 * (1 + _Z_RTOL) - pre1).clamp(min=0)
-    tail_lo1 = (z1 * (1 - _Z_RTOL) - pre1).clamp(min=0)
-    t1 = tt[:, 0]
-    a_front = torch.exp(x.gather(1, (n_prefix - 1).clamp(min=0)[:, None])[:, 0] - xa[:, 0])  # exp(x_front - x_max)
-    if vocab_total is None:
-        hot = torch.full_like(tail_hi1, math.inf)
-    else:
-        n_out = (vocab_total - n_prefix).clamp(min=0).to(torch.float64)
-        e = 1 / t1
-        hot = torch.minimum(n_out * a_front**e, n_out ** (1 - e) * tail_hi1**e) * (1 + _Z_RTOL)
-    tail_hi = torch.where(t1 <= 1, a_front ** (1 / t1 - 1) * tail_hi1, hot)
-    tail_lo = torch.where(t1 >= 1, tail_lo1, 0.0)
-    unrestricted = ~(mp_on | k_on)
-    none_on = unrestricted & ~p_on
-    z_lo = torch.where(restricted | ~full, z_known, pre_t + tail_lo)
-    z_hi = torch.where(restricted | ~full, z_known, pre_t + tail_hi)
-    member = torch.where((restricted | ~full | none_on)[:, None], keep, prefix)
-    mass = w * member
-    before = mass.cumsum(dim=1) - mass  # mass strictly before each candidate (vLLM: kept iff < p)
-    keep_lo = before < (p * z_lo)[:, None]
-    keep_hi = before < (p * z_hi)[:, None]
-    p_fits = restricted | ~full | (((keep_lo & member) == (keep_hi & member)).all(dim=1) & (pre_t >= p * z_hi))
-    allowed = member & (~p_on[:, None] | keep_lo | (pos == 0))
-    g = gumbel_noise(seed, rows[:, None], ids)
-    score = torch.where(allowed, y + g.to(torch.float64), -math.inf)
-    best = score.argmax(dim=1, keepdim=True)
-    logp = (y.gather(1, best)[:, 0] - a[:, 0]) - torch.log((w * allowed).sum(dim=1))
-    need = (mp_on | k_on) & ~restricted
-    need |= p_on & ~p_fits
-    need &= (t > 0) & ~special
-    draft = torch.where((t > 0) & ~special & ~need & ~none_on, ids.gather(1, best)[:, 0], -1)
-    return draft, logp, need
-
-
-def fallback_payload_length(n_rows: int, shard_rows: int) -> int:
-    """Int64 words one rank sends in the fallback gather: a 4-word header
-    ``[vocab_start, num_valid, n_rows, shard_rows]`` and the rows' float32
-    logits, two per word. Every rank's weight must have the same
-    ``shard_rows`` (vLLM pads the shards equally; ``LOCALARGMAX_DEBUG=1``
-    compares them)."""
-    return 4 + (n_rows * shard_rows + 1) // 2
-
-
-def _fallback(hidden, weight, idx, vocab_start, num_valid, bias, group, scale, cap, t, k, p, mp, seed, rows):
-    """The rows ``idx`` recomputed from every rank's gathered logits, filtered
-    as vLLM filters the full row (:func:`filter_and_sample`)."""
-    n, shard_rows = idx.numel(), weight.shape[0]
-    nv = shard_rows if num_valid is None else num_valid
-    if envs.LOCALARGMAX_DEBUG:
-        check_step_consistency(group, [n, shard_rows], ["fallback rows", "shard rows"])
-    logits = hidden[idx].float() @ weight.float().T
-    if bias is not None:
-        logits = logits + bias.float()
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    logits = (logits * scale).contiguous()
-    body = logits.reshape(-1)
-    if body.numel() % 2:
-        body = torch.cat([body, body.new_zeros(1)])
-    header = torch.tensor([vocab_start, nv, n, shard_rows], dtype=torch.int64).to(hidden.device)
-    got = exchange_keys(torch.cat([header, body.view(torch.int64)]), group, "all_gather")
-    heads = got[:, :4].tolist()
-    if any(h[2:] != [n, shard_rows] for h in heads):
-        raise ValueError(f"the TP ranks disagree on the fallback gather (rows, shard rows): {[h[2:] for h in heads]}")
-    vocab = max(s + v for s, v, _, _ in heads)
-    full = torch.full((n, vocab), math.nan, dtype=torch.float32, device=hidden.device)
-    for r, (s, v, _, _) in enumerate(heads):
-        part = got[r, 4:].view(torch.float32)[: n * shard_rows].view(n, shard_rows)
-        full[:, s : s + v] = part[:, :v]
-    return filter_and_sample(full, t[idx], k[idx], p[idx], mp[idx], seed, rows[idx])
-
-
-def filter_and_sample(logits, t, k, p, mp, seed, rows):
-    """vLLM 0.34's filters on full rows, then Gumbel-max with the kernels'
-    noise: temperature, min-p (``y >= max(y) + log(min_p)``), top-k (exactly
-    ``k`` ids, ties to the smaller id), top-p over what those kept (the
-    smallest prefix, in descending order, of mass ``>= p``; at least one id).
-
-    Args:
-        logits: ``[n, V]`` float32 transformed logits, ``V >= 1``; NaN marks
-            ids outside the vocabulary (gaps between shards), which are never
-            sampled while a row has an entry that is not NaN (every row the
-            step sends has: its shards hold ``num_valid >= 1`` ids in all).
-        t: ``[n]`` float32 temperatures ``> 0``; k ``[n]`` int64 (``<= 0``
-            off); p, mp ``[n]`` float64; seed; rows ``[n]`` int64 Philox
-            subsequences.
-
-    Returns:
-        ``(ids [n] int64, log_probs [n] float64)`` under the filtered distribution.
-
-    Rows without top-k and top-p (min-p alone, or no filter) need no order:
-    they skip the sort (:func:`_filter_by_id`), with the same result.
-    """
-    unsorted = ((k <= 0) | (k >= logits.shape[1])) & (p >= 1)
-    if bool(unsorted.any()) and not bool(unsorted.all()):
-        out_ids = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-        out_lp = torch.empty(logits.shape[0], dtype=torch.float64, device=logits.device)
-        for part in (unsorted, ~unsorted):
-            out_ids[part], out_lp[part] = filter_and_sample(
-                logits[part], t[part], k[part], p[part], mp[part], seed, rows[part]
-            )
-        return out_ids, out_lp
-    if bool(unsorted.all()):
-        y, keep, a = _filter_by_id(logits, t, mp)
-        best = _gumbel_argmax_by_id(y, keep, seed, rows)  # positions are ids
-        chosen = best[:, 0]
-    else:
-        y, ids, keep, a = _filter_sorted(logits, t, k, p, mp)
-        best = _gumbel_argmax(y, ids, keep, seed, rows)
-        chosen = ids.gather(1, best)[:, 0]
-    w = torch.where(keep, torch.exp(y - a), 0.0)
-    return chosen, (y.gather(1, best) - a)[:, 0] - torch.log(w.sum(dim=1))
-
-
-def _tempered(logits, t):
-    """``y = logits / t`` in float64, NaN (outside the vocabulary) as -inf."""
-    return torch.nan_to_num(logits.to(torch.float64), nan=-math.inf) / t.to(torch.float64)[:, None]
-
-
-def _min_p_keeps(y, a, mp):
-    """min-p's mask: ``y >= a + log(min_p)`` (``a`` the row's maximum), every id where ``min_p = 0``."""
-    return (y >= a + torch.log(torch.where(mp > 0, mp, 1.0))[:, None]) | (mp <= 0)[:, None]
-
-
-def _filter_by_id(logits, t, mp):
-    """The rows of :func:`filter_and_sample` whose only filter is min-p (or
-    none), in id order: ``(y [n, V] float64 tempered values, keep [n, V] the
-    allowed set, a [n, 1] the rows' maxima)``."""
-    y = _tempered(logits, t)
-    a = y.max(dim=1, keepdim=True).values
-    return y, ~logits.isnan() & _min_p_keeps(y, a, mp), a
-
-
-def _filter_sorted(logits, t, k, p, mp):
-    """The rows of :func:`filter_and_sample` sorted descending (stable):
-    ``(ys [n, V] float64 tempered values, ids [n, V] their ids, keep [n, V]
-    the allowed set, a [n, 1] the rows' maxima)``."""
-    vocab = logits.shape[1]
-    order = torch.sort(_tempered(logits, t), dim=1, descending=True, stable=True)  # ties: the smaller id first
-    ys, ids = order.values, order.indices
-    a = ys[:, :1]
-    pos = torch.arange(vocab, device=logits.device)[None]
-    keep = (~logits.isnan()).gather(1, ids) & (pos < torch.where(k > 0, k, vocab)[:, None]) & _min_p_keeps(ys, a, mp)
-    w = torch.where(keep, torch.exp(ys - a), 0.0)
-    before = w.cumsum(dim=1) - w
-    keep &= (before < (p * w.sum(dim=1))[:, None]) | (p >= 1)[:, None] | (pos == 0)
-    return ys, ids, keep, a
-
-
-def _gumbel_argmax(ys, ids, keep, seed, rows):
-    """``argmax(where(keep, ys + g, -inf), dim=1, keepdim=True)`` with the
-    noise ``g = gumbel_noise(seed, rows[:, None], ids)`` evaluated only where
-    it can matter: at the first ``_HEAD`` positions, whose best score ``s``
-    bounds the row's maximum from below, and at the kept positions with
-    ``ys + _G_BOUND >= s`` (the others score ``fl(ys + g) <= fl(ys +
-    _G_BOUND) < s``: below the maximum, so -inf leaves the first maximum
-    where it was). ``ys`` [n, V] float64, ``ids`` [n, V] int64, ``keep`` [n, V]
-    bool, ``rows`` [n] int64; returns [n, 1] int64 positions."""
-    h = min(_HEAD, ys.shape[1])
-    score = torch.full_like(ys, -math.inf)
-    g = gumbel_noise(seed, rows[:, None], ids[:, :h]).to(torch.float64)
-    score[:, :h] = torch.where(keep[:, :h], ys[:, :h] + g, -math.inf)
-    rest = keep & (ys + _G_BOUND >= score[:, :h].max(dim=1, keepdim=True).values)
-    rest[:, :h] = False
-    return _add_noise_where(score, rest, ys, ids, seed, rows).argmax(dim=1, keepdim=True)
-
-
-def _add_noise_where(score, mask, y, ids, seed, rows):
-    """``score`` with ``y + g`` where ``mask`` (``g`` at ``ids``, or at the
-    column index when ``ids`` is None): dense when ``_DENSE_NOISE`` of the
-    entries or more is set (the noise op costs less than indexing then), else at the
-    set entries only. The same values either way."""
-    if int(mask.sum()) >= _DENSE_NOISE * mask.numel():
-        cols = torch.arange(y.shape[1], device=y.device)[None] if ids is None else ids
-        return torch.where(mask, y + gumbel_noise(seed, rows[:, None], cols).to(torch.float64), score)
-    r, c = mask.nonzero(as_tuple=True)
-    score[r, c] = y[r, c] + gumbel_noise(seed, rows[r], c if ids is None else ids[r, c]).to(torch.float64)
-    return score
-
-
-def _gumbel_argmax_by_id(y, keep, seed, rows):
-    """:func:`_gumbel_argmax` on rows in id order (``y`` [n, V] float64 by
-    id, ``keep`` [n, V]): the noise only where an id can win (the head: the
-    ``_HEAD`` largest allowed values), and among equal best scores the id the
-    sorted order puts first (the larger value, then the smaller id). Returns
-    [n, 1] int64 ids."""
-    head = torch.where(keep, y, -math.inf).topk(min(_HEAD, y.shape[1]), dim=1)
-    g = gumbel_noise(seed, rows[:, None], head.indices).to(torch.float64)
-    head_score = torch.where(keep.gather(1, head.indices), head.values + g, -math.inf)
-    score = torch.full_like(y, -math.inf).scatter_(1, head.indices, head_score)
-    rest = keep & (y + _G_BOUND >= head_score.max(dim=1, keepdim=True).values)
-    rest.scatter_(1, head.indices, False)
-    score = _add_noise_where(score, rest, y, None, seed, rows)
-    tied = score == score.max(dim=1, keepdim=True).values
-    first = tied & (y == torch.where(tied, y, -math.inf).max(dim=1, keepdim=True).values)
-    return first.to(torch.uint8).argmax(dim=1, keepdim=True)
 
 
 def lm_head_sample(
@@ -624,18 +138,446 @@ def lm_head_sample(
             min_p=min_p, vocab_start=vocab_start, num_valid=num_valid, bias=bias, d2t=d2t, group=group,
             return_log_probs=return_log_probs, logit_scale=logit_scale, soft_cap=soft_cap, fallback=fallback,
         )  # fmt: skip
-    t = _resolve_temperature(temperature, hidden)
+    t = row_param(temperature, "temperature", hidden, TEMPERATURE, optional=False)
     if envs.LOCALARGMAX_DEBUG:
         check_seed_offset(seed, offset)
-        _debug_check_filters(group, seed, offset, fallback, temperature=t)
-    _, gathered, got_pairs, ok = _step(
+    debug = _debug_fields(seed, offset, fallback, temperature=t)
+    _, gathered, got_pairs, ok = run_step(
         shard_sample, (t, seed, offset), hidden, weight, vocab_start, num_valid, bias, d2t, group, reduce,
-        return_log_probs, logit_scale, soft_cap, sampling=True,
+        return_log_probs, logit_scale, soft_cap, sampling=True, debug=debug,
     )  # fmt: skip
-    ids, _ = _merge_checked(gathered, d2t, ok)
+    ids, _ = merge_checked(gathered, d2t, ok)
     if not return_log_probs:
         return ids
     # The winning rank's ref is the sampled entry's transformed logit.
-    winner = (gathered ^ SIGN_FLIP).argmax(dim=0, keepdim=True)  # signed max == unsigned max
-    chosen = got_pairs[..., 0].gather(0, winner)[0]
+    chosen = got_pairs[..., 0].gather(0, winning_rank(gathered))[0]
     return ids, log_probs_from_pairs(chosen, got_pairs, t)
+
+
+def filtered_sample(
+    hidden, weight, *, temperature, seed, offset=0, top_k=None, top_p=None, min_p=None, vocab_start=0,
+    num_valid=None, bias=None, d2t=None, group=None, return_log_probs=False, logit_scale=1.0, soft_cap=None,
+    fallback="gather",
+):  # fmt: skip
+    """:func:`localargmax.lm_head_sample` with ``top_k`` / ``top_p`` /
+    ``min_p`` (its docstring has the arguments; DESIGN.md, "Filtered sampling").
+    Each rank sends ``payload_length(B, CANDIDATES + 1, log_probs=True)``
+    words (its candidates, and its noised best key for the rows with every
+    filter off: those are the unfiltered step's samples, never a fallback),
+    plus, for rows whose allowed set the candidates do not decide, one gather
+    of those rows' logits (``fallback="gather"``, eager only) or an error
+    (``fallback="error"``: ValueError on the CPU, a device-side assert
+    otherwise)."""
+    check_seed_offset(seed, offset)
+    if not isinstance(return_log_probs, bool):
+        raise TypeError(f"return_log_probs must be a bool, got {type(return_log_probs).__name__}")
+    t = row_param(temperature, "temperature", hidden, TEMPERATURE, optional=False)
+    batch, dev = hidden.shape[0], hidden.device
+    k = row_param(top_k, "top_k", hidden, TOP_K)
+    p = row_param(top_p, "top_p", hidden, TOP_P)
+    mp = row_param(min_p, "min_p", hidden, MIN_P)
+    if fallback == "gather" and _capturing():
+        raise ValueError(
+            "fallback='gather' needs the number of fallback rows on the host, which CUDA-graph capture and "
+            "torch.compile do not allow: pass fallback='error' (a device-side assert if any row needs the gather)"
+        )
+    debug = _debug_fields(seed, offset, fallback, temperature=t, top_k=k, top_p=p, min_p=mp)
+    zero = torch.zeros(batch, dtype=torch.float64, device=dev)
+    k = torch.zeros(batch, dtype=torch.int64, device=dev) if k is None else k
+    p = zero + 1.0 if p is None else p.to(torch.float64)
+    mp = zero if mp is None else mp.to(torch.float64)
+    off = (t > 0) & (k <= 0) & (p >= 1) & (mp <= 0)  # every filter off: the unfiltered sample decides
+    sample = _some_row_off(off, temperature, top_k, top_p, min_p)
+    _, gathered, pairs, ok, vocab_total = run_step(
+        _candidates_and_sample, (CANDIDATES, t, seed, offset, off if sample else None, return_log_probs), hidden,
+        weight, vocab_start, num_valid, bias, d2t, group, "all_gather", True, logit_scale, soft_cap, CANDIDATES + 1,
+        vocab_total=True, debug=debug,
+    )  # fmt: skip
+    if batch == 0:
+        empty = hidden.new_empty((0,), dtype=torch.int64)
+        return (empty, hidden.new_empty((0,), dtype=torch.float32)) if return_log_probs else empty
+    gathered, sampled = gathered[..., :CANDIDATES], gathered[..., CANDIDATES]
+    greedy_ids, _ = merge_checked(gathered[..., 0], d2t, ok)  # the argmax, d2t applied, checked
+    rows = torch.arange(batch, device=dev) + offset
+    draft, logp, need = decide_rows(gathered, pairs, t, k, p, mp, seed, rows, vocab_total)
+    # Rows with every filter off: the merge of the ranks' noised best keys, as lm_head_sample without filters.
+    winner = winning_rank(sampled)
+    best = sampled.gather(0, winner)[0]
+    draft = torch.where(off, decode_keys(torch.where(best == 0, _NO_ENTRY_STANDIN, best))[0], draft)
+    if fallback == "error" and host_checks(need) and bool(need.any()):
+        raise ValueError(
+            f"{int(need.sum())} rows' allowed sets do not fit among the {CANDIDATES} candidates per rank "
+            "(fallback='error'); pass fallback='gather' to recompute them from their gathered logits"
+        )
+    if fallback == "gather" and bool(need.any()):  # (refused above under capture / compile)
+        idx = need.nonzero()[:, 0]
+        fb_ids, fb_logp = _fallback(
+            hidden, weight, idx, vocab_start, num_valid, bias, group, logit_scale, soft_cap, t, k, p, mp, seed, rows
+        )
+        draft, logp = draft.index_put((idx,), fb_ids), logp.index_put((idx,), fb_logp)
+    elif fallback == "error" and not host_checks(need):
+        torch._assert_async(~need.any(), "localargmax: a row's filtered set needs fallback='gather'")
+    sampling = (t > 0) & (draft >= 0)
+    ids = torch.where(sampling, draft, 0)
+    if d2t is not None:
+        ids = ids + d2t[ids]
+    ids = torch.where(sampling, ids, greedy_ids)
+    if not return_log_probs:
+        return ids
+    greedy_values = decode_keys(torch.where(gathered[..., 0] == 0, _NO_ENTRY_STANDIN, gathered[..., 0]))[1]
+    greedy_lp = log_probs_from_pairs(greedy_values.gather(0, winning_rank(gathered[..., 0]))[0], pairs)
+    off_lp = log_probs_from_pairs(pairs[..., 0].gather(0, winner)[0], pairs, t)  # off rows: the sampled pairs
+    return ids, torch.where(off, off_lp, torch.where(sampling, logp.to(torch.float32), greedy_lp))
+
+
+def _some_row_off(off, temperature, top_k, top_p, min_p) -> bool:
+    """Whether the step runs the sampling kernel for the rows with every
+    filter off (``off``): on the host, whether there is one; elsewhere (no
+    synchronisation) unless the arguments show there is none (a number that
+    turns a filter on, or a greedy temperature, for every row). The ranks
+    hold the same arguments, so they decide alike (and their payloads have
+    the same length either way)."""
+    if host_checks(off):
+        return bool(off.any())
+    num = lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool)  # noqa: E731
+    return not (
+        (num(temperature) and temperature == 0)
+        or (num(top_k) and top_k > 0)
+        or (num(top_p) and top_p < 1)
+        or (num(min_p) and min_p > 0)
+    )
+
+
+def _candidates_and_sample(hidden, weight, kk, t, seed, offset, off, off_lp, *, log_partition, **kw):
+    """One rank's keys for the filtered exchange (the op :func:`_step` runs,
+    always with ``log_partition``): its ``kk`` largest keys of ``x`` with its
+    pair at ``T = 1`` (:func:`shard_topk`), then, in column ``kk``, its
+    noised best key (:func:`shard_sample`, the unfiltered step's key; 0 when
+    ``off`` is None: no row needs it). With ``off_lp`` the rows ``off`` carry
+    the sampling kernel's pair instead (the unfiltered step's
+    log-probabilities). Returns ``(keys [B, kk + 1], pairs [B, 2])``."""
+    keys, pairs = shard_topk(hidden, weight, kk, log_partition=True, **kw)
+    if off is None:
+        return torch.cat([keys, keys.new_zeros(keys.shape[0], 1)], dim=1), pairs
+    lse = off_lp or kw["scale"] != 1.0 or kw["soft_cap"] is not None
+    out = shard_sample(hidden, weight, t, seed, offset, log_partition=lse, **kw)
+    best, best_pairs = out if lse else (out, None)
+    if off_lp:
+        pairs = torch.where(off[:, None], best_pairs, pairs)
+    return torch.cat([keys, best[:, None]], dim=1), pairs
+
+
+def _debug_fields(seed, offset, fallback, **rows) -> dict[str, int] | None:
+    """With ``LOCALARGMAX_DEBUG=1`` (else None): what the ranks must also
+    agree on in a sampling step, compared with the step's own fields
+    (:func:`localargmax.engine.run_step`): seed, offset, fallback and the
+    per-row temperature and filters (each rank decides the fallback rows from
+    them; ranks that disagree would meet in different collectives, or return
+    other ids), each per-row tensor as a fingerprint of its values in row
+    order (:func:`_fingerprint`)."""
+    if not envs.LOCALARGMAX_DEBUG:
+        return None
+    fields = {"seed": seed, "offset": offset, "fallback": FALLBACKS.index(fallback)}
+    return fields | {name: 0 if v is None else _fingerprint(v) for name, v in rows.items()}
+
+
+def _fingerprint(values: torch.Tensor) -> int:
+    """An int64 fingerprint of a ``[B]`` tensor's values in row order (the
+    first 8 bytes of their BLAKE2b digest): rows held in another order, or
+    one value changed, give another (but with probability ``2**-64``).
+    Integers as int64; floats as float64 with ``-0.0`` as ``+0.0`` (the steps
+    treat them alike). Reads the values on the host (debug mode only)."""
+    vals = values.detach().cpu().tolist()
+    if values.is_floating_point():
+        data = struct.pack(f"<{len(vals)}d", *(v + 0.0 for v in vals))
+    else:
+        data = struct.pack(f"<{len(vals)}q", *vals)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
+
+
+def _capturing() -> bool:
+    return torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def decide_rows(gathered, pairs, t, k, p, mp, seed, rows, vocab_total=None):
+    """From the merged candidates and every rank's pair, per row: the sampled
+    draft id (-1 where the row is greedy, special, not decided or has every
+    filter off), its log-probability under the filtered distribution, and
+    whether the row needs the fallback. All from values every rank holds, in
+    the same order. Rows with every filter off never need it: the ranks'
+    noised best keys decide them (:func:`filtered_sample`). ``vocab_total``
+    (the end of the valid vocabulary, an int or a tensor; None: unknown)
+    bounds the outsiders' count for top-p at ``T > 1``."""
+    tp, batch, kk = gathered.shape
+    cand = (gathered.permute(1, 0, 2).reshape(batch, tp * kk) ^ SIGN_FLIP).sort(dim=1, descending=True).values
+    cand = cand ^ SIGN_FLIP  # [B, N], unsigned descending: the merged order
+    valid = cand != 0
+    ids, x = decode_keys(torch.where(valid, cand, _NO_ENTRY_STANDIN))
+    frontier = gathered[:, :, kk - 1]  # each rank's K-th key: its ids beyond the candidates lie below it
+    full = (frontier != 0).any(dim=0)  # some rank may hold ids that are not candidates
+    fmax = ((frontier ^ SIGN_FLIP).max(dim=0).values ^ SIGN_FLIP)[:, None]
+    prefix = valid & ((cand ^ SIGN_FLIP) >= (fmax ^ SIGN_FLIP))  # the exact head of the global order
+    n_prefix = prefix.sum(dim=1)
+    x = torch.where(valid, x.to(torch.float64), -math.inf)
+    special = ~x[:, 0].isfinite()  # NaN / +inf / all -inf: the argmax (as lm_head_sample)
+    tt = torch.where(t > 0, t, 1.0).to(torch.float64)[:, None]
+    y = x / tt
+    a = y[:, :1]
+    w = torch.where(valid, torch.exp(y - a), 0.0)
+    pos = torch.arange(tp * kk, device=cand.device)[None]
+    y_front = y.gather(1, (n_prefix - 1).clamp(min=0)[:, None])  # the largest value a non-candidate can have
+    k_on, p_on, mp_on = k > 0, p < 1, mp > 0
+    thr = a + torch.log(torch.where(mp_on, mp, 1.0))[:, None]
+    keep = valid & (~mp_on[:, None] | (y >= thr)) & (~k_on[:, None] | (pos < k[:, None]))
+    mp_fits = ~full | (y_front[:, 0] < thr[:, 0])
+    k_fits = ~full | (k <= n_prefix)
+    restricted = (mp_on & mp_fits) | (k_on & k_fits)  # the min-p / top-k set is a known prefix
+    # Partition of the allowed set before top-p: exact when restricted or no rank is full; else bounds from
+    # the pairs (T = 1) and the frontier, a = exp(x - x_max) <= a_front for every outsider (n of them at most):
+    # T <= 1: tail(T) <= a_front**(1/T - 1) * tail(1); T > 1: tail(T) <= n * a_front**(1/T), and by the power
+    # mean, <= n**(1 - 1/T) * tail(1)**(1/T); T >= 1: tail(T) >= tail(1) (a**(1/T) >= a).
+    z_known = (w * keep).sum(dim=1)
+    xa = x[:, :1]
+    ref, others = pairs[..., 0].to(torch.float64), pairs[..., 1].to(torch.float64)
+    z1 = ((others + (ref > -math.inf)) * torch.where(ref == xa[:, 0], 1.0, torch.exp(ref - xa[:, 0]))).sum(dim=0)
+    pre1 = torch.where(prefix, torch.exp(x - xa), 0.0).sum(dim=1)
+    pre_t = (w * prefix).sum(dim=1)
+    tail_hi1 = (z1 * (1 + _Z_RTOL) - pre1).clamp(min=0)
+    tail_lo1 = (z1 * (1 - _Z_RTOL) - pre1).clamp(min=0)
+    t1 = tt[:, 0]
+    a_front = torch.exp(x.gather(1, (n_prefix - 1).clamp(min=0)[:, None])[:, 0] - xa[:, 0])  # exp(x_front - x_max)
+    if vocab_total is None:
+        hot = torch.full_like(tail_hi1, math.inf)
+    else:
+        n_out = (vocab_total - n_prefix).clamp(min=0).to(torch.float64)
+        e = 1 / t1
+        hot = torch.minimum(n_out * a_front**e, n_out ** (1 - e) * tail_hi1**e) * (1 + _Z_RTOL)
+    tail_hi = torch.where(t1 <= 1, a_front ** (1 / t1 - 1) * tail_hi1, hot)
+    tail_lo = torch.where(t1 >= 1, tail_lo1, 0.0)
+    unrestricted = ~(mp_on | k_on)
+    none_on = unrestricted & ~p_on
+    z_lo = torch.where(restricted | ~full, z_known, pre_t + tail_lo)
+    z_hi = torch.where(restricted | ~full, z_known, pre_t + tail_hi)
+    member = torch.where((restricted | ~full | none_on)[:, None], keep, prefix)
+    mass = w * member
+    before = mass.cumsum(dim=1) - mass  # mass strictly before each candidate (vLLM: kept iff < p)
+    keep_lo = before < (p * z_lo)[:, None]
+    keep_hi = before < (p * z_hi)[:, None]
+    p_fits = restricted | ~full | (((keep_lo & member) == (keep_hi & member)).all(dim=1) & (pre_t >= p * z_hi))
+    allowed = member & (~p_on[:, None] | keep_lo | (pos == 0))
+    g = gumbel_noise(seed, rows[:, None], ids)
+    score = torch.where(allowed, y + g.to(torch.float64), -math.inf)
+    best = score.argmax(dim=1, keepdim=True)
+    logp = (y.gather(1, best)[:, 0] - a[:, 0]) - torch.log((w * allowed).sum(dim=1))
+    need = (mp_on | k_on) & ~restricted
+    need |= p_on & ~p_fits
+    need &= (t > 0) & ~special
+    draft = torch.where((t > 0) & ~special & ~need & ~none_on, ids.gather(1, best)[:, 0], -1)
+    return draft, logp, need
+
+
+def _fallback(hidden, weight, idx, vocab_start, num_valid, bias, group, scale, cap, t, k, p, mp, seed, rows):
+    """The rows ``idx`` recomputed from every rank's gathered logits, filtered
+    as vLLM filters the full row (:func:`filter_and_sample`)."""
+    n, shard_rows = idx.numel(), weight.shape[0]
+    nv = shard_rows if num_valid is None else num_valid
+    logits = local_logits(hidden[idx], weight, bias, dtype=torch.float32, scale=scale, soft_cap=cap)
+    debug = {"fallback rows": n, "shard rows": shard_rows} if envs.LOCALARGMAX_DEBUG else None
+    got = exchange_step(frame_logits(logits, vocab_start, nv), group, vocab_start=vocab_start, debug=debug)
+    return filter_and_sample(logits_from_frames(got), t[idx], k[idx], p[idx], mp[idx], seed, rows[idx])
+
+
+def filter_and_sample(logits, t, k, p, mp, seed, rows):
+    """vLLM 0.34's filters on full rows, then Gumbel-max with the kernels'
+    noise: temperature, min-p (``y >= max(y) + log(min_p)``), top-k (exactly
+    ``k`` ids, ties to the smaller id), top-p over what those kept (the
+    smallest prefix, in descending order, of mass ``>= p``; at least one id).
+
+    Args:
+        logits: ``[n, V]`` float32 transformed logits, ``V >= 1``; NaN marks
+            ids outside the vocabulary (gaps between shards), which are never
+            sampled while a row has an entry that is not NaN (every row the
+            step sends has: its shards hold ``num_valid >= 1`` ids in all).
+        t: ``[n]`` float32 temperatures ``> 0``; k ``[n]`` int64 (``<= 0``
+            off); p, mp ``[n]`` float64; seed; rows ``[n]`` int64 Philox
+            subsequences.
+
+    Returns:
+        ``(ids [n] int64, log_probs [n] float64)`` under the filtered distribution.
+
+    Rows without top-k and top-p (min-p alone, or no filter) need no order:
+    they skip the sort (:func:`_filter_by_id`), with the same result.
+    """
+    unsorted = ((k <= 0) | (k >= logits.shape[1])) & (p >= 1)
+    if bool(unsorted.any()) and not bool(unsorted.all()):
+        out_ids = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+        out_lp = torch.empty(logits.shape[0], dtype=torch.float64, device=logits.device)
+        for part in (unsorted, ~unsorted):
+            out_ids[part], out_lp[part] = filter_and_sample(
+                logits[part], t[part], k[part], p[part], mp[part], seed, rows[part]
+            )
+        return out_ids, out_lp
+    if bool(unsorted.all()):
+        y, keep, a = _filter_by_id(logits, t, mp)
+        best = _gumbel_argmax_by_id(y, keep, seed, rows)  # positions are ids
+        chosen = best[:, 0]
+    else:
+        y, ids, keep, a = filter_sorted(logits, t, k, p, mp)
+        best = _gumbel_argmax(y, ids, keep, seed, rows)
+        chosen = ids.gather(1, best)[:, 0]
+    w = torch.where(keep, torch.exp(y - a), 0.0)
+    return chosen, (y.gather(1, best) - a)[:, 0] - torch.log(w.sum(dim=1))
+
+
+def _tempered(logits, t):
+    """``y = logits / t`` in float64, NaN (outside the vocabulary) as -inf."""
+    return torch.nan_to_num(logits.to(torch.float64), nan=-math.inf) / t.to(torch.float64)[:, None]
+
+
+def _min_p_keeps(y, a, mp):
+    """min-p's mask: ``y >= a + log(min_p)`` (``a`` the row's maximum), every id where ``min_p = 0``."""
+    return (y >= a + torch.log(torch.where(mp > 0, mp, 1.0))[:, None]) | (mp <= 0)[:, None]
+
+
+def _filter_by_id(logits, t, mp):
+    """The rows of :func:`filter_and_sample` whose only filter is min-p (or
+    none), in id order: ``(y [n, V] float64 tempered values, keep [n, V] the
+    allowed set, a [n, 1] the rows' maxima)``."""
+    y = _tempered(logits, t)
+    a = y.max(dim=1, keepdim=True).values
+    return y, ~logits.isnan() & _min_p_keeps(y, a, mp), a
+
+
+def filter_sorted(logits, t, k, p, mp):
+    """The rows of :func:`filter_and_sample` sorted descending (stable):
+    ``(ys [n, V] float64 tempered values, ids [n, V] their ids, keep [n, V]
+    the allowed set, a [n, 1] the rows' maxima)``."""
+    vocab = logits.shape[1]
+    order = torch.sort(_tempered(logits, t), dim=1, descending=True, stable=True)  # ties: the smaller id first
+    ys, ids = order.values, order.indices
+    a = ys[:, :1]
+    pos = torch.arange(vocab, device=logits.device)[None]
+    keep = (~logits.isnan()).gather(1, ids) & (pos < torch.where(k > 0, k, vocab)[:, None]) & _min_p_keeps(ys, a, mp)
+    w = torch.where(keep, torch.exp(ys - a), 0.0)
+    before = w.cumsum(dim=1) - w
+    keep &= (before < (p * w.sum(dim=1))[:, None]) | (p >= 1)[:, None] | (pos == 0)
+    return ys, ids, keep, a
+
+
+def _gumbel_argmax(ys, ids, keep, seed, rows):
+    """``argmax(where(keep, ys + g, -inf), dim=1, keepdim=True)`` with the
+    noise ``g = gumbel_noise(seed, rows[:, None], ids)`` evaluated only where
+    it can matter: at the first ``_HEAD`` positions, whose best score ``s``
+    bounds the row's maximum from below, and at the kept positions with
+    ``ys + _G_BOUND >= s`` (the others score ``fl(ys + g) <= fl(ys +
+    _G_BOUND) < s``: below the maximum, so -inf leaves the first maximum
+    where it was). ``ys`` [n, V] float64, ``ids`` [n, V] int64, ``keep`` [n, V]
+    bool, ``rows`` [n] int64; returns [n, 1] int64 positions."""
+    h = min(_HEAD, ys.shape[1])
+    score = torch.full_like(ys, -math.inf)
+    g = gumbel_noise(seed, rows[:, None], ids[:, :h]).to(torch.float64)
+    score[:, :h] = torch.where(keep[:, :h], ys[:, :h] + g, -math.inf)
+    rest = keep & (ys + _G_BOUND >= score[:, :h].max(dim=1, keepdim=True).values)
+    rest[:, :h] = False
+    return _add_noise_where(score, rest, ys, ids, seed, rows).argmax(dim=1, keepdim=True)
+
+
+def _add_noise_where(score, mask, y, ids, seed, rows):
+    """``score`` with ``y + g`` where ``mask`` (``g`` at ``ids``, or at the
+    column index when ``ids`` is None): dense when ``_DENSE_NOISE`` of the
+    entries or more is set (the noise op costs less than indexing then), else at the
+    set entries only. The same values either way."""
+    if int(mask.sum()) >= _DENSE_NOISE * mask.numel():
+        cols = torch.arange(y.shape[1], device=y.device)[None] if ids is None else ids
+        return torch.where(mask, y + gumbel_noise(seed, rows[:, None], cols).to(torch.float64), score)
+    r, c = mask.nonzero(as_tuple=True)
+    score[r, c] = y[r, c] + gumbel_noise(seed, rows[r], c if ids is None else ids[r, c]).to(torch.float64)
+    return score
+
+
+def _gumbel_argmax_by_id(y, keep, seed, rows):
+    """:func:`_gumbel_argmax` on rows in id order (``y`` [n, V] float64 by
+    id, ``keep`` [n, V]): the noise only where an id can win (the head: the
+    ``_HEAD`` largest allowed values), and among equal best scores the id the
+    sorted order puts first (the larger value, then the smaller id). Returns
+    [n, 1] int64 ids."""
+    head = torch.where(keep, y, -math.inf).topk(min(_HEAD, y.shape[1]), dim=1)
+    g = gumbel_noise(seed, rows[:, None], head.indices).to(torch.float64)
+    head_score = torch.where(keep.gather(1, head.indices), head.values + g, -math.inf)
+    score = torch.full_like(y, -math.inf).scatter_(1, head.indices, head_score)
+    rest = keep & (y + _G_BOUND >= head_score.max(dim=1, keepdim=True).values)
+    rest.scatter_(1, head.indices, False)
+    score = _add_noise_where(score, rest, y, None, seed, rows)
+    tied = score == score.max(dim=1, keepdim=True).values
+    first = tied & (y == torch.where(tied, y, -math.inf).max(dim=1, keepdim=True).values)
+    return first.to(torch.uint8).argmax(dim=1, keepdim=True)
+
+
+def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """High and low 32 bits of ``a * b`` for ``a`` and ``b`` in [0, 2**32),
+    from 16-bit halves of ``a`` so no int64 product overflows (9 tensor ops,
+    in place where a temporary allows)."""
+    p_lo, p_hi = b * (a & 0xFFFF), b * (a >> 16)  # < 2**48 each
+    hi = (p_lo >> 16).add_(p_hi).bitwise_right_shift_(16)
+    lo = (p_hi & 0xFFFF).bitwise_left_shift_(16).add_(p_lo).bitwise_and_(_MASK)
+    return hi, lo
+
+
+def _philox(seed: int, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Philox 4x32-10's first output word at counter ``(id, row)``, key ``seed`` (int64, < 2**32)."""
+    c0, c1, c2, c3 = ids & _MASK, ids >> 32, rows & _MASK, (rows >> 32) & _MASK  # rows: uint64 bits
+    k0, k1 = seed & _MASK, (seed >> 32) & _MASK
+    for _ in range(9):
+        hi0, lo0 = _mulhilo(_M0, c0)
+        hi1, lo1 = _mulhilo(_M1, c2)
+        c0, c1, c2, c3 = hi1.bitwise_xor_(c1).bitwise_xor_(k0), lo1, hi0.bitwise_xor_(c3).bitwise_xor_(k1), lo0
+        k0, k1 = (k0 + _W0) & _MASK, (k1 + _W1) & _MASK
+    return _mulhilo(_M1, c2)[0].bitwise_xor_(c1).bitwise_xor_(k0)  # round 10: only x0 is used
+
+
+def gumbel_noise(seed: int, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The Gumbel noise of the sampling kernels at any (row, global id):
+    Philox 4x32-10 with key ``seed`` and counter ``(id, row)``, ``u = (x0 +
+    0.5) / 2**32``, ``g = float32(-log(-log(u)))`` (``gumbel_noise`` in
+    csrc/common/philox.h). On the CPU the op ``localargmax::gumbel_noise``
+    runs that function itself; on other devices it is evaluated in int64
+    tensor arithmetic (one graph under torch.compile).
+
+    Args:
+        seed: int, ``0 <= seed < 2**63``.
+        rows: int64 Philox subsequences ``offset + b``, read as uint64 (the
+            kernels' ``offset + b`` past ``2**63 - 1`` is the int64 that
+            wraps to negative), broadcastable with ``ids``.
+        ids: int64 global (draft) vocabulary ids ``>= 0``, on the device of ``rows``.
+
+    Returns:
+        float32 noise of the broadcast shape, on their device. On the CPU
+        bit-identical to the kernels'; elsewhere too, but where ``log`` of
+        float64 differs by an ulp across libraries and that ulp crosses a
+        float32 rounding boundary (about 2**-28 of values).
+
+    Raises:
+        ValueError: a seed out of range, shapes that do not broadcast,
+            tensors on two devices; on the CPU a negative id.
+        TypeError: rows or ids not int64.
+    """
+    check_seed_offset(seed, 0)
+    if not isinstance(rows, torch.Tensor) or not isinstance(ids, torch.Tensor):
+        raise TypeError(f"rows and ids must be int64 tensors, got {type(rows).__name__} and {type(ids).__name__}")
+    if rows.dtype != torch.int64 or ids.dtype != torch.int64:
+        raise TypeError(f"rows and ids must be int64, got {rows.dtype} and {ids.dtype}")
+    if rows.device != ids.device:
+        raise ValueError(f"rows and ids must be on one device, got {rows.device} and {ids.device}")
+    try:
+        rows, ids = torch.broadcast_tensors(rows, ids)
+    except RuntimeError as e:
+        raise ValueError(f"rows {tuple(rows.shape)} and ids {tuple(ids.shape)} must broadcast: {e}") from None
+    if rows.device.type == "cpu":
+        return torch.ops.localargmax.gumbel_noise(seed, rows.contiguous(), ids.contiguous())
+    return _gumbel(_philox(seed, rows, ids))
+
+
+def _gumbel(x0: torch.Tensor) -> torch.Tensor:
+    """float32(-log(-log((x0 + 0.5) / 2**32))) of the int64 Philox words ``x0``, in float64."""
+    u = x0.to(torch.float64).add_(0.5).mul_(1.0 / 2.0**32)
+    return u.log_().neg_().log_().neg_().to(torch.float32)

@@ -238,7 +238,7 @@ def _healthy_worker(rank, world, seed):
     return out
 
 
-PAYLOAD_OPS = {  # localargmax.step.PAYLOAD_INPUTS -> the steps that take the input
+PAYLOAD_OPS = {  # localargmax.engine.PAYLOAD_INPUTS -> the steps that take the input
     "batch size": ("argmax", "topk", "sample"),
     "k": ("topk",),
     "return_log_probs": ("argmax", "topk", "sample"),
@@ -386,9 +386,9 @@ def test_debug_flag_names_disagreeing_ranks(launches, tp, reduce):
 
 def test_debug_flag_compares_every_payload_input(launches):
     """LOCALARGMAX_DEBUG=1: ranks that differ in any input that changes the
-    exchange's payload (the list lives in localargmax.step.PAYLOAD_INPUTS) all
+    exchange's payload (the list lives in localargmax.engine.PAYLOAD_INPUTS) all
     raise ValueError naming it, before the collective."""
-    from localargmax.step import PAYLOAD_INPUTS
+    from localargmax.engine import PAYLOAD_INPUTS
 
     assert set(PAYLOAD_OPS) == set(PAYLOAD_INPUTS), "a payload input without a multi-rank case"
     per_rank, _ = _healthy(launches)

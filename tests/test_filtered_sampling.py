@@ -229,7 +229,7 @@ def test_fallback_noise_where_it_can_win_is_exact(seed, dense, monkeypatch):
     mp = torch.where(torch.arange(n) % 7 == 0, 0.001, mp)
     k = torch.where(torch.arange(n) % 6 == 0, 1200, k)
     args = (logits, t, k, p.double(), mp.double(), seed, torch.arange(n) + 2**40)
-    ys, ids, keep, a = sampling._filter_sorted(*args[:5])
+    ys, ids, keep, a = sampling.filter_sorted(*args[:5])
     assert int(keep.sum(dim=1).max()) > 1000 and int(keep.sum(dim=1).min()) <= 5, "wide and narrow sets planted"
     best = _argmax_everywhere(ys, ids, keep, seed, args[-1])
     got_ids, got_lp = sampling.filter_and_sample(*args)
@@ -277,7 +277,7 @@ def test_min_p_rows_skip_the_sort_with_the_same_result(seed, dense, monkeypatch)
     k = torch.where(torch.arange(n) % 3 == 0, vocab + 7, 0)  # k > V and k = 0: both off
     p = torch.where(torch.arange(n) % 4 == 1, 0.9, 1.0).double()  # a quarter of the rows sorted (top-p)
     rows = torch.arange(n) + 2**33
-    ys, ids, keep, a = sampling._filter_sorted(logits, t, k, p, mp)
+    ys, ids, keep, a = sampling.filter_sorted(logits, t, k, p, mp)
     best = _argmax_everywhere(ys, ids, keep, seed, rows)
     w = torch.where(keep, torch.exp(ys - a), 0.0)
     want_ids, want_lp = ids.gather(1, best)[:, 0], (ys.gather(1, best) - a)[:, 0] - torch.log(w.sum(dim=1))

@@ -1,7 +1,7 @@
 """Filtered sampling on the CUDA side, in the host emulation (tests/support/
 emulation.py): the emulated top-K + log-partition kernel (shard_topk_lse's
 CUDA-core path, the only top-k path on CUDA) of each shard feeds the filtered
-decision (localargmax.sampling._decide) as the exchange would; the ids, with
+decision (localargmax.sampling.decide_rows) as the exchange would; the ids, with
 the fallback rows recomputed as the gather does, are the float64
 reference's on every row but near-ties (tests/test_filtered_sampling.py)."""
 
@@ -35,7 +35,7 @@ def emulated_sample(emu, hidden, weight, tp, t, k, p, mp, seed, offset):
         best.append(emu.shard(hidden, w, None, s.vocab_start, s.num_valid, temperature=t, seed=seed, offset=offset))
     gathered, pairs = torch.stack(keys), torch.stack(pairs)
     rows = torch.arange(hidden.shape[0]) + offset
-    draft, _, need = sampling._decide(gathered, pairs, t, k, p.double(), mp.double(), seed, rows, weight.shape[0])
+    draft, _, need = sampling.decide_rows(gathered, pairs, t, k, p.double(), mp.double(), seed, rows, weight.shape[0])
     merged = lambda keys: localargmax.decode_keys((keys ^ emulation.SIGN).max(dim=0).values ^ emulation.SIGN)[0]  # noqa: E731
     off = (t > 0) & (k <= 0) & (p >= 1) & (mp <= 0)
     ids = torch.where(off, merged(torch.stack(best)), torch.where(draft >= 0, draft, merged(gathered[..., 0])))

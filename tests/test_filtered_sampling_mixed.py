@@ -129,7 +129,7 @@ def test_top_p_above_temperature_one_is_bounded(seed, tp):
 
 
 def test_decided_top_p_rows_match_float64_at_every_temperature(seed):
-    """The step's own decision (``_decide``, from each shard's candidates
+    """The step's own decision (``decide_rows``, from each shard's candidates
     and pairs) on random rows of varied sharpness, T from 0.5 to 4, p from
     0.2 to 0.95: every row it decides is the float64 reference's id (away
     from near-ties), and it decides rows at T > 1 (the test is not empty)."""
@@ -147,7 +147,7 @@ def test_decided_top_p_rows_match_float64_at_every_temperature(seed):
         keys.append(kk)
         pairs.append(pp)
     k, mp, rows = torch.zeros(batch, dtype=torch.int64), torch.zeros(batch, dtype=torch.float64), torch.arange(batch)
-    draft, _, need = sampling._decide(torch.stack(keys), torch.stack(pairs), t, k, p, mp, seed, rows, vocab)
+    draft, _, need = sampling.decide_rows(torch.stack(keys), torch.stack(pairs), t, k, p, mp, seed, rows, vocab)
     want = reference(logits.double(), t, k.tolist(), p, mp, seed, 0)
     decided = [b for b in range(batch) if not need[b] and not want[b][1]]
     assert [int(draft[b]) for b in decided] == [want[b][0] for b in decided]

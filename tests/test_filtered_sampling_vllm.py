@@ -2,13 +2,13 @@
 against vLLM 0.34's own masks on the same logits: ``apply_min_p``
 (v1/worker/gpu/sample/min_p.py, a Triton kernel, interpreted on the CPU)
 then ``apply_top_k_top_p_pytorch`` (v1/sample/ops/topk_topp_sampler.py), S
-being the ids those leave above -inf; ours is :func:`_filter_sorted` (vLLM's
+being the ids those leave above -inf; ours is :func:`filter_sorted` (vLLM's
 semantics on the full row in float64). vLLM runs in a subprocess, since
 ``TRITON_INTERPRET`` and the CPU platform must be set before triton / vLLM
 are imported (tests/support/vllm_common.py). vLLM's Triton top-k / top-p
 kernel (topk_topp_triton.py) runs interpreted too, its loop variable given
 as the tensor compiled Triton gives (see ``VLLM_MASKS``). The
-one-exchange step's own allowed set (``_decide`` from the candidates, the
+one-exchange step's own allowed set (``decide_rows`` from the candidates, the
 gather fallback for the rest) is read back on each row's head and compared."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 import pytest
 import torch
 
-from localargmax.sampling import _filter_sorted
+from localargmax.sampling import filter_sorted
 from tests.support.vllm_common import RANK_ENV
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
@@ -104,7 +104,7 @@ def _vllm_masks(tmp_path, y, k, p, mp):
 
 def _ours(y, k, p, mp):
     """Our allowed set [B, V] bool by id, and which rows sit within a margin of a decision."""
-    ys, ids, keep, a = _filter_sorted(y, torch.ones(B), k, p.double(), mp.double())
+    ys, ids, keep, a = filter_sorted(y, torch.ones(B), k, p.double(), mp.double())
     ours = torch.zeros(B, V, dtype=torch.bool).scatter_(1, ids, keep)
     thr = a + torch.log(torch.where(mp > 0, mp.double(), 1.0))[:, None]
     near = ((mp > 0)[:, None] & ((ys - thr).abs() < MP_MARGIN)).any(dim=1)
@@ -182,7 +182,7 @@ HEAD = 32
 
 
 def test_one_exchange_allowed_set_matches(case, monkeypatch):
-    """The allowed set the step decides from the candidates (``_decide``, and
+    """The allowed set the step decides from the candidates (``decide_rows``, and
     the gather fallback for the rows it leaves): noise of 1e6 at one id and 0
     elsewhere makes the step return that id iff it is allowed. Read for each
     row's HEAD largest ids (hidden = the logits, weight = I: the same float32

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from .. import sampling, shard_topk, shard_vocab
-from ..baselines import _gathered_logits
+from ..baselines import gathered_logits
 from ..collective import payload_length
 
 SETTINGS = [  # (T, top_k, top_p, min_p): common vLLM SamplingParams
@@ -74,7 +74,7 @@ def gather_filter_sample(
     Returns:
         ``[B]`` int64 ids (target ids with ``d2t``).
     """
-    logits = _gathered_logits(hidden, weight, vocab_start, num_valid, None, group)
+    logits = gathered_logits(hidden, weight, vocab_start, num_valid, None, group)
     if temperature == 0:
         ids = logits.argmax(dim=1)
     else:
@@ -107,7 +107,7 @@ def needs_fallback(
     p, mp = full(top_p, torch.float32).double(), full(min_p, torch.float32).double()  # as lm_head_sample rounds them
     rows = offset + torch.arange(b, device=dev)
     t, k = full(temperature, torch.float32), full(top_k, torch.int64)
-    _, _, need = sampling._decide(keys_by_rank, pairs_by_rank, t, k, p, mp, seed, rows, vocab_total)
+    _, _, need = sampling.decide_rows(keys_by_rank, pairs_by_rank, t, k, p, mp, seed, rows, vocab_total)
     return need
 
 

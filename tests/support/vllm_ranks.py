@@ -376,10 +376,10 @@ def _bytes_case(plugin, gen):
     """Bytes one rank sends per step: vLLM's collectives vs our one exchange."""
     from vllm.distributed.parallel_state import GroupCoordinator
 
-    import localargmax.step as step
+    import localargmax.collective as collective
 
     sent = {"vllm": 0, "ours": 0, "ours_wire": 0}
-    orig_gather, orig_exchange = GroupCoordinator.all_gather, step.exchange_keys
+    orig_gather, orig_exchange = GroupCoordinator.all_gather, collective.exchange_keys
     inside = [False]  # in our exchange: its coordinator all-gather is "ours_wire" (padded to 16 bytes)
 
     def count_gather(self, input_, dim=-1):
@@ -395,7 +395,7 @@ def _bytes_case(plugin, gen):
             inside[0] = False
 
     rows = []
-    GroupCoordinator.all_gather, step.exchange_keys = count_gather, count_exchange
+    GroupCoordinator.all_gather, collective.exchange_keys = count_gather, count_exchange
     try:
         for dtype in (torch.float32, torch.bfloat16):
             full = torch.randn(1000, 32, generator=gen).to(dtype)
@@ -422,7 +422,7 @@ def _bytes_case(plugin, gen):
                         }
                     )
     finally:
-        GroupCoordinator.all_gather, step.exchange_keys = orig_gather, orig_exchange
+        GroupCoordinator.all_gather, collective.exchange_keys = orig_gather, orig_exchange
     return rows
 
 

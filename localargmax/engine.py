@@ -1,0 +1,310 @@
+"""The engine the steps share (:mod:`localargmax.step`'s argmax and top-k,
+:mod:`localargmax.sampling`'s sampling): one rank's step in the order every
+step takes it (:func:`run_step`: the argument checks, the rank's fused op,
+the checked exchange), the checked merge (:func:`merge_checked`), the
+winning rank of an exchange, the log-probabilities and log-odds from the
+ranks' log-partition pairs, and the local logits of the paths that need
+them (the filtered step's fallback, the baselines, the module)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import envs
+from ._validation import check_d2t_arg, check_transform_args, host_checks
+from .collective import HEADER_LEN, PAIRS_FLAG, REDUCE_MODES, Group, exchange_step, frame_keys, words_to_pairs
+from .ops import merge_keys
+from .packed_key import INDEX_MASK, SIGN_FLIP, key_index
+
+PAYLOAD_INPUTS = ("batch size", "k", "return_log_probs", "return_log_odds", "reduce")
+"""The inputs that change what a rank sends in a step's exchange (its size or
+its collective): with ``LOCALARGMAX_DEBUG=1`` every step compares them, and
+the shapes the merge assumes (:func:`_step_fields`), across the ranks
+before the key exchange (which cannot survive ranks that disagree on its size)."""
+
+
+def _step_fields(hidden, weight, d2t, k: int, reduce: str, log_probs: bool, log_odds: bool = False) -> dict[str, int]:
+    """What every rank must agree on before the exchange, as ints: each of
+    :data:`PAYLOAD_INPUTS` (``reduce`` named with its codes), then the hidden
+    size, shard rows and d2t length."""
+    shape = lambda t, d: t.shape[d] if isinstance(t, torch.Tensor) and t.dim() == 2 else -1  # noqa: E731
+    reduce_name = f"reduce ({', '.join(f'{i} = {m}' for i, m in enumerate(REDUCE_MODES))})"
+    return {
+        "batch size": shape(hidden, 0),
+        "k": k,
+        "return_log_probs": int(bool(log_probs)),
+        "return_log_odds": int(bool(log_odds)),
+        reduce_name: REDUCE_MODES.index(reduce) if reduce in REDUCE_MODES else -1,
+        "hidden size": shape(hidden, 1),
+        "shard rows": shape(weight, 0),
+        "d2t length": d2t.shape[0] if isinstance(d2t, torch.Tensor) else -1,
+    }
+
+
+def run_step(
+    op, op_args, hidden, weight, vocab_start, num_valid, bias, d2t, group, reduce, lp, scale, cap, k=1, op_kw=None,
+    odds=False, sampling=False, vocab_total=False, debug=None,
+):  # fmt: skip
+    """One rank's step up to the merge, shared by the ``lm_head_*`` ops:
+    the argument checks, ``op(hidden, weight, *op_args, ...)`` (the rank's
+    fused kernel, with its log-partition pairs for the log-probabilities
+    ``lp`` or the log-odds ``odds``), ``d2t`` checked, the checked exchange.
+    ``sampling``: the transform (``scale``, ``cap``) changes the ids, so it
+    is taken without ``lp`` too (the op's ``_lse`` variant runs; its pairs
+    stay home). Returns ``(keys, gathered keys, gathered pairs or None,
+    ok)``, and ``vocab_total`` after them when asked (see
+    :func:`exchange_checked`). ``debug``: the caller's own per-step fields
+    (name: int), compared across the ranks with the step's
+    (:data:`PAYLOAD_INPUTS`, the shapes) under ``LOCALARGMAX_DEBUG=1``."""
+    _check_log_probs_args(lp, scale, cap, reduce, odds, sampling)
+    kw = {"vocab_start": vocab_start, "num_valid": num_valid, "bias": bias, "scale": scale, "soft_cap": cap}
+    kw.update(op_kw or {})
+    send_pairs = lp or odds  # either needs the pairs
+    lse = send_pairs or scale != 1.0 or cap is not None  # (only sampling passes a transform without pairs)
+    out = op(hidden, weight, *op_args, log_partition=lse, **kw)
+    keys, pairs = out if lse else (out, None)
+    if d2t is not None:
+        check_d2t_arg(d2t, keys.device)
+    fields = None
+    if envs.LOCALARGMAX_DEBUG:
+        fields = {**_step_fields(hidden, weight, d2t, k, reduce, lp, odds), **(debug or {})}
+    end = _vocab_end(weight, vocab_start, num_valid)
+    body, got_pairs, ok, total = exchange_checked(
+        keys, group, reduce, end, d2t, pairs if send_pairs else None, vocab_start=vocab_start, debug=fields
+    )  # the group checked after the op has checked its arguments
+    return (keys, body, got_pairs, ok, total) if vocab_total else (keys, body, got_pairs, ok)
+
+
+def exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: int, d2t, pairs=None, *,
+                     vocab_start=0, debug: dict[str, int] | None = None):  # fmt: skip
+    """The step's exchange (:func:`localargmax.collective.exchange_step`: the
+    group checked first, and with ``debug`` the ranks' calls compared): this rank's keys (and, with ``pairs``, its
+    log-partition pairs) behind a 3-word header
+    (:func:`localargmax.collective.frame_keys`), then the checks that use only
+    what every rank received, so all ranks reach the same verdict and none is
+    left inside a later collective:
+
+    * every rank sent as many keys as this one (same batch size and ``k``),
+      and log-partition pairs if and only if this one did;
+    * every nonzero key decodes to an id below ``vocab_total``, the end of the
+      valid vocabulary over all ranks (a corrupt exchange cannot yield an id
+      outside the vocabulary);
+    * ``d2t``, if given, has one entry per draft id: exactly ``vocab_total``.
+
+    Returns ``(keys [tp, *keys.shape], pairs [tp, B, 2] float32 or None,
+    ok, vocab_total)``: on the host (CPU, eager) the checks raise ValueError
+    at once, ``ok`` is None and ``vocab_total`` an int; on a device (or under
+    torch.compile) ``ok`` is a bool tensor for :func:`merge_checked` (no host
+    synchronisation) and ``vocab_total`` an int64 tensor.
+    """
+    if pairs is not None and reduce != "all_gather":
+        raise ValueError(
+            f"log-probabilities need every rank's log-partition pair: use reduce='all_gather', got {reduce!r}"
+        )
+    n = keys.numel()
+    size = n + 1 + (PAIRS_FLAG if pairs is not None else 0)
+    gathered = exchange_step(frame_keys(keys, vocab_end, pairs), group, reduce, vocab_start=vocab_start, debug=debug)
+    # The header at a fixed offset, the keys and pairs behind it: no batch-derived index (one graph for every
+    # batch size under torch.compile), and ``size`` compared as a tensor, which guards on nothing.
+    header = gathered[:, :HEADER_LEN]
+    body = gathered[:, HEADER_LEN : HEADER_LEN + n].reshape(gathered.shape[0], *keys.shape)
+    got_pairs = words_to_pairs(gathered[:, HEADER_LEN + n :]) if pairs is not None else None
+    if not host_checks(keys):
+        sizes, neg_sizes, ends = header.unbind(1)
+        vocab_total = ends.max()
+        out_of_range = (body != 0) & (key_index(body) >= vocab_total)
+        ok = (sizes == size).all() & (neg_sizes == -size).all() & ~out_of_range.any()
+        if d2t is not None:
+            ok = ok & (vocab_total == d2t.shape[0])
+        return body, got_pairs, ok, vocab_total
+    # On the host: the headers as Python ints (one read), few tensor ops.
+    header = header.tolist()
+    if any(h[0] != size or h[1] != -size for h in header):
+        flags = {h[0] >= PAIRS_FLAG for h in header} | {-h[1] >= PAIRS_FLAG for h in header}
+        if len(flags) > 1:
+            raise ValueError(
+                "the TP ranks disagree on whether this step exchanges log-partition pairs: every rank must be "
+                f"called with the same return_log_probs and return_log_odds (this rank sent pairs: {pairs is not None})"
+            )
+        sent = (
+            [(h[0] - 1) % PAIRS_FLAG for h in header]
+            if reduce == "all_gather"
+            else f"between {(-header[0][1] - 1) % PAIRS_FLAG} and {(header[0][0] - 1) % PAIRS_FLAG}"
+        )
+        raise ValueError(
+            f"the TP ranks disagree on the size of this step's key exchange: this rank sent {n} keys "
+            f"(shape {tuple(keys.shape)}), the ranks sent {sent}; every rank must be called with the same batch size "
+            "(and k). LOCALARGMAX_DEBUG=1 checks this before the collective and names the ranks."
+        )
+    vocab_total = max(h[2] for h in header)
+    # index >= vocab_total  <=>  low half <= INDEX_MASK - vocab_total (key 0, "no entry", excluded)
+    out_of_range = ((body & INDEX_MASK) <= INDEX_MASK - vocab_total) & (body != 0)
+    if bool(out_of_range.any()):
+        bad = int(key_index(body[out_of_range][:1]))
+        raise ValueError(
+            f"a received key decodes to vocabulary id {bad}, outside the valid vocabulary [0, {vocab_total}) "
+            "of the TP ranks: the key exchange was corrupted (ranks out of step?)"
+        )
+    if d2t is not None and d2t.shape[0] != vocab_total:
+        raise ValueError(
+            f"d2t has {d2t.shape[0]} entries but the draft vocabulary of the TP ranks has {vocab_total} ids "
+            f"[0, {vocab_total}): d2t must be 1-D [draft_vocab_size={vocab_total}], one entry per draft id, as "
+            'localargmax.validate_d2t requires (DESIGN.md, "d2t")'
+        )
+    return body, got_pairs, None, vocab_total
+
+
+def merge_checked(keys: torch.Tensor, d2t, ok):
+    """``merge_keys(keys, d2t)`` with the ids passed through :func:`_assert_ids`."""
+    ids, values = merge_keys(keys, d2t)
+    return _assert_ids(ids, ok), values
+
+
+def _assert_ids(ids: torch.Tensor, ok) -> torch.Tensor:
+    """On a device: one asynchronous assert (no host sync) that the exchange
+    checks passed and every id is valid (``merge_keys`` gives -1 on CUDA for a
+    row with no valid entry or a draft id outside ``d2t``). It surfaces as a
+    device-side assertion error at the next synchronisation."""
+    if ok is not None:
+        torch._assert_async(
+            ok & (ids >= 0).all(), "localargmax: invalid key exchange or token id (see lm_head_argmax's Raises)"
+        )
+    return ids
+
+
+def winning_rank(keys: torch.Tensor) -> torch.Tensor:
+    """``[1, *rest]`` int64: per row, the rank whose key is the largest of
+    ``keys [tp, *rest]`` (unsigned order: a signed argmax of the sign-flipped keys)."""
+    return (keys ^ SIGN_FLIP).argmax(dim=0, keepdim=True)
+
+
+def local_logits(hidden, weight, bias=None, num_valid=None, *, dtype=None, scale=1.0, soft_cap=None):
+    """``[B, rows]`` logits of this shard, materialised (the paths that need
+    them: :func:`localargmax.baselines`, ``VocabParallelLMHead.local_logits``,
+    the filtered step's fallback): ``hidden @ weight.T`` in ``dtype`` (the
+    inputs cast to it; default: as they are), ``+ bias`` (torch's type
+    promotion), then vLLM's transform (``tanh(x / soft_cap) * soft_cap``,
+    then ``* scale``); columns at or past ``num_valid`` set to -inf."""
+    if dtype is not None:
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+    logits = hidden @ weight.T
+    if bias is not None:
+        logits = logits + bias
+    if soft_cap:
+        logits = torch.tanh(logits / soft_cap) * soft_cap
+    if scale != 1.0:
+        logits = logits * scale
+    if num_valid is not None and num_valid < weight.shape[0]:
+        logits[:, num_valid:] = float("-inf")
+    return logits
+
+
+def log_probs_from_pairs(
+    values: torch.Tensor, pairs: torch.Tensor, temperature: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Log-probabilities of transformed logits ``values`` from every rank's
+    log-partition pair (DESIGN.md, "Log-probabilities"): with
+    ``A = max_r ref_r`` and ``S = sum_r (others_r + [ref_r > -inf]) * exp((ref_r - A) / T)``
+    (ranks in order 0, 1, ..., float32; a rank whose ``ref`` equals ``A``
+    counts with factor 1, so ``+inf`` and all ``-inf`` rows stay exact), the
+    result is ``(value - A) / T - log(S)``, i.e. ``value / T - logsumexp(x / T)``
+    over the ranks' full unpadded vocabulary.
+
+    Example::
+
+        keys, pairs = shard_argmax(hidden, weight, log_partition=True)
+        _, values = decode_keys(keys)
+        log_probs = log_probs_from_pairs(values, pairs[None])  # one rank: [1, B, 2]
+
+    Args:
+        values: ``[B]`` or ``[B, k]`` float32 transformed logits.
+        pairs: ``[tp, B, 2]`` float32 ``(ref, others)`` pairs, rank-major.
+        temperature: optional ``[B]`` float32; rows with ``T > 0`` use ``T``,
+            rows with ``T == 0`` (greedy) and ``None`` use 1.
+
+    Returns:
+        float32 log-probabilities, the shape of ``values``: NaN for a row with
+        a NaN logit anywhere (as ``torch.log_softmax``), NaN for a ``+inf``
+        value and ``-inf`` beside one, NaN for an all ``-inf`` row.
+    """
+    ref, others = pairs[..., 0], pairs[..., 1]
+    top = ref.max(dim=0).values  # NaN anywhere -> NaN
+    t = None if temperature is None else torch.where(temperature > 0, temperature, 1.0)
+    total = torch.zeros_like(top)
+    for r in range(pairs.shape[0]):  # a fixed order: the same bits on every rank
+        d = ref[r] - top if t is None else (ref[r] - top) / t
+        own = others[r] + (ref[r] > -math.inf).to(others.dtype)  # the rank's best entry counts 1 (0 if -inf)
+        total = total + own * torch.where(ref[r] == top, 1.0, torch.exp(d))
+    if values.dim() == 2:
+        top, total = top[:, None], total[:, None]
+        t = None if t is None else t[:, None]
+    d = values - top if t is None else (values - top) / t
+    return d - torch.log(total)
+
+
+def log_odds_from_pairs(keys: torch.Tensor, pairs: torch.Tensor, temperature: torch.Tensor | None = None):
+    """The argmax's log-odds from every rank's keys and log-partition pairs
+    (DESIGN.md, "Log-odds"): ``-log Σ_{z ≠ argmax} exp((x_z - x_max) / T)``
+    over the ranks' full unpadded vocabulary, with the winning rank ``w``
+    (the largest key) adding its ``others`` and every other rank ``r`` its
+    ``others_r + 1`` (0 for an empty or all ``-inf`` shard) times
+    ``exp((ref_r - ref_w) / T)`` (1 when equal), in rank order, float32. No
+    ``total - 1``: a confident row keeps its digits.
+
+    Example::
+
+        keys, pairs = shard_argmax(hidden, weight, log_partition=True, temperature=t)
+        log_odds = log_odds_from_pairs(keys[None], pairs[None], t)  # one rank
+
+    Args:
+        keys: ``[tp, B]`` int64 packed keys (each rank's argmax), rank-major.
+        pairs: ``[tp, B, 2]`` float32 ``(ref, others)`` pairs computed at ``temperature``.
+        temperature: optional ``[B]`` float32 (rows with ``T <= 0``, and
+            ``None``, use 1); the one the pairs were computed at.
+
+    Returns:
+        ``[B]`` float32: ``<= 0`` where the maximum is tied, ``+inf`` where
+        every other entry is ``-inf`` (or the vocabulary has one id), NaN for
+        a row whose maximum is NaN, ``+inf`` or ``-inf`` (a NaN logit
+        anywhere, an all ``-inf`` row).
+    """
+    ref, others = pairs[..., 0], pairs[..., 1]
+    winner = winning_rank(keys)  # the argmax's rank
+    top = ref.gather(0, winner)[0]
+    t = None if temperature is None else torch.where(temperature > 0, temperature, 1.0)
+    total = torch.zeros_like(top)
+    ranks = torch.arange(pairs.shape[0], device=keys.device)
+    for r in range(pairs.shape[0]):  # a fixed order: the same bits on every rank
+        d = ref[r] - top if t is None else (ref[r] - top) / t
+        own = others[r] + ((ref[r] > -math.inf) & (ranks[r] != winner[0])).to(others.dtype)
+        total = total + own * torch.where(ref[r] == top, 1.0, torch.exp(d))
+    return torch.where(top.isfinite(), -torch.log(total), math.nan)
+
+
+def _vocab_end(weight, vocab_start: int, num_valid: int | None) -> int:
+    """End of this shard's valid ids; 0 for an empty shard (it holds none)."""
+    valid = weight.shape[0] if num_valid is None else num_valid
+    return vocab_start + valid if valid else 0
+
+
+def _check_log_probs_args(return_log_probs, logit_scale, soft_cap, reduce, return_log_odds=False, sampling=False):
+    """The log-probability keywords. A transform without log-probabilities
+    (or log-odds) is refused where it cannot change the ids (argmax, top-k);
+    ``sampling`` takes it: it changes ``softmax(x / T)``, so the samples."""
+    if not isinstance(return_log_probs, bool):
+        raise TypeError(f"return_log_probs must be a bool, got {type(return_log_probs).__name__}")
+    check_transform_args(logit_scale, soft_cap)
+    transform = logit_scale != 1.0 or soft_cap is not None
+    if transform and not (return_log_probs or return_log_odds or sampling):
+        raise ValueError(
+            f"logit_scale={logit_scale!r} and soft_cap={soft_cap!r} apply to the log-probabilities (and log-odds) "
+            "only: pass return_log_probs=True (a positive scale and a soft-cap do not change the argmax or top-k ids)"
+        )
+    for name, wanted in (("return_log_probs", return_log_probs), ("return_log_odds", return_log_odds)):
+        if wanted and reduce != "all_gather":
+            raise ValueError(
+                f"{name}=True needs every rank's log-partition pair: use reduce='all_gather', got {reduce!r}"
+            )
