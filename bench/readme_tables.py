@@ -226,12 +226,17 @@ def paths_table(docs: list) -> str:
     for doc in docs:
         for r in doc["rows"]:
             cells.setdefault((r["dtype"], r["path"], r["batch"]), []).append(r)
-    lines = ["| dtype | path | batch | median_us | vs first path | keys = first path's |", "|---|---|---|---|---|---|"]
+    peak = "fraction_of_fma_peak" in docs[0]["rows"][0]  # bench/cpu_paths.py measures the core's FMA peak too
+    head = "| dtype | path | batch | median_us | vs first path | keys = first path's |"
+    lines = [head + (" GFLOP/s | of the FMA peak |" if peak else ""), "|---" * (6 + 2 * peak) + "|"]
     for (dtype, path, batch), rows in cells.items():
         us = _cell([r["median_us"] for r in rows]).split(" ")[0]
+        extra = ""
+        if peak:
+            extra = f" {_cell([r['gflops'] for r in rows])} | {_cell([r['fraction_of_fma_peak'] for r in rows])} |"
         lines.append(
             f"| {dtype} | {path} | {batch} | {us} | {_cell([r['speedup_vs_first'] for r in rows])} "
-            f"| {'yes' if all(r['keys_equal_first'] for r in rows) else 'no'} |"
+            f"| {'yes' if all(r['keys_equal_first'] for r in rows) else 'no'} |" + extra
         )
     return "\n".join(lines + ["", _provenance(docs)])
 
