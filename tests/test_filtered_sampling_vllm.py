@@ -23,9 +23,12 @@ import pytest
 import torch
 
 from localargmax.sampling import filter_sorted
-from tests.support.vllm_common import RANK_ENV
+from tests.support.vllm_common import NO_TRITON_REASON, RANK_ENV, vllm_cpu_build
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"),
+    pytest.mark.skipif(vllm_cpu_build(), reason=NO_TRITON_REASON),
+]
 
 VLLM_MASKS = r"""
 import sys, numpy as np, torch, triton.language as tl

