@@ -195,3 +195,21 @@ def test_brgemm_survives_the_mkldnn_flag_toggled_by_another_thread(seed):
     assert proc.returncode == 0, f"exit code {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
     calls, flips = (int(w) for w in proc.stdout.split()[1::2])
     assert calls >= 30 and flips >= 100, proc.stdout  # the flag did change during the calls
+
+
+def test_brgemm_epilogue_switch_skips_only_the_epilogue(gen):
+    """_C._brgemm_epilogue(False) (bench/cpu_paths.py --epilogue-share): the tiles alone, every key empty;
+    switched back on, the keys are those of before; the other paths never read it."""
+    hidden = torch.randn(5, 96, generator=gen)
+    weight = torch.randn(200, 96, generator=gen)
+    want = localargmax.shard_argmax(hidden, weight, path="brgemm")
+    exact = localargmax.shard_argmax(hidden, weight, path="generic")
+    assert bool((want != 0).all())
+    assert _C._brgemm_epilogue(False) is True
+    try:
+        assert bool((localargmax.shard_argmax(hidden, weight, path="brgemm") == 0).all())
+        assert bool((localargmax.shard_topk(hidden, weight, 3, path="brgemm") == 0).all())
+        assert torch.equal(localargmax.shard_argmax(hidden, weight, path="generic"), exact)
+    finally:
+        assert _C._brgemm_epilogue(True) is False
+    assert torch.equal(localargmax.shard_argmax(hidden, weight, path="brgemm"), want)
