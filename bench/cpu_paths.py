@@ -13,6 +13,13 @@ rounds is ``env.fma_peak_gflops``, with the load average.
 
     PYTHONPATH=. python bench/cpu_paths.py --rows 75968 --hidden 4096 --dtype bfloat16 \
         --batch 1,8,64 --threads 2 --json bench/results/cpu_kinds/<file>.json
+
+``--epilogue-share argmax,topk8,sample,lse`` times ``path="brgemm"`` per op
+instead: each call with the epilogue (emit_block) and with the tiles alone
+(``localargmax._C._brgemm_epilogue(False)``: the same oneDNN calls, no keys),
+interleaved; the epilogue's share is 1 - tiles / with, at the medians (and at
+the fastest calls). ``--shape draft`` / ``qwen3`` / ``minilm`` name the
+issue's shards (75968 x 1024, 75968 x 4096, 15261 x 384) for --rows / --hidden.
 """
 
 from __future__ import annotations
@@ -29,6 +36,82 @@ import torch
 import localargmax
 from localargmax.bench.report import cpu_paths_available, env_info
 
+SHAPES = {"draft": (75968, 1024), "qwen3": (75968, 4096), "minilm": (15261, 384)}
+
+
+def op_call(op: str, hidden: torch.Tensor, weight: torch.Tensor, path: str):
+    """One call of the named op (argmax, topk<k>, sample, lse) on path."""
+    if op == "argmax":
+        return localargmax.shard_argmax(hidden, weight, path=path)
+    if op.startswith("topk"):
+        return localargmax.shard_topk(hidden, weight, int(op[4:]), path=path)
+    if op == "sample":
+        t = torch.full((hidden.shape[0],), 0.8)
+        return localargmax.shard_sample(hidden, weight, t, 1234, path=path)
+    if op == "lse":
+        return localargmax.shard_argmax(hidden, weight, path=path, log_partition=True)
+    raise SystemExit(f"--epilogue-share: unknown op {op!r} (argmax, topk<k>, sample, lse)")
+
+
+def epilogue_share(args) -> int:
+    """path=brgemm per op and batch: median time with the epilogue and with the tiles alone, interleaved."""
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    gen = torch.Generator().manual_seed(0)
+    weight = (torch.randn(args.rows, args.hidden, generator=gen) / args.hidden**0.5).to(dtype)
+    ops = args.epilogue_share.split(",")
+    rows = []
+    for batch in (int(b) for b in args.batch.split(",")):
+        hidden = torch.randn(batch, args.hidden, generator=gen).to(dtype)
+        for op in ops:
+            times: dict[bool, list[float]] = {True: [], False: []}
+            for on in (True, False):  # warm-up
+                localargmax._C._brgemm_epilogue(on)
+                op_call(op, hidden, weight, "brgemm")
+            for _ in range(args.rounds):
+                for on in (True, False):
+                    localargmax._C._brgemm_epilogue(on)
+                    for _ in range(args.steps):
+                        t0 = time.perf_counter()
+                        op_call(op, hidden, weight, "brgemm")
+                        times[on].append(time.perf_counter() - t0)
+            localargmax._C._brgemm_epilogue(True)
+            with_, tiles = statistics.median(times[True]), statistics.median(times[False])
+            share, share_min = 1 - tiles / with_, 1 - min(times[False]) / min(times[True])
+            rows.append(
+                dict(
+                    op=op,
+                    path="brgemm",
+                    batch=batch,
+                    dtype=args.dtype,
+                    rows=args.rows,
+                    hidden=args.hidden,
+                    with_epilogue_us=with_ * 1e6,
+                    tiles_only_us=tiles * 1e6,
+                    epilogue_share=share,
+                    epilogue_share_at_min=share_min,
+                    samples=len(times[True]),
+                )
+            )
+            print(
+                f"B={batch:4} {op:8} with epilogue {with_ * 1e3:9.2f} ms  tiles alone {tiles * 1e3:9.2f} ms  "
+                f"epilogue share {share:6.1%} (at the fastest calls: {share_min:6.1%})"
+            )
+    if args.json:
+        doc = dict(
+            kind="epilogue_share",
+            command="PYTHONPATH=. python bench/cpu_paths.py " + " ".join(sys.argv[1:]),
+            env=dict(
+                env_info("cpu", args.threads),
+                brgemm_mode=localargmax._C._brgemm_mode(args.dtype),
+                load_average=list(os.getloadavg()),
+            ),
+            rows=rows,
+        )
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -41,7 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3, help="timed calls per path per round")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default=None, help="a named shard: sets --rows and --hidden")
+    ap.add_argument(
+        "--epilogue-share",
+        default=None,
+        help="comma-separated ops (argmax, topk<k>, sample, lse): time path=brgemm with and without its epilogue",
+    )
     args = ap.parse_args(argv)
+    if args.shape:
+        args.rows, args.hidden = SHAPES[args.shape]
+    if args.epilogue_share:
+        return epilogue_share(args)
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     paths = args.paths.split(",") if args.paths else cpu_paths_available()

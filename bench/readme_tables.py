@@ -241,6 +241,25 @@ def paths_table(docs: list) -> str:
     return "\n".join(lines + ["", _provenance(docs)])
 
 
+def epilogue_table(docs: list) -> str:
+    """``bench/cpu_paths.py --epilogue-share``: per op and batch, path=brgemm with its epilogue and with the
+    tiles alone (median and fastest call), and the epilogue's share of the call."""
+    d = docs[0]
+    lines = [
+        "| dtype | rows x H | op | batch | with epilogue (ms) | tiles alone (ms) | epilogue share "
+        "| at the fastest calls |",
+        "|---|---|---|---|---|---|---|---|",
+        *(
+            f"| {r['dtype']} | {r['rows']} x {r['hidden']} | {r['op']} | {r['batch']} "
+            f"| {r['with_epilogue_us'] / 1e3:.2f} "
+            f"| {r['tiles_only_us'] / 1e3:.2f} | {r['epilogue_share']:.1%} | {r['epilogue_share_at_min']:.1%} |"
+            for r in d["rows"]
+        ),
+    ]
+    mode = d["env"].get("brgemm_mode")
+    return "\n".join(lines + ["", _provenance(docs) + (f" brgemm mode: {mode}." if mode else "")])
+
+
 def log_odds_table(docs: list) -> str:
     """bench/log_odds_accuracy.py's record: |error| vs float64 by log-odds band, ours beside vLLM's."""
     d = docs[0]
@@ -297,6 +316,8 @@ def render(readme: str) -> str:
             body = predicted_table(docs)
         elif docs[0].get("kind") == "compile":
             body = compile_table(docs)
+        elif docs[0].get("kind") == "epilogue_share":
+            body = epilogue_table(docs)
         elif docs[0].get("kind") == "filtered":
             body = filtered_table(docs)
         elif docs[0].get("kind") == "vllm_drafters":  # bench/vllm_drafters.py's table per vLLM, the newest first

@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include "cpu/cpu_path.h"
+#include "cpu/shard_argmax_brgemm.h"
 #include "cuda/mma_configs.h"  // plain C++: the table exists in every build
 
 TORCH_LIBRARY(localargmax, m) {
@@ -109,6 +110,18 @@ static PyObject* py_brgemm_mode(PyObject*, PyObject* arg) {
   return PyUnicode_FromString(localargmax::cpu::brgemm_mode(t));
 }
 
+// localargmax._C._brgemm_epilogue(on) -> bool (the previous setting):
+// benchmark only (bench/cpu_paths.py --epilogue-share): False makes
+// path="brgemm" skip its epilogue (emit_block), so a call times the tiles
+// alone and returns empty keys; process-wide.
+static PyObject* py_brgemm_epilogue(PyObject*, PyObject* arg) {
+  const int on = PyObject_IsTrue(arg);
+  if (on < 0) return nullptr;
+  const bool was = localargmax::cpu::brgemm_epilogue();
+  localargmax::cpu::set_brgemm_epilogue(on != 0);
+  return PyBool_FromLong(was);
+}
+
 // localargmax._C._fma_peak(isa, iters) -> float: float32 FLOP/s of a tight
 // FMA loop ("avx512": zmm, "avx2": ymm; cpu/shard_argmax_tiles.h), for
 // bench/cpu_paths.py's fraction of peak; ValueError where the CPU lacks it.
@@ -201,6 +214,9 @@ extern "C" PyObject* PyInit__C(void) {
        "this CPU) for weights of dtype ('float32' (None), 'bfloat16', 'float16')."},
       {"_brgemm_mode", py_brgemm_mode, METH_O,
        "_brgemm_mode(dtype) -> 'amx', 'vnni' or 'plain': how the brgemm CPU path runs for dtype on this CPU."},
+      {"_brgemm_epilogue", py_brgemm_epilogue, METH_O,
+       "_brgemm_epilogue(on) -> bool: benchmark only; False makes path='brgemm' skip its epilogue (tiles alone, "
+       "empty keys). Returns the previous setting."},
       {"_fma_peak", py_fma_peak, METH_VARARGS, "Float32 FLOP/s of a tight FMA loop (isa, iters)."},
       {"_cpu_paths", py_cpu_paths, METH_NOARGS,
        "_cpu_paths() -> the CPU paths: (name, needs, bit_exact, inner_loop) per path, in listing order."},

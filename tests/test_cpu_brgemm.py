@@ -195,3 +195,46 @@ def test_brgemm_survives_the_mkldnn_flag_toggled_by_another_thread(seed):
     assert proc.returncode == 0, f"exit code {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
     calls, flips = (int(w) for w in proc.stdout.split()[1::2])
     assert calls >= 30 and flips >= 100, proc.stdout  # the flag did change during the calls
+
+
+def test_brgemm_epilogue_switch_skips_only_the_epilogue(gen):
+    """_C._brgemm_epilogue(False) (bench/cpu_paths.py --epilogue-share): the tiles alone, every key empty;
+    switched back on, the keys are those of before; the other paths never read it."""
+    hidden = torch.randn(5, 96, generator=gen)
+    weight = torch.randn(200, 96, generator=gen)
+    want = localargmax.shard_argmax(hidden, weight, path="brgemm")
+    exact = localargmax.shard_argmax(hidden, weight, path="generic")
+    assert bool((want != 0).all())
+    assert _C._brgemm_epilogue(False) is True
+    try:
+        assert bool((localargmax.shard_argmax(hidden, weight, path="brgemm") == 0).all())
+        assert bool((localargmax.shard_topk(hidden, weight, 3, path="brgemm") == 0).all())
+        assert torch.equal(localargmax.shard_argmax(hidden, weight, path="generic"), exact)
+    finally:
+        assert _C._brgemm_epilogue(True) is False
+    assert torch.equal(localargmax.shard_argmax(hidden, weight, path="brgemm"), want)
+
+
+def test_cpu_paths_epilogue_share_record(tmp_path):
+    """bench/cpu_paths.py --epilogue-share: a row per (batch, op) with both times and the share they give,
+    the record kind bench/readme_tables.py renders, and the epilogue switched back on after the run."""
+    import json
+
+    from bench import cpu_paths
+
+    out = tmp_path / "share.json"
+    argv = ["--rows", "200", "--hidden", "64", "--dtype", "float32", "--batch", "1,3", "--threads", "1"]
+    argv += ["--rounds", "1", "--steps", "1", "--epilogue-share", "argmax,topk4,sample,lse", "--json", str(out)]
+    assert cpu_paths.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "epilogue_share"
+    assert [(r["batch"], r["op"]) for r in doc["rows"]] == [
+        (b, op) for b in (1, 3) for op in ("argmax", "topk4", "sample", "lse")
+    ]
+    for r in doc["rows"]:
+        assert r["epilogue_share"] == pytest.approx(1 - r["tiles_only_us"] / r["with_epilogue_us"])
+    assert _C._brgemm_epilogue(True) is True  # left on
+    h, w = torch.randn(2, 64), torch.randn(200, 64)
+    assert torch.equal(
+        localargmax.shard_argmax(h, w, path="brgemm"), localargmax.shard_sample(h, w, torch.zeros(2), 0, path="brgemm")
+    )

@@ -11,7 +11,11 @@ tail of every tile shape) and every row position of every tile. The
 argmax's screen (only logits that can still win make keys) is compared
 with the unscreened epilogue (temperature 0 rows: the same greedy keys,
 every logit emitted) on every path, brgemm included, with ties, NaN, -inf,
-signed zeros and denormal logits under the caller's flush-to-zero mode."""
+signed zeros and denormal logits under the caller's flush-to-zero mode.
+The top-k's screen (a logit below its row's k-th key makes no key) alike:
+against the model's k largest keys, and against the unscreened epilogue
+(the log-partition op at scale 1, no cap: every logit packed, the same
+keys)."""
 
 from __future__ import annotations
 
@@ -66,6 +70,17 @@ def best_keys(logits: torch.Tensor, vocab_start: int) -> torch.Tensor:
     index = torch.arange(logits.shape[1]) + vocab_start
     signed = ((o - 2**31) << 32) | (U32 - index)  # key ^ (1 << 63): signed max = unsigned max
     return signed.max(dim=1).values ^ -(2**63)
+
+
+def topk_keys(logits: torch.Tensor, vocab_start: int, k: int) -> torch.Tensor:
+    """Per batch row the k largest packed keys, descending, as the ops' int64."""
+    u = logits.contiguous().view(torch.int32).long() & U32
+    u = torch.where(u == 0x80000000, 0, u)
+    o = torch.where(u & 0x80000000 != 0, u ^ U32, u | 0x80000000)
+    o = torch.where(torch.isnan(logits), U32, o)
+    index = torch.arange(logits.shape[1]) + vocab_start
+    signed = ((o - 2**31) << 32) | (U32 - index)
+    return signed.topk(k, dim=1).values ^ -(2**63)
 
 
 def _paths(names):
@@ -156,3 +171,60 @@ def test_screen_equals_every_logit_emitted(gen, name, dtype, flush):
     assert ids[:2].eq(0).all() and ids[3:].eq(0).all()  # batch row 2: inf + -inf = NaN wins
     both(hidden, weight, -bias)
     both(hidden * 2.0**-70, tiny)  # denormal logits (or flushed, where the path flushes whatever the mode)
+
+
+@pytest.mark.parametrize("name", _paths(LANE_EXACT))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("k", [2, 8, 64])
+def test_topk_keys_equal_the_lane_model(gen, name, dtype, k):
+    """The top-k's screened keys are the model's k largest keys, bit for bit,
+    at batch sizes of every tail shape, 205 rows (tiles and a tail), exact
+    ties planted, with and without bias."""
+    rows, hsize, vocab_start = 205, 40, 1000
+    weight = (torch.randn(rows, hsize, generator=gen) / hsize**0.5).to(dtype)
+    weight[64] = weight[3]
+    weight[130] = weight[129]
+    hidden = torch.randn(70, hsize, generator=gen).to(dtype)
+    hidden[5] = 0.0  # every logit +-0: the first k rows
+    bias = torch.randn(rows, generator=gen)
+    bias[64] = bias[204] = bias[3]
+    for b in (None, bias):
+        want = topk_keys(lane_logits(hidden, weight, b), vocab_start, k)
+        for batch in (1, 7, 8, 9, 16, 17, 33, 64, 70):
+            got = localargmax.shard_topk(hidden[:batch], weight, k, bias=b, vocab_start=vocab_start, path=name)
+            assert torch.equal(got, want[:batch]), (name, k, batch, b is not None)
+
+
+@pytest.mark.parametrize("name", _paths(CPU_ISA_PATHS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("flush", [False, True], ids=["keep", "ftz"])
+def test_topk_screen_equals_every_logit_emitted(gen, name, dtype, flush):
+    """The top-k's screened keys equal those of the unscreened epilogue (the
+    log-partition op at scale 1 without a cap: x * 1 is x, every logit
+    packed) on every path, brgemm's emit_block included: ties, NaN rows,
+    an all -inf bias (fewer finite logits than k), denormal logits under
+    either flush mode, k from 1 to 64."""
+    hidden, weight, bias = _planted(gen, dtype)
+    tiny = (weight.float() * 2.0**-70).to(dtype)
+
+    def both(h, w, k, bias=None, **kw):
+        torch.set_flush_denormal(flush)
+        try:
+            a = localargmax.shard_topk(h, w, k, bias=bias, path=name, **kw)
+            b = localargmax.shard_topk(h, w, k, bias=bias, path=name, log_partition=True, **kw)[0]
+        finally:
+            torch.set_flush_denormal(False)
+        assert torch.equal(a, b), (name, k, kw)
+        return a
+
+    for k in (1, 3, 8, 64):
+        keys = both(hidden, weight, k, bias, vocab_start=7)
+        if k >= 2:
+            assert localargmax.decode_keys(keys[0, :2])[0].tolist() == [7 + 70, 7 + 71]  # the tie: smaller id first
+        w = weight.clone()
+        w[69, 3] = math.nan
+        w[149, 0] = math.nan
+        both(hidden, w, k, bias)
+        both(hidden, weight, k, torch.full_like(bias, -math.inf), num_valid=140)
+        both(hidden, weight, k, -bias)
+        both(hidden * 2.0**-70, tiny, k)

@@ -40,6 +40,8 @@ namespace blas = at::native::cpublas;
 
 namespace {
 
+std::atomic<bool> g_epilogue{true};  // set_brgemm_epilogue (benchmark only)
+
 bool mkldnn_enabled() { return at::globalContext().userEnabledMkldnn(); }
 
 // C[kTileRows, kBrgemmBatchBlock] = A[kTileRows, H] (rows brgemm_lda apart) x
@@ -157,6 +159,7 @@ void shard_argmax_tiles_brgemm(const ShardArgmaxProblem& p, int64_t tile_begin, 
   const size_t b_block_bytes = static_cast<size_t>(p.brgemm_ldk * kBrgemmBatchBlock) * esize;
   const int64_t blocks = (p.batch + kBrgemmBatchBlock - 1) / kBrgemmBatchBlock;
   const size_t row_bytes = static_cast<size_t>(p.hidden_size) * esize;
+  const bool epilogue = g_epilogue.load(std::memory_order_relaxed);
   std::vector<char> copied(p.brgemm_lda != p.ldw ? kTileRows * row_bytes : 0);  // rows brgemm_lda = H apart
   for (int64_t tile = tile_begin; tile < tile_end && !p.brgemm_refused->load(std::memory_order_relaxed); ++tile) {
     const int64_t row0 = tile * kTileRows;
@@ -176,10 +179,14 @@ void shard_argmax_tiles_brgemm(const ShardArgmaxProblem& p, int64_t tile_begin, 
         p.brgemm_refused->store(true);
         return;
       }
-      emit_block(p, scratch, kBrgemmBatchBlock, row0, rows, b0, std::min(kBrgemmBatchBlock, p.batch - b0), best_keys);
+      if (epilogue)
+        emit_block(p, scratch, kBrgemmBatchBlock, row0, rows, b0, std::min(kBrgemmBatchBlock, p.batch - b0), best_keys);
     }
   }
 }
+
+void set_brgemm_epilogue(bool on) { g_epilogue.store(on); }
+bool brgemm_epilogue() { return g_epilogue.load(); }
 
 BrgemmChunk::~BrgemmChunk() {
   if (!vnni_) return;
@@ -200,6 +207,9 @@ BrgemmOperands prepare_brgemm(const at::Tensor&, const at::Tensor&, int64_t, Sha
 }
 
 const char* brgemm_mode(at::ScalarType) { return "plain"; }
+
+void set_brgemm_epilogue(bool) {}
+bool brgemm_epilogue() { return true; }
 
 void shard_argmax_tiles_brgemm(const ShardArgmaxProblem&, int64_t, int64_t, float*, uint64_t*) {}
 

@@ -40,6 +40,13 @@ BrgemmOperands prepare_brgemm(const at::Tensor& hidden, const at::Tensor& weight
 // "plain" (VNNI pairs K). localargmax._C._brgemm_mode exports it.
 const char* brgemm_mode(at::ScalarType dtype);
 
+// Benchmark only (bench/cpu_paths.py --epilogue-share, through
+// localargmax._C._brgemm_epilogue): false makes the brgemm path skip
+// emit_block, so a call times the tiles alone and its keys are all empty.
+// Process-wide; true (the default) everywhere else.
+void set_brgemm_epilogue(bool on);
+bool brgemm_epilogue();
+
 // Ends one parallel_for chunk of the brgemm path when it leaves scope, on
 // unwind too: cpublas::brgemm_release where the chunk ran a VNNI B (the tile
 // context and ATen's current kernel are per thread; a chunk that skipped it
