@@ -8,7 +8,9 @@ them (the filtered step's fallback, the baselines, the module)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
+import struct
 
 import torch
 
@@ -56,8 +58,12 @@ def run_step(
     stay home). Returns ``(keys, gathered keys, gathered pairs or None,
     ok)``, and ``vocab_total`` after them when asked (see
     :func:`exchange_checked`). ``debug``: the caller's own per-step fields
-    (name: int), compared across the ranks with the step's
-    (:data:`PAYLOAD_INPUTS`, the shapes) under ``LOCALARGMAX_DEBUG=1``."""
+    (name: an int, None (0) or a ``[B]`` per-row tensor, compared by its
+    :func:`fingerprint`), compared across the ranks with the step's
+    (:data:`PAYLOAD_INPUTS`, the shapes) under ``LOCALARGMAX_DEBUG=1``: a
+    sampling step's seed, offset, fallback, temperature and filters (each
+    rank decides the fallback rows from them; ranks that disagree would
+    meet in different collectives, or return other ids)."""
     _check_log_probs_args(lp, scale, cap, reduce, odds, sampling)
     kw = {"vocab_start": vocab_start, "num_valid": num_valid, "bias": bias, "scale": scale, "soft_cap": cap}
     kw.update(op_kw or {})
@@ -69,12 +75,28 @@ def run_step(
         check_d2t_arg(d2t, keys.device)
     fields = None
     if envs.LOCALARGMAX_DEBUG:
-        fields = {**_step_fields(hidden, weight, d2t, k, reduce, lp, odds), **(debug or {})}
+        fields = _step_fields(hidden, weight, d2t, k, reduce, lp, odds)
+        for name, v in (debug or {}).items():
+            fields[name] = 0 if v is None else fingerprint(v) if isinstance(v, torch.Tensor) else v
     end = _vocab_end(weight, vocab_start, num_valid)
     body, got_pairs, ok, total = exchange_checked(
         keys, group, reduce, end, d2t, pairs if send_pairs else None, vocab_start=vocab_start, debug=fields
     )  # the group checked after the op has checked its arguments
     return (keys, body, got_pairs, ok, total) if vocab_total else (keys, body, got_pairs, ok)
+
+
+def fingerprint(values: torch.Tensor) -> int:
+    """An int64 fingerprint of a ``[B]`` tensor's values in row order (the
+    first 8 bytes of their BLAKE2b digest): rows held in another order, or
+    one value changed, give another (but with probability ``2**-64``).
+    Integers as int64; floats as float64 with ``-0.0`` as ``+0.0`` (the steps
+    treat them alike). Reads the values on the host (debug mode only)."""
+    vals = values.detach().cpu().tolist()
+    if values.is_floating_point():
+        data = struct.pack(f"<{len(vals)}d", *(v + 0.0 for v in vals))
+    else:
+        data = struct.pack(f"<{len(vals)}q", *vals)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
 
 
 def exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: int, d2t, pairs=None, *,

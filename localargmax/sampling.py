@@ -9,10 +9,8 @@ not decided by the candidates are recomputed from a gather of their logits."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 import numbers
-import struct
 
 import torch
 
@@ -141,7 +139,7 @@ def lm_head_sample(
     t = row_param(temperature, "temperature", hidden, TEMPERATURE, optional=False)
     if envs.LOCALARGMAX_DEBUG:
         check_seed_offset(seed, offset)
-    debug = _debug_fields(seed, offset, fallback, temperature=t)
+    debug = {"seed": seed, "offset": offset, "fallback": FALLBACKS.index(fallback), "temperature": t}
     _, gathered, got_pairs, ok = run_step(
         shard_sample, (t, seed, offset), hidden, weight, vocab_start, num_valid, bias, d2t, group, reduce,
         return_log_probs, logit_scale, soft_cap, sampling=True, debug=debug,
@@ -181,7 +179,8 @@ def filtered_sample(
             "fallback='gather' needs the number of fallback rows on the host, which CUDA-graph capture and "
             "torch.compile do not allow: pass fallback='error' (a device-side assert if any row needs the gather)"
         )
-    debug = _debug_fields(seed, offset, fallback, temperature=t, top_k=k, top_p=p, min_p=mp)
+    debug = {"seed": seed, "offset": offset, "fallback": FALLBACKS.index(fallback), "temperature": t}
+    debug |= {"top_k": k, "top_p": p, "min_p": mp}  # what the ranks decide the fallback rows from
     zero = torch.zeros(batch, dtype=torch.float64, device=dev)
     k = torch.zeros(batch, dtype=torch.int64, device=dev) if k is None else k
     p = zero + 1.0 if p is None else p.to(torch.float64)
@@ -265,34 +264,6 @@ def _candidates_and_sample(hidden, weight, kk, t, seed, offset, off, off_lp, *, 
     if off_lp:
         pairs = torch.where(off[:, None], best_pairs, pairs)
     return torch.cat([keys, best[:, None]], dim=1), pairs
-
-
-def _debug_fields(seed, offset, fallback, **rows) -> dict[str, int] | None:
-    """With ``LOCALARGMAX_DEBUG=1`` (else None): what the ranks must also
-    agree on in a sampling step, compared with the step's own fields
-    (:func:`localargmax.engine.run_step`): seed, offset, fallback and the
-    per-row temperature and filters (each rank decides the fallback rows from
-    them; ranks that disagree would meet in different collectives, or return
-    other ids), each per-row tensor as a fingerprint of its values in row
-    order (:func:`_fingerprint`)."""
-    if not envs.LOCALARGMAX_DEBUG:
-        return None
-    fields = {"seed": seed, "offset": offset, "fallback": FALLBACKS.index(fallback)}
-    return fields | {name: 0 if v is None else _fingerprint(v) for name, v in rows.items()}
-
-
-def _fingerprint(values: torch.Tensor) -> int:
-    """An int64 fingerprint of a ``[B]`` tensor's values in row order (the
-    first 8 bytes of their BLAKE2b digest): rows held in another order, or
-    one value changed, give another (but with probability ``2**-64``).
-    Integers as int64; floats as float64 with ``-0.0`` as ``+0.0`` (the steps
-    treat them alike). Reads the values on the host (debug mode only)."""
-    vals = values.detach().cpu().tolist()
-    if values.is_floating_point():
-        data = struct.pack(f"<{len(vals)}d", *(v + 0.0 for v in vals))
-    else:
-        data = struct.pack(f"<{len(vals)}q", *vals)
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
 
 
 def _capturing() -> bool:

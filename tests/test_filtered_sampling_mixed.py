@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import localargmax
-from localargmax import sampling
+from localargmax import engine, sampling
 from tests.support.launch import run_ranks
 from tests.support.problems import make_shards
 from tests.test_filtered_sampling import check, problem, reference, run_tp
@@ -253,7 +253,7 @@ def test_debug_mode_names_permuted_per_row_arguments(seed):
 
 def test_fingerprint_follows_the_row_order():
     """The fingerprint differs for swapped rows and one changed value, not for -0.0 against 0.0."""
-    fp = sampling._fingerprint
+    fp = engine.fingerprint
     assert fp(torch.tensor([40, 2, 20])) != fp(torch.tensor([2, 40, 20]))
     assert fp(torch.tensor([0.7, 1.3])) != fp(torch.tensor([1.3, 0.7]))
     assert fp(torch.tensor([0.7, 1.3])) != fp(torch.tensor([0.7, 1.3000001]))
