@@ -46,15 +46,15 @@ def _step_fields(hidden, weight, d2t, k: int, reduce: str, log_probs: bool, log_
 
 
 def run_step(
-    op, op_args, hidden, weight, vocab_start, num_valid, bias, d2t, group, reduce, lp, scale, cap, k=1, op_kw=None,
-    odds=False, sampling=False, vocab_total=False, debug=None,
+    op, op_args, hidden, weight, *, vocab_start, num_valid, bias, d2t, group, reduce, log_probs, scale, soft_cap, k=1,
+    op_kw=None, odds=False, sampling=False, vocab_total=False, debug=None,
 ):  # fmt: skip
     """One rank's step up to the merge, shared by the ``lm_head_*`` ops:
     the argument checks, ``op(hidden, weight, *op_args, ...)`` (the rank's
     fused kernel, with its log-partition pairs for the log-probabilities
-    ``lp`` or the log-odds ``odds``), ``d2t`` checked, the checked exchange.
-    ``sampling``: the transform (``scale``, ``cap``) changes the ids, so it
-    is taken without ``lp`` too (the op's ``_lse`` variant runs; its pairs
+    ``log_probs`` or the log-odds ``odds``), ``d2t`` checked, the checked exchange.
+    ``sampling``: the transform (``scale``, ``soft_cap``) changes the ids, so it
+    is taken without ``log_probs`` too (the op's ``_lse`` variant runs; its pairs
     stay home). Returns ``(keys, gathered keys, gathered pairs or None,
     ok)``, and ``vocab_total`` after them when asked (see
     :func:`exchange_checked`). ``debug``: the caller's own per-step fields
@@ -64,18 +64,18 @@ def run_step(
     sampling step's seed, offset, fallback, temperature and filters (each
     rank decides the fallback rows from them; ranks that disagree would
     meet in different collectives, or return other ids)."""
-    _check_log_probs_args(lp, scale, cap, reduce, odds, sampling)
-    kw = {"vocab_start": vocab_start, "num_valid": num_valid, "bias": bias, "scale": scale, "soft_cap": cap}
+    _check_log_probs_args(log_probs, scale, soft_cap, reduce, odds, sampling)
+    kw = {"vocab_start": vocab_start, "num_valid": num_valid, "bias": bias, "scale": scale, "soft_cap": soft_cap}
     kw.update(op_kw or {})
-    send_pairs = lp or odds  # either needs the pairs
-    lse = send_pairs or scale != 1.0 or cap is not None  # (only sampling passes a transform without pairs)
+    send_pairs = log_probs or odds  # either needs the pairs
+    lse = send_pairs or scale != 1.0 or soft_cap is not None  # (only sampling passes a transform without pairs)
     out = op(hidden, weight, *op_args, log_partition=lse, **kw)
     keys, pairs = out if lse else (out, None)
     if d2t is not None:
         check_d2t_arg(d2t, keys.device)
     fields = None
     if envs.LOCALARGMAX_DEBUG:
-        fields = _step_fields(hidden, weight, d2t, k, reduce, lp, odds)
+        fields = _step_fields(hidden, weight, d2t, k, reduce, log_probs, odds)
         for name, v in (debug or {}).items():
             fields[name] = 0 if v is None else fingerprint(v) if isinstance(v, torch.Tensor) else v
     end = _vocab_end(weight, vocab_start, num_valid)

@@ -141,8 +141,9 @@ def lm_head_sample(
         check_seed_offset(seed, offset)
     debug = {"seed": seed, "offset": offset, "fallback": FALLBACKS.index(fallback), "temperature": t}
     _, gathered, got_pairs, ok = run_step(
-        shard_sample, (t, seed, offset), hidden, weight, vocab_start, num_valid, bias, d2t, group, reduce,
-        return_log_probs, logit_scale, soft_cap, sampling=True, debug=debug,
+        shard_sample, (t, seed, offset), hidden, weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias,
+        d2t=d2t, group=group, reduce=reduce, log_probs=return_log_probs, scale=logit_scale, soft_cap=soft_cap,
+        sampling=True, debug=debug,
     )  # fmt: skip
     ids, _ = merge_checked(gathered, d2t, ok)
     if not return_log_probs:
@@ -189,8 +190,8 @@ def filtered_sample(
     sample = _some_row_off(off, temperature, top_k, top_p, min_p)
     _, gathered, pairs, ok, vocab_total = run_step(
         _candidates_and_sample, (CANDIDATES, t, seed, offset, off if sample else None, return_log_probs), hidden,
-        weight, vocab_start, num_valid, bias, d2t, group, "all_gather", True, logit_scale, soft_cap, CANDIDATES + 1,
-        vocab_total=True, debug=debug,
+        weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias, d2t=d2t, group=group, reduce="all_gather",
+        log_probs=True, scale=logit_scale, soft_cap=soft_cap, k=CANDIDATES + 1, vocab_total=True, debug=debug,
     )  # fmt: skip
     if batch == 0:
         empty = hidden.new_empty((0,), dtype=torch.int64)
