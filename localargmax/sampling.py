@@ -10,12 +10,11 @@ not decided by the candidates are recomputed from a gather of their logits."""
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 
 from . import envs
-from ._validation import MAX_TOPK, MIN_P, TEMPERATURE, TOP_K, TOP_P, check_seed_offset, host_checks, row_param
+from ._validation import MAX_TOPK, TEMPERATURE, check_seed_offset, filter_rows, host_checks, row_param
 from .collective import Group, exchange_step, frame_logits, logits_from_frames, logits_payload_length
 from .engine import local_logits, log_probs_from_pairs, merge_checked, run_step, winning_rank
 from .ops import decode_keys, shard_sample, shard_topk
@@ -170,24 +169,15 @@ def filtered_sample(
     check_seed_offset(seed, offset)
     if not isinstance(return_log_probs, bool):
         raise TypeError(f"return_log_probs must be a bool, got {type(return_log_probs).__name__}")
-    t = row_param(temperature, "temperature", hidden, TEMPERATURE, optional=False)
-    batch, dev = hidden.shape[0], hidden.device
-    k = row_param(top_k, "top_k", hidden, TOP_K)
-    p = row_param(top_p, "top_p", hidden, TOP_P)
-    mp = row_param(min_p, "min_p", hidden, MIN_P)
     if fallback == "gather" and _capturing():
         raise ValueError(
             "fallback='gather' needs the number of fallback rows on the host, which CUDA-graph capture and "
             "torch.compile do not allow: pass fallback='error' (a device-side assert if any row needs the gather)"
         )
+    t, k, p, mp, off, sample = filter_rows(hidden, temperature, top_k, top_p, min_p)  # parsed once, here
+    batch, dev = hidden.shape[0], hidden.device
     debug = {"seed": seed, "offset": offset, "fallback": FALLBACKS.index(fallback), "temperature": t}
     debug |= {"top_k": k, "top_p": p, "min_p": mp}  # what the ranks decide the fallback rows from
-    zero = torch.zeros(batch, dtype=torch.float64, device=dev)
-    k = torch.zeros(batch, dtype=torch.int64, device=dev) if k is None else k
-    p = zero + 1.0 if p is None else p.to(torch.float64)
-    mp = zero if mp is None else mp.to(torch.float64)
-    off = (t > 0) & (k <= 0) & (p >= 1) & (mp <= 0)  # every filter off: the unfiltered sample decides
-    sample = _some_row_off(off, temperature, top_k, top_p, min_p)
     _, gathered, pairs, ok, vocab_total = run_step(
         _candidates_and_sample, (CANDIDATES, t, seed, offset, off if sample else None, return_log_probs), hidden,
         weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias, d2t=d2t, group=group, reduce="all_gather",
@@ -228,24 +218,6 @@ def filtered_sample(
     greedy_lp = log_probs_from_pairs(greedy_values.gather(0, winning_rank(gathered[..., 0]))[0], pairs)
     off_lp = log_probs_from_pairs(pairs[..., 0].gather(0, winner)[0], pairs, t)  # off rows: the sampled pairs
     return ids, torch.where(off, off_lp, torch.where(sampling, logp.to(torch.float32), greedy_lp))
-
-
-def _some_row_off(off, temperature, top_k, top_p, min_p) -> bool:
-    """Whether the step runs the sampling kernel for the rows with every
-    filter off (``off``): on the host, whether there is one; elsewhere (no
-    synchronisation) unless the arguments show there is none (a number that
-    turns a filter on, or a greedy temperature, for every row). The ranks
-    hold the same arguments, so they decide alike (and their payloads have
-    the same length either way)."""
-    if host_checks(off):
-        return bool(off.any())
-    num = lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool)  # noqa: E731
-    return not (
-        (num(temperature) and temperature == 0)
-        or (num(top_k) and top_k > 0)
-        or (num(top_p) and top_p < 1)
-        or (num(min_p) and min_p > 0)
-    )
 
 
 def _candidates_and_sample(hidden, weight, kk, t, seed, offset, off, off_lp, *, log_partition, **kw):
