@@ -284,6 +284,56 @@ def row_param(value, name: str, hidden, rule: RowRule, *, optional: bool = True)
     return value.to(dtype).contiguous()
 
 
+class FilterRows(NamedTuple):
+    """The filtered step's per-row parameters, parsed once at its entry
+    (:func:`filter_rows`): ``t`` float32, ``k`` int64 (``<= 0``: off), ``p``
+    and ``mp`` float64 (1 and 0: off), each ``[B]``; ``off`` bool ``[B]``,
+    the rows with ``T > 0`` and every filter off (the unfiltered sample
+    decides them); ``sample_off``, whether the step runs the sampling kernel
+    for those rows (:func:`_some_row_off`)."""
+
+    t: torch.Tensor
+    k: torch.Tensor
+    p: torch.Tensor
+    mp: torch.Tensor
+    off: torch.Tensor
+    sample_off: bool
+
+
+def filter_rows(hidden, temperature, top_k, top_p, min_p) -> FilterRows:
+    """The filtered step's per-row parameters (:class:`FilterRows`), each
+    parsed by :func:`row_param` with its rule, the filters that are None
+    filled with their off values."""
+    t = row_param(temperature, "temperature", hidden, TEMPERATURE, optional=False)
+    k = row_param(top_k, "top_k", hidden, TOP_K)
+    p = row_param(top_p, "top_p", hidden, TOP_P)
+    mp = row_param(min_p, "min_p", hidden, MIN_P)
+    zero = torch.zeros(hidden.shape[0], dtype=torch.float64, device=hidden.device)
+    k = zero.to(torch.int64) if k is None else k
+    p = zero + 1.0 if p is None else p.to(torch.float64)
+    mp = zero if mp is None else mp.to(torch.float64)
+    off = (t > 0) & (k <= 0) & (p >= 1) & (mp <= 0)
+    return FilterRows(t, k, p, mp, off, _some_row_off(off, temperature, top_k, top_p, min_p))
+
+
+def _some_row_off(off, temperature, top_k, top_p, min_p) -> bool:
+    """Whether the step runs the sampling kernel for the rows with every
+    filter off (``off``): on the host, whether there is one; elsewhere (no
+    synchronisation) unless the arguments show there is none (a number that
+    turns a filter on, or a greedy temperature, for every row). The ranks
+    hold the same arguments, so they decide alike (and their payloads have
+    the same length either way)."""
+    if host_checks(off):
+        return bool(off.any())
+    num = lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool)  # noqa: E731
+    return not (
+        (num(temperature) and temperature == 0)
+        or (num(top_k) and top_k > 0)
+        or (num(top_p) and top_p < 1)
+        or (num(min_p) and min_p > 0)
+    )
+
+
 def check_row_tensor(name: str, value, hidden, op: str = "") -> None:
     """A per-row tensor's shape and device: ``[B]`` on ``hidden``'s device
     (``op``, if given, prefixes the message)."""

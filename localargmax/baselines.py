@@ -5,6 +5,10 @@
 All baselines assume the standard contiguous layout of
 :func:`localargmax.shard_vocab`: rank ``r`` of ``tp`` holds global rows
 ``[r * rows, (r + 1) * rows)``, padding at the end of the vocabulary.
+They share the steps' arguments, stated once here: ``hidden [B, H]``,
+``weight [rows, H]``, keyword ``vocab_start``, ``num_valid`` (int or None),
+``bias [rows]`` or None, ``d2t`` int64 ``[draft vocab]`` or None, ``group``
+a ``torch.distributed`` ProcessGroup or None (the default group).
 """
 
 from __future__ import annotations
@@ -43,16 +47,7 @@ def _check_standard_layout(vocab_start, rows, rank):
         )
 
 
-def full_gather_argmax(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    vocab_start: int = 0,
-    num_valid: int | None = None,
-    bias: torch.Tensor | None = None,
-    d2t: torch.Tensor | None = None,
-    group: dist.ProcessGroup | None = None,
-) -> torch.Tensor:
+def full_gather_argmax(hidden, weight, *, vocab_start=0, num_valid=None, bias=None, d2t=None, group=None):
     """Today's path: local logits ``[B, rows]`` by torch matmul (in the weight
     dtype), all-gather of the logits to ``[B, tp * rows]`` on every rank,
     ``argmax``, then ``k + d2t[k]``. Sends ``B * rows * itemsize`` bytes per rank.
@@ -71,16 +66,7 @@ def full_gather_argmax(
     return ids
 
 
-def unfused_local_argmax(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    vocab_start: int = 0,
-    num_valid: int | None = None,
-    bias: torch.Tensor | None = None,
-    d2t: torch.Tensor | None = None,
-    group: dist.ProcessGroup | None = None,
-) -> torch.Tensor:
+def unfused_local_argmax(hidden, weight, *, vocab_start=0, num_valid=None, bias=None, d2t=None, group=None):
     """The unfused local-argmax path engines ship now: torch matmul, ``max``
     over the shard, all-gather of ``(value, global index)`` as float32 pairs
     (8 bytes per row per rank), pick the best rank (first rank on ties, i.e.
@@ -136,17 +122,7 @@ def gathered_logits(hidden, weight, vocab_start, num_valid, bias, group):
     return logits
 
 
-def full_gather_topk(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    k: int,
-    *,
-    vocab_start: int = 0,
-    num_valid: int | None = None,
-    bias: torch.Tensor | None = None,
-    d2t: torch.Tensor | None = None,
-    group: dist.ProcessGroup | None = None,
-):
+def full_gather_topk(hidden, weight, k: int, *, vocab_start=0, num_valid=None, bias=None, d2t=None, group=None):
     """Today's top-k path (tree drafting): local logits ``[B, rows]`` by torch
     matmul in the weight dtype, padding set to -inf, all-gather of the logits
     to ``[B, tp * rows]`` on every rank, ``torch.topk(k)``, then ``id + d2t[id]``.
@@ -183,17 +159,8 @@ def full_gather_topk(
 
 
 def full_gather_sample(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    temperature: float,
-    generator: torch.Generator | None = None,
-    vocab_start: int = 0,
-    num_valid: int | None = None,
-    bias: torch.Tensor | None = None,
-    d2t: torch.Tensor | None = None,
-    group: dist.ProcessGroup | None = None,
-) -> torch.Tensor:
+    hidden, weight, *, temperature, generator=None, vocab_start=0, num_valid=None, bias=None, d2t=None, group=None
+):
     """Today's sampling path: all-gather the logits as in :func:`full_gather_argmax`
     (``[B, tp * rows]`` in the weight dtype, padding -inf, ``B * rows * itemsize``
     bytes sent per rank), then ``softmax(logits.float() / temperature)`` and

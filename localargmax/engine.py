@@ -8,7 +8,9 @@ them (the filtered step's fallback, the baselines, the module)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
+import struct
 
 import torch
 
@@ -44,37 +46,57 @@ def _step_fields(hidden, weight, d2t, k: int, reduce: str, log_probs: bool, log_
 
 
 def run_step(
-    op, op_args, hidden, weight, vocab_start, num_valid, bias, d2t, group, reduce, lp, scale, cap, k=1, op_kw=None,
-    odds=False, sampling=False, vocab_total=False, debug=None,
+    op, op_args, hidden, weight, *, vocab_start, num_valid, bias, d2t, group, reduce, log_probs, scale, soft_cap, k=1,
+    op_kw=None, odds=False, sampling=False, vocab_total=False, debug=None,
 ):  # fmt: skip
     """One rank's step up to the merge, shared by the ``lm_head_*`` ops:
     the argument checks, ``op(hidden, weight, *op_args, ...)`` (the rank's
     fused kernel, with its log-partition pairs for the log-probabilities
-    ``lp`` or the log-odds ``odds``), ``d2t`` checked, the checked exchange.
-    ``sampling``: the transform (``scale``, ``cap``) changes the ids, so it
-    is taken without ``lp`` too (the op's ``_lse`` variant runs; its pairs
+    ``log_probs`` or the log-odds ``odds``), ``d2t`` checked, the checked exchange.
+    ``sampling``: the transform (``scale``, ``soft_cap``) changes the ids, so it
+    is taken without ``log_probs`` too (the op's ``_lse`` variant runs; its pairs
     stay home). Returns ``(keys, gathered keys, gathered pairs or None,
     ok)``, and ``vocab_total`` after them when asked (see
     :func:`exchange_checked`). ``debug``: the caller's own per-step fields
-    (name: int), compared across the ranks with the step's
-    (:data:`PAYLOAD_INPUTS`, the shapes) under ``LOCALARGMAX_DEBUG=1``."""
-    _check_log_probs_args(lp, scale, cap, reduce, odds, sampling)
-    kw = {"vocab_start": vocab_start, "num_valid": num_valid, "bias": bias, "scale": scale, "soft_cap": cap}
+    (name: an int, None (0) or a ``[B]`` per-row tensor, compared by its
+    :func:`fingerprint`), compared across the ranks with the step's
+    (:data:`PAYLOAD_INPUTS`, the shapes) under ``LOCALARGMAX_DEBUG=1``: a
+    sampling step's seed, offset, fallback, temperature and filters (each
+    rank decides the fallback rows from them; ranks that disagree would
+    meet in different collectives, or return other ids)."""
+    _check_log_probs_args(log_probs, scale, soft_cap, reduce, odds, sampling)
+    kw = {"vocab_start": vocab_start, "num_valid": num_valid, "bias": bias, "scale": scale, "soft_cap": soft_cap}
     kw.update(op_kw or {})
-    send_pairs = lp or odds  # either needs the pairs
-    lse = send_pairs or scale != 1.0 or cap is not None  # (only sampling passes a transform without pairs)
+    send_pairs = log_probs or odds  # either needs the pairs
+    lse = send_pairs or scale != 1.0 or soft_cap is not None  # (only sampling passes a transform without pairs)
     out = op(hidden, weight, *op_args, log_partition=lse, **kw)
     keys, pairs = out if lse else (out, None)
     if d2t is not None:
         check_d2t_arg(d2t, keys.device)
     fields = None
     if envs.LOCALARGMAX_DEBUG:
-        fields = {**_step_fields(hidden, weight, d2t, k, reduce, lp, odds), **(debug or {})}
+        fields = _step_fields(hidden, weight, d2t, k, reduce, log_probs, odds)
+        for name, v in (debug or {}).items():
+            fields[name] = 0 if v is None else fingerprint(v) if isinstance(v, torch.Tensor) else v
     end = _vocab_end(weight, vocab_start, num_valid)
     body, got_pairs, ok, total = exchange_checked(
         keys, group, reduce, end, d2t, pairs if send_pairs else None, vocab_start=vocab_start, debug=fields
     )  # the group checked after the op has checked its arguments
     return (keys, body, got_pairs, ok, total) if vocab_total else (keys, body, got_pairs, ok)
+
+
+def fingerprint(values: torch.Tensor) -> int:
+    """An int64 fingerprint of a ``[B]`` tensor's values in row order (the
+    first 8 bytes of their BLAKE2b digest): rows held in another order, or
+    one value changed, give another (but with probability ``2**-64``).
+    Integers as int64; floats as float64 with ``-0.0`` as ``+0.0`` (the steps
+    treat them alike). Reads the values on the host (debug mode only)."""
+    vals = values.detach().cpu().tolist()
+    if values.is_floating_point():
+        data = struct.pack(f"<{len(vals)}d", *(v + 0.0 for v in vals))
+    else:
+        data = struct.pack(f"<{len(vals)}q", *vals)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
 
 
 def exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: int, d2t, pairs=None, *,

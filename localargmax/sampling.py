@@ -9,15 +9,12 @@ not decided by the candidates are recomputed from a gather of their logits."""
 
 from __future__ import annotations
 
-import hashlib
 import math
-import numbers
-import struct
 
 import torch
 
 from . import envs
-from ._validation import MAX_TOPK, MIN_P, TEMPERATURE, TOP_K, TOP_P, check_seed_offset, host_checks, row_param
+from ._validation import MAX_TOPK, TEMPERATURE, check_seed_offset, filter_rows, host_checks, row_param
 from .collective import Group, exchange_step, frame_logits, logits_from_frames, logits_payload_length
 from .engine import local_logits, log_probs_from_pairs, merge_checked, run_step, winning_rank
 from .ops import decode_keys, shard_sample, shard_topk
@@ -141,10 +138,11 @@ def lm_head_sample(
     t = row_param(temperature, "temperature", hidden, TEMPERATURE, optional=False)
     if envs.LOCALARGMAX_DEBUG:
         check_seed_offset(seed, offset)
-    debug = _debug_fields(seed, offset, fallback, temperature=t)
+    debug = {"seed": seed, "offset": offset, "fallback": FALLBACKS.index(fallback), "temperature": t}
     _, gathered, got_pairs, ok = run_step(
-        shard_sample, (t, seed, offset), hidden, weight, vocab_start, num_valid, bias, d2t, group, reduce,
-        return_log_probs, logit_scale, soft_cap, sampling=True, debug=debug,
+        shard_sample, (t, seed, offset), hidden, weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias,
+        d2t=d2t, group=group, reduce=reduce, log_probs=return_log_probs, scale=logit_scale, soft_cap=soft_cap,
+        sampling=True, debug=debug,
     )  # fmt: skip
     ids, _ = merge_checked(gathered, d2t, ok)
     if not return_log_probs:
@@ -171,27 +169,19 @@ def filtered_sample(
     check_seed_offset(seed, offset)
     if not isinstance(return_log_probs, bool):
         raise TypeError(f"return_log_probs must be a bool, got {type(return_log_probs).__name__}")
-    t = row_param(temperature, "temperature", hidden, TEMPERATURE, optional=False)
-    batch, dev = hidden.shape[0], hidden.device
-    k = row_param(top_k, "top_k", hidden, TOP_K)
-    p = row_param(top_p, "top_p", hidden, TOP_P)
-    mp = row_param(min_p, "min_p", hidden, MIN_P)
     if fallback == "gather" and _capturing():
         raise ValueError(
             "fallback='gather' needs the number of fallback rows on the host, which CUDA-graph capture and "
             "torch.compile do not allow: pass fallback='error' (a device-side assert if any row needs the gather)"
         )
-    debug = _debug_fields(seed, offset, fallback, temperature=t, top_k=k, top_p=p, min_p=mp)
-    zero = torch.zeros(batch, dtype=torch.float64, device=dev)
-    k = torch.zeros(batch, dtype=torch.int64, device=dev) if k is None else k
-    p = zero + 1.0 if p is None else p.to(torch.float64)
-    mp = zero if mp is None else mp.to(torch.float64)
-    off = (t > 0) & (k <= 0) & (p >= 1) & (mp <= 0)  # every filter off: the unfiltered sample decides
-    sample = _some_row_off(off, temperature, top_k, top_p, min_p)
+    t, k, p, mp, off, sample = filter_rows(hidden, temperature, top_k, top_p, min_p)  # parsed once, here
+    batch, dev = hidden.shape[0], hidden.device
+    debug = {"seed": seed, "offset": offset, "fallback": FALLBACKS.index(fallback), "temperature": t}
+    debug |= {"top_k": k, "top_p": p, "min_p": mp}  # what the ranks decide the fallback rows from
     _, gathered, pairs, ok, vocab_total = run_step(
         _candidates_and_sample, (CANDIDATES, t, seed, offset, off if sample else None, return_log_probs), hidden,
-        weight, vocab_start, num_valid, bias, d2t, group, "all_gather", True, logit_scale, soft_cap, CANDIDATES + 1,
-        vocab_total=True, debug=debug,
+        weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias, d2t=d2t, group=group, reduce="all_gather",
+        log_probs=True, scale=logit_scale, soft_cap=soft_cap, k=CANDIDATES + 1, vocab_total=True, debug=debug,
     )  # fmt: skip
     if batch == 0:
         empty = hidden.new_empty((0,), dtype=torch.int64)
@@ -230,24 +220,6 @@ def filtered_sample(
     return ids, torch.where(off, off_lp, torch.where(sampling, logp.to(torch.float32), greedy_lp))
 
 
-def _some_row_off(off, temperature, top_k, top_p, min_p) -> bool:
-    """Whether the step runs the sampling kernel for the rows with every
-    filter off (``off``): on the host, whether there is one; elsewhere (no
-    synchronisation) unless the arguments show there is none (a number that
-    turns a filter on, or a greedy temperature, for every row). The ranks
-    hold the same arguments, so they decide alike (and their payloads have
-    the same length either way)."""
-    if host_checks(off):
-        return bool(off.any())
-    num = lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool)  # noqa: E731
-    return not (
-        (num(temperature) and temperature == 0)
-        or (num(top_k) and top_k > 0)
-        or (num(top_p) and top_p < 1)
-        or (num(min_p) and min_p > 0)
-    )
-
-
 def _candidates_and_sample(hidden, weight, kk, t, seed, offset, off, off_lp, *, log_partition, **kw):
     """One rank's keys for the filtered exchange (the op :func:`_step` runs,
     always with ``log_partition``): its ``kk`` largest keys of ``x`` with its
@@ -265,34 +237,6 @@ def _candidates_and_sample(hidden, weight, kk, t, seed, offset, off, off_lp, *, 
     if off_lp:
         pairs = torch.where(off[:, None], best_pairs, pairs)
     return torch.cat([keys, best[:, None]], dim=1), pairs
-
-
-def _debug_fields(seed, offset, fallback, **rows) -> dict[str, int] | None:
-    """With ``LOCALARGMAX_DEBUG=1`` (else None): what the ranks must also
-    agree on in a sampling step, compared with the step's own fields
-    (:func:`localargmax.engine.run_step`): seed, offset, fallback and the
-    per-row temperature and filters (each rank decides the fallback rows from
-    them; ranks that disagree would meet in different collectives, or return
-    other ids), each per-row tensor as a fingerprint of its values in row
-    order (:func:`_fingerprint`)."""
-    if not envs.LOCALARGMAX_DEBUG:
-        return None
-    fields = {"seed": seed, "offset": offset, "fallback": FALLBACKS.index(fallback)}
-    return fields | {name: 0 if v is None else _fingerprint(v) for name, v in rows.items()}
-
-
-def _fingerprint(values: torch.Tensor) -> int:
-    """An int64 fingerprint of a ``[B]`` tensor's values in row order (the
-    first 8 bytes of their BLAKE2b digest): rows held in another order, or
-    one value changed, give another (but with probability ``2**-64``).
-    Integers as int64; floats as float64 with ``-0.0`` as ``+0.0`` (the steps
-    treat them alike). Reads the values on the host (debug mode only)."""
-    vals = values.detach().cpu().tolist()
-    if values.is_floating_point():
-        data = struct.pack(f"<{len(vals)}d", *(v + 0.0 for v in vals))
-    else:
-        data = struct.pack(f"<{len(vals)}q", *vals)
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
 
 
 def _capturing() -> bool:

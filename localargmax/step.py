@@ -110,8 +110,9 @@ def lm_head_argmax(
             "(the argmax does not depend on it)"
         )
     _, gathered, got_pairs, ok = run_step(
-        shard_argmax, (), hidden, weight, vocab_start, num_valid, bias, d2t, group, reduce, return_log_probs,
-        logit_scale, soft_cap, op_kw={"temperature": t} if t is not None else {}, odds=return_log_odds,
+        shard_argmax, (), hidden, weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias, d2t=d2t, group=group,
+        reduce=reduce, log_probs=return_log_probs, scale=logit_scale, soft_cap=soft_cap,
+        op_kw={"temperature": t} if t is not None else {}, odds=return_log_odds,
     )  # fmt: skip
     ids, values = merge_checked(gathered, d2t, ok)
     if not (return_log_probs or return_log_odds):
@@ -172,8 +173,8 @@ def lm_head_topk(
     if one_shard and isinstance(num_valid, int) and isinstance(k, int) and 1 <= k and num_valid < k:
         raise ValueError(f"k={k} exceeds the valid vocabulary (num_valid={num_valid})")
     keys, gathered, got_pairs, ok = run_step(
-        shard_topk, (k,), hidden, weight, vocab_start, num_valid, bias, d2t, group, "all_gather", return_log_probs,
-        logit_scale, soft_cap, k,
+        shard_topk, (k,), hidden, weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias, d2t=d2t, group=group,
+        reduce="all_gather", log_probs=return_log_probs, scale=logit_scale, soft_cap=soft_cap, k=k,
     )  # fmt: skip
     batch = keys.shape[0]
     if batch == 0:

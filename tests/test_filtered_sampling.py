@@ -208,6 +208,17 @@ def _argmax_everywhere(ys, ids, keep, seed, rows):
     return torch.where(keep, ys + g, -math.inf).argmax(dim=1, keepdim=True)
 
 
+def _tied_rows_with_gaps(gen, n, vocab):
+    """``(logits [n, vocab] float32, scale [n, 1])``: rows of mixed sharpness
+    ``scale``, with value ties with a head id (ids 700..899 equal id 3) and
+    NaN gaps between shards (ids 100..299 of every fifth row)."""
+    scale = torch.tensor([0.05, 0.5, 3.0, 30.0])[torch.randint(4, (n, 1), generator=gen)]
+    logits = torch.randn(n, vocab, generator=gen) * scale
+    logits[:, 700:900] = logits[:, 3:4]
+    logits[::5, 100:300] = math.nan
+    return logits, scale
+
+
 @pytest.mark.parametrize("dense", [0.0, 2.0], ids=["dense-noise", "indexed-noise"])
 def test_fallback_noise_where_it_can_win_is_exact(seed, dense, monkeypatch):
     """filter_and_sample evaluates the noise only where an id can beat the
@@ -220,10 +231,7 @@ def test_fallback_noise_where_it_can_win_is_exact(seed, dense, monkeypatch):
     monkeypatch.setattr(sampling, "_DENSE_NOISE", dense)
     gen = torch.Generator().manual_seed(seed)
     n, vocab = 40, 1500
-    scale = torch.tensor([0.05, 0.5, 3.0, 30.0])[torch.randint(4, (n, 1), generator=gen)]
-    logits = torch.randn(n, vocab, generator=gen) * scale
-    logits[:, 700:900] = logits[:, 3:4]  # value ties with a head id
-    logits[::5, 100:300] = math.nan  # gaps between shards
+    logits, scale = _tied_rows_with_gaps(gen, n, vocab)
     t, k, p, mp = mixed_rows(gen, n)
     t, p = torch.where(t > 0, t, 1.5), torch.where(torch.arange(n) % 4 == 0, 0.99, p)
     mp = torch.where(torch.arange(n) % 7 == 0, 0.001, mp)
@@ -268,10 +276,7 @@ def test_min_p_rows_skip_the_sort_with_the_same_result(seed, dense, monkeypatch)
     monkeypatch.setattr(sampling, "_DENSE_NOISE", dense)
     gen = torch.Generator().manual_seed(seed)
     n, vocab = 48, 1500
-    scale = torch.tensor([0.05, 0.5, 3.0, 30.0])[torch.randint(4, (n, 1), generator=gen)]
-    logits = torch.randn(n, vocab, generator=gen) * scale
-    logits[:, 700:900] = logits[:, 3:4]  # value ties with a head id
-    logits[::5, 100:300] = math.nan
+    logits, scale = _tied_rows_with_gaps(gen, n, vocab)
     t = torch.tensor([0.5, 1.0, 1.7])[torch.randint(3, (n,), generator=gen)]
     mp = torch.tensor([0.0, 1e-4, 0.05, 0.3])[torch.randint(4, (n,), generator=gen)].double()
     k = torch.where(torch.arange(n) % 3 == 0, vocab + 7, 0)  # k > V and k = 0: both off

