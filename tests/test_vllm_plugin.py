@@ -321,7 +321,7 @@ def test_an_unchecked_vllm_with_the_same_signatures_runs_with_the_newest_matchin
     assert len(r["records"]) == 1, r["records"]
     level, message = r["records"][0]
     assert level == "WARNING" and "0.99.0 is not a checked version" in message, message
-    assert f"running with {running}'s rules" in message, message
+    assert f"running with {newest}'s rules" in message, message
 
 
 def test_a_vllm_whose_signatures_differ_keeps_its_own_methods(res):
