@@ -100,6 +100,23 @@ def test_model_is_the_fma():
     assert _fma32(a, b, torch.tensor([1.0], dtype=torch.float64)).item() == 2.0  # 2 - 2^-30: nearest float32
 
 
+def _tiled_with_ties(gen, dtype, hsize, tie_last_row=False):
+    """``(hidden [70, hsize], weight [205, hsize], bias [205])``: 3 full tiles
+    and a tail, identical rows planted (3 = 64, 129 = 130; also 204 with
+    ``tie_last_row``), tied bias entries, and batch row 5 all zero (every
+    logit +-0)."""
+    weight = (torch.randn(205, hsize, generator=gen) / hsize**0.5).to(dtype)
+    weight[64] = weight[3]
+    if tie_last_row:
+        weight[204] = weight[3]
+    weight[130] = weight[129]
+    hidden = torch.randn(70, hsize, generator=gen).to(dtype)
+    hidden[5] = 0.0
+    bias = torch.randn(205, generator=gen)
+    bias[64] = bias[204] = bias[3]
+    return hidden, weight, bias
+
+
 @pytest.mark.parametrize("name", _paths(LANE_EXACT))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("hsize", [13, 40, 136])
@@ -108,15 +125,8 @@ def test_keys_equal_the_lane_model_at_every_batch_size(gen, name, dtype, hsize):
     205 rows (3 full tiles and a tail; row groups of every size at every
     position), identical rows planted (exact ties), with and without bias:
     the keys are the model's argmax keys, bit for bit."""
-    rows, vocab_start = 205, 1000
-    weight = (torch.randn(rows, hsize, generator=gen) / hsize**0.5).to(dtype)
-    weight[64] = weight[3]
-    weight[204] = weight[3]
-    weight[130] = weight[129]
-    hidden = torch.randn(70, hsize, generator=gen).to(dtype)
-    hidden[5] = 0.0  # every logit +-0: the first row wins
-    bias = torch.randn(rows, generator=gen)
-    bias[64] = bias[204] = bias[3]
+    vocab_start = 1000
+    hidden, weight, bias = _tiled_with_ties(gen, dtype, hsize, tie_last_row=True)  # hidden[5] = 0: the first row wins
     for b in (None, bias):
         want = best_keys(lane_logits(hidden, weight, b), vocab_start)
         assert int(localargmax.decode_keys(want[5:6])[0]) == vocab_start + (int(b.argmax()) if b is not None else 0)
@@ -180,14 +190,8 @@ def test_topk_keys_equal_the_lane_model(gen, name, dtype, k):
     """The top-k's screened keys are the model's k largest keys, bit for bit,
     at batch sizes of every tail shape, 205 rows (tiles and a tail), exact
     ties planted, with and without bias."""
-    rows, hsize, vocab_start = 205, 40, 1000
-    weight = (torch.randn(rows, hsize, generator=gen) / hsize**0.5).to(dtype)
-    weight[64] = weight[3]
-    weight[130] = weight[129]
-    hidden = torch.randn(70, hsize, generator=gen).to(dtype)
-    hidden[5] = 0.0  # every logit +-0: the first k rows
-    bias = torch.randn(rows, generator=gen)
-    bias[64] = bias[204] = bias[3]
+    vocab_start = 1000
+    hidden, weight, bias = _tiled_with_ties(gen, dtype, 40)  # hidden[5] = 0: the first k rows
     for b in (None, bias):
         want = topk_keys(lane_logits(hidden, weight, b), vocab_start, k)
         for batch in (1, 7, 8, 9, 16, 17, 33, 64, 70):
