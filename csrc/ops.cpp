@@ -184,12 +184,14 @@ static PyObject* py_mma_configs(PyObject*, PyObject*) {
 }
 
 // localargmax._C._choose_mma_config(hidden_size, num_valid, batch, sm_count,
-// smem_limit) -> str: the config C++ auto runs (cuda/mma_configs.h).
+// smem_limit, tma=False) -> str: the config C++ auto runs (cuda/mma_configs.h;
+// tma: the launch can run the TMA rows, an sm_90+ device without the log-partition).
 static PyObject* py_choose_mma_config(PyObject*, PyObject* args) {
   long long hidden_size = 0, num_valid = 0, batch = 0;
-  int sm_count = 0, smem_limit = 0;
-  if (!PyArg_ParseTuple(args, "LLLii", &hidden_size, &num_valid, &batch, &sm_count, &smem_limit)) return nullptr;
-  const int i = localargmax::cuda::choose_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit);
+  int sm_count = 0, smem_limit = 0, tma = 0;
+  if (!PyArg_ParseTuple(args, "LLLii|p", &hidden_size, &num_valid, &batch, &sm_count, &smem_limit, &tma))
+    return nullptr;
+  const int i = localargmax::cuda::choose_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit, tma != 0);
   return PyUnicode_FromString(localargmax::cuda::kMmaConfigs[i].name);
 }
 
@@ -221,7 +223,8 @@ extern "C" PyObject* PyInit__C(void) {
       {"_cpu_paths", py_cpu_paths, METH_NOARGS,
        "_cpu_paths() -> the CPU paths: (name, needs, bit_exact, inner_loop) per path, in listing order."},
       {"_choose_mma_config", py_choose_mma_config, METH_VARARGS,
-       "_choose_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit) -> the config C++ auto runs."},
+       "_choose_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit, tma=False) -> the config C++ auto "
+       "runs."},
       {"_choose_cuda_path", py_choose_cuda_path, METH_VARARGS,
        "_choose_cuda_path(half, topk, mma_takes, batch) -> 'simt' / 'mma' / 'gemm': the path C++ auto takes on "
        "CUDA (the log-partition ops alike)."},
