@@ -291,8 +291,8 @@ def frame_keys(keys: torch.Tensor, vocab_end: int, pairs: torch.Tensor | None = 
         header = torch.tensor([size, -size, vocab_end], dtype=torch.int64)
     else:  # fills, no host-to-device copy
         header = keys.new_full((HEADER_LEN,), size)
-        header[1] = -size
-        header[2] = vocab_end
+        header[1:2].fill_(-size)  # (a Python-int setitem copies a CPU scalar: refused in graph capture)
+        header[2:3].fill_(vocab_end)
     if pairs is None:
         return torch.cat([header, keys.reshape(-1)])
     return torch.cat([header, keys.reshape(-1), pairs_to_words(pairs)])

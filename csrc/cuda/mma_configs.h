@@ -200,6 +200,12 @@ enum class Path { kSimt, kMma, kGemm };
 // simt rule: simt beat n1_r64_tma at batch 1 on the tp-8 shards by 2-7% only.)
 constexpr int64_t kDefaultGemmMinBatch = 17;
 
+// The gemm path's largest shard (weight.shape[0], padding included: every
+// rank shares it): cuBLAS failed (CUBLAS_STATUS_EXECUTION_FAILED) on a GEMM of
+// 2**31 - 1 weight rows on the H200; 151936 rows ran. Past this, a forced
+// 'gemm' raises ValueError and auto takes mma (or simt) instead.
+constexpr int64_t kGemmMaxRows = int64_t{1} << 21;
+
 // C++ auto (what path="auto" runs unless a measured dispatch table is set,
 // localargmax/dispatch.py): top-k and float32 on simt; bf16 / fp16 on gemm
 // from batch kDefaultGemmMinBatch, below it on mma where the tensor-core

@@ -3,9 +3,6 @@
 // out_dtype float32: torch's caching allocator, the current stream), then
 // logits_to_keys_kernel folds them into the same keys as the fused kernels.
 // See shard_paths.h.
-#include <cstdint>
-#include <limits>
-
 #include "shard_launch.cuh"
 #include "shard_paths.h"
 
@@ -18,17 +15,14 @@ namespace cuda {
 // vocab-parallel layout (equal shard rows, unequal num_valid) runs the same
 // GEMM shape: cuBLAS picks its algorithm (tiles, split-K) per shape, and
 // identical rows on two ranks must still give identical logits (rules 1 and
-// 5) — up to cuBLAS's limit of 2**31 - 1 rows (a function of the shared row
-// count too; num_valid < 2**31 - 64 on CUDA, so no vocabulary row is cut).
-// Batch rows go in chunks so that one chunk's logits stay <= 1 GiB (one
+// 5). Batch rows go in chunks so that one chunk's logits stay <= 1 GiB (one
 // GEMM up to batch 1766 on the full Qwen3 head: each chunk re-reads the weight).
 template <typename T>
 void run_gemm(const ShardArgmaxProblem<T>& p, const at::Tensor& hidden, const at::Tensor& weight) {
-  const at::Tensor w = weight.narrow(0, 0, std::min<int64_t>(weight.size(0), std::numeric_limits<int32_t>::max()));
-  const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 30) / 4 / w.size(0));
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 30) / 4 / weight.size(0));
   for (int64_t b0 = 0; b0 < p.batch; b0 += chunk) {
     const int64_t rows = std::min(chunk, p.batch - b0);
-    const at::Tensor logits = at::mm(hidden.narrow(0, b0, rows), w.t(), at::kFloat);
+    const at::Tensor logits = at::mm(hidden.narrow(0, b0, rows), weight.t(), at::kFloat);
     launch_logits_to_keys(logits.data_ptr<float>(), logits.stride(0), rows, b0, p, CudaLaunch{});
   }
 }

@@ -100,6 +100,9 @@ PathChoice pick_path(const ShardArgmaxProblem<T>& p, const at::Tensor& weight, b
     TORCH_CHECK_VALUE(half, "shard_argmax: path='", path, "' needs bfloat16 or float16 weights, got ",
                       weight.scalar_type());
   }
+  TORCH_CHECK_VALUE(path != "gemm" || weight.size(0) <= kGemmMaxRows, "shard_argmax: path='gemm' takes shards of at most ",
+                    kGemmMaxRows, " rows (cuBLAS failed on 2**31 - 1), got ", weight.size(0),
+                    "; use 'mma' or 'simt'");
   if (path == "gemm") return {Path::kGemm, -1};
   const bool mma = half && !topk_mode && mma_ok(p, weight);
   if (path != "auto") {  // "mma" or "mma/<name>"
@@ -108,7 +111,9 @@ PathChoice pick_path(const ShardArgmaxProblem<T>& p, const at::Tensor& weight, b
                       "weight data");
     return {Path::kMma, config};
   }
-  return {choose_cuda_path(half, topk_mode, mma, p.batch), -1};
+  const Path chosen = choose_cuda_path(half, topk_mode, mma, p.batch);
+  if (chosen == Path::kGemm && weight.size(0) > kGemmMaxRows) return {mma ? Path::kMma : Path::kSimt, -1};
+  return {chosen, -1};
 }
 
 // Returns the number of blocks (grid x) of the kernel that wrote the keys:
