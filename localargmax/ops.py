@@ -360,8 +360,9 @@ def _shard_topk_fake(hidden, weight, bias, vocab_start, num_valid, k, path="auto
 
 @torch.library.register_fake("localargmax::shard_sample")
 def _shard_sample_fake(
-    hidden, weight, bias, vocab_start, num_valid, temperature, seed, offset, path="auto", noise_seed=None, noise_pos=None
-):
+    hidden, weight, bias, vocab_start, num_valid, temperature, seed, offset, path="auto", noise_seed=None,
+    noise_pos=None,
+):  # fmt: skip
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_sample_args(hidden, temperature, seed, offset)
     _check_noise_tensors(hidden, noise_seed, noise_pos)

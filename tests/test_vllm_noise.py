@@ -383,9 +383,11 @@ def test_cuda_kernels_under_emulation(emu, path):
     gen = torch.Generator().manual_seed(5757)
     for vocab_start in (0, 2**24 - 100):
         eye, weight, t, noise = _problem(gen, vocab_start, rows=200, batch=5)
-        dtype = torch.float32 if path != "gemm" else torch.bfloat16
-        w = weight.to(dtype)
-        h = eye.to(dtype)
+        dtype = torch.float32 if path == "simt" else torch.bfloat16
+        h = torch.zeros(eye.shape[0], 64, dtype=dtype)  # H = 64: a shape the mma kernel takes
+        h[:, : eye.shape[1]] = eye
+        w = torch.zeros(weight.shape[0], 64, dtype=dtype)
+        w[:, : weight.shape[1]] = weight
         want = shard_sample(h, w, t, 0, vocab_start=vocab_start, noise=noise)
         try:
             got = emu.shard(h, w, None, vocab_start, None, path=path, temperature=t, noise_seed=noise.seed,

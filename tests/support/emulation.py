@@ -347,7 +347,16 @@ class Emulator:
             args = (k, temperature, seed, offset, max_grid_y, scramble, order_seed, scale, soft_cap or 0.0)
             launch = (sm_count, row, smem_limit)
             return self._shard_lse(
-                hidden, weight, bias, vocab_start, num_valid, *args, path, gemm_chunk, partition_temperature, launch,
+                hidden,
+                weight,
+                bias,
+                vocab_start,
+                num_valid,
+                *args,
+                path,
+                gemm_chunk,
+                partition_temperature,
+                launch,
                 noise=(noise_seed, noise_pos),
             )
         weight_ptr = weight.ptr if isinstance(weight, PlacedWeight) else None
