@@ -158,8 +158,10 @@ extern "C" {
 // noise="vllm"'s [batch] seeds and positions (arena pointers) for the next
 // launches of lam_emu_shard, lam_emu_shard_lse and lam_emu_logits_to_keys, or
 // nullptr (the Philox noise), as shard_ops_cuda.cu puts them in ShardReduce.
-static const int64_t* g_noise_seed = nullptr;
-static const int64_t* g_noise_pos = nullptr;
+// In .data: this object's zero-initialised section is the kernels' shared memory alone
+// (tests/test_emulation.py checks what lies between __start/__stop_lam_emu_shared).
+__attribute__((section(".data"))) static const int64_t* g_noise_seed = nullptr;
+__attribute__((section(".data"))) static const int64_t* g_noise_pos = nullptr;
 void lam_emu_set_noise(const int64_t* seeds, const int64_t* pos) {
   g_noise_seed = seeds;
   g_noise_pos = pos;
