@@ -233,7 +233,7 @@ def runner_reason(runner, hidden_states, input_batch, grammar_output):
     reason = uncovered_reason(input_batch, runner.sampler, grammar_output)
     if reason is not None:
         return None, reason
-    return model_head(runner.model, hidden_states)
+    return model_head(getattr(state, "model", runner.model), hidden_states)  # the model compute_sample_logits calls
 
 
 def sample(self, hidden_states, input_batch, grammar_output):
