@@ -23,14 +23,14 @@ from tests.support.vllm_common import NO_TRITON_REASON, vllm_cpu_build
 def _vllm_034_missing() -> str | None:
     if importlib.util.find_spec("vllm") is None:
         return "vLLM is not installed (the target sampler's tests need vLLM 0.34's Model Runner V2 Sampler)"
+    if vllm_cpu_build():  # vllm-cpu (0.32 here): no Model Runner V2 sampler of 0.34's shape, no Triton
+        return NO_TRITON_REASON
     try:
         version = importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
         return None  # a source tree on the path: its version is read in the ranks
     if versions.minor(version) != "0.34":
         return f"vLLM {version} is installed; the target sampler serves vLLM 0.34's Model Runner V2 Sampler only"
-    if vllm_cpu_build():
-        return NO_TRITON_REASON
     return None
 
 
