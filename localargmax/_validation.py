@@ -299,6 +299,16 @@ class FilterRows(NamedTuple):
     off: torch.Tensor
     sample_off: bool
 
+    @property
+    def filters(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(t, k, p, mp)``, in the order the decisions take them
+        (``sampling.decide_rows``, ``sampling.filter_and_sample``)."""
+        return self.t, self.k, self.p, self.mp
+
+    def take(self, idx: torch.Tensor) -> FilterRows:
+        """The record of the rows ``idx`` (the fallback's rows)."""
+        return FilterRows(self.t[idx], self.k[idx], self.p[idx], self.mp[idx], self.off[idx], self.sample_off)
+
 
 def filter_rows(hidden, temperature, top_k, top_p, min_p) -> FilterRows:
     """The filtered step's per-row parameters (:class:`FilterRows`), each
