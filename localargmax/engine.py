@@ -344,7 +344,7 @@ def _check_log_probs_args(return_log_probs, logit_scale, soft_cap, reduce, retur
     ``sampling`` takes it: it changes ``softmax(x / T)``, so the samples."""
     if not isinstance(return_log_probs, bool):
         raise TypeError(f"return_log_probs must be a bool, got {type(return_log_probs).__name__}")
-    check_transform_args(logit_scale, soft_cap)
+    check_transform_args(logit_scale, soft_cap, "logit_scale")
     transform = logit_scale != 1.0 or soft_cap is not None
     if transform and not (return_log_probs or return_log_odds or sampling):
         raise ValueError(
