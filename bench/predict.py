@@ -151,13 +151,15 @@ def twin_of(m: MmaConfig) -> str | None:
 
 
 def cpp_mma_config(
-    num_valid: int, batch: int, sms: int = DEFAULT_SM_COUNT, smem_limit: int = DEFAULT_SMEM_LIMIT
+    num_valid: int, batch: int, sms: int = DEFAULT_SM_COUNT, smem_limit: int = DEFAULT_SMEM_LIMIT, tma: bool = False
 ) -> str:
     """choose_mma_config (csrc/cuda/mma_configs.h, through ``_C``): the config C++ runs for path
-    ``"mma"`` / ``"auto"`` (small grid: fewer than 4 blocks of 64 rows per SM; at batch 33-64
+    ``"mma"`` / ``"auto"`` (``tma``: the launch can run TMA rows, as an H200 does without the
+    log-partition: the TMA rows
+    at batch <= 32; else small grid: fewer than 4 blocks of 64 rows per SM; at batch 33-64
     256-row tiles where they give every SM a block, else 192-row ones; never a config whose shared
     memory exceeds ``smem_limit``)."""
-    return _C._choose_mma_config(4096, num_valid, batch, sms, smem_limit)
+    return _C._choose_mma_config(4096, num_valid, batch, sms, smem_limit, tma)
 
 
 def _order_kc(batch: int) -> int:
@@ -223,12 +225,12 @@ def mma_variant(name: str) -> Variant:
 def todays_variant(path: str, batch: int, num_valid: int | None = None, sms: int = DEFAULT_SM_COUNT) -> Variant:
     """The instantiation the launcher runs for ``path`` at ``batch``
     (csrc/cuda/shard_launch.cuh: launch_simt's NB; launch_mma's
-    choose_mma_config, whose grid-size choice needs ``num_valid``: a large
-    grid when not given). ``"mma/<name>"`` is that config."""
+    choose_mma_config on an sm_90 device (its TMA rows), whose grid-size choice
+    needs ``num_valid``: a large grid when not given). ``"mma/<name>"`` is that config."""
     if path == "simt":
         return variant("simt", nb=1 if batch <= 1 else 2 if batch <= 2 else 4 if batch <= 4 else 8)
     if path == "mma":
-        return mma_variant(cpp_mma_config(num_valid if num_valid is not None else 1 << 30, batch, sms))
+        return mma_variant(cpp_mma_config(num_valid if num_valid is not None else 1 << 30, batch, sms, tma=True))
     if path.startswith("mma/") and path[4:] in MMA_CONFIGS:
         return mma_variant(path[4:])
     if path == "gemm":

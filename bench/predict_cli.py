@@ -88,9 +88,10 @@ def predicted_rows(spec, shapes, batches, registers, table) -> tuple[list[dict],
                     "auto": _brief(got[auto]),
                     "model": _brief(got[table_path]),
                     "model_meets_bar": got[table_path]["fraction_of_copy"] >= pm.BAR_FRACTION,
-                    # the *_lse ops (log-probs, log-odds): C++ auto's path and config are the plain
-                    # op's (the same kernel); before the tensor cores took them: simt
-                    "log_partition": _brief(got[auto]),
+                    # the *_lse ops (log-probs, log-odds): C++ auto's path, and the plain op's config
+                    # or its cp.async twin (the TMA rows carry no log-partition); before the tensor
+                    # cores took them: simt
+                    "log_partition": _brief(got[tune.incumbent_of(s.rows, b, log_partition=True)]),
                     "log_partition_before": _brief(got["gemm" if auto == "gemm" else "simt"]),
                 }
             )

@@ -179,17 +179,18 @@ def predicted_table(docs: list) -> str:
     lines += [
         "",
         f"- {doc['legend']}",
-        "- C++ auto = what path='auto' runs (the mma config choose_mma_config picks below batch 65, then gemm; "
+        "- C++ auto = what path='auto' runs (the mma config choose_mma_config picks below batch 17, then gemm; "
         "mma/<name> = a config of csrc/cuda/mma_configs.h); model's choice = the cell a dispatch table written "
         "by the model would name (path='auto' follows only a measured table)",
         "- log-partition ops = shard_*(log_partition=True), behind return_log_probs and the log-odds: C++ auto "
-        "takes the plain op's path and config (the same kernel, the log-partition a run-time flag; the model "
+        "takes the plain op's path and config, or its cp.async twin where the plain op runs a TMA row (the same kernel "
+        "and bits, the log-partition a run-time flag; the model "
         "counts no epilogue cost); before = what they ran before the tensor-core epilogue carried the "
-        "log-partition (simt below batch 65)",
+        "log-partition (simt below the gemm batch)",
         "",
         f"{doc['label']}: from `{doc['path']}`, written by `{doc['command']}` (model "
-        f"{doc['model']['module']} version {doc['model']['version']}). No GPU ran: a GPU run of "
-        "`python -m bench.tune` and `localargmax-bench --kernel-only --device cuda` replaces these.",
+        f"{doc['model']['module']} version {doc['model']['version']}). C++ auto's rules are the H200 "
+        "measurement's (bench/results/gpu_2026-12-04), not the model's.",
     ]
     return "\n".join(lines)
 

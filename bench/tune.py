@@ -65,10 +65,12 @@ def _path_and_config(candidate: str) -> tuple[str, str | None]:
     return ("mma", candidate[4:]) if candidate.startswith("mma/") else (candidate, None)
 
 
-def incumbent_of(rows: int, batch: int) -> str:
-    """C++ ``auto``'s choice as a candidate (``rows`` stands for num_valid in choose_mma_config)."""
+def incumbent_of(rows: int, batch: int, log_partition: bool = False) -> str:
+    """C++ ``auto``'s choice on an H200 as a candidate (``rows`` stands for num_valid in
+    choose_mma_config): the TMA rows for the plain ops, their cp.async twins (the same bits) with
+    the log-partition, which the TMA rows do not carry."""
     path = pm.cpp_auto_path(batch)
-    return f"mma/{pm.cpp_mma_config(rows, batch)}" if path == "mma" else path
+    return f"mma/{pm.cpp_mma_config(rows, batch, tma=not log_partition)}" if path == "mma" else path
 
 
 def bucket_edges(spec: pm.DeviceSpec) -> dict:

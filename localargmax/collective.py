@@ -307,8 +307,8 @@ def _frame(size: int, vocab_end: int, *body: torch.Tensor) -> torch.Tensor:
         header = torch.tensor([size, -size, vocab_end], dtype=torch.int64)
     else:  # fills, no host-to-device copy
         header = body[0].new_full((HEADER_LEN,), size)
-        header[1] = -size
-        header[2] = vocab_end
+        header[1:2].fill_(-size)  # (a Python-int setitem copies a CPU scalar: refused in graph capture)
+        header[2:3].fill_(vocab_end)
     return torch.cat([header, *body])
 
 

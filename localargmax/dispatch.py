@@ -30,7 +30,7 @@ from ._validation import MMA_CONFIGS
 SCHEMA = "localargmax.dispatch_table/3"
 PATHS = ("simt", "mma", "gemm")
 LIMIT = 2**31
-CPP_GEMM_MIN_BATCH = 65
+CPP_GEMM_MIN_BATCH = 17
 """C++ ``auto`` takes gemm from this batch (kDefaultGemmMinBatch in
 csrc/cuda; tests/test_dispatch.py checks they agree). Below it, C++ ``auto``
 takes mma where the mma kernel takes the inputs, else simt."""

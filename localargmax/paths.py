@@ -51,7 +51,7 @@ def kernel_path(
         has (bit-identical to generic, subnormals kept). CUDA: ``"simt"``,
         ``"mma"`` or ``"gemm"``: what the C++ ``auto`` picks, which is
         ``"simt"`` for float32 weights (and for top-k, every dtype) and,
-        for bf16 / fp16, ``"gemm"`` from batch 65 and ``"mma"`` below it;
+        for bf16 / fp16, ``"gemm"`` from batch 17 and ``"mma"`` below it;
         ``"mma"`` there assumes inputs the tensor-core kernel takes (sm_80+,
         ``H`` and row strides multiples of 8, 16-byte aligned data), other
         inputs run ``"simt"``. A measured dispatch table
@@ -95,6 +95,6 @@ def kernel_path(
     if half and batch is None:
         raise ValueError(
             "on CUDA, auto's path for bfloat16 / float16 weights depends on the batch "
-            "(gemm from 65 rows, mma below): pass batch="
+            "(gemm from 17 rows, mma below): pass batch="
         )
     return _C._choose_cuda_path(half, False, True, batch or 0)

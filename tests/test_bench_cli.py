@@ -17,6 +17,7 @@ import torch
 
 from localargmax.bench import report, runner
 from localargmax.bench.cli import build_parser, make_config
+from localargmax.bench.filtered import batch_sharded_bytes
 from localargmax.bench.report import format_table
 from localargmax.bench.runner import comm_bytes
 from tests.support.launch import describe, kernel_smoke, run_bench, session_members
@@ -117,7 +118,12 @@ def run_op_smoke(tmp_path, methods, *args):
         if r["method"] == "full-gather":
             assert r["bytes_sent_per_rank"] == ITEMSIZE[r["dtype"]] * r["batch"] * r["rows"]
             assert r["speedup_vs_full_gather"] == 1.0
-        if r["method"] != "fused-allreduce":
+        if r["method"] == "batch-sharded":  # an all-to-all, then the ids' all-gather (test_bench_sample_filters)
+            itemsize = ITEMSIZE[r["dtype"]]
+            assert (r["bytes_sent_per_rank"], r["bytes_recv_per_rank"]) == batch_sharded_bytes(
+                r["batch"], r["rows"], itemsize, r["tp"]
+            )
+        elif r["method"] != "fused-allreduce":
             assert r["bytes_recv_per_rank"] == (r["tp"] - 1) * r["bytes_sent_per_rank"]
     return rows
 
@@ -147,7 +153,7 @@ def test_smoke_topk_json(tmp_path):
 
 
 def test_smoke_sample_json(tmp_path):
-    rows = run_op_smoke(tmp_path, {"full-gather", "fused"}, "--op", "sample", "--temperature", "0.8")
+    rows = run_op_smoke(tmp_path, {"full-gather", "batch-sharded", "fused"}, "--op", "sample", "--temperature", "0.8")
     for r in rows:
         assert {"temperature", "seed", "offset", "tp_invariance", "ranks_agree"} <= set(r)
         assert r["op"] == "sample" and r["temperature"] == 0.8 and r["seed"] == 0

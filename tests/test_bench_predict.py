@@ -213,7 +213,10 @@ def test_todays_variants_follow_the_launcher_boundaries():
     # batch 33-64: 256-row tiles only where they give every SM a block (132 x 256 rows), else 192-row ones
     assert [pm.cpp_mma_config(n, 64) for n in (132 * 256 - 255, 131 * 256)] == ["n8_r256", "n8_r192"]
     assert pm.cpp_mma_config(18992, 64, sms=74) == "n8_r256"
-    assert pm.todays_variant("mma", 20, num_valid=18992).name == "mma/n4_r128"
+    assert pm.todays_variant("mma", 20, num_valid=18992).name == "mma/n4_r128_tma"  # an H200 runs the TMA rows
+    tma = ["n1_r64_tma"] * 2 + ["n2_r64_tma"] * 2 + ["n4_r128_tma"] * 2 + ["n8_r192"] * 2 + ["n16_r64"] * 3
+    assert [pm.cpp_mma_config(18992, b, tma=True) for b in batches] == tma  # the twins of the cp.async rows
+    assert all(pm.twin_of(pm.MMA_CONFIGS[t]) in (c, c.replace("_sk2", "")) for t, c in zip(tma[:6], small[:6]))
     # a device whose opt-in shared memory per block holds none of the > 48 KiB configs: the same sums
     # (KC = 2 to batch 32, KC = 1 past it) from the small configs, batch 17-32 in two passes
     limited = ["n1_r64"] * 2 + ["n2_r64"] * 4 + ["n16_r64"] * 5
@@ -352,7 +355,7 @@ def test_predict_cli_prints_and_writes_predicted_rows(tmp_path):
     paths = {r["variant"] for r in doc["rows"] if r["batch"] == 1}
     assert paths == {"simt(nb=1)", "gemm", *(f"mma/{name}" for name in pm.MMA_CONFIGS)}
     roles = {r["variant"]: r["role"] for r in doc["rows"] if r["batch"] == 64}
-    assert "auto" in roles["mma/n8_r192"]  # choose_mma_config on the tp-8 shard: 192-row tiles
+    assert "auto" in roles["gemm"]  # C++ auto from batch 17 (measured on an H200)
     assert sum("auto" in r for r in roles.values()) == 1
     assert sum("model" in r for r in roles.values()) == 1
     assert "mma/n16_r64" in proc.stdout and "pred_us" in proc.stdout
@@ -412,14 +415,22 @@ def test_committed_results_show_the_bar_status():
 
 
 def test_committed_results_have_the_log_partition_rows():
-    """Each summary row carries the log-partition ops' figures: C++ auto's path and config for them
-    are the plain op's (choose_cuda_path), and the 'before' figure is simt's below the gemm batch."""
+    """Each summary row carries the log-partition ops' figures: C++ auto's path for them is the
+    plain op's (choose_cuda_path), its mma config the plain op's or, where that is a TMA row (which
+    carries no log-partition), a cp.async row of its summation order; the 'before' figure is simt's
+    below the gemm batch."""
     from bench import tune
 
     doc = json.loads(RESULTS.read_text())
     for s in doc["summary"]:
-        assert s["log_partition"]["variant"] == tune.incumbent_of(s["rows"], s["batch"]), s  # C++ auto's own
-        assert s["log_partition"] == s["auto"], s
+        lse = tune.incumbent_of(s["rows"], s["batch"], log_partition=True)
+        assert s["log_partition"]["variant"] == lse and not lse.endswith("_tma"), s  # C++ auto's own
+        plain = s["auto"]["variant"]
+        if plain.endswith("_tma"):  # the cp.async row C++ runs without TMA: the same summation order (KC)
+            assert pm.MMA_CONFIGS[lse[4:]].kc == pm.MMA_CONFIGS[plain[4:]].kc, s
+        else:
+            assert lse == plain, s
         before = "gemm" if s["batch"] >= dispatch.CPP_GEMM_MIN_BATCH else "simt"
         assert s["log_partition_before"]["variant"].startswith(before), s
-    assert pm.cpp_auto_path(64) == "mma" and pm.cpp_auto_path(65) == "gemm" and pm.cpp_auto_path(9, 8) == "gemm"
+    gemm = dispatch.CPP_GEMM_MIN_BATCH
+    assert pm.cpp_auto_path(gemm - 1) == "mma" and pm.cpp_auto_path(gemm) == "gemm" and pm.cpp_auto_path(9, 8) == "gemm"

@@ -16,7 +16,8 @@ import localargmax
 from localargmax import sampling
 from localargmax.bench import filtered, report
 from localargmax.bench.cli import build_parser, main
-from tests.support.launch import run_bench
+from tests.support.launch import run_bench, run_ranks
+from tests.support.problems import make_shards
 
 SEED = 11
 TIE = 1e-4  # float32 logits of |x| <~ 10 from float32 inputs of H 32: errors far below this
@@ -133,7 +134,12 @@ def test_tiny_run_has_the_filter_columns_and_the_baseline_row(tmp_path):
     assert "fallback" in proc.stdout and "top_k=20 top_p=0.9 min_p=0" in proc.stdout
     doc = json.loads(out.read_text())
     rows = {r["method"]: r for r in doc["rows"]}
-    assert set(rows) == {"full-gather", "fused"}
+    assert set(rows) == {"full-gather", "batch-sharded", "fused"}
+    sharded = rows["batch-sharded"]
+    assert (sharded["bytes_sent_per_rank"], sharded["bytes_recv_per_rank"]) == filtered.batch_sharded_bytes(
+        16, sharded["rows"], 4, sharded["tp"]
+    )
+    assert sharded["ranks_agree"] == 1.0 and "cpu_path" not in sharded
     for r in rows.values():
         assert (r["top_k"], r["top_p"], r["min_p"], r["temperature"]) == (20, 0.9, 0.0, 0.7)
     fused, base = rows["fused"], rows["full-gather"]
@@ -188,3 +194,54 @@ def test_rendered_note_names_auto_per_dtype_where_it_differs():
     assert "CPU path auto: avx512)" in readme_tables._provenance([doc])
     doc["env"]["cpu_path_auto_by_dtype"] = {"float32": "avx512", "bfloat16": "brgemm"}
     assert "CPU path auto: float32 avx512, bfloat16 brgemm)" in readme_tables._provenance([doc])
+
+
+# ----------------------------------------------------------------------------- vLLM 0.34's batch-sharded sampling
+
+
+def _batch_sharded_worker(rank, world_size, seed, batch, vocab):
+    import torch.distributed as dist
+
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(batch, 24, generator=g)
+    weight = torch.randn(vocab, 24, generator=g) * 0.01
+    winners = torch.randperm(vocab, generator=g)[:batch]
+    weight[winners] = 8 * hidden / (hidden * hidden).sum(dim=1, keepdim=True)  # logit 8 against ~0: clear
+    w, _, s = make_shards(weight, None, world_size, 16, hidden=hidden, pad="huge")[rank]  # padding that would win
+    kw = dict(vocab_start=s.vocab_start, num_valid=s.num_valid, group=dist.group.WORLD)
+    greedy = filtered.batch_sharded_sample(hidden, w, temperature=0.0, **kw)
+    top1 = filtered.batch_sharded_sample(hidden, w, temperature=0.8, top_k=1, **kw)  # top-k 1: the argmax again
+    drawn = filtered.batch_sharded_sample(
+        hidden, w, temperature=50.0, generator=torch.Generator().manual_seed(seed + rank), **kw
+    )
+    return winners.tolist(), greedy.tolist(), top1.tolist(), drawn.tolist()
+
+
+@pytest.mark.parametrize("tp, batch", [(2, 7), (3, 2), (3, 10)])
+def test_batch_sharded_sample_routes_every_row_to_its_owner_and_back(tp, batch):
+    """The all-to-all baseline on gloo ranks, uneven vocab (103 rows) with padding that would win:
+    greedy and top-k 1 return each row's planted winner in batch order on every rank (rows owned
+    by other ranks, batches smaller than tp and not divisible by it); a hot draw (T = 50) is the
+    same on every rank and never padding."""
+    results = run_ranks(_batch_sharded_worker, tp, SEED, batch, 103)
+    for winners, greedy, top1, drawn in results:
+        assert greedy == winners and top1 == winners
+        assert drawn == results[0][3] and all(0 <= i < 103 for i in drawn)
+    assert any(r[3] != r[0] for r in results[:1]), "T = 50 drew the winners: the draw is not random"
+
+
+def test_batch_sharded_bytes_count_the_plan():
+    """Rank r owns rows r, r + tp, ...; it sends the logits of the rows it does not own and one
+    int64 per owned slot (ceil(B / tp)) to the gather; receives tp - 1 blocks of its own rows."""
+    assert [filtered.owned_rows(7, 3, r) for r in range(3)] == [3, 2, 2]
+    assert filtered.batch_sharded_bytes(7, 100, 2, 3, rank=0) == ((7 - 3) * 200 + 24, 2 * 3 * 200 + 2 * 24)
+    assert filtered.batch_sharded_bytes(7, 100, 2, 3, rank=2) == ((7 - 2) * 200 + 24, 2 * 2 * 200 + 2 * 24)
+    assert filtered.batch_sharded_bytes(5, 100, 4, 1) == (0, 0)
+    for tp in (
+        2,
+        4,
+        8,
+    ):  # the all-to-all delivers what it sends (the ids' all-gather: sent once, received tp - 1 times)
+        ids = 8 * -(-13 // tp)
+        sent = sum(filtered.batch_sharded_bytes(13, 64, 2, tp, r)[0] - ids for r in range(tp))
+        assert sent == sum(filtered.batch_sharded_bytes(13, 64, 2, tp, r)[1] - (tp - 1) * ids for r in range(tp))

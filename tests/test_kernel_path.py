@@ -87,12 +87,12 @@ def test_auto_runs_the_path_kernel_path_names(gen, dtype):
 
 def test_kernel_path_on_cuda():
     """CUDA: C++ auto's rule (_C._choose_cuda_path): float32 simt at every
-    batch, bf16 / fp16 mma below batch 65 and gemm from it; a named path is
+    batch, bf16 / fp16 mma below batch 17 and gemm from it; a named path is
     itself (mma / gemm only for 16-bit weights); answered without a GPU."""
-    for batch in (0, 1, 64, 65, 4096):
+    for batch in (0, 1, 16, 17, 32, 33, 65, 4096):
         assert localargmax.kernel_path(F32, "cuda", batch=batch) == "simt"
         for dtype in (BF16, F16):
-            want = "gemm" if batch >= 65 else "mma"
+            want = "gemm" if batch >= 17 else "mma"
             assert (
                 localargmax.kernel_path(dtype, "cuda:3", batch=batch)
                 == want

@@ -179,8 +179,9 @@ def test_cuda_batch_past_grid_y_limit(gen, path_name, batch):
 def test_cuda_columns_past_2_to_the_31(gen, path_name):
     """A shard of 2**31 + 200 rows (the limit is 2**31 - 64; this one is cut
     to num_valid = 2**31 - 100): column indexes past 2**31 - 1 overflow 32-bit
-    arithmetic (an int column index in logits_to_keys_kernel would). The winner is
-    planted in the last block; needs ~36 GiB of device memory (H200 has 139)."""
+    arithmetic. The winner is planted in the last block; needs ~36 GiB of device
+    memory (H200 has 139). gemm: refused past kGemmMaxRows rows (cuBLAS failed on
+    2**31 - 1 of them), and auto takes mma at a gemm batch there."""
     free, _ = torch.cuda.mem_get_info()
     if free < 40 * 2**30:
         pytest.skip(f"needs 40 GiB of free device memory, {free / 2**30:.0f} GiB free")
@@ -190,6 +191,13 @@ def test_cuda_columns_past_2_to_the_31(gen, path_name):
     winner = num_valid - 1 - int(torch.randint(0, 50, (1,), generator=gen))
     weight[winner] = 1.0
     weight[num_valid + 5] = 2.0  # padding past num_valid that would win
+    if path_name == "gemm":  # past kGemmMaxRows (cuBLAS failed at 2**31 - 1 rows): refused, and auto does not take it
+        with pytest.raises(ValueError, match=r"path='gemm' takes shards of at most 2097152 rows"):
+            ids_of(hidden, weight, vocab_start=2**31 + 50, num_valid=num_valid, path="gemm")
+        big = torch.ones(17, 8, dtype=torch.bfloat16, device="cuda")  # a batch at which auto takes gemm
+        ids = ids_of(big, weight, vocab_start=2**31 + 50, num_valid=num_valid)
+        assert ids.tolist() == [2**31 + 50 + winner] * 17, (ids.tolist(), winner)
+        return
     ids = ids_of(hidden, weight, vocab_start=2**31 + 50, num_valid=num_valid, path=path_name)  # last id 2**32 - 51
     assert ids.tolist() == [2**31 + 50 + winner] * 2, (ids.tolist(), winner)
     del weight

@@ -72,7 +72,7 @@ def test_shard_sample_correctness(gen, path):
             path, torch.randn(3, 20, generator=gen).to(dtype), torch.randn(150, 20, generator=gen).to(dtype)
         )
         bias, t = on(path, torch.randn(150, generator=gen), torch.tensor([0.0, 1.0, 2.0]))
-        kw = {"path": path_keyword(path, "shard_sample")}
+        kw = {"path": path_keyword(path, "shard_sample", 20, dtype)}
         torch.library.opcheck(torch.ops.localargmax.shard_sample.default, (hidden, weight, bias, 3, 100, t, 42, 9), kw)
 
 

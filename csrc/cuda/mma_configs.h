@@ -135,17 +135,28 @@ constexpr int kDefaultSmCount = 132;
 // Never a config whose shared memory exceeds smem_limit (the smallest rows,
 // under 42 KiB, fit every sm_80+ device). _C._choose_mma_config exports it
 // (the bandwidth model's C++ auto).
+//
+// tma: the launch can run the TMA rows (an sm_90+ device running sm_90 code,
+// no log-partition): batch <= 32 then takes the TMA twins n1_r64_tma (1-8),
+// n2_r64_tma (9-16), n4_r128_tma (17-32, forced mma: auto takes gemm there) —
+// MEASURED on an H200 (2026-12-04, bench/results/gpu_2026-12-04: faster than
+// the cp.async rows auto ran at every engine shard) — the same KC = 2 sums as
+// the rows they replace, so a rank without TMA gives the same bits.
 inline int choose_mma_config(int64_t hidden_size, int64_t num_valid, int64_t batch, int sm_count,
-                             int smem_limit = kDefaultSmemLimit) {
+                             int smem_limit = kDefaultSmemLimit, bool tma = false) {
   (void)hidden_size;  // (a dispatch table may use it; the pipeline takes any H % 8 == 0)
   constexpr int n1 = mma_config<mma_config_index("n1_r64")>(), n2 = mma_config<mma_config_index("n2_r64")>();
+  constexpr int n1_tma = mma_config<mma_config_index("n1_r64_tma")>();
+  constexpr int n2_tma = mma_config<mma_config_index("n2_r64_tma")>();
+  constexpr int n4_tma = mma_config<mma_config_index("n4_r128_tma")>();
   constexpr int n1_sk2 = mma_config<mma_config_index("n1_r64_sk2")>();
   constexpr int n2_sk2 = mma_config<mma_config_index("n2_r64_sk2")>();
   constexpr int n4 = mma_config<mma_config_index("n4_r128")>(), n16 = mma_config<mma_config_index("n16_r64")>();
   constexpr int n8_256 = mma_config<mma_config_index("n8_r256")>();
   constexpr int n8_192 = mma_config<mma_config_index("n8_r192")>();
   static_assert(kMmaConfigs[n1].kc == 2 && kMmaConfigs[n2].kc == 2 && kMmaConfigs[n1_sk2].kc == 2 &&
-                    kMmaConfigs[n2_sk2].kc == 2 && kMmaConfigs[n4].kc == 2,
+                    kMmaConfigs[n2_sk2].kc == 2 && kMmaConfigs[n4].kc == 2 && kMmaConfigs[n1_tma].kc == 2 &&
+                    kMmaConfigs[n2_tma].kc == 2 && kMmaConfigs[n4_tma].kc == 2,
                 "batch <= 32 sums in KC = 2 order");
   static_assert(kMmaConfigs[n8_256].kc == 1 && kMmaConfigs[n8_192].kc == 1 && kMmaConfigs[n16].kc == 1,
                 "batch > 32 sums in KC = 1 order");
@@ -165,6 +176,9 @@ inline int choose_mma_config(int64_t hidden_size, int64_t num_valid, int64_t bat
     if (fits(n8_256)) return n8_256;
     return n16;  // (KC = 1 too; one pass of 128 batch rows)
   }
+  if (tma && batch > 16 && fits(n4_tma)) return n4_tma;
+  if (tma && batch > 8) return n2_tma;
+  if (tma) return n1_tma;
   if (batch > 16 && fits(n4)) return n4;  // 128-row tiles, 4 warps, 3 stages
   if (batch > 8) return small_grid ? n2_sk2 : n2;  // (batch 17-32 without n4: two passes)
   return small_grid ? n1_sk2 : n1;
@@ -174,14 +188,23 @@ inline int choose_mma_config(int64_t hidden_size, int64_t num_valid, int64_t bat
 
 enum class Path { kSimt, kMma, kGemm };
 
-// gemm from this batch: PREDICTED, UNMEASURED (the bandwidth model's
-// crossover on an H200 against choose_mma_config's rows, with the smallest
-// worst slowdown over the engine shapes, 1.00x; bench/predict.py
-// cpp_defaults). localargmax/dispatch.py mirrors it (CPP_GEMM_MIN_BATCH;
-// tests/test_dispatch.py reads this line). (No small-shard simt rule: the
-// model puts the pipelined configs ahead of simt at every batch on the tp-8
-// shards.)
-constexpr int64_t kDefaultGemmMinBatch = 65;
+// gemm from this batch: MEASURED on an H200 (2026-12-04, bench.tune's
+// timings in bench/results/gpu_2026-12-04/tune_h200.csv): the threshold with
+// the smallest worst slowdown against the fastest timed path over the engine
+// shards (1.07x, simt at batch 1; from 33: 1.10x, from 65: 4.4x). The KC = 1
+// rows (n8_r256, n8_r192, n16_r64) ran 1.4-4.4x slower than gemm at batch
+// 64-1024 on every engine shard, where the bandwidth model had them even with
+// it up to 64 (docs/model.md). localargmax/dispatch.py mirrors it
+// (CPP_GEMM_MIN_BATCH; tests/test_dispatch.py reads this line;
+// tests/test_bench_tune.py holds auto to the measurement). (No small-shard
+// simt rule: simt beat n1_r64_tma at batch 1 on the tp-8 shards by 2-7% only.)
+constexpr int64_t kDefaultGemmMinBatch = 17;
+
+// The gemm path's largest shard (weight.shape[0], padding included: every
+// rank shares it): cuBLAS failed (CUBLAS_STATUS_EXECUTION_FAILED) on a GEMM of
+// 2**31 - 1 weight rows on the H200; 151936 rows ran. Past this, a forced
+// 'gemm' raises ValueError and auto takes mma (or simt) instead.
+constexpr int64_t kGemmMaxRows = int64_t{1} << 21;
 
 // C++ auto (what path="auto" runs unless a measured dispatch table is set,
 // localargmax/dispatch.py): top-k and float32 on simt; bf16 / fp16 on gemm

@@ -147,6 +147,14 @@ int64_t run_mma(const ShardArgmaxProblem<T>& p, int config) {
                       c.smem(), " bytes of shared memory per block; this device (", device, ") allows ",
                       d.smem_limit, " (cudaDevAttrMaxSharedMemoryPerBlockOptin)");
   }
+  if (config < 0) {  // auto: the TMA rows where this launch can run them (choose_mma_config)
+    const bool tma = d.major >= 9 && p.out.block_partition == nullptr &&
+                     kernel_features(reinterpret_cast<const void*>(
+                                         MmaKernel<mma_config_index("n1_r64_tma")>::template kernel<T>()),
+                                     device, d.major)
+                         .tma;
+    config = choose_mma_config(p.hidden_size, p.num_valid, p.batch, d.sms, d.smem_limit, tma);
+  }
   return launch_mma(p, MmaLaunch{d.major, device}, kMaxGridY, d.sms, config, d.smem_limit);
 }
 

@@ -45,6 +45,11 @@ default 1.0, 0 = greedy):
   full-gather      all-gather of the logits as above, softmax(logits.float()/T),
                    torch.multinomial with a generator seeded with --seed on
                    every rank (localargmax.baselines.full_gather_sample)
+  batch-sharded    vLLM 0.34's enable_batch_sharded_sampling: an all-to-all
+                   gives rank r the full-vocab logits of the rows it owns
+                   (b % tp == r), it samples them (vLLM's exponential race),
+                   then the ids are all-gathered
+                   (localargmax.bench.filtered.batch_sharded_sample)
   fused            Gumbel-max inside the fused kernel, Philox noise keyed by
                    (--seed, offset 0 + row, global vocab index), one key per
                    row (localargmax.lm_head_sample). Every timed step uses the
@@ -56,6 +61,8 @@ maximum, top-k, top-p over what they kept; DESIGN.md "Filtered sampling"):
   full-gather      all-gather of the logits, vLLM's PyTorch filters (min-p
                    mask, one sort for top-k / top-p), vLLM's exponential race
                    probs / q (localargmax.bench.filtered.gather_filter_sample)
+  batch-sharded    the all-to-all as above, then vLLM's filters and race on
+                   the owned rows
   fused            lm_head_sample(..., top_k=, top_p=, min_p=): each rank's
                    top-64 candidates and log-partition in one exchange
                    (8*payload_length(B, 64, True) bytes); a row whose allowed
@@ -483,7 +490,7 @@ def make_config(args, command: list[str]):
         raise UsageError(f"--op sample needs 0 <= --seed < 2**63, got {args.seed}")
     op_methods = OP_METHODS[op]
     methods = list(op_methods) if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in OP_METHODS["argmax"]]
+    unknown = [m for m in methods if all(m not in ms for ms in OP_METHODS.values())]
     if unknown or not methods:
         raise UsageError(f"unknown method(s) {unknown or args.methods!r}; choose from {', '.join(op_methods)}")
     unavailable = [m for m in methods if m not in op_methods]

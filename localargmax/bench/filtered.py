@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from .. import sampling, shard_topk, shard_vocab
-from ..baselines import gathered_logits
-from ..collective import payload_length
+from ..baselines import _check_standard_layout, _rank_and_size, _weight_dtype_logits, gathered_logits
+from ..collective import all_gather_single, payload_length
 
 SETTINGS = [  # (T, top_k, top_p, min_p): common vLLM SamplingParams
     (0.7, 0, 0.9, 0.0), (1.0, 0, 0.9, 0.0), (0.7, 0, 0.95, 0.0), (1.0, 0, 0.95, 0.0),
@@ -152,3 +152,79 @@ def filtered_bytes(batch: int, n_fallback: int, shard_rows: int) -> int:
     plus the fallback gather of ``n_fallback`` rows (none: nothing)."""
     fb = 8 * sampling.fallback_payload_length(n_fallback, shard_rows) if n_fallback else 0
     return 8 * payload_length(batch, sampling.CANDIDATES + 1, True) + fb
+
+
+def owned_rows(batch: int, tp: int, rank: int) -> int:
+    """Rows of a ``batch`` that TP rank ``rank`` owns in vLLM 0.34's batch-sharded sampling
+    (``batch_shard.shard_owners``: row ``b`` to rank ``b % tp``)."""
+    return len(range(rank, batch, tp))
+
+
+def batch_sharded_bytes(batch: int, rows: int, itemsize: int, tp: int, rank: int = 0) -> tuple[int, int]:
+    """``(sent, received)`` bytes of TP rank ``rank`` in one step of vLLM 0.34's batch-sharded
+    sampling (``enable_batch_sharded_sampling``; v1/worker/gpu/sample/batch_shard.py's plan), as
+    :func:`batch_sharded_sample` runs it: the all-to-all sends each other rank the ``[B_r, rows]``
+    local logits of the rows it owns (``B_r`` = :func:`owned_rows`), in the logits' dtype
+    (``itemsize``); then the sampled ids, int64, padded to ``ceil(B / tp)`` per rank, are
+    all-gathered (vLLM's ``gather_sampler_output`` also gathers the counts and, when asked, the
+    log-probs: not counted)."""
+    own = owned_rows(batch, tp, rank)
+    per_rank_ids = 8 * -(-batch // tp) if tp > 1 else 0
+    sent = (batch - own) * rows * itemsize + per_rank_ids
+    received = (tp - 1) * own * rows * itemsize + (tp - 1) * per_rank_ids
+    return sent, received
+
+
+def batch_sharded_sample(
+    hidden, weight, *, temperature, top_k=0, top_p=1.0, min_p=0.0, generator=None, vocab_start=0,
+    num_valid=None, d2t=None, group=None,
+):  # fmt: skip
+    """vLLM 0.34's batch-sharded sampling, the baseline: local logits ``[B, rows]`` in the
+    weight dtype (padding -inf); an all-to-all gives TP rank ``r`` the full-vocab logits
+    ``[B_r, tp * rows]`` of the rows it owns (row ``b`` to rank ``b % tp``); it applies
+    :func:`vllm_filter` and vLLM's exponential race (``argmax(probs / q)``, ``q ~ Exp(1)`` from
+    ``generator``; temperature 0: argmax) to them; the sampled ids are all-gathered back into
+    batch order, then ``id + d2t[id]``. Bytes: :func:`batch_sharded_bytes`.
+
+    Args:
+        hidden, weight, vocab_start, num_valid, d2t, group: as in
+            :func:`localargmax.baselines.full_gather_sample` (the ``shard_vocab`` layout).
+        temperature: a float ``>= 0``; top_k, top_p, min_p: vLLM's filters (off: 0, 1, 0).
+        generator: a ``torch.Generator`` on the logits' device, or None.
+
+    Returns:
+        ``[B]`` int64 ids (target ids with ``d2t``) on every rank.
+
+    Raises:
+        ValueError for a non-standard layout; TypeError as
+        :func:`localargmax.baselines.full_gather_argmax`.
+    """
+    rank, tp = _rank_and_size(group)
+    rows = weight.shape[0]
+    _check_standard_layout(vocab_start, rows, rank)
+    logits = _weight_dtype_logits(hidden, weight, rows if num_valid is None else num_valid, None)
+    batch = logits.shape[0]
+    if tp > 1:
+        order = torch.cat([torch.arange(r, batch, tp, device=logits.device) for r in range(tp)])
+        splits = [owned_rows(batch, tp, r) for r in range(tp)]
+        own = splits[rank]
+        received = logits.new_empty((tp * own, rows))
+        dist.all_to_all_single(
+            received, logits[order].contiguous(), [own] * tp, splits, group=group
+        )  # rank r's block of my rows, in rank order
+        logits = received.view(tp, own, rows).permute(1, 0, 2).reshape(own, tp * rows)
+    if temperature == 0:
+        ids = logits.argmax(dim=1)
+    else:
+        y = vllm_filter(logits, temperature, top_k, top_p, min_p)
+        q = torch.empty_like(y).exponential_(generator=generator)
+        ids = (y.softmax(dim=1) / q).argmax(dim=1)
+    if tp > 1:
+        width = -(-batch // tp)
+        padded = torch.cat([ids, ids.new_zeros(width - ids.shape[0])])
+        gathered = all_gather_single(padded, group)
+        b = torch.arange(batch, device=ids.device)
+        ids = gathered.view(tp, width)[b % tp, b // tp]
+    if d2t is not None:
+        ids = ids + d2t[ids]
+    return ids

@@ -36,7 +36,13 @@ from ..baselines import (
 from ..collective import payload_length
 from . import report
 from .data import Shape, free_memory, full_weight, reference_ids, reference_topk, weight_shard
-from .filtered import fallback_rows_dist, filtered_bytes, gather_filter_sample
+from .filtered import (
+    batch_sharded_bytes,
+    batch_sharded_sample,
+    fallback_rows_dist,
+    filtered_bytes,
+    gather_filter_sample,
+)
 
 METHODS = ("full-gather", "unfused-local", "fused", "fused-allreduce")
 """The methods of the multi-rank benchmark (``--op argmax``), in table order."""
@@ -44,7 +50,11 @@ METHODS = ("full-gather", "unfused-local", "fused", "fused-allreduce")
 OPS = ("argmax", "topk", "sample")
 """What one step computes (``--op``)."""
 
-OP_METHODS = {"argmax": METHODS, "topk": ("full-gather", "fused"), "sample": ("full-gather", "fused")}
+OP_METHODS = {
+    "argmax": METHODS,
+    "topk": ("full-gather", "fused"),
+    "sample": ("full-gather", "batch-sharded", "fused"),
+}
 """The methods available for each op, in table order (also the default set)."""
 
 SAMPLE_OFFSET = 0
@@ -107,8 +117,11 @@ def comm_bytes(method: str, batch: int, rows: int, itemsize: int, tp: int, k: in
     the 24-byte header of the step's exchange (DESIGN.md, "The step's
     exchange"). Received is ``(tp - 1) * payload`` for an all-gather and
     the ring all-reduce estimate ``2 * (tp - 1) / tp * payload`` for
-    fused-allreduce.
+    fused-allreduce. batch-sharded (vLLM 0.34's all-to-all): rank 0's
+    :func:`~localargmax.bench.filtered.batch_sharded_bytes`.
     """
+    if method == "batch-sharded":
+        return batch_sharded_bytes(batch, rows, itemsize, tp)
     if method == "full-gather":
         payload = batch * rows * itemsize
     elif method == "unfused-local":
@@ -162,6 +175,9 @@ def make_step(
         if method == "full-gather":
             return lambda: full_gather_topk(hidden, weight, k, **kwargs)[0]
         return lambda: lm_head_topk(hidden, weight, k, **kwargs)[0]
+    if op == "sample" and method == "batch-sharded":
+        f = dict(top_k=0, top_p=1.0, min_p=0.0) | (filters or {})
+        return lambda: batch_sharded_sample(hidden, weight, temperature=temperature, generator=generator, **f, **kwargs)
     if op == "sample" and filters:
         if method == "full-gather":
             f = dict(top_k=0, top_p=1.0, min_p=0.0) | filters
@@ -385,7 +401,7 @@ def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[
                             fallback_share=n_fallback / batch if batch else 0.0,
                             agree=_fraction_equal(ids_by_rank, matched, batch),
                         )
-                if cfg.device == "cpu" and method != "full-gather" and method != "unfused-local":
+                if cfg.device == "cpu" and method in ("fused", "fused-allreduce"):
                     row["cpu_path"] = cpu_path_of(cfg.cpu_path, cfg.dtype)
                 rows.append(row)
         del weight

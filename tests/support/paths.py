@@ -131,13 +131,15 @@ _KEYWORD = {
 _OPS = ("shard_argmax", "shard_topk", "shard_sample")
 
 
-def path_keyword(path: KernelPath, op: str = "shard_argmax", hidden_size: int | None = None) -> str:
-    """The ops' ``path=`` value that runs ``op`` on ``path``: top-k has no
-    mma / gemm path (it runs on auto there), and a hidden size the mma kernel
-    does not take (not a multiple of 8) runs on auto too (the mma path's
-    refusal of such shapes is tested on its own)."""
+def path_keyword(
+    path: KernelPath, op: str = "shard_argmax", hidden_size: int | None = None, dtype: torch.dtype | None = None
+) -> str:
+    """The ops' ``path=`` value that runs ``op`` on ``path``: top-k and
+    float32 weights have no mma / gemm path (they run on auto there), and a
+    hidden size the mma kernel does not take (not a multiple of 8) runs on
+    auto too (the refusals are tested on their own)."""
     kw = _KEYWORD[path.name]
-    if op == "shard_topk" and kw in ("mma", "gemm"):
+    if kw in ("mma", "gemm") and (op == "shard_topk" or dtype == torch.float32):
         return "auto"
     if kw == "mma" and hidden_size is not None and hidden_size % 8:
         return "auto"
@@ -148,7 +150,8 @@ def _bound(op: str, fn, path: KernelPath):
     @functools.wraps(fn)
     def call(hidden, weight, *args, **kwargs):
         size = hidden.shape[-1] if isinstance(hidden, torch.Tensor) and hidden.dim() else None
-        kwargs.setdefault("path", path_keyword(path, op, size))
+        dtype = weight.dtype if isinstance(weight, torch.Tensor) else None
+        kwargs.setdefault("path", path_keyword(path, op, size, dtype))
         return fn(hidden, weight, *args, **kwargs)
 
     return call

@@ -39,8 +39,12 @@ def random_problem(gen: torch.Generator, batch: int, vocab: int, hsize: int, dty
     weight = (torch.randn(vocab, hsize, generator=gen) / math.sqrt(max(hsize, 1))).to(dtype)
     if hsize == 1 and dtype in (torch.bfloat16, torch.float16) and vocab > 1:
         # one column of 16-bit values would repeat the maximum all the time;
-        # draw distinct bit patterns (magnitudes ~1e-3 .. 30, both signs)
+        # draw distinct bit patterns (magnitudes ~1e-3 .. 30, both signs; smaller normal magnitudes too
+        # when the vocab needs more than that range holds: bfloat16 past 4096 rows)
         lo, hi = (0x3A00, 0x4200) if dtype == torch.bfloat16 else (0x1400, 0x4F00)
+        lo = min(lo, hi - (vocab + 1) // 2)
+        smallest_normal = 0x0080 if dtype == torch.bfloat16 else 0x0400
+        assert lo >= smallest_normal, f"random_problem: no {vocab} distinct normal {dtype} values below {hi:#x}"
         pick = torch.randperm(2 * (hi - lo), generator=gen)[:vocab]
         bits = (lo + pick % (hi - lo)) | ((pick >= (hi - lo)).to(torch.int64) << 15)
         weight = bits.to(torch.int32).to(torch.int16).view(dtype).view(vocab, 1).clone()
