@@ -299,6 +299,16 @@ class FilterRows(NamedTuple):
     off: torch.Tensor
     sample_off: bool
 
+    @property
+    def filters(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(t, k, p, mp)``, in the order the decisions take them
+        (``sampling.decide_rows``, ``sampling.filter_and_sample``)."""
+        return self.t, self.k, self.p, self.mp
+
+    def take(self, idx: torch.Tensor) -> FilterRows:
+        """The record of the rows ``idx`` (the fallback's rows)."""
+        return FilterRows(self.t[idx], self.k[idx], self.p[idx], self.mp[idx], self.off[idx], self.sample_off)
+
 
 def filter_rows(hidden, temperature, top_k, top_p, min_p) -> FilterRows:
     """The filtered step's per-row parameters (:class:`FilterRows`), each
@@ -388,14 +398,16 @@ smallest subnormal, 2**-149; the tie rounds to even, zero). A plain
 comparison: traceable by torch.compile with a symbolic float."""
 
 
-def check_transform_args(scale, soft_cap) -> None:
+def check_transform_args(scale, soft_cap, scale_name: str = "scale") -> None:
     """The logit transform of the log-partition ops: ``scale`` a finite float
     ``> 0`` (and > 0 in float32), ``soft_cap`` None or a finite float ``> 0``
-    (the ops take 0 for none)."""
+    (the ops take 0 for none). ``scale_name``: the keyword the caller was
+    given it as (the ops' ``scale``, the steps' ``logit_scale``: DESIGN.md,
+    "Log-probabilities")."""
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= _FLOAT32_MAX:
-        raise ValueError(f"scale must be a finite float > 0 (the logit scale), got {scale!r}")
+        raise ValueError(f"{scale_name} must be a finite float > 0 (the logit scale), got {scale!r}")
     if scale <= _FLOAT32_ROUNDS_TO_ZERO:
-        raise ValueError(f"scale must be > 0 in float32 (it rounds to 0), got {scale!r}")
+        raise ValueError(f"{scale_name} must be > 0 in float32 (it rounds to 0), got {scale!r}")
     if soft_cap is None:
         return
     if isinstance(soft_cap, bool) or not isinstance(soft_cap, (int, float)) or not 0 < soft_cap <= _FLOAT32_MAX:

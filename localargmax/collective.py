@@ -131,11 +131,18 @@ def exchange_keys(keys: torch.Tensor, group: Group = None, reduce: str = "all_ga
 def exchange_step(payload: torch.Tensor, group: Group, reduce: str = "all_gather", *, vocab_start=0,
                   debug: dict[str, int] | None = None) -> torch.Tensor:  # fmt: skip
     """A step's exchange, the one place the steps hand their ``group`` to:
-    :func:`check_group` first (before anything uses the group), then, with
-    ``debug`` (``LOCALARGMAX_DEBUG=1``: what this rank was called with, by
-    name), :func:`check_step_consistency`, then :func:`exchange_keys` of the
-    framed ``payload`` (:func:`frame_keys`, :func:`frame_logits`)."""
+    :func:`check_group` first (before anything uses the group: once a step,
+    here at its first exchange), then, with ``debug`` (``LOCALARGMAX_DEBUG=1``:
+    what this rank was called with, by name), :func:`check_step_consistency`,
+    then :func:`exchange_keys` of the framed ``payload`` (:func:`frame_keys`).
+    The filtered step's second exchange, on the group checked here, is
+    :func:`exchange_logits`."""
     check_group(group, vocab_start=vocab_start)
+    return _exchange_frame(payload, group, reduce, debug)
+
+
+def _exchange_frame(payload: torch.Tensor, group: Group, reduce: str, debug: dict[str, int] | None) -> torch.Tensor:
+    """:func:`check_step_consistency` of ``debug`` (if given), then :func:`exchange_keys` of ``payload``."""
     if debug is not None:
         check_step_consistency(group, list(debug.values()), list(debug))
     return exchange_keys(payload, group, reduce)
@@ -285,59 +292,91 @@ def frame_keys(keys: torch.Tensor, vocab_end: int, pairs: torch.Tensor | None = 
         ``keys``; built without a host-to-device copy (fills only), so it is
         capturable in a CUDA graph.
     """
-    n = keys.numel()
-    size = n + 1 + (PAIRS_FLAG if pairs is not None else 0)
-    if keys.device.type == "cpu":
+    size = keys.numel() + 1 + (PAIRS_FLAG if pairs is not None else 0)
+    if pairs is None:
+        return _frame(size, vocab_end, keys.reshape(-1))
+    return _frame(size, vocab_end, keys.reshape(-1), pairs_to_words(pairs))
+
+
+def _frame(size: int, vocab_end: int, *body: torch.Tensor) -> torch.Tensor:
+    """The one frame of every exchange: the header ``[size, -size,
+    vocab_end]`` (:data:`HEADER_LEN` words), then the ``body`` words (int64),
+    in order. On a device the header is built without a host-to-device copy
+    (fills only), so a frame is capturable in a CUDA graph."""
+    if body[0].device.type == "cpu":
         header = torch.tensor([size, -size, vocab_end], dtype=torch.int64)
     else:  # fills, no host-to-device copy
-        header = keys.new_full((HEADER_LEN,), size)
+        header = body[0].new_full((HEADER_LEN,), size)
         header[1:2].fill_(-size)  # (a Python-int setitem copies a CPU scalar: refused in graph capture)
         header[2:3].fill_(vocab_end)
-    if pairs is None:
-        return torch.cat([header, keys.reshape(-1)])
-    return torch.cat([header, keys.reshape(-1), pairs_to_words(pairs)])
+    return torch.cat([header, *body])
 
 
-LOGITS_HEADER_LEN = 4
-"""int64 words before a rank's logits in the filtered step's fallback gather (see :func:`frame_logits`)."""
+LOGITS_FLAG = 1 << 41
+"""Added to the header's size word of the filtered step's fallback frame
+(:func:`frame_logits`): a rank that sends logits where the others send keys
+fails the size check."""
+
+LOGITS_FIELDS = 3
+"""int64 words after the header of a fallback frame, before its logits:
+``[vocab_start, n_rows, shard_rows]`` (see :func:`frame_logits`)."""
 
 
 def logits_payload_length(n_rows: int, shard_rows: int) -> int:
     """Int64 words one rank sends in the fallback gather (:func:`frame_logits`):
-    the :data:`LOGITS_HEADER_LEN`-word header and the rows' float32 logits, two per word."""
-    return LOGITS_HEADER_LEN + (n_rows * shard_rows + 1) // 2
+    the :data:`HEADER_LEN`-word header, :data:`LOGITS_FIELDS` words, and the
+    rows' float32 logits, two per word."""
+    return HEADER_LEN + LOGITS_FIELDS + (n_rows * shard_rows + 1) // 2
 
 
 def frame_logits(logits: torch.Tensor, vocab_start: int, num_valid: int) -> torch.Tensor:
-    """One rank's payload for the filtered step's fallback gather, beside
-    :func:`frame_keys`: a 4-word header ``[vocab_start, num_valid, n_rows,
-    shard_rows]``, then the ``[n_rows, shard_rows]`` float32 logits as their
-    bits, two per int64 word (zero-padded to a whole word). Every rank's
-    weight must have the same ``shard_rows`` (vLLM pads the shards equally).
-    Read back by :func:`logits_from_frames`."""
+    """One rank's payload for the filtered step's fallback gather, in the one
+    frame of :func:`frame_keys`: the header ``[size, -size, vocab_end]``
+    (``size`` = the words after it plus one, plus :data:`LOGITS_FLAG`;
+    ``vocab_end`` = ``vocab_start + num_valid``, 0 for an empty shard), the
+    words ``[vocab_start, n_rows, shard_rows]``, then the ``[n_rows,
+    shard_rows]`` float32 logits as their bits, two per int64 word
+    (zero-padded to a whole word). Every rank's weight must have the same
+    ``shard_rows`` (vLLM pads the shards equally). Read back by
+    :func:`logits_from_frames`."""
     n, shard_rows = logits.shape
-    body = logits.to(torch.float32).contiguous().reshape(-1)
-    if body.numel() % 2:
-        body = torch.cat([body, body.new_zeros(1)])
-    header = torch.tensor([vocab_start, num_valid, n, shard_rows], dtype=torch.int64).to(logits.device)
-    return torch.cat([header, body.view(torch.int64)])
+    values = logits.to(torch.float32).contiguous().reshape(-1)
+    if values.numel() % 2:
+        values = torch.cat([values, values.new_zeros(1)])
+    fields = torch.tensor([vocab_start, n, shard_rows], dtype=torch.int64).to(logits.device)
+    size = LOGITS_FIELDS + values.numel() // 2 + 1 + LOGITS_FLAG
+    return _frame(size, vocab_start + num_valid if num_valid else 0, fields, values.view(torch.int64))
 
 
 def logits_from_frames(gathered: torch.Tensor) -> torch.Tensor:
     """``[n_rows, vocab]`` float32 logits from every rank's :func:`frame_logits`
     (``gathered [tp, L]``), each shard's valid columns at its place and NaN in
     the gaps between shards. ValueError, on every rank alike, if the ranks
-    sent different row counts or shard sizes."""
-    heads = gathered[:, :LOGITS_HEADER_LEN].tolist()
-    n, shard_rows = heads[0][2:]
-    if any(h[2:] != [n, shard_rows] for h in heads):
-        raise ValueError(f"the TP ranks disagree on the fallback gather (rows, shard rows): {[h[2:] for h in heads]}")
-    vocab = max(s + v for s, v, _, _ in heads)
+    sent different row counts or shard sizes (or one sent no fallback frame)."""
+    heads = gathered[:, : HEADER_LEN + LOGITS_FIELDS].tolist()
+    size = heads[0][0]
+    n, shard_rows = heads[0][HEADER_LEN + 1 :]
+    agree = lambda h: h[:2] == [size, -size] and h[HEADER_LEN + 1 :] == [n, shard_rows]  # noqa: E731
+    if size < LOGITS_FLAG or not all(agree(h) for h in heads):
+        got = [h[HEADER_LEN + 1 :] if h[0] >= LOGITS_FLAG else "not a fallback frame" for h in heads]
+        raise ValueError(f"the TP ranks disagree on the fallback gather (rows, shard rows): {got}")
+    vocab = max(h[2] for h in heads)
     full = torch.full((n, vocab), math.nan, dtype=torch.float32, device=gathered.device)
-    for r, (s, v, _, _) in enumerate(heads):
-        part = gathered[r, LOGITS_HEADER_LEN:].view(torch.float32)[: n * shard_rows].view(n, shard_rows)
-        full[:, s : s + v] = part[:, :v]
+    for r, (_, _, end, start, _, _) in enumerate(heads):
+        valid = end - start if end else 0
+        part = gathered[r, HEADER_LEN + LOGITS_FIELDS :].view(torch.float32)[: n * shard_rows].view(n, shard_rows)
+        full[:, start : start + valid] = part[:, :valid]
     return full
+
+
+def exchange_logits(logits: torch.Tensor, group: Group, *, vocab_start: int, num_valid: int,
+                    debug: dict[str, int] | None = None) -> torch.Tensor:  # fmt: skip
+    """The filtered step's fallback gather, on the group its first exchange
+    (:func:`exchange_step`) checked: this rank's ``[n_rows, shard_rows]``
+    logits framed (:func:`frame_logits`), all-gathered (with ``debug``, the
+    ranks' calls compared first, as there), and read back as the rows' full
+    ``[n_rows, vocab]`` logits (:func:`logits_from_frames`)."""
+    return logits_from_frames(_exchange_frame(frame_logits(logits, vocab_start, num_valid), group, "all_gather", debug))
 
 
 def pairs_to_words(pairs: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,11 @@ step takes it (:func:`run_step`: the argument checks, the rank's fused op,
 the checked exchange), the checked merge (:func:`merge_checked`), the
 winning rank of an exchange, the log-probabilities and log-odds from the
 ranks' log-partition pairs, and the local logits of the paths that need
-them (the filtered step's fallback, the baselines, the module)."""
+them (the baselines, the module) and their gather (the filtered step's
+fallback, :func:`gather_logits`). The group goes one way: a step hands it to
+:func:`run_step` (and the fallback to :func:`gather_logits`), which hand it to
+:mod:`localargmax.collective`; :func:`localargmax.collective.check_group`
+checks it at the step's first exchange, before any use."""
 
 from __future__ import annotations
 
@@ -16,7 +20,16 @@ import torch
 
 from . import envs
 from ._validation import check_d2t_arg, check_transform_args, host_checks
-from .collective import HEADER_LEN, PAIRS_FLAG, REDUCE_MODES, Group, exchange_step, frame_keys, words_to_pairs
+from .collective import (
+    HEADER_LEN,
+    PAIRS_FLAG,
+    REDUCE_MODES,
+    Group,
+    exchange_logits,
+    exchange_step,
+    frame_keys,
+    words_to_pairs,
+)
 from .ops import merge_keys
 from .packed_key import INDEX_MASK, SIGN_FLIP, key_index
 
@@ -224,6 +237,19 @@ def local_logits(hidden, weight, bias=None, num_valid=None, *, dtype=None, scale
     return logits
 
 
+def gather_logits(hidden, weight, *, vocab_start, num_valid, bias, group: Group, scale, soft_cap) -> torch.Tensor:
+    """``[n, vocab]`` float32 logits of the rows ``hidden [n, H]`` over every
+    rank (the filtered step's fallback, after :func:`run_step` has checked the
+    group): this shard's :func:`local_logits` (transformed), gathered by
+    :func:`localargmax.collective.exchange_logits`; NaN outside the valid
+    vocabulary (the gaps between shards)."""
+    shard_rows = weight.shape[0]
+    logits = local_logits(hidden, weight, bias, dtype=torch.float32, scale=scale, soft_cap=soft_cap)
+    debug = {"fallback rows": hidden.shape[0], "shard rows": shard_rows} if envs.LOCALARGMAX_DEBUG else None
+    nv = shard_rows if num_valid is None else num_valid
+    return exchange_logits(logits, group, vocab_start=vocab_start, num_valid=nv, debug=debug)
+
+
 def log_probs_from_pairs(
     values: torch.Tensor, pairs: torch.Tensor, temperature: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -318,7 +344,7 @@ def _check_log_probs_args(return_log_probs, logit_scale, soft_cap, reduce, retur
     ``sampling`` takes it: it changes ``softmax(x / T)``, so the samples."""
     if not isinstance(return_log_probs, bool):
         raise TypeError(f"return_log_probs must be a bool, got {type(return_log_probs).__name__}")
-    check_transform_args(logit_scale, soft_cap)
+    check_transform_args(logit_scale, soft_cap, "logit_scale")
     transform = logit_scale != 1.0 or soft_cap is not None
     if transform and not (return_log_probs or return_log_odds or sampling):
         raise ValueError(

@@ -15,9 +15,9 @@ import math
 import torch
 
 from . import envs
-from ._validation import MAX_TOPK, TEMPERATURE, check_seed_offset, filter_rows, host_checks, row_param
-from .collective import Group, exchange_step, frame_logits, logits_from_frames, logits_payload_length
-from .engine import local_logits, log_probs_from_pairs, merge_checked, run_step, winning_rank
+from ._validation import MAX_TOPK, TEMPERATURE, FilterRows, check_seed_offset, filter_rows, host_checks, row_param
+from .collective import Group, logits_payload_length
+from .engine import gather_logits, log_probs_from_pairs, merge_checked, run_step, winning_rank
 from .ops import decode_keys, shard_sample, shard_topk
 from .packed_key import SIGN_FLIP
 from .vllm_gumbel import check_noise
@@ -31,7 +31,7 @@ FALLBACKS = ("gather", "error")
 
 fallback_payload_length = logits_payload_length
 """Int64 words one rank sends in the fallback gather
-(:func:`localargmax.collective.logits_payload_length`: ``4 + ceil(n_rows·shard_rows / 2)``)."""
+(:func:`localargmax.collective.logits_payload_length`: ``6 + ceil(n_rows·shard_rows / 2)``)."""
 
 _M0, _M1, _W0, _W1, _MASK = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85, 0xFFFFFFFF
 _G_MAX = -math.log(-math.log((2.0**32 - 0.5) / 2.0**32))
@@ -190,13 +190,13 @@ def filtered_sample(
             "fallback='gather' needs the number of fallback rows on the host, which CUDA-graph capture and "
             "torch.compile do not allow: pass fallback='error' (a device-side assert if any row needs the gather)"
         )
-    t, k, p, mp, off, sample = filter_rows(hidden, temperature, top_k, top_p, min_p)  # parsed once, here
+    f = filter_rows(hidden, temperature, top_k, top_p, min_p)  # parsed once, here; handed down as one record
     batch, dev = hidden.shape[0], hidden.device
-    debug = {"seed": seed, "offset": offset, "fallback": FALLBACKS.index(fallback), "temperature": t}
-    debug |= {"top_k": k, "top_p": p, "min_p": mp}  # what the ranks decide the fallback rows from
+    debug = {"seed": seed, "offset": offset, "fallback": FALLBACKS.index(fallback), "temperature": f.t}
+    debug |= {"top_k": f.k, "top_p": f.p, "min_p": f.mp}  # what the ranks decide the fallback rows from
     _, gathered, pairs, ok, vocab_total = run_step(
-        _candidates_and_sample, (CANDIDATES, t, seed, offset, off if sample else None, return_log_probs), hidden,
-        weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias, d2t=d2t, group=group, reduce="all_gather",
+        _candidates_and_sample, (CANDIDATES, f, seed, offset, return_log_probs), hidden, weight,
+        vocab_start=vocab_start, num_valid=num_valid, bias=bias, d2t=d2t, group=group, reduce="all_gather",
         log_probs=True, scale=logit_scale, soft_cap=soft_cap, k=CANDIDATES + 1, vocab_total=True, debug=debug,
     )  # fmt: skip
     if batch == 0:
@@ -205,11 +205,11 @@ def filtered_sample(
     gathered, sampled = gathered[..., :CANDIDATES], gathered[..., CANDIDATES]
     greedy_ids, _ = merge_checked(gathered[..., 0], d2t, ok)  # the argmax, d2t applied, checked
     rows = torch.arange(batch, device=dev) + offset
-    draft, logp, need = decide_rows(gathered, pairs, t, k, p, mp, seed, rows, vocab_total)
+    draft, logp, need = decide_rows(gathered, pairs, *f.filters, seed, rows, vocab_total)
     # Rows with every filter off: the merge of the ranks' noised best keys, as lm_head_sample without filters.
     winner = winning_rank(sampled)
     best = sampled.gather(0, winner)[0]
-    draft = torch.where(off, decode_keys(torch.where(best == 0, _NO_ENTRY_STANDIN, best))[0], draft)
+    draft = torch.where(f.off, decode_keys(torch.where(best == 0, _NO_ENTRY_STANDIN, best))[0], draft)
     if fallback == "error" and host_checks(need) and bool(need.any()):
         raise ValueError(
             f"{int(need.sum())} rows' allowed sets do not fit among the {CANDIDATES} candidates per rank "
@@ -217,13 +217,15 @@ def filtered_sample(
         )
     if fallback == "gather" and bool(need.any()):  # (refused above under capture / compile)
         idx = need.nonzero()[:, 0]
-        fb_ids, fb_logp = _fallback(
-            hidden, weight, idx, vocab_start, num_valid, bias, group, logit_scale, soft_cap, t, k, p, mp, seed, rows
-        )
+        logits = gather_logits(
+            hidden[idx], weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias, group=group,
+            scale=logit_scale, soft_cap=soft_cap,
+        )  # fmt: skip
+        fb_ids, fb_logp = filter_and_sample(logits, *f.take(idx).filters, seed, rows[idx])
         draft, logp = draft.index_put((idx,), fb_ids), logp.index_put((idx,), fb_logp)
     elif fallback == "error" and not host_checks(need):
         torch._assert_async(~need.any(), "localargmax: a row's filtered set needs fallback='gather'")
-    sampling = (t > 0) & (draft >= 0)
+    sampling = (f.t > 0) & (draft >= 0)
     ids = torch.where(sampling, draft, 0)
     if d2t is not None:
         ids = ids + d2t[ids]
@@ -232,26 +234,26 @@ def filtered_sample(
         return ids
     greedy_values = decode_keys(torch.where(gathered[..., 0] == 0, _NO_ENTRY_STANDIN, gathered[..., 0]))[1]
     greedy_lp = log_probs_from_pairs(greedy_values.gather(0, winning_rank(gathered[..., 0]))[0], pairs)
-    off_lp = log_probs_from_pairs(pairs[..., 0].gather(0, winner)[0], pairs, t)  # off rows: the sampled pairs
-    return ids, torch.where(off, off_lp, torch.where(sampling, logp.to(torch.float32), greedy_lp))
+    off_lp = log_probs_from_pairs(pairs[..., 0].gather(0, winner)[0], pairs, f.t)  # off rows: the sampled pairs
+    return ids, torch.where(f.off, off_lp, torch.where(sampling, logp.to(torch.float32), greedy_lp))
 
 
-def _candidates_and_sample(hidden, weight, kk, t, seed, offset, off, off_lp, *, log_partition, **kw):
-    """One rank's keys for the filtered exchange (the op :func:`_step` runs,
+def _candidates_and_sample(hidden, weight, kk, f: FilterRows, seed, offset, off_lp, *, log_partition, **kw):
+    """One rank's keys for the filtered exchange (the op :func:`run_step` runs,
     always with ``log_partition``): its ``kk`` largest keys of ``x`` with its
     pair at ``T = 1`` (:func:`shard_topk`), then, in column ``kk``, its
-    noised best key (:func:`shard_sample`, the unfiltered step's key; 0 when
-    ``off`` is None: no row needs it). With ``off_lp`` the rows ``off`` carry
-    the sampling kernel's pair instead (the unfiltered step's
-    log-probabilities). Returns ``(keys [B, kk + 1], pairs [B, 2])``."""
+    noised best key (:func:`shard_sample` at ``f.t``, the unfiltered step's
+    key; 0 unless ``f.sample_off``: no row needs it). With ``off_lp`` the
+    rows ``f.off`` carry the sampling kernel's pair instead (the unfiltered
+    step's log-probabilities). Returns ``(keys [B, kk + 1], pairs [B, 2])``."""
     keys, pairs = shard_topk(hidden, weight, kk, log_partition=True, **kw)
-    if off is None:
+    if not f.sample_off:
         return torch.cat([keys, keys.new_zeros(keys.shape[0], 1)], dim=1), pairs
     lse = off_lp or kw["scale"] != 1.0 or kw["soft_cap"] is not None
-    out = shard_sample(hidden, weight, t, seed, offset, log_partition=lse, **kw)
+    out = shard_sample(hidden, weight, f.t, seed, offset, log_partition=lse, **kw)
     best, best_pairs = out if lse else (out, None)
     if off_lp:
-        pairs = torch.where(off[:, None], best_pairs, pairs)
+        pairs = torch.where(f.off[:, None], best_pairs, pairs)
     return torch.cat([keys, best[:, None]], dim=1), pairs
 
 
@@ -334,17 +336,6 @@ def decide_rows(gathered, pairs, t, k, p, mp, seed, rows, vocab_total=None):
     need &= (t > 0) & ~special
     draft = torch.where((t > 0) & ~special & ~need & ~none_on, ids.gather(1, best)[:, 0], -1)
     return draft, logp, need
-
-
-def _fallback(hidden, weight, idx, vocab_start, num_valid, bias, group, scale, cap, t, k, p, mp, seed, rows):
-    """The rows ``idx`` recomputed from every rank's gathered logits, filtered
-    as vLLM filters the full row (:func:`filter_and_sample`)."""
-    n, shard_rows = idx.numel(), weight.shape[0]
-    nv = shard_rows if num_valid is None else num_valid
-    logits = local_logits(hidden[idx], weight, bias, dtype=torch.float32, scale=scale, soft_cap=cap)
-    debug = {"fallback rows": n, "shard rows": shard_rows} if envs.LOCALARGMAX_DEBUG else None
-    got = exchange_step(frame_logits(logits, vocab_start, nv), group, vocab_start=vocab_start, debug=debug)
-    return filter_and_sample(logits_from_frames(got), t[idx], k[idx], p[idx], mp[idx], seed, rows[idx])
 
 
 def filter_and_sample(logits, t, k, p, mp, seed, rows):

@@ -112,6 +112,34 @@ def test_cupy_communicator_without_cupy_is_a_clear_error(monkeypatch):
         localargmax.lm_head_argmax(torch.randn(2, 8), torch.randn(100, 8), group=FAKE_NCCL_COMM)
 
 
+def test_fallback_frames_share_the_key_frames_header(gen):
+    """The fallback gather's frame (collective.frame_logits) is the one frame
+    of every exchange: ``[size, -size, vocab_end]`` (the size flagged
+    LOGITS_FLAG), then ``[vocab_start, n, rows]`` and the float32 bits; read
+    back, each shard's valid columns land at their place, NaN in the gaps.
+    Ranks that sent other row counts, or a key frame, are refused alike."""
+    from localargmax import collective
+
+    a, b = torch.randn(3, 5, generator=gen), torch.randn(3, 5, generator=gen)
+    fa, fb = collective.frame_logits(a, 0, 4), collective.frame_logits(b, 6, 5)
+    assert fa.shape[0] == collective.logits_payload_length(3, 5)
+    size = fa.shape[0] - collective.HEADER_LEN + 1 + collective.LOGITS_FLAG
+    assert fa[: collective.HEADER_LEN].tolist() == [size, -size, 4]
+    assert fa[collective.HEADER_LEN : collective.HEADER_LEN + 3].tolist() == [0, 3, 5]
+    full = collective.logits_from_frames(torch.stack([fa, fb]))
+    assert full.shape == (3, 11)
+    assert torch.equal(full[:, :4], a[:, :4]) and torch.equal(full[:, 6:], b)
+    assert full[:, 4:6].isnan().all()
+    empty = collective.frame_logits(b, 11, 0)  # a shard with no id: vocab_end 0, nothing placed
+    assert empty[2] == 0 and torch.equal(collective.logits_from_frames(torch.stack([fa, empty])), a[:, :4])
+    other = collective.frame_logits(torch.randn(5, 3, generator=gen), 6, 3)  # 15 values too: the rows differ
+    keys = collective.frame_keys(torch.arange(1, 9), 4)
+    keys = torch.cat([keys, keys.new_zeros(fa.shape[0] - keys.shape[0])])
+    for bad in (other, keys):
+        with pytest.raises(ValueError, match=r"disagree on the fallback gather \(rows, shard rows\)"):
+            collective.logits_from_frames(torch.stack([fa, bad]))
+
+
 def test_world_size_one_is_the_keys_themselves(gen):
     keys = localargmax.shard_argmax(torch.randn(9, 50, generator=gen), torch.randn(300, 50, generator=gen))
     for reduce in ("all_gather", "all_reduce"):
