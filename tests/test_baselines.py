@@ -27,8 +27,11 @@ def test_single_rank_well_separated(gen, baseline, dtype, bias):
     baselines compute logits in the weight dtype); one shard padded to 1152
     rows with rows that would win; with and without d2t."""
     fn = ARGMAX[baseline]
-    hidden, weight, b, winners = planted_problem(gen, 9, 1100, 64, dtype, bias)
-    assert min_gap(hidden, weight, b) > 0.02
+    for _ in range(20):  # a plant can land near another row's (rarely): draw again until every gap is wide
+        hidden, weight, b, winners = planted_problem(gen, 9, 1100, 64, dtype, bias)
+        if min_gap(hidden, weight, b) > 0.05:
+            break
+    assert min_gap(hidden, weight, b) > 0.05, "no well-separated draw in 20"
     d2t = build_d2t(torch.randint(0, 1000, (3000,), generator=gen), 1100)
     ((w, bb, s),) = make_shards(weight, b, 1, 128, hidden=hidden)
     assert s.rows == 1152 and s.num_valid == 1100
