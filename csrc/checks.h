@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <optional>
+#include <utility>
 
 #include "common/packed_key.h"
 
@@ -83,6 +84,24 @@ inline void check_temperature_arg(const char* op, const at::Tensor& hidden, cons
 inline void check_sample_args(const at::Tensor& hidden, const at::Tensor& temperature, int64_t offset) {
   check_temperature_arg("shard_sample", hidden, temperature);
   TORCH_CHECK_VALUE(offset >= 0, "shard_sample: offset must be >= 0, got ", offset);
+}
+
+// noise="vllm"'s per-row tensors: both or neither, [batch] int64 on hidden's device.
+inline void check_noise_args(const at::Tensor& hidden, const std::optional<at::Tensor>& noise_seed,
+                             const std::optional<at::Tensor>& noise_pos) {
+  TORCH_CHECK_VALUE(noise_seed.has_value() == noise_pos.has_value(),
+                    "shard_sample: noise_seed and noise_pos come together (vLLM's noise), got only ",
+                    noise_seed.has_value() ? "noise_seed" : "noise_pos");
+  if (!noise_seed.has_value()) return;
+  const std::pair<const char*, const at::Tensor*> args[] = {{"noise_seed", &*noise_seed}, {"noise_pos", &*noise_pos}};
+  for (const auto& [name, t] : args) {
+    TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == hidden.size(0), "shard_sample: ", name,
+                      " must be 1-D [batch=", hidden.size(0), "], got shape ", t->sizes());
+    TORCH_CHECK_VALUE(t->scalar_type() == at::kLong, "shard_sample: ", name, " must be int64, got ",
+                      t->scalar_type());
+    TORCH_CHECK_VALUE(t->device() == hidden.device(), "shard_sample: ", name, " is on ", t->device(),
+                      " but hidden is on ", hidden.device());
+  }
 }
 
 inline void check_merge_keys_args(const at::Tensor& keys, const std::optional<at::Tensor>& d2t) {

@@ -17,9 +17,12 @@ TORCH_LIBRARY(localargmax, m) {
   // the k largest keys per row, descending (0 = empty slot): [B, k] int64, 1 <= k <= 64
   m.def("shard_topk(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, int k, "
         "str path=\"auto\") -> Tensor");
-  // Gumbel-max: key of logit / T + Gumbel(seed, offset + b, global index); T == 0 rows greedy. [B] int64
+  // Gumbel-max: key of logit / T + Gumbel(seed, offset + b, global index); T == 0 rows greedy. [B] int64.
+  // With noise_seed and noise_pos ([B] int64 each, both or neither): vLLM 0.34's noise and score instead,
+  // fl(logit / T) + g(noise_seed[b], noise_pos[b], global index) (common/vllm_noise.h); seed, offset unused.
   m.def("shard_sample(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, "
-        "Tensor temperature, int seed, int offset, str path=\"auto\") -> Tensor");
+        "Tensor temperature, int seed, int offset, str path=\"auto\", Tensor? noise_seed=None, "
+        "Tensor? noise_pos=None) -> Tensor");
   // The same three with the log-partition (DESIGN.md, "Log-probabilities"): every logit is first
   // transformed (soft_cap > 0: tanh(x / soft_cap) * soft_cap; then * scale), the keys carry the
   // transformed values, and per row the second output [B, 2] float32 holds the shard's pair
@@ -32,13 +35,16 @@ TORCH_LIBRARY(localargmax, m) {
   m.def("shard_topk_lse(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, int k, "
         "float scale=1.0, float soft_cap=0.0, str path=\"auto\") -> (Tensor, Tensor)");
   m.def("shard_sample_lse(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, "
-        "Tensor temperature, int seed, int offset, float scale=1.0, float soft_cap=0.0, str path=\"auto\") "
-        "-> (Tensor, Tensor)");
+        "Tensor temperature, int seed, int offset, float scale=1.0, float soft_cap=0.0, str path=\"auto\", "
+        "Tensor? noise_seed=None, Tensor? noise_pos=None) -> (Tensor, Tensor)");
   // keys [tp, B] or [B] int64, d2t [draft_vocab]? int64 -> (ids [B] int64, values [B] float32)
   m.def("merge_keys(Tensor keys, Tensor? d2t) -> (Tensor, Tensor)");
   // The samplers' Gumbel noise (common/philox.h) at (seed, rows[i], ids[i]): rows (uint64 bits) and ids (>= 0)
   // int64 of one shape -> float32 of that shape. CPU only (on CUDA, localargmax.sampling evaluates it in torch).
   m.def("gumbel_noise(int seed, Tensor rows, Tensor ids) -> Tensor");
+  // vLLM 0.34's Gumbel noise (common/vllm_noise.h) at (seeds[i], pos[i], ids[i]), int64 of one shape (ids >= 0)
+  // -> float32 of that shape (float64: use_fp64_gumbel's noise). CPU only (elsewhere localargmax.sampling's torch).
+  m.def("vllm_gumbel_noise(Tensor seeds, Tensor pos, Tensor ids, bool fp64=False) -> Tensor");
 }
 
 namespace localargmax::cpu {

@@ -48,6 +48,7 @@ from .ops import MAX_GLOBAL_INDEX, MAX_TOPK, decode_keys, merge_keys, shard_argm
 from .paths import kernel_path
 from .sampling import lm_head_sample
 from .step import lm_head_argmax, lm_head_topk, log_odds_from_pairs, log_probs_from_pairs
+from .vllm_gumbel import VllmNoise, vllm_gumbel_noise, vllm_noise
 
 WITH_CUDA: bool = bool(_C.WITH_CUDA)
 """Whether this build compiled the CUDA kernels."""
@@ -61,6 +62,7 @@ __all__ = [
     "LocalArgmaxMixin",
     "VocabParallelLMHead",
     "VocabShard",
+    "VllmNoise",
     "check_layouts",
     "WITH_CUDA",
     "build_d2t",
@@ -80,4 +82,6 @@ __all__ = [
     "shard_topk",
     "shard_vocab",
     "validate_d2t",
+    "vllm_gumbel_noise",
+    "vllm_noise",
 ]

@@ -8,7 +8,7 @@
 
 Run-time code reads only ``LOCALARGMAX_DEBUG``, ``LOCALARGMAX_DISPATCH_TABLE``
 (the measured table ``path="auto"`` follows on CUDA) and the vLLM plugin's
-``LOCALARGMAX_VLLM_PLUGIN``; a forced kernel path is the ops' ``path``
+``LOCALARGMAX_VLLM_PLUGIN`` / ``LOCALARGMAX_VLLM_TARGET_SAMPLER``; a forced kernel path is the ops' ``path``
 argument, never the environment. The build variables are
 read by setup.py (which loads this file by path, before the package exists),
 the test and benchmark ones by tests/ and ``localargmax.bench``. A change
@@ -60,6 +60,14 @@ KNOBS: dict[str, Knob] = {
         "run time",
         "Let the vLLM general plugin (localargmax.integrations.vllm) replace LogitsProcessor.get_top_tokens / "
         "get_top_k_tokens when vLLM loads it (0: keep vLLM's own methods).",
+    ),
+    "LOCALARGMAX_VLLM_TARGET_SAMPLER": Knob(
+        _flag,
+        False,
+        "run time",
+        "With the vLLM plugin on vLLM 0.34's Model Runner V2: sample the target model's tokens from the lm_head "
+        "shards (GPUModelRunner.sample) for steps of greedy or temperature-only requests, the tokens vLLM's Sampler "
+        "draws; other steps keep vLLM's path (0: vLLM's own sampling). Read when the plugin installs.",
     ),
     "LOCALARGMAX_DISPATCH_TABLE": Knob(
         str,

@@ -33,6 +33,7 @@ from ._validation import (
     mma_config_path,
 )
 from .packed_key import MAX_GLOBAL_INDEX
+from .vllm_gumbel import VllmNoise, check_noise
 
 __all__ = ["MAX_GLOBAL_INDEX", "MAX_TOPK", "decode_keys", "merge_keys", "shard_argmax", "shard_sample", "shard_topk"]
 
@@ -235,6 +236,7 @@ def shard_sample(
     log_partition: bool = False,
     scale: float = 1.0,
     soft_cap: float | None = None,
+    noise=None,
     _mma_config: str | None = None,
 ):
     """Gumbel-max sampling over one shard, fused like :func:`shard_argmax`.
@@ -262,6 +264,12 @@ def shard_sample(
         log_partition, scale, soft_cap: as in :func:`shard_argmax`, but a
             scale or soft-cap is taken without ``log_partition`` too: the
             Gumbel-max scores are those of the transformed logits either way.
+        noise: None (the Philox noise above), or a
+            :class:`localargmax.VllmNoise` (``localargmax.vllm_noise(seed,
+            pos, ...)``, ``[B]`` int64 tensors on ``hidden``'s device): vLLM
+            0.34's noise ``g(noise.seed[b], noise.pos[b], v)`` and score
+            ``fl(x / T) + g`` (``seed`` and ``offset`` are then unused;
+            DESIGN.md, "vLLM's noise").
 
     Returns:
         ``[B]`` int64 packed keys (their values are the perturbed scores).
@@ -282,6 +290,7 @@ def shard_sample(
         num_valid = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else 0
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_sample_args(hidden, temperature, seed, offset)
+    noise_args = () if noise is None else tuple(check_noise(noise, hidden))
     path = mma_config_path(path, _mma_config, weight.device)
     transformed = _wants_partition(log_partition, scale, soft_cap, samples=True) or scale != 1.0 or soft_cap is not None
     path = _auto_path(path, hidden, weight)
@@ -298,10 +307,11 @@ def shard_sample(
             float(scale),
             float(soft_cap or 0.0),
             path,
+            *noise_args,
         )
         return out if log_partition else out[0]
     return torch.ops.localargmax.shard_sample.default(
-        hidden, weight, bias, vocab_start, num_valid, temperature, seed, offset, path
+        hidden, weight, bias, vocab_start, num_valid, temperature, seed, offset, path, *noise_args
     )
 
 
@@ -351,9 +361,13 @@ def _shard_topk_fake(hidden, weight, bias, vocab_start, num_valid, k, path="auto
 
 
 @torch.library.register_fake("localargmax::shard_sample")
-def _shard_sample_fake(hidden, weight, bias, vocab_start, num_valid, temperature, seed, offset, path="auto"):
+def _shard_sample_fake(
+    hidden, weight, bias, vocab_start, num_valid, temperature, seed, offset, path="auto", noise_seed=None,
+    noise_pos=None,
+):  # fmt: skip
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_sample_args(hidden, temperature, seed, offset)
+    _check_noise_tensors(hidden, noise_seed, noise_pos)
     return hidden.new_empty((hidden.shape[0],), dtype=torch.int64)
 
 
@@ -371,6 +385,22 @@ def _gumbel_noise_fake(seed, rows, ids):
     if rows.device != ids.device:
         raise ValueError(f"gumbel_noise: rows and ids must be on one device, got {rows.device} and {ids.device}")
     return rows.new_empty(rows.shape, dtype=torch.float32)
+
+
+@torch.library.register_fake("localargmax::vllm_gumbel_noise")
+def _vllm_gumbel_noise_fake(seeds, pos, ids, fp64=False):
+    for name, t in (("seeds", seeds), ("pos", pos), ("ids", ids)):
+        if t.shape != ids.shape or t.dtype != torch.int64 or t.device != ids.device:
+            raise ValueError(f"vllm_gumbel_noise: {name} must be int64 of ids' shape and device")
+    return ids.new_empty(ids.shape, dtype=torch.float64 if fp64 else torch.float32)
+
+
+def _check_noise_tensors(hidden, noise_seed, noise_pos):
+    """The ops' noise_seed / noise_pos: both or neither (as csrc/checks.h's check_noise_args)."""
+    if (noise_seed is None) != (noise_pos is None):
+        raise ValueError("shard_sample: noise_seed and noise_pos come together (vLLM's noise)")
+    if noise_seed is not None:
+        check_noise(VllmNoise(noise_seed, noise_pos), hidden)
 
 
 def _pairs_fake(hidden):
@@ -398,10 +428,12 @@ def _shard_topk_lse_fake(hidden, weight, bias, vocab_start, num_valid, k, scale=
 
 @torch.library.register_fake("localargmax::shard_sample_lse")
 def _shard_sample_lse_fake(
-    hidden, weight, bias, vocab_start, num_valid, temperature, seed, offset, scale=1.0, soft_cap=0.0, path="auto"
-):
+    hidden, weight, bias, vocab_start, num_valid, temperature, seed, offset, scale=1.0, soft_cap=0.0, path="auto",
+    noise_seed=None, noise_pos=None,
+):  # fmt: skip
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_sample_args(hidden, temperature, seed, offset)
+    _check_noise_tensors(hidden, noise_seed, noise_pos)
     check_op_transform_args(scale, soft_cap)
     return hidden.new_empty((hidden.shape[0],), dtype=torch.int64), _pairs_fake(hidden)
 

@@ -9,6 +9,7 @@ not decided by the candidates are recomputed from a gather of their logits."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -19,6 +20,7 @@ from .collective import Group, logits_payload_length
 from .engine import gather_logits, log_probs_from_pairs, merge_checked, run_step, winning_rank
 from .ops import decode_keys, shard_sample, shard_topk
 from .packed_key import SIGN_FLIP
+from .vllm_gumbel import check_noise
 
 CANDIDATES = MAX_TOPK
 """Candidate keys per row each rank sends (its top-K); with its noised best
@@ -65,6 +67,7 @@ def lm_head_sample(
     top_p=None,
     min_p=None,
     fallback: str = "gather",
+    noise=None,
 ):
     """Sample ``ids ~ softmax(logits / T)`` of a vocab-parallel lm_head with
     ``O(tp)`` communication: Gumbel-max, ``argmax_v (logit[b, v] / T[b] + g)``,
@@ -111,6 +114,14 @@ def lm_head_sample(
             A row with every filter off (``top_k <= 0``, ``top_p = 1``,
             ``min_p = 0``) gets the id (and log-probability) this step gives
             without filters, at any ``T``: it never needs the fallback.
+        noise: None (the Philox noise above), or
+            ``localargmax.vllm_noise(seed, pos, drafting=, spec_step=)`` (a
+            :class:`localargmax.VllmNoise` of ``[B]`` int64 tensors on
+            ``hidden``'s device): vLLM 0.34's noise and score, ``argmax_v
+            fl(x / T) + g(seed[b], pos[b], v)`` in float32, the id vLLM's
+            ``gumbel_sample`` draws from the full logits (DESIGN.md, "vLLM's
+            noise"; ``seed`` and ``offset`` are then unused: pass 0). Not yet
+            with ``top_k`` / ``top_p`` / ``min_p`` (ValueError).
         Others: as in :func:`lm_head_argmax`.
 
     Returns:
@@ -128,6 +139,8 @@ def lm_head_sample(
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
     if top_k is not None or top_p is not None or min_p is not None:
+        if noise is not None:
+            raise ValueError("noise=vllm_noise(...) is not supported with top_k / top_p / min_p yet")
         if reduce != "all_gather":
             raise ValueError(f"top_k / top_p / min_p need reduce='all_gather', got {reduce!r}")
         return filtered_sample(
@@ -139,8 +152,11 @@ def lm_head_sample(
     if envs.LOCALARGMAX_DEBUG:
         check_seed_offset(seed, offset)
     debug = {"seed": seed, "offset": offset, "fallback": FALLBACKS.index(fallback), "temperature": t}
+    if noise is not None:
+        debug.update({"noise seed": noise.seed, "noise pos": noise.pos})
+    op = shard_sample if noise is None else functools.partial(shard_sample, noise=check_noise(noise, hidden))
     _, gathered, got_pairs, ok = run_step(
-        shard_sample, (t, seed, offset), hidden, weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias,
+        op, (t, seed, offset), hidden, weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias,
         d2t=d2t, group=group, reduce=reduce, log_probs=return_log_probs, scale=logit_scale, soft_cap=soft_cap,
         sampling=True, debug=debug,
     )  # fmt: skip

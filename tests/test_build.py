@@ -25,7 +25,8 @@ SCHEMAS = {
     "shard_topk": "localargmax::shard_topk(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, "
     'int num_valid, int k, str path="auto") -> Tensor',
     "shard_sample": "localargmax::shard_sample(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, "
-    'int num_valid, Tensor temperature, int seed, int offset, str path="auto") -> Tensor',
+    'int num_valid, Tensor temperature, int seed, int offset, str path="auto", Tensor? noise_seed=None, '
+    "Tensor? noise_pos=None) -> Tensor",
     "merge_keys": "localargmax::merge_keys(Tensor keys, Tensor? d2t) -> (Tensor, Tensor)",
     "shard_argmax_lse": "localargmax::shard_argmax_lse(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, "
     'int num_valid, float scale=1., float soft_cap=0., str path="auto", Tensor? temperature=None) '
@@ -34,7 +35,7 @@ SCHEMAS = {
     'int num_valid, int k, float scale=1., float soft_cap=0., str path="auto") -> (Tensor, Tensor)',
     "shard_sample_lse": "localargmax::shard_sample_lse(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, "
     "int num_valid, Tensor temperature, int seed, int offset, float scale=1., float soft_cap=0., "
-    'str path="auto") -> (Tensor, Tensor)',
+    'str path="auto", Tensor? noise_seed=None, Tensor? noise_pos=None) -> (Tensor, Tensor)',
 }
 needs_cuda_build = pytest.mark.skipif(
     not localargmax.WITH_CUDA, reason="built without CUDA (torch CPU-only, nvcc not found, or LOCALARGMAX_CUDA=0)"

@@ -64,6 +64,24 @@ ENTRY_POINTS = {  # name: f(hidden, weight) -> tensor or tuple of tensors
     "lm_head_topk_d2t": lambda h, w: localargmax.lm_head_topk(h, w, 4, num_valid=V, d2t=D2T),
     "lm_head_topk_log_probs": lambda h, w: localargmax.lm_head_topk(h, w, 4, num_valid=V, return_log_probs=True),
     "lm_head_sample": lambda h, w: localargmax.lm_head_sample(h, w, temperature=0.7, seed=3, num_valid=V),
+    "vllm_noise": lambda h, w: localargmax.lm_head_sample(
+        h,
+        w,
+        temperature=0.7,
+        seed=0,
+        num_valid=V,
+        noise=localargmax.vllm_noise(
+            torch.arange(h.shape[0]) * 2**33 + 5, torch.arange(h.shape[0]) + 2**31, drafting=True, spec_step=1
+        ),
+    ),
+    "vllm_gumbel_noise": lambda h, w: (
+        localargmax.vllm_gumbel_noise(
+            torch.arange(h.shape[0]) + 2**40, torch.arange(h.shape[0]), torch.arange(7)[:, None]
+        ),
+        localargmax.vllm_gumbel_noise(
+            torch.arange(h.shape[0]), torch.arange(h.shape[0]), torch.arange(h.shape[0]), fp64=True
+        ),
+    ),
     "lm_head_sample_all_reduce": lambda h, w: localargmax.lm_head_sample(
         h, w, temperature=0.7, seed=3, num_valid=V, reduce="all_reduce"
     ),
@@ -99,7 +117,7 @@ _DRAFT = _Draft()
 NOT_STEPS = {
     "LOCAL_SHARD", "MAX_GLOBAL_INDEX", "MAX_TOPK", "WITH_CUDA", "VocabShard", "check_layouts", "shard_vocab",
     "build_d2t", "validate_d2t", "draft_to_target_ids", "exchange_keys", "payload_length",
-    "kernel_path",
+    "kernel_path", "VllmNoise",
 }  # fmt: skip
 
 

@@ -10,6 +10,7 @@ from localargmax import envs
 OTHER_VALUE = {
     "LOCALARGMAX_DEBUG": ("1", True),
     "LOCALARGMAX_VLLM_PLUGIN": ("0", False),
+    "LOCALARGMAX_VLLM_TARGET_SAMPLER": ("1", True),
     "LOCALARGMAX_DISPATCH_TABLE": ("/tmp/measured.json", "/tmp/measured.json"),
     "LOCALARGMAX_CUDA": ("0", False),
     "LOCALARGMAX_CUDA_ARCH": ("90a", "90a"),

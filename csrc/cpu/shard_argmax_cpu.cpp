@@ -72,10 +72,17 @@ struct PartitionRequest {
   const at::Tensor* temperature = nullptr;  // [batch] float32 T of the sums (shard_argmax_lse), or nullptr
 };
 
+// noise="vllm"'s per-row tensors (checked by check_noise_args), or none: the Philox noise.
+struct NoiseRows {
+  const std::optional<at::Tensor>& seed;
+  const std::optional<at::Tensor>& pos;
+};
+
 at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                         int64_t vocab_start, int64_t num_valid, int64_t topk, const at::Tensor& temperature,
                         uint64_t seed, uint64_t offset, const std::string& path,
-                        const PartitionRequest* partition = nullptr, bool brgemm_flag_free = false) {
+                        const PartitionRequest* partition = nullptr, bool brgemm_flag_free = false,
+                        const NoiseRows* noise = nullptr) {
   TilesChoice choice = pick_tiles_fn(path, weight.scalar_type());
   // brgemm reads torch.backends.mkldnn.enabled once per call (DESIGN.md, "CPU paths")
   if (choice.brgemm && !brgemm_serves(weight.scalar_type(), brgemm_flag_free))
@@ -102,6 +109,11 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
   if (bias.has_value()) bias_f32 = bias->narrow(0, 0, num_valid).to(at::kFloat).contiguous();
   at::Tensor temperature_f32;
   if (temperature.defined()) temperature_f32 = temperature.to(at::kFloat).contiguous();
+  at::Tensor noise_seed, noise_pos;
+  if (noise != nullptr && noise->seed.has_value()) {
+    noise_seed = noise->seed->contiguous();
+    noise_pos = noise->pos->contiguous();
+  }
 
   // avx512_bf16 with bfloat16 weights: the hidden states as zero-padded
   // bfloat16 pairs too (hidden has the weight's dtype: exact).
@@ -129,6 +141,8 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
   p.temperature = temperature_f32.defined() ? temperature_f32.data_ptr<float>() : nullptr;
   p.seed = seed;
   p.offset = offset;
+  p.noise_seed = noise_seed.defined() ? noise_seed.data_ptr<int64_t>() : nullptr;
+  p.noise_pos = noise_pos.defined() ? noise_pos.data_ptr<int64_t>() : nullptr;
   p.brgemm_hidden = nullptr;
   p.brgemm_weight_tail = nullptr;
   p.brgemm_ldk = 0;
@@ -172,7 +186,7 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
   });
   if (brgemm_refused.load())  // the oneDNN flag changed during the call: all of it again without oneDNN
     return reduce_shard(hidden, weight, bias, vocab_start, num_valid, topk, temperature, seed, offset, path, partition,
-                        true);
+                        true, noise);
   if (partition != nullptr) {
     const KeepDenormals keep_denormals;  // the calling thread's merge too
     // The tiles' pairs, merged in tile order: independent of the chunking.
@@ -228,12 +242,15 @@ void check_temperature_values(const at::Tensor& temperature) {
 
 at::Tensor shard_sample_cpu(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                             int64_t vocab_start, int64_t num_valid, const at::Tensor& temperature, int64_t seed,
-                            int64_t offset, c10::string_view path) {
+                            int64_t offset, c10::string_view path, const std::optional<at::Tensor>& noise_seed,
+                            const std::optional<at::Tensor>& noise_pos) {
   check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
   check_sample_args(hidden, temperature, offset);
+  check_noise_args(hidden, noise_seed, noise_pos);
   check_temperature_values(temperature);
+  const NoiseRows noise{noise_seed, noise_pos};
   return reduce_shard(hidden, weight, bias, vocab_start, num_valid, 1, temperature, static_cast<uint64_t>(seed),
-                      static_cast<uint64_t>(offset), std::string(path))
+                      static_cast<uint64_t>(offset), std::string(path), nullptr, false, &noise)
       .view({-1});
 }
 
@@ -271,15 +288,20 @@ std::tuple<at::Tensor, at::Tensor> shard_sample_lse_cpu(const at::Tensor& hidden
                                                         const std::optional<at::Tensor>& bias, int64_t vocab_start,
                                                         int64_t num_valid, const at::Tensor& temperature,
                                                         int64_t seed, int64_t offset, double scale, double soft_cap,
-                                                        c10::string_view path) {
+                                                        c10::string_view path,
+                                                        const std::optional<at::Tensor>& noise_seed,
+                                                        const std::optional<at::Tensor>& noise_pos) {
   check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid);
   check_sample_args(hidden, temperature, offset);
+  check_noise_args(hidden, noise_seed, noise_pos);
   check_transform_args(scale, soft_cap);
   check_temperature_values(temperature);
   at::Tensor pairs;
   const PartitionRequest req{static_cast<float>(scale), static_cast<float>(soft_cap), &pairs};
+  const NoiseRows noise{noise_seed, noise_pos};
   at::Tensor keys = reduce_shard(hidden, weight, bias, vocab_start, num_valid, 1, temperature,
-                                 static_cast<uint64_t>(seed), static_cast<uint64_t>(offset), std::string(path), &req);
+                                 static_cast<uint64_t>(seed), static_cast<uint64_t>(offset), std::string(path), &req,
+                                 false, &noise);
   return {keys.view({-1}), pairs};
 }
 

@@ -40,6 +40,10 @@ struct ShardArgmaxProblem {
                              // rows with temperature 0 are greedy too
   uint64_t seed;           // sampling: Philox key
   uint64_t offset;         // sampling: Philox subsequence of batch row b is offset + b
+  // noise="vllm" (common/vllm_noise.h), else nullptr: [batch] vLLM seeds and
+  // positions; sampling rows then score vllm_gumbel_score with vLLM's noise.
+  const int64_t* noise_seed;
+  const int64_t* noise_pos;
   // Log-partition (DESIGN.md, "Log-probabilities"), or nullptr: one state per
   // (tile, batch row), [num_tiles][batch], tile = local row / kTileRows. With it
   // every logit is first transformed (transform_logit: soft-cap, then scale)

@@ -13,6 +13,7 @@
 #include "../common/log_partition.h"
 #include "../common/packed_key.h"
 #include "../common/philox.h"
+#include "../common/vllm_noise.h"
 
 namespace localargmax {
 namespace cuda {
@@ -85,6 +86,9 @@ struct ShardReduce {
   const float* temperature = nullptr;        // sample: [batch]; T <= 0 rows are greedy
   uint64_t seed = 0;                         // sample: Philox key
   uint64_t offset = 0;                       // sample: Philox subsequence of batch row 0
+  // noise="vllm" (common/vllm_noise.h), or nullptr (Philox): [batch] vLLM seeds and positions
+  const int64_t* noise_seed = nullptr;
+  const int64_t* noise_pos = nullptr;
   // Log-partition (DESIGN.md, "Log-probabilities"), or nullptr: each block's
   // PartitionState per batch row, [gridDim.x, batch]; merged in block order
   // by merge_partition_kernel. With it every logit is first transformed
@@ -138,7 +142,8 @@ namespace {
 // The key of logit s (bias already added) of batch row b at global_index:
 // sampling rows (temperature T > 0) carry gumbel_score(s, T, Gumbel(seed,
 // offset + b, global_index)) (common/philox.h; the CPU kernel's emit() does
-// the same), greedy rows the logit. A row with an invalid temperature (NaN,
+// the same; with noise_seed, vLLM's score vllm_gumbel_score with vLLM's noise,
+// common/vllm_noise.h), greedy rows the logit. A row with an invalid temperature (NaN,
 // negative, infinite) gets key 0 everywhere, "no valid entry", which the step
 // turns into an error (the CPU kernel raises before it starts). Every CUDA
 // kernel ends in this one function.
@@ -147,7 +152,11 @@ __device__ __forceinline__ unsigned long long key_of(float s, int64_t b, uint64_
   if (out.temperature != nullptr) {
     const float t = out.temperature[b];
     if (!valid_temperature(t)) return kNoEntryKey;
-    if (t > 0.0f) s = gumbel_score(s, t, gumbel_noise(out.seed, out.offset + static_cast<uint64_t>(b), global_index));
+    if (t > 0.0f && out.noise_seed != nullptr)
+      s = vllm_gumbel_score(s, t, vllm_gumbel_noise(static_cast<uint64_t>(out.noise_seed[b]),
+                                                    static_cast<uint64_t>(out.noise_pos[b]), global_index));
+    else if (t > 0.0f)
+      s = gumbel_score(s, t, gumbel_noise(out.seed, out.offset + static_cast<uint64_t>(b), global_index));
   }
   return pack_key(s, global_index);
 }

@@ -197,6 +197,8 @@ struct ShardOpArgs {
   int64_t k = 1;                            // kTopk: 1 <= k <= 64
   const at::Tensor* temperature = nullptr;  // kSample: [batch] float32
   int64_t seed = 0, offset = 0;             // kSample
+  const std::optional<at::Tensor>* noise_seed = nullptr;  // kSample, noise="vllm": [batch] int64 (with noise_pos)
+  const std::optional<at::Tensor>* noise_pos = nullptr;
   bool log_partition = false;               // the *_lse ops
   double scale = 1.0, soft_cap = 0.0;       // log_partition only
   const std::optional<at::Tensor>* partition_temperature = nullptr;  // kArgmax log_partition: [batch] float32 T > 0
@@ -212,6 +214,8 @@ std::tuple<at::Tensor, at::Tensor> shard_op(const ShardOpArgs& a) {
   check_shard_argmax_args(hidden, a.weight, a.bias, a.vocab_start, a.num_valid);
   if (a.mode == Mode::kTopk) check_topk_arg(a.k);
   if (a.mode == Mode::kSample) check_sample_args(hidden, *a.temperature, a.offset);
+  const bool vllm_noise = a.noise_seed != nullptr && a.noise_seed->has_value();
+  if (a.mode == Mode::kSample) check_noise_args(hidden, *a.noise_seed, *a.noise_pos);
   if (a.log_partition) check_transform_args(a.scale, a.soft_cap);
   const bool own_t = a.partition_temperature != nullptr && a.partition_temperature->has_value();
   if (own_t) check_temperature_arg("shard_argmax", hidden, **a.partition_temperature);
@@ -236,6 +240,8 @@ std::tuple<at::Tensor, at::Tensor> shard_op(const ShardOpArgs& a) {
   const at::Tensor block_topk = topk ? at::empty({blocks, batch, a.k}, longs) : at::Tensor();
   const at::Tensor t = a.mode == Mode::kSample ? a.temperature->contiguous() : at::Tensor();
   const float* temperature = t.defined() ? t.data_ptr<float>() : nullptr;
+  const at::Tensor noise_seed = vllm_noise ? (*a.noise_seed)->contiguous() : at::Tensor();
+  const at::Tensor noise_pos = vllm_noise ? (*a.noise_pos)->contiguous() : at::Tensor();
   const at::Tensor pt = own_t ? (*a.partition_temperature)->contiguous() : at::Tensor();
   const float* sums_t = own_t ? pt.data_ptr<float>() : temperature;  // the log-partition's T (ShardReduce)
   PartitionState* partition = states.defined() ? reinterpret_cast<PartitionState*>(states.data_ptr<int32_t>()) : nullptr;
@@ -245,6 +251,8 @@ std::tuple<at::Tensor, at::Tensor> shard_op(const ShardOpArgs& a) {
                         .temperature = temperature,
                         .seed = static_cast<uint64_t>(a.seed),
                         .offset = static_cast<uint64_t>(a.offset),
+                        .noise_seed = vllm_noise ? noise_seed.data_ptr<int64_t>() : nullptr,
+                        .noise_pos = vllm_noise ? noise_pos.data_ptr<int64_t>() : nullptr,
                         .block_partition = partition,
                         .partition_temperature = sums_t,
                         .scale = static_cast<float>(a.scale),
@@ -274,10 +282,12 @@ at::Tensor shard_argmax_cuda(const at::Tensor& hidden, const at::Tensor& weight,
 
 at::Tensor shard_sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, const OptionalTensor& bias,
                              int64_t vocab_start, int64_t num_valid, const at::Tensor& temperature, int64_t seed,
-                             int64_t offset, c10::string_view path) {
+                             int64_t offset, c10::string_view path, const OptionalTensor& noise_seed,
+                             const OptionalTensor& noise_pos) {
   return std::get<0>(shard_op({.mode = Mode::kSample, .hidden = hidden, .weight = weight, .bias = bias,
                                .vocab_start = vocab_start, .num_valid = num_valid, .path = path,
-                               .temperature = &temperature, .seed = seed, .offset = offset}));
+                               .temperature = &temperature, .seed = seed, .offset = offset,
+                               .noise_seed = &noise_seed, .noise_pos = &noise_pos}));
 }
 
 at::Tensor shard_topk_cuda(const at::Tensor& hidden, const at::Tensor& weight, const OptionalTensor& bias, int64_t vocab_start,
@@ -298,10 +308,13 @@ std::tuple<at::Tensor, at::Tensor> shard_argmax_lse_cuda(const at::Tensor& hidde
 std::tuple<at::Tensor, at::Tensor> shard_sample_lse_cuda(const at::Tensor& hidden, const at::Tensor& weight,
                                                          const OptionalTensor& bias, int64_t vocab_start, int64_t num_valid,
                                                          const at::Tensor& temperature, int64_t seed, int64_t offset,
-                                                         double scale, double soft_cap, c10::string_view path) {
+                                                         double scale, double soft_cap, c10::string_view path,
+                                                         const OptionalTensor& noise_seed,
+                                                         const OptionalTensor& noise_pos) {
   return shard_op({.mode = Mode::kSample, .hidden = hidden, .weight = weight, .bias = bias,
                    .vocab_start = vocab_start, .num_valid = num_valid, .path = path, .temperature = &temperature,
-                   .seed = seed, .offset = offset, .log_partition = true, .scale = scale, .soft_cap = soft_cap});
+                   .seed = seed, .offset = offset, .noise_seed = &noise_seed, .noise_pos = &noise_pos,
+                   .log_partition = true, .scale = scale, .soft_cap = soft_cap});
 }
 
 std::tuple<at::Tensor, at::Tensor> shard_topk_lse_cuda(const at::Tensor& hidden, const at::Tensor& weight,

@@ -155,6 +155,18 @@ using namespace localargmax::cuda;
 
 extern "C" {
 
+// noise="vllm"'s [batch] seeds and positions (arena pointers) for the next
+// launches of lam_emu_shard, lam_emu_shard_lse and lam_emu_logits_to_keys, or
+// nullptr (the Philox noise), as shard_ops_cuda.cu puts them in ShardReduce.
+// In .data: this object's zero-initialised section is the kernels' shared memory alone
+// (tests/test_emulation.py checks what lies between __start/__stop_lam_emu_shared).
+__attribute__((section(".data"))) static const int64_t* g_noise_seed = nullptr;
+__attribute__((section(".data"))) static const int64_t* g_noise_pos = nullptr;
+void lam_emu_set_noise(const int64_t* seeds, const int64_t* pos) {
+  g_noise_seed = seeds;
+  g_noise_pos = pos;
+}
+
 // dtype: 0 float32, 1 bfloat16, 2 float16. path: 0 CUDA-core ("simt"), 1
 // tensor-core ("mma"). Returns 0, 1 (a checked failure: lam_emu_last_error),
 // 2 (the mma kernel does not take this problem), 3 (dtype not built), 4
@@ -168,8 +180,10 @@ int lam_emu_shard(int dtype, int path, int topk_mode, const void* hidden, int64_
                   int topk, const float* temperature, uint64_t seed, uint64_t offset, int64_t max_grid_y,
                   int sm_count, int config, int smem_limit) {
   name_all();
-  const ShardReduce out{
+  ShardReduce out{
       .keys = keys, .block_topk = block_topk, .topk = topk, .temperature = temperature, .seed = seed, .offset = offset};
+  out.noise_seed = g_noise_seed;
+  out.noise_pos = g_noise_pos;
 #define LAM_ARGS hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size, num_valid, vocab_start, out
 #define LAM_LAUNCH max_grid_y, sm_count, config, smem_limit
   if (dtype == 1) return run_shard(path, topk_mode, problem<__nv_bfloat16>(LAM_ARGS), LAM_LAUNCH);
@@ -203,6 +217,8 @@ int lam_emu_shard_lse(int dtype, int path, int topk_mode, const void* hidden, in
   name_all();
   ShardReduce out{
       .keys = keys, .block_topk = block_topk, .topk = topk, .temperature = temperature, .seed = seed, .offset = offset};
+  out.noise_seed = g_noise_seed;
+  out.noise_pos = g_noise_pos;
   out.block_partition = static_cast<localargmax::PartitionState*>(states);
   out.partition_temperature = partition_temperature != nullptr ? partition_temperature : temperature;  // as the host
   out.scale = scale;
@@ -241,6 +257,8 @@ int lam_emu_logits_to_keys(int dtype, const float* logits, int64_t ldl, int64_t 
   name_all();
   bool ok = true;
   ShardReduce out{.keys = keys, .temperature = temperature, .seed = seed, .offset = offset};
+  out.noise_seed = g_noise_seed;
+  out.noise_pos = g_noise_pos;
   out.block_partition = static_cast<localargmax::PartitionState*>(states);
   out.partition_temperature = partition_temperature != nullptr ? partition_temperature : temperature;  // as the host
   out.scale = scale;

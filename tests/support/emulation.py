@@ -75,6 +75,7 @@ _ENTRY_POINTS = {
         + [_i64, _i32, _i32, _i32, _p, _f32, _f32, _p, ctypes.POINTER(_i64)],
     ),
     "lam_emu_merge_partition": (_i32, [_p, _i64, _i64, _p, _p]),
+    "lam_emu_set_noise": (None, [_p, _p]),  # noise="vllm": [batch] int64 seeds, positions (or both None)
     # dtype, logits, ldl, rows, b0, bias_t, bias_f, batch, num_valid, vocab_start, keys, temperature, seed,
     # offset, max_grid_y, states, scale, soft_cap, partition_temperature
     "lam_emu_logits_to_keys": (
@@ -255,6 +256,17 @@ class Emulator:
         temp = temperature.contiguous() if temperature is not None else None
         return self._place("bias", bias_t), self._place("bias", bias_f), self._place("temperature", temp)
 
+    def _place_noise(self, noise_seed, noise_pos):
+        """noise="vllm"'s [B] int64 seeds and positions, placed in the arena for
+        the next launches (None, None: the Philox noise)."""
+        assert (noise_seed is None) == (noise_pos is None)
+        if noise_seed is None:
+            self.lib.lam_emu_set_noise(None, None)
+            return
+        self.lib.lam_emu_set_noise(
+            self._place("noise_seed", noise_seed.contiguous()), self._place("noise_pos", noise_pos.contiguous())
+        )
+
     def _gemm_keys(self, hidden, weight, gemm_chunk, keys_args, partition_args):
         """The gemm path: float32 logits per batch chunk (torch matmul stands in
         for cuBLAS; chunk as shard_gemm.cu), then logits_to_keys_kernel on
@@ -314,6 +326,8 @@ class Emulator:
         scale=1.0,
         soft_cap=None,
         partition_temperature=None,
+        noise_seed=None,
+        noise_pos=None,
     ):
         """shard_argmax (k None, temperature None), shard_topk (k) or
         shard_sample (temperature) through the emulated kernel of `path`
@@ -324,7 +338,8 @@ class Emulator:
         per block (a forced config past it raises ValueError naming it, its
         bytes and the limit, as run_mma does). log_partition: the *_lse op
         (simt, mma or gemm, as on CUDA): returns (keys, pairs [B, 2]);
-        partition_temperature: shard_argmax_lse's [B] float32 T > 0 of the sums."""
+        partition_temperature: shard_argmax_lse's [B] float32 T > 0 of the sums.
+        noise_seed, noise_pos: shard_sample's noise="vllm" tensors ([B] int64 each)."""
         if path.startswith("mma/"):  # "mma/<name>": that config
             path, config = "mma", path[4:]
         row = self._config_row(config, smem_limit, log_partition)
@@ -332,7 +347,17 @@ class Emulator:
             args = (k, temperature, seed, offset, max_grid_y, scramble, order_seed, scale, soft_cap or 0.0)
             launch = (sm_count, row, smem_limit)
             return self._shard_lse(
-                hidden, weight, bias, vocab_start, num_valid, *args, path, gemm_chunk, partition_temperature, launch
+                hidden,
+                weight,
+                bias,
+                vocab_start,
+                num_valid,
+                *args,
+                path,
+                gemm_chunk,
+                partition_temperature,
+                launch,
+                noise=(noise_seed, noise_pos),
             )
         weight_ptr = weight.ptr if isinstance(weight, PlacedWeight) else None
         num_valid = weight.size(0) if num_valid is None else num_valid
@@ -345,6 +370,7 @@ class Emulator:
         hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
         dtype = _DTYPES[weight.dtype]
         bt, bf, tp = self._place_bias_and_temperature(bias, weight, temperature)
+        self._place_noise(noise_seed, noise_pos)
         if path == "gemm":
             assert not topk and weight.dtype != torch.float32
             keys = self._alloc("keys", batch * 8)
@@ -428,7 +454,7 @@ class Emulator:
     def _shard_lse(
         self, hidden, weight, bias, vocab_start, num_valid, k, temperature, seed, offset, max_grid_y, scramble,
         order_seed, scale, soft_cap, path="simt", gemm_chunk=None, partition_temperature=None,
-        launch=(DEFAULT_SM_COUNT, -1, DEFAULT_SMEM_LIMIT),
+        launch=(DEFAULT_SM_COUNT, -1, DEFAULT_SMEM_LIMIT), noise=(None, None),
     ):  # fmt: skip
         """The *_lse ops' CUDA launcher (shard_ops_cuda.cu) step by step:
         the simt or mma kernel (or, path "gemm", the logits then the keys
@@ -443,6 +469,7 @@ class Emulator:
         self._reset(scramble, order_seed)
         hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
         bt, bf, tp = self._place_bias_and_temperature(bias, weight, temperature)
+        self._place_noise(*noise)
         own_t = partition_temperature is not None
         pt = self._place("partition_temperature", partition_temperature.contiguous()) if own_t else None
         merge_t = pt if own_t else tp  # the temperature the merge uses, as shard_ops_cuda.cu picks it

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import sys
 
-from . import adaptive, drafters, logits, versions
+from . import adaptive, drafters, logits, target_sampler, versions
 from .adaptive import write_estimator_state
 from .collective import PAYLOAD_ALIGN_BYTES, payload_dtype
 from .counters import STATS, logger
@@ -48,6 +48,7 @@ __all__ = [
     "is_active",
     "payload_dtype",
     "register",
+    "install_target_sampler",
     "stats",
     "uninstall",
     "unsupported_reason",
@@ -84,6 +85,7 @@ def install() -> None:
     logits.install(release)
     logger.info("localargmax: vLLM LogitsProcessor.get_top_tokens / get_top_k_tokens run on the fused op")
     drafters.install()  # drafters with compute_logits and no get_top_tokens: given one at load (drafters.py)
+    install_target_sampler()
     release, note = versions.select(vllm.__version__, "adaptive")
     if release is None:
         logger.warning("localargmax: adaptive verification with use_local_argmax_reduction stays refused: %s", note)
@@ -95,8 +97,34 @@ def install() -> None:
     )
 
 
+def install_target_sampler() -> bool:
+    """Under ``LOCALARGMAX_VLLM_TARGET_SAMPLER=1``, wrap vLLM 0.34's
+    ``GPUModelRunner.sample`` (target_sampler.py); on a vLLM without that
+    Model Runner V2 sampler (0.33, 0.32) or with different signatures, one
+    WARNING says so and vLLM's sampling stays. Returns whether it is active."""
+    from ... import envs
+
+    if not envs.LOCALARGMAX_VLLM_TARGET_SAMPLER:
+        return target_sampler.active()
+    import vllm
+
+    release, note = versions.select(vllm.__version__, "target")
+    if release is None:
+        logger.warning("localargmax: LOCALARGMAX_VLLM_TARGET_SAMPLER=1, but vLLM's own target sampling runs: %s", note)
+        return False
+    if note is not None:
+        logger.warning("localargmax: target sampler: %s", note)
+    target_sampler.install(release)
+    logger.info(
+        "localargmax: GPUModelRunner.sample draws greedy / temperature-only steps from the lm_head shards "
+        "(vLLM's noise; other steps run vLLM's Sampler)"
+    )
+    return True
+
+
 def uninstall() -> None:
     """Put vLLM's own methods and refusals back."""
+    target_sampler.uninstall()
     adaptive.uninstall()
     drafters.uninstall()
     logits.uninstall()

@@ -43,6 +43,19 @@ ADAPTIVE_PROBES = (  # what adaptive.py patches or calls (and sample_draft, whos
     f"{_EST}:OnlineAcceptanceEstimator.__init__(self, max_num_reqs, num_speculative_steps, device)",
     f"{_EST}:_MAX_LOG_ODDS",
 )
+_GPU = "vllm.v1.worker.gpu"
+TARGET_PROBES = (  # what target_sampler.py patches, calls or builds (Model Runner V2 of 0.34)
+    f"{_GPU}.model_runner:GPUModelRunner.sample(self, hidden_states, input_batch, grammar_output)",
+    f"{_GPU}.sample.sampler:Sampler.__call__(self, logits, input_batch)",
+    f"{_GPU}.sample.sampler:Sampler.get_logprobs_dims(self, idx_mapping_np)",
+    f"{_GPU}.sample.states:SamplingStates.add_request(self, req_idx, sampling_params)",
+    f"{_GPU}.input_batch:get_num_sampled_and_rejected(num_sampled, seq_lens, cu_num_logits, idx_mapping, prefill_len)",
+    f"{_GPU}.sample.output:SamplerOutput(sampled_token_ids, logprobs_tensors, num_nans, num_sampled, num_rejected, "
+    "sampling_mask_tensors)",
+    f"{_GPU}.sample.gumbel:murmur3_uniform32",
+    f"{_GPU}.model_states.interface:ModelState.compute_sample_logits(self, hidden_states)",
+)
+NO_TARGET_SAMPLER = "no Model Runner V2 GPUModelRunner.sample / Sampler of the shape the target sampler serves"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +82,7 @@ class Release:
     estimator: str
     logits_probes: tuple[str, ...]
     adaptive_probes: tuple[str, ...]
+    target_probes: tuple[str, ...] | None = None
 
 
 RELEASES = (  # newest first
@@ -80,6 +94,7 @@ RELEASES = (  # newest first
         estimator="excl_sumexp",
         logits_probes=(*LOGITS_PROBES, f"{_LP}._mask_outside_vocab(self, logits, lm_head)"),
         adaptive_probes=(*ADAPTIVE_PROBES, f"{_SAMPLE_DRAFT}, num_steps)", f"{_EST}:_max_and_excl_sumexp"),
+        target_probes=TARGET_PROBES,
     ),
     _V033 := Release(
         key="0.33",
@@ -139,8 +154,8 @@ def differences(probes) -> list[str]:
 
 
 def select(version: str, kind: str = "logits") -> tuple[Release | None, str | None]:
-    """The record to run with on vLLM ``version`` for ``kind`` (``"logits"``
-    or ``"adaptive"``), and the WARNING line to log (None: a checked version
+    """The record to run with on vLLM ``version`` for ``kind`` (``"logits"``,
+    ``"adaptive"`` or ``"target"``), and the WARNING line to log (None: a checked version
     whose probes pass). The version's own record if its probes pass; for a
     minor not in the table, the newest record whose probes pass; else None
     and the line names what differs (from the version's own record, or the
@@ -148,12 +163,14 @@ def select(version: str, kind: str = "logits") -> tuple[Release | None, str | No
     attr = f"{kind}_probes"
     own = next((r for r in RELEASES if r.key == minor(version)), None)
     if own is not None:
+        if getattr(own, attr) is None:
+            return None, f"vLLM {version} ({own.key}) has {NO_TARGET_SAMPLER}"
         diff = differences(getattr(own, attr))
         if not diff:
             return own, None
         return None, f"vLLM {version} differs from the {own.key} it was checked against: {'; '.join(diff)}"
     for record in RELEASES:
-        if not differences(getattr(record, attr)):
+        if getattr(record, attr) is not None and not differences(getattr(record, attr)):
             checked = ", ".join(r.checked[0] for r in RELEASES)
             return record, (
                 f"vLLM {version} is not a checked version ({checked}); its signatures and attributes match "
