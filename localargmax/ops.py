@@ -269,7 +269,8 @@ def shard_sample(
             pos, ...)``, ``[B]`` int64 tensors on ``hidden``'s device): vLLM
             0.34's noise ``g(noise.seed[b], noise.pos[b], v)`` and score
             ``fl(x / T) + g`` (``seed`` and ``offset`` are then unused;
-            DESIGN.md, "vLLM's noise").
+            DESIGN.md, "vLLM's noise"). On CUDA it runs on the ``"gemm"``
+            path alone (bfloat16 / float16 weights; ``"auto"`` takes it).
 
     Returns:
         ``[B]`` int64 packed keys (their values are the perturbed scores).
@@ -281,7 +282,9 @@ def shard_sample(
 
     Raises:
         TypeError / ValueError as :func:`shard_argmax`, and for a malformed
-        ``temperature``, ``seed`` or ``offset``. A NaN, negative or infinite
+        ``temperature``, ``seed``, ``offset`` or ``noise`` (on CUDA also for
+        ``noise`` with a path other than ``"auto"`` / ``"gemm"`` or float32
+        weights). A NaN, negative or infinite
         temperature value: ValueError on CPU (read by the kernel, so eager and
         torch.compile alike); on CUDA that row's key is 0 ("no valid entry"),
         which the ``lm_head_*`` steps turn into an error.
@@ -293,7 +296,8 @@ def shard_sample(
     noise_args = () if noise is None else tuple(check_noise(noise, hidden))
     path = mma_config_path(path, _mma_config, weight.device)
     transformed = _wants_partition(log_partition, scale, soft_cap, samples=True) or scale != 1.0 or soft_cap is not None
-    path = _auto_path(path, hidden, weight)
+    if noise is None:  # vLLM's noise: CUDA's "auto" is the gemm path (below)
+        path = _auto_path(path, hidden, weight)
     if transformed:  # the transform runs in the log-partition op; without log_partition its pairs are dropped
         out = torch.ops.localargmax.shard_sample_lse.default(
             hidden,
@@ -444,7 +448,7 @@ def _shard_sample_lse_fake(
 # gradients through silently: a backward through any output raises, naming the op.
 FUSED_OPS = (
     "shard_argmax", "shard_topk", "shard_sample", "shard_argmax_lse", "shard_topk_lse", "shard_sample_lse",
-    "merge_keys", "gumbel_noise",
+    "merge_keys", "gumbel_noise", "vllm_gumbel_noise",
 )  # fmt: skip
 
 

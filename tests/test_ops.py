@@ -27,6 +27,7 @@ def _calls(h, w):
         "shard_sample_lse": ops.shard_sample_lse(h, w, b, 0, w.shape[0], t, 1, 0),
         "merge_keys": ops.merge_keys(keys[None], None),
         "gumbel_noise": (ops.gumbel_noise(1, torch.arange(h.shape[0]), torch.arange(h.shape[0])),),
+        "vllm_gumbel_noise": (ops.vllm_gumbel_noise(*(torch.arange(h.shape[0]),) * 3),),
     }
 
 

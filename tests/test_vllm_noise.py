@@ -29,6 +29,7 @@ import torch
 import localargmax
 from localargmax import merge_keys, shard_sample, vllm_gumbel_noise, vllm_noise
 from localargmax import vllm_gumbel as vg
+from tests.support.paths import cuda_only
 from tests.support.vllm_common import NO_TRITON_REASON, RANK_ENV, vllm_cpu_build
 
 M32 = 0xFFFFFFFF
@@ -378,28 +379,58 @@ def test_cpu_paths_at_large_ids(vocab_start):
         assert torch.equal(vals.view(torch.int32), want_vals.view(torch.int32)), path
 
 
-@pytest.mark.parametrize("path", ["simt", "mma", "gemm"])
-def test_cuda_kernels_under_emulation(emu, path):
+def test_cuda_kernels_under_emulation(emu):
+    """vLLM's noise on CUDA runs on the gemm path (cuBLAS logits, then
+    logits_to_keys_kernel, the one kernel whose key_of evaluates it); the
+    fused kernels refuse it, as pick_path does."""
     gen = torch.Generator().manual_seed(5757)
+    path = "gemm"
     for vocab_start in (0, 2**24 - 100):
         eye, weight, t, noise = _problem(gen, vocab_start, rows=200, batch=5)
-        dtype = torch.float32 if path == "simt" else torch.bfloat16
-        h = torch.zeros(eye.shape[0], 64, dtype=dtype)  # H = 64: a shape the mma kernel takes
+        h = torch.zeros(eye.shape[0], 64, dtype=torch.bfloat16)
         h[:, : eye.shape[1]] = eye
-        w = torch.zeros(weight.shape[0], 64, dtype=dtype)
+        w = torch.zeros(weight.shape[0], 64, dtype=torch.bfloat16)
         w[:, : weight.shape[1]] = weight
         want = shard_sample(h, w, t, 0, vocab_start=vocab_start, noise=noise)
-        try:
-            got = emu.shard(h, w, None, vocab_start, None, path=path, temperature=t, noise_seed=noise.seed,
-                            noise_pos=noise.pos)  # fmt: skip
-        except ValueError as e:  # the mma kernel does not take the problem / dtype not built
-            pytest.skip(str(e))
+        got = emu.shard(h, w, None, vocab_start, None, path=path, temperature=t, noise_seed=noise.seed,
+                        noise_pos=noise.pos)  # fmt: skip
         assert torch.equal(got, want), path
         keys, pairs = emu.shard(h, w, None, vocab_start, None, path=path, temperature=t, noise_seed=noise.seed,
                                 noise_pos=noise.pos, log_partition=True)  # fmt: skip
         want_k, want_p = shard_sample(h, w, t, 0, vocab_start=vocab_start, noise=noise, log_partition=True)
         assert torch.equal(keys, want_k), path
         assert torch.allclose(pairs, want_p, rtol=1e-5), path
+        for fused in ("simt", "mma"):
+            with pytest.raises(ValueError, match="noise_seed.*'gemm'"):
+                emu.shard(h, w, None, vocab_start, None, path=fused, temperature=t, noise_seed=noise.seed,
+                          noise_pos=noise.pos)  # fmt: skip
         # without the noise tensors the emulation is back on Philox
         philox = emu.shard(h, w, None, vocab_start, None, path=path, temperature=t, seed=3, offset=1)
         assert torch.equal(philox, shard_sample(h, w, t, 3, 1, vocab_start=vocab_start))
+
+
+@cuda_only
+def test_cuda_takes_the_gemm_path():
+    """On a GPU: "auto" and "gemm" sample with vLLM's noise (cuBLAS logits,
+    logits_to_keys_kernel) and give the CPU kernel's ids, the values within the
+    logs' ulps (DESIGN.md, "vLLM's noise"); the fused paths and float32 weights
+    raise ValueError naming noise_seed, as pick_path rules."""
+    gen = torch.Generator().manual_seed(5758)
+    eye, weight, t, noise = _problem(gen, 2**24 - 100, rows=300, batch=5)
+    h = torch.zeros(eye.shape[0], 64, dtype=torch.bfloat16)
+    h[:, : eye.shape[1]] = eye
+    w = torch.zeros(weight.shape[0], 64, dtype=torch.bfloat16)
+    w[:, : weight.shape[1]] = weight
+    want_ids, want_vals = localargmax.decode_keys(shard_sample(h, w, t, 0, vocab_start=2**24 - 100, noise=noise))
+    cuda_noise = vllm_noise(noise.seed.cuda(), noise.pos.cuda())
+    hc, wc, tc = h.cuda(), w.cuda(), t.cuda()
+    for path in ("auto", "gemm"):
+        keys = shard_sample(hc, wc, tc, 0, vocab_start=2**24 - 100, noise=cuda_noise, path=path)
+        ids, vals = localargmax.decode_keys(keys.cpu())
+        assert torch.equal(ids, want_ids), path
+        assert torch.allclose(vals, want_vals, rtol=1e-6, atol=1e-6), path
+    for path in ("simt", "mma"):
+        with pytest.raises(ValueError, match="noise_seed"):
+            shard_sample(hc, wc, tc, 0, noise=cuda_noise, path=path)
+    with pytest.raises(ValueError, match="noise_seed.*bfloat16 or float16"):
+        shard_sample(hc.float(), wc.float(), tc, 0, noise=cuda_noise)

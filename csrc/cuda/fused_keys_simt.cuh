@@ -86,7 +86,8 @@ struct ShardReduce {
   const float* temperature = nullptr;        // sample: [batch]; T <= 0 rows are greedy
   uint64_t seed = 0;                         // sample: Philox key
   uint64_t offset = 0;                       // sample: Philox subsequence of batch row 0
-  // noise="vllm" (common/vllm_noise.h), or nullptr (Philox): [batch] vLLM seeds and positions
+  // noise="vllm" (common/vllm_noise.h), or nullptr (Philox): [batch] vLLM seeds and positions;
+  // read by the gemm path's logits_to_keys_kernel only (key_of)
   const int64_t* noise_seed = nullptr;
   const int64_t* noise_pos = nullptr;
   // Log-partition (DESIGN.md, "Log-probabilities"), or nullptr: each block's
@@ -142,20 +143,25 @@ namespace {
 // The key of logit s (bias already added) of batch row b at global_index:
 // sampling rows (temperature T > 0) carry gumbel_score(s, T, Gumbel(seed,
 // offset + b, global_index)) (common/philox.h; the CPU kernel's emit() does
-// the same; with noise_seed, vLLM's score vllm_gumbel_score with vLLM's noise,
-// common/vllm_noise.h), greedy rows the logit. A row with an invalid temperature (NaN,
-// negative, infinite) gets key 0 everywhere, "no valid entry", which the step
-// turns into an error (the CPU kernel raises before it starts). Every CUDA
-// kernel ends in this one function.
+// the same; VLLM_NOISE: vLLM's score vllm_gumbel_score with vLLM's noise at
+// out.noise_seed[b], out.noise_pos[b], common/vllm_noise.h), greedy rows the
+// logit. A row with an invalid temperature (NaN, negative, infinite) gets key 0
+// everywhere, "no valid entry", which the step turns into an error (the CPU
+// kernel raises before it starts). Every CUDA kernel ends in this one
+// function. Only logits_to_keys_kernel (the gemm path) instantiates
+// VLLM_NOISE: in the fused kernels its code cost registers they do not have
+// (tests/test_build.py's no-spill gate; DESIGN.md, "vLLM's noise").
+template <bool VLLM_NOISE = false>
 __device__ __forceinline__ unsigned long long key_of(float s, int64_t b, uint64_t global_index,
                                                      const ShardReduce& out) {
   if (out.temperature != nullptr) {
     const float t = out.temperature[b];
     if (!valid_temperature(t)) return kNoEntryKey;
-    if (t > 0.0f && out.noise_seed != nullptr)
-      s = vllm_gumbel_score(s, t, vllm_gumbel_noise(static_cast<uint64_t>(out.noise_seed[b]),
-                                                    static_cast<uint64_t>(out.noise_pos[b]), global_index));
-    else if (t > 0.0f)
+    if constexpr (VLLM_NOISE) {
+      if (t > 0.0f)
+        s = vllm_gumbel_score(s, t, vllm_gumbel_noise(static_cast<uint64_t>(out.noise_seed[b]),
+                                                      static_cast<uint64_t>(out.noise_pos[b]), global_index));
+    } else if (t > 0.0f)
       s = gumbel_score(s, t, gumbel_noise(out.seed, out.offset + static_cast<uint64_t>(b), global_index));
   }
   return pack_key(s, global_index);

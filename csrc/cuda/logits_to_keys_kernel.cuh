@@ -2,7 +2,8 @@
 // float32 logits [batch, num_valid] written by cuBLAS -> one packed key per
 // batch row, folded into out.keys with a 64-bit atomicMax. Bias, temperature
 // and Gumbel noise are applied exactly as the fused kernel applies them, so
-// the two paths differ only in how the dot products were summed.
+// the two paths differ only in how the dot products were summed. vLLM's noise
+// (out.noise_seed) is applied here alone: on CUDA it takes this path.
 #pragma once
 
 #include <cstdint>
@@ -73,7 +74,8 @@ __global__ void __launch_bounds__(kKeysThreads)
         if (bias_t != nullptr) s = __fadd_rn(s, to_float(bias_t[col]));
         if constexpr (LSE) s = transform_logit(s, out.scale, out.soft_cap);
         const uint64_t global_index = static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(col);
-        const unsigned long long key = key_of(s, b, global_index, out);
+        const unsigned long long key =
+            out.noise_seed != nullptr ? key_of<true>(s, b, global_index, out) : key_of(s, b, global_index, out);
         if constexpr (LSE) partition_add(part, s, key, t);
         best = max_key(best, key);
       }

@@ -86,7 +86,8 @@ struct PathChoice {
 // tensor-core kernel, mma_configs.h) or "gemm".
 // auto: choose_cuda_path (mma_configs.h), the same with or without the log-partition. Every
 // input of that choice is shared by the ranks. A forced path that cannot take the inputs raises ValueError naming the
-// path (it never falls back silently: the paths sum in different orders).
+// path (it never falls back silently: the paths sum in different orders). vLLM's noise
+// (p.out.noise_seed) takes the gemm path, "auto" or not (key_of).
 template <typename T>
 PathChoice pick_path(const ShardArgmaxProblem<T>& p, const at::Tensor& weight, bool topk_mode,
                      const std::string& path) {
@@ -94,6 +95,15 @@ PathChoice pick_path(const ShardArgmaxProblem<T>& p, const at::Tensor& weight, b
   TORCH_CHECK_VALUE(path == "auto" || path == "simt" || path == "mma" || path == "gemm" || config >= 0,
                     "shard_argmax: path must be 'auto', 'simt', 'mma' or 'gemm' on CUDA, got '", path, "'");
   const bool half = weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kHalf;
+  if (p.out.noise_seed != nullptr) {  // vLLM's noise: the gemm path alone (key_of)
+    TORCH_CHECK_VALUE(path == "auto" || path == "gemm",
+                      "shard_sample: noise_seed (vLLM's noise) takes path 'gemm' (or 'auto') on CUDA, got '", path, "'");
+    TORCH_CHECK_VALUE(half, "shard_sample: noise_seed (vLLM's noise) on CUDA needs bfloat16 or float16 weights (the gemm ",
+                      "path), got ", weight.scalar_type());
+    TORCH_CHECK_VALUE(weight.size(0) <= kGemmMaxRows, "shard_sample: noise_seed (vLLM's noise) on CUDA takes shards of ",
+                      "at most ", kGemmMaxRows, " rows (the gemm path), got ", weight.size(0));
+    return {Path::kGemm, -1};
+  }
   if (path == "simt") return {Path::kSimt, -1};
   if (path != "auto") {
     TORCH_CHECK_VALUE(!topk_mode, "shard_topk: path='", path, "' does not exist for top-k; use 'auto' or 'simt'");

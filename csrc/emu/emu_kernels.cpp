@@ -156,8 +156,9 @@ using namespace localargmax::cuda;
 extern "C" {
 
 // noise="vllm"'s [batch] seeds and positions (arena pointers) for the next
-// launches of lam_emu_shard, lam_emu_shard_lse and lam_emu_logits_to_keys, or
-// nullptr (the Philox noise), as shard_ops_cuda.cu puts them in ShardReduce.
+// launches of lam_emu_logits_to_keys (the gemm path, the only one that takes
+// them on CUDA), or nullptr (the Philox noise), as shard_ops_cuda.cu puts them
+// in ShardReduce.
 // In .data: this object's zero-initialised section is the kernels' shared memory alone
 // (tests/test_emulation.py checks what lies between __start/__stop_lam_emu_shared).
 __attribute__((section(".data"))) static const int64_t* g_noise_seed = nullptr;
@@ -180,10 +181,8 @@ int lam_emu_shard(int dtype, int path, int topk_mode, const void* hidden, int64_
                   int topk, const float* temperature, uint64_t seed, uint64_t offset, int64_t max_grid_y,
                   int sm_count, int config, int smem_limit) {
   name_all();
-  ShardReduce out{
+  const ShardReduce out{
       .keys = keys, .block_topk = block_topk, .topk = topk, .temperature = temperature, .seed = seed, .offset = offset};
-  out.noise_seed = g_noise_seed;
-  out.noise_pos = g_noise_pos;
 #define LAM_ARGS hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size, num_valid, vocab_start, out
 #define LAM_LAUNCH max_grid_y, sm_count, config, smem_limit
   if (dtype == 1) return run_shard(path, topk_mode, problem<__nv_bfloat16>(LAM_ARGS), LAM_LAUNCH);
@@ -217,8 +216,6 @@ int lam_emu_shard_lse(int dtype, int path, int topk_mode, const void* hidden, in
   name_all();
   ShardReduce out{
       .keys = keys, .block_topk = block_topk, .topk = topk, .temperature = temperature, .seed = seed, .offset = offset};
-  out.noise_seed = g_noise_seed;
-  out.noise_pos = g_noise_pos;
   out.block_partition = static_cast<localargmax::PartitionState*>(states);
   out.partition_temperature = partition_temperature != nullptr ? partition_temperature : temperature;  // as the host
   out.scale = scale;

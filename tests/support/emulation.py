@@ -339,7 +339,11 @@ class Emulator:
         bytes and the limit, as run_mma does). log_partition: the *_lse op
         (simt, mma or gemm, as on CUDA): returns (keys, pairs [B, 2]);
         partition_temperature: shard_argmax_lse's [B] float32 T > 0 of the sums.
-        noise_seed, noise_pos: shard_sample's noise="vllm" tensors ([B] int64 each)."""
+        noise_seed, noise_pos: shard_sample's noise="vllm" tensors ([B] int64 each):
+        on the gemm path alone, as pick_path (shard_ops_cuda.cu) rules; others
+        raise ValueError as it does."""
+        if noise_seed is not None and path != "gemm":
+            raise ValueError(f"shard_sample: noise_seed (vLLM's noise) takes path 'gemm' on CUDA, got {path!r}")
         if path.startswith("mma/"):  # "mma/<name>": that config
             path, config = "mma", path[4:]
         row = self._config_row(config, smem_limit, log_partition)

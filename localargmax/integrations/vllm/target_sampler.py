@@ -215,6 +215,9 @@ def _probe_model(model, hidden_states):
     reason = logits.unsupported_reason(lp, lm_head, probe)
     if reason is not None:
         return None, reason
+    weight = lm_head.weight
+    if weight.is_cuda and weight.dtype not in (torch.bfloat16, torch.float16):
+        return None, f"a {weight.dtype} lm_head on CUDA (vLLM's noise runs on the bf16 / fp16 gemm path there)"
     return (lp, lm_head), None
 
 
