@@ -32,19 +32,30 @@ def _rank_and_size(group: dist.ProcessGroup | None):
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def _weight_dtype_logits(hidden, weight, num_valid, bias):
-    """``[B, rows]`` logits in the weight dtype (the bias rounded to it), padding rows set to -inf."""
-    if hidden.dtype != weight.dtype:
-        raise TypeError(f"hidden dtype ({hidden.dtype}) must equal weight dtype ({weight.dtype})")
-    return local_logits(hidden, weight, None if bias is None else bias.to(weight.dtype), num_valid)
-
-
 def _check_standard_layout(vocab_start, rows, rank):
     if vocab_start != rank * rows:
         raise ValueError(
             "baselines assume the shard_vocab layout "
             f"(vocab_start = rank * rows = {rank * rows}), got vocab_start={vocab_start}"
         )
+
+
+def shard_logits(hidden, weight, vocab_start, num_valid, bias, group):
+    """This TP rank's ``[B, rows]`` logits as engines compute them: torch matmul
+    in the weight dtype (the bias rounded to it), padding rows ``-inf``; with
+    ``(rank, tp)`` of ``group``. Every baseline starts here.
+
+    Raises:
+        TypeError when hidden and weight dtypes differ or ``group`` is not a
+        ProcessGroup; ValueError for a non-standard layout.
+    """
+    rank, tp = _rank_and_size(group)
+    rows = weight.shape[0]
+    _check_standard_layout(vocab_start, rows, rank)
+    if hidden.dtype != weight.dtype:
+        raise TypeError(f"hidden dtype ({hidden.dtype}) must equal weight dtype ({weight.dtype})")
+    num_valid = rows if num_valid is None else num_valid
+    return local_logits(hidden, weight, None if bias is None else bias.to(weight.dtype), num_valid), rank, tp
 
 
 def full_gather_argmax(hidden, weight, *, vocab_start=0, num_valid=None, bias=None, d2t=None, group=None):
@@ -85,14 +96,13 @@ def unfused_local_argmax(hidden, weight, *, vocab_start=0, num_valid=None, bias=
     """
     rank, tp = _rank_and_size(group)
     rows = weight.shape[0]
-    num_valid = rows if num_valid is None else num_valid
     _check_standard_layout(vocab_start, rows, rank)
     if tp * rows > FLOAT32_EXACT_INDEX_LIMIT:
         raise ValueError(
             f"unfused_local_argmax carries indices as float32, exact only below 2**24; the padded vocabulary "
             f"tp * rows = {tp * rows} is larger (use localargmax.lm_head_argmax, which packs exact 32-bit indices)"
         )
-    logits = _weight_dtype_logits(hidden, weight, num_valid, bias)
+    logits, _, _ = shard_logits(hidden, weight, vocab_start, num_valid, bias, group)
     values, local_ids = logits.float().max(dim=1)
     pairs = torch.stack([values, (local_ids + vocab_start).float()], dim=1)  # [B, 2] float32
     batch = pairs.shape[0]
@@ -110,12 +120,8 @@ def unfused_local_argmax(hidden, weight, *, vocab_start=0, num_valid=None, bias=
 def gathered_logits(hidden, weight, vocab_start, num_valid, bias, group):
     """``[B, tp * rows]`` logits in the weight dtype on every rank (padding -inf):
     the local logits, all-gathered in rank order (the full-gather path)."""
-    rank, tp = _rank_and_size(group)
-    rows = weight.shape[0]
-    num_valid = rows if num_valid is None else num_valid
-    _check_standard_layout(vocab_start, rows, rank)
-    logits = _weight_dtype_logits(hidden, weight, num_valid, bias)
-    batch = logits.shape[0]
+    logits, _, tp = shard_logits(hidden, weight, vocab_start, num_valid, bias, group)
+    batch, rows = logits.shape
     if tp > 1:
         gathered = all_gather_single(logits.contiguous(), group)  # [tp * B, rows]
         logits = gathered.view(tp, batch, rows).permute(1, 0, 2).reshape(batch, tp * rows)

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from .. import sampling, shard_topk, shard_vocab
-from ..baselines import _check_standard_layout, _rank_and_size, _weight_dtype_logits, gathered_logits
+from ..baselines import gathered_logits, shard_logits
 from ..collective import all_gather_single, payload_length
 
 SETTINGS = [  # (T, top_k, top_p, min_p): common vLLM SamplingParams
@@ -199,11 +199,8 @@ def batch_sharded_sample(
         ValueError for a non-standard layout; TypeError as
         :func:`localargmax.baselines.full_gather_argmax`.
     """
-    rank, tp = _rank_and_size(group)
-    rows = weight.shape[0]
-    _check_standard_layout(vocab_start, rows, rank)
-    logits = _weight_dtype_logits(hidden, weight, rows if num_valid is None else num_valid, None)
-    batch = logits.shape[0]
+    logits, rank, tp = shard_logits(hidden, weight, vocab_start, num_valid, None, group)
+    batch, rows = logits.shape
     if tp > 1:
         order = torch.cat([torch.arange(r, batch, tp, device=logits.device) for r in range(tp)])
         splits = [owned_rows(batch, tp, r) for r in range(tp)]
