@@ -243,7 +243,7 @@ def cpp_auto_path(batch: int, gemm_min_batch: int | None = None) -> str:
     twins, on sm_80+ with aligned inputs: ``_C._choose_cuda_path`` (csrc/cuda/mma_configs.h; gemm
     from its gemm batch, else mma). ``gemm_min_batch``: another crossover (the model's what-if)."""
     if gemm_min_batch is None:
-        return _C._choose_cuda_path(True, False, True, batch)
+        return _C._choose_cuda_path(True, False, True, batch, 0)
     return "gemm" if batch >= gemm_min_batch else "mma"
 
 

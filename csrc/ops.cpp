@@ -201,15 +201,15 @@ static PyObject* py_choose_mma_config(PyObject*, PyObject* args) {
   return PyUnicode_FromString(localargmax::cuda::kMmaConfigs[i].name);
 }
 
-// localargmax._C._choose_cuda_path(half, topk, mma_takes, batch) -> "simt" /
-// "mma" / "gemm": the path C++ auto takes on CUDA (cuda/mma_configs.h), for
-// the plain and the log-partition ops alike.
+// localargmax._C._choose_cuda_path(half, topk, mma_takes, batch, rows) ->
+// "simt" / "mma" / "gemm": the path C++ auto takes on CUDA for a shard of rows
+// weight rows (cuda/mma_configs.h), for the plain and the log-partition ops alike.
 static PyObject* py_choose_cuda_path(PyObject*, PyObject* args) {
   int half = 0, topk = 0, mma_takes = 0;
-  long long batch = 0;
-  if (!PyArg_ParseTuple(args, "pppL", &half, &topk, &mma_takes, &batch)) return nullptr;
+  long long batch = 0, rows = 0;
+  if (!PyArg_ParseTuple(args, "pppLL", &half, &topk, &mma_takes, &batch, &rows)) return nullptr;
   using localargmax::cuda::Path;
-  const Path p = localargmax::cuda::choose_cuda_path(half != 0, topk != 0, mma_takes != 0, batch);
+  const Path p = localargmax::cuda::choose_cuda_path(half != 0, topk != 0, mma_takes != 0, batch, rows);
   return PyUnicode_FromString(p == Path::kMma ? "mma" : p == Path::kGemm ? "gemm" : "simt");
 }
 
@@ -232,8 +232,8 @@ extern "C" PyObject* PyInit__C(void) {
        "_choose_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit, tma=False) -> the config C++ auto "
        "runs."},
       {"_choose_cuda_path", py_choose_cuda_path, METH_VARARGS,
-       "_choose_cuda_path(half, topk, mma_takes, batch) -> 'simt' / 'mma' / 'gemm': the path C++ auto takes on "
-       "CUDA (the log-partition ops alike)."},
+       "_choose_cuda_path(half, topk, mma_takes, batch, rows) -> 'simt' / 'mma' / 'gemm': the path C++ auto takes "
+       "on CUDA for a shard of `rows` weight rows (the log-partition ops alike)."},
       {"_mma_configs", py_mma_configs, METH_NOARGS,
        "_mma_configs() -> the tensor-core kernel's named configs: (name, nt, mt, wm, sk, kc, st, minb, tma, regs90, "
        "rows, threads, static_smem, dynamic_smem) per row."},

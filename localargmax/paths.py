@@ -18,6 +18,7 @@ def kernel_path(
     path: str = "auto",
     *,
     batch: int | None = None,
+    rows: int | None = None,
     cpu_flags: str | None = None,
 ) -> str:
     """The kernel path the ops (``shard_argmax``, ``shard_topk``,
@@ -36,6 +37,10 @@ def kernel_path(
         batch: the batch size ``B`` of ``hidden [B, H]``, an int >= 0, or
             None. Needed on CUDA for ``path="auto"`` with bf16 / fp16
             weights; the CPU choice never depends on it (nor on any shape).
+        rows: the shard's weight rows (``weight.shape[0]``, padding
+            included), an int >= 0, or None (a shard gemm takes). CUDA's
+            ``auto`` takes gemm only up to ``2**21`` rows (cuBLAS failed on
+            ``2**31 - 1``), ``"mma"`` past it.
         cpu_flags: CPU only: answer for a CPU with these ``/proc/cpuinfo``
             flags (a space-separated string, e.g. ``"avx2 fma f16c avx512f
             amx_tile amx_bf16"``) instead of the one running; None (the
@@ -51,7 +56,8 @@ def kernel_path(
         has (bit-identical to generic, subnormals kept). CUDA: ``"simt"``,
         ``"mma"`` or ``"gemm"``: what the C++ ``auto`` picks, which is
         ``"simt"`` for float32 weights (and for top-k, every dtype) and,
-        for bf16 / fp16, ``"gemm"`` from batch 17 and ``"mma"`` below it;
+        for bf16 / fp16, ``"gemm"`` from batch 17 (shards up to ``2**21``
+        rows) and ``"mma"`` otherwise;
         ``"mma"`` there assumes inputs the tensor-core kernel takes (sm_80+,
         ``H`` and row strides multiples of 8, 16-byte aligned data), other
         inputs run ``"simt"``. A measured dispatch table
@@ -61,7 +67,7 @@ def kernel_path(
     Raises:
         ValueError: ``dtype`` is not one of the three dtypes; ``device`` is
             not a CPU or CUDA device; ``path`` is not a path of the device;
-            ``batch`` is not an int >= 0, or missing where the CUDA choice
+            ``batch`` or ``rows`` is not an int >= 0, ``batch`` missing where the CUDA choice
             needs it; ``cpu_flags`` is not a string, or given for CUDA; a
             named CPU path the CPU lacks (the message names the features it
             needs and those missing, as the ops say it); ``"mma"`` /
@@ -81,6 +87,8 @@ def kernel_path(
     check_path_arg(path, dev)
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 0):
         raise ValueError(f"batch must be None or an int >= 0, got {batch!r}")
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+        raise ValueError(f"rows must be None or an int >= 0, got {rows!r}")
     if cpu_flags is not None and not isinstance(cpu_flags, str):
         raise ValueError(f"cpu_flags must be None or a space-separated str of /proc/cpuinfo flags, got {cpu_flags!r}")
     if dev.type == "cpu":
@@ -97,4 +105,4 @@ def kernel_path(
             "on CUDA, auto's path for bfloat16 / float16 weights depends on the batch "
             "(gemm from 17 rows, mma below): pass batch="
         )
-    return _C._choose_cuda_path(half, False, True, batch or 0)
+    return _C._choose_cuda_path(half, False, True, batch or 0, rows or 0)

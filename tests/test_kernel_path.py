@@ -87,8 +87,9 @@ def test_auto_runs_the_path_kernel_path_names(gen, dtype):
 
 def test_kernel_path_on_cuda():
     """CUDA: C++ auto's rule (_C._choose_cuda_path): float32 simt at every
-    batch, bf16 / fp16 mma below batch 17 and gemm from it; a named path is
-    itself (mma / gemm only for 16-bit weights); answered without a GPU."""
+    batch, bf16 / fp16 mma below batch 17 and gemm from it on shards of up to
+    2**21 rows (mma past it: cuBLAS's limit); a named path is itself (mma /
+    gemm only for 16-bit weights); answered without a GPU."""
     for batch in (0, 1, 16, 17, 32, 33, 65, 4096):
         assert localargmax.kernel_path(F32, "cuda", batch=batch) == "simt"
         for dtype in (BF16, F16):
@@ -96,8 +97,11 @@ def test_kernel_path_on_cuda():
             assert (
                 localargmax.kernel_path(dtype, "cuda:3", batch=batch)
                 == want
-                == _C._choose_cuda_path(True, False, True, batch)
+                == _C._choose_cuda_path(True, False, True, batch, 151936)
+                == localargmax.kernel_path(dtype, "cuda", batch=batch, rows=2**21)
             )
+            assert localargmax.kernel_path(dtype, "cuda", batch=batch, rows=2**21 + 1) == "mma"
+            assert _C._choose_cuda_path(True, False, False, batch, 2**21 + 1) == "simt"
     assert localargmax.kernel_path(F32, "cuda") == "simt"  # float32: no batch needed
     for name in ("simt", "mma", "gemm"):
         assert localargmax.kernel_path(BF16, "cuda", name) == name
@@ -121,6 +125,8 @@ def test_kernel_path_on_cuda():
         ((BF16, "cpu"), {"batch": -1}, "batch must be None or an int >= 0, got -1"),
         ((BF16, "cpu"), {"batch": 2.0}, "batch must be None or an int >= 0"),
         ((BF16, "cpu"), {"batch": True}, "batch must be None or an int >= 0"),
+        ((BF16, "cuda"), {"batch": 8, "rows": -1}, "rows must be None or an int >= 0, got -1"),
+        ((BF16, "cuda"), {"batch": 8, "rows": 2.0}, "rows must be None or an int >= 0"),
         ((BF16, "cpu"), {"cpu_flags": ["avx2"]}, "cpu_flags must be None or a space-separated str"),
         ((BF16, "cuda"), {"batch": 8, "cpu_flags": AMX}, "cpu_flags is for device='cpu' only"),
         ((BF16, "cuda"), {}, "depends on the batch .* pass batch="),

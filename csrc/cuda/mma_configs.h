@@ -203,19 +203,20 @@ constexpr int64_t kDefaultGemmMinBatch = 17;
 // The gemm path's largest shard (weight.shape[0], padding included: every
 // rank shares it): cuBLAS failed (CUBLAS_STATUS_EXECUTION_FAILED) on a GEMM of
 // 2**31 - 1 weight rows on the H200; 151936 rows ran. Past this, a forced
-// 'gemm' raises ValueError and auto takes mma (or simt) instead.
+// 'gemm' raises ValueError and auto takes mma (or simt) instead (choose_cuda_path).
 constexpr int64_t kGemmMaxRows = int64_t{1} << 21;
 
 // C++ auto (what path="auto" runs unless a measured dispatch table is set,
 // localargmax/dispatch.py): top-k and float32 on simt; bf16 / fp16 on gemm
-// from batch kDefaultGemmMinBatch, below it on mma where the tensor-core
-// kernel takes the inputs (mma_takes: sm_80+, hidden_size and row strides
-// multiples of 8, 16-byte aligned data), else simt. The log-partition ops
-// take the same path as the plain ones (it is not an input: every path
-// computes it). _C._choose_cuda_path exports it.
-constexpr Path choose_cuda_path(bool half, bool topk, bool mma_takes, int64_t batch) {
+// from batch kDefaultGemmMinBatch on shards of at most kGemmMaxRows rows
+// (weight.shape[0]), else on mma where the tensor-core kernel takes the inputs
+// (mma_takes: sm_80+, hidden_size and row strides multiples of 8, 16-byte
+// aligned data), else simt. The log-partition ops take the same path as the
+// plain ones (it is not an input: every path computes it).
+// _C._choose_cuda_path exports it.
+constexpr Path choose_cuda_path(bool half, bool topk, bool mma_takes, int64_t batch, int64_t rows) {
   if (topk || !half) return Path::kSimt;
-  if (batch >= kDefaultGemmMinBatch) return Path::kGemm;
+  if (batch >= kDefaultGemmMinBatch && rows <= kGemmMaxRows) return Path::kGemm;
   return mma_takes ? Path::kMma : Path::kSimt;
 }
 

@@ -121,9 +121,7 @@ PathChoice pick_path(const ShardArgmaxProblem<T>& p, const at::Tensor& weight, b
                       "weight data");
     return {Path::kMma, config};
   }
-  const Path chosen = choose_cuda_path(half, topk_mode, mma, p.batch);
-  if (chosen == Path::kGemm && weight.size(0) > kGemmMaxRows) return {mma ? Path::kMma : Path::kSimt, -1};
-  return {chosen, -1};
+  return {choose_cuda_path(half, topk_mode, mma, p.batch, weight.size(0)), -1};
 }
 
 // Returns the number of blocks (grid x) of the kernel that wrote the keys:
