@@ -151,15 +151,20 @@ def twin_of(m: MmaConfig) -> str | None:
 
 
 def cpp_mma_config(
-    num_valid: int, batch: int, sms: int = DEFAULT_SM_COUNT, smem_limit: int = DEFAULT_SMEM_LIMIT, tma: bool = False
+    num_valid: int,
+    batch: int,
+    sms: int = DEFAULT_SM_COUNT,
+    smem_limit: int = DEFAULT_SMEM_LIMIT,
+    tma: bool = False,
+    log_partition: bool = False,
 ) -> str:
     """choose_mma_config (csrc/cuda/mma_configs.h, through ``_C``): the config C++ runs for path
-    ``"mma"`` / ``"auto"`` (``tma``: the launch can run TMA rows, as an H200 does without the
-    log-partition: the TMA rows
+    ``"mma"`` / ``"auto"`` (``tma``: the launch runs sm_90 code on an sm_90+ device, as on an H200;
+    C++'s auto_takes_tma then takes the TMA rows unless ``log_partition``: the TMA rows
     at batch <= 32; else small grid: fewer than 4 blocks of 64 rows per SM; at batch 33-64
     256-row tiles where they give every SM a block, else 192-row ones; never a config whose shared
     memory exceeds ``smem_limit``)."""
-    return _C._choose_mma_config(4096, num_valid, batch, sms, smem_limit, tma)
+    return _C._choose_mma_config(4096, num_valid, batch, sms, smem_limit, tma, log_partition)
 
 
 def _order_kc(batch: int) -> int:

@@ -70,7 +70,7 @@ def incumbent_of(rows: int, batch: int, log_partition: bool = False) -> str:
     choose_mma_config): the TMA rows for the plain ops, their cp.async twins (the same bits) with
     the log-partition, which the TMA rows do not carry."""
     path = pm.cpp_auto_path(batch)
-    return f"mma/{pm.cpp_mma_config(rows, batch, tma=not log_partition)}" if path == "mma" else path
+    return f"mma/{pm.cpp_mma_config(rows, batch, tma=True, log_partition=log_partition)}" if path == "mma" else path
 
 
 def bucket_edges(spec: pm.DeviceSpec) -> dict:

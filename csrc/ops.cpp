@@ -190,14 +190,18 @@ static PyObject* py_mma_configs(PyObject*, PyObject*) {
 }
 
 // localargmax._C._choose_mma_config(hidden_size, num_valid, batch, sm_count,
-// smem_limit, tma=False) -> str: the config C++ auto runs (cuda/mma_configs.h;
-// tma: the launch can run the TMA rows, an sm_90+ device without the log-partition).
+// smem_limit, tma=False, log_partition=False) -> str: the config C++ auto runs
+// (cuda/mma_configs.h; tma: the launch runs sm_90 code on an sm_90+ device;
+// auto_takes_tma decides with log_partition, as run_mma does).
 static PyObject* py_choose_mma_config(PyObject*, PyObject* args) {
   long long hidden_size = 0, num_valid = 0, batch = 0;
-  int sm_count = 0, smem_limit = 0, tma = 0;
-  if (!PyArg_ParseTuple(args, "LLLii|p", &hidden_size, &num_valid, &batch, &sm_count, &smem_limit, &tma))
+  int sm_count = 0, smem_limit = 0, tma = 0, log_partition = 0;
+  if (!PyArg_ParseTuple(args, "LLLii|pp", &hidden_size, &num_valid, &batch, &sm_count, &smem_limit, &tma,
+                        &log_partition))
     return nullptr;
-  const int i = localargmax::cuda::choose_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit, tma != 0);
+  using localargmax::cuda::auto_takes_tma;
+  const int i = localargmax::cuda::choose_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit,
+                                                     auto_takes_tma(tma != 0, log_partition != 0));
   return PyUnicode_FromString(localargmax::cuda::kMmaConfigs[i].name);
 }
 
@@ -229,8 +233,8 @@ extern "C" PyObject* PyInit__C(void) {
       {"_cpu_paths", py_cpu_paths, METH_NOARGS,
        "_cpu_paths() -> the CPU paths: (name, needs, bit_exact, inner_loop) per path, in listing order."},
       {"_choose_mma_config", py_choose_mma_config, METH_VARARGS,
-       "_choose_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit, tma=False) -> the config C++ auto "
-       "runs."},
+       "_choose_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit, tma=False, log_partition=False) -> "
+       "the config C++ auto runs (tma: sm_90 code on an sm_90+ device)."},
       {"_choose_cuda_path", py_choose_cuda_path, METH_VARARGS,
        "_choose_cuda_path(half, topk, mma_takes, batch, rows) -> 'simt' / 'mma' / 'gemm': the path C++ auto takes "
        "on CUDA for a shard of `rows` weight rows (the log-partition ops alike)."},

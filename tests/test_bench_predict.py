@@ -216,6 +216,8 @@ def test_todays_variants_follow_the_launcher_boundaries():
     assert pm.todays_variant("mma", 20, num_valid=18992).name == "mma/n4_r128_tma"  # an H200 runs the TMA rows
     tma = ["n1_r64_tma"] * 2 + ["n2_r64_tma"] * 2 + ["n4_r128_tma"] * 2 + ["n8_r192"] * 2 + ["n16_r64"] * 3
     assert [pm.cpp_mma_config(18992, b, tma=True) for b in batches] == tma  # the twins of the cp.async rows
+    # the log-partition keeps the cp.async rows (the TMA rows carry none): C++'s auto_takes_tma
+    assert [pm.cpp_mma_config(18992, b, tma=True, log_partition=True) for b in batches] == small
     assert all(pm.twin_of(pm.MMA_CONFIGS[t]) in (c, c.replace("_sk2", "")) for t, c in zip(tma[:6], small[:6]))
     # a device whose opt-in shared memory per block holds none of the > 48 KiB configs: the same sums
     # (KC = 2 to batch 32, KC = 1 past it) from the small configs, batch 17-32 in two passes

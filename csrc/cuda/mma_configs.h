@@ -142,6 +142,11 @@ constexpr int kDefaultSmCount = 132;
 // MEASURED on an H200 (2026-12-04, bench/results/gpu_2026-12-04: faster than
 // the cp.async rows auto ran at every engine shard) — the same KC = 2 sums as
 // the rows they replace, so a rank without TMA gives the same bits.
+// Whether auto may run the TMA rows: the launch runs sm_90 code on an sm_90+
+// device (tma_code: launch_features) and the op has no log-partition (the TMA
+// rows carry none). run_mma and _C._choose_mma_config both ask it.
+constexpr bool auto_takes_tma(bool tma_code, bool log_partition) { return tma_code && !log_partition; }
+
 inline int choose_mma_config(int64_t hidden_size, int64_t num_valid, int64_t batch, int sm_count,
                              int smem_limit = kDefaultSmemLimit, bool tma = false) {
   (void)hidden_size;  // (a dispatch table may use it; the pipeline takes any H % 8 == 0)

@@ -148,11 +148,9 @@ int64_t run_mma(const ShardArgmaxProblem<T>& p, int config) {
                       d.smem_limit, " (cudaDevAttrMaxSharedMemoryPerBlockOptin)");
   }
   if (config < 0) {  // auto: the TMA rows where this launch can run them (choose_mma_config)
-    const bool tma = d.major >= 9 && p.out.block_partition == nullptr &&
-                     kernel_features(reinterpret_cast<const void*>(
-                                         MmaKernel<mma_config_index("n1_r64_tma")>::template kernel<T>()),
-                                     device, d.major)
-                         .tma;
+    const void* n1_tma = reinterpret_cast<const void*>(MmaKernel<mma_config_index("n1_r64_tma")>::template kernel<T>());
+    const bool tma_code = d.major >= 9 && kernel_features(n1_tma, device, d.major).tma;
+    const bool tma = auto_takes_tma(tma_code, p.out.block_partition != nullptr);
     config = choose_mma_config(p.hidden_size, p.num_valid, p.batch, d.sms, d.smem_limit, tma);
   }
   return launch_mma(p, MmaLaunch{d.major, device}, kMaxGridY, d.sms, config, d.smem_limit);
