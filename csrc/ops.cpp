@@ -49,6 +49,8 @@ TORCH_LIBRARY(localargmax, m) {
 
 namespace localargmax::cpu {
 int64_t parallel_workers(int64_t n);  // cpu/shard_argmax_cpu.cpp
+void set_scalar_epilogue(bool on);     // cpu/shard_argmax_cpu.cpp
+bool scalar_epilogue();
 const char* brgemm_mode(at::ScalarType dtype);  // cpu/shard_argmax_brgemm.cpp
 }
 
@@ -125,6 +127,18 @@ static PyObject* py_brgemm_epilogue(PyObject*, PyObject* arg) {
   if (on < 0) return nullptr;
   const bool was = localargmax::cpu::brgemm_epilogue();
   localargmax::cpu::set_brgemm_epilogue(on != 0);
+  return PyBool_FromLong(was);
+}
+
+// localargmax._C._scalar_epilogue(on) -> bool (the previous setting): tests
+// only: True makes the CPU ops' epilogue the scalar emit of every logit (no
+// screen, no vectorised log-partition), the reference of the fast one;
+// process-wide.
+static PyObject* py_scalar_epilogue(PyObject*, PyObject* arg) {
+  const int on = PyObject_IsTrue(arg);
+  if (on < 0) return nullptr;
+  const bool was = localargmax::cpu::scalar_epilogue();
+  localargmax::cpu::set_scalar_epilogue(on != 0);
   return PyBool_FromLong(was);
 }
 
@@ -229,6 +243,9 @@ extern "C" PyObject* PyInit__C(void) {
       {"_brgemm_epilogue", py_brgemm_epilogue, METH_O,
        "_brgemm_epilogue(on) -> bool: benchmark only; False makes path='brgemm' skip its epilogue (tiles alone, "
        "empty keys). Returns the previous setting."},
+      {"_scalar_epilogue", py_scalar_epilogue, METH_O,
+       "_scalar_epilogue(on) -> bool: tests only; True makes the CPU ops fold every logit through the scalar "
+       "epilogue (no screen, no vectorised log-partition). Returns the previous setting."},
       {"_fma_peak", py_fma_peak, METH_VARARGS, "Float32 FLOP/s of a tight FMA loop (isa, iters)."},
       {"_cpu_paths", py_cpu_paths, METH_NOARGS,
        "_cpu_paths() -> the CPU paths: (name, needs, bit_exact, inner_loop) per path, in listing order."},

@@ -19,12 +19,14 @@ keys)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
 
 import localargmax
+from localargmax import _C
 from tests.support.paths import CPU_ISA_PATHS, cpu_path_unavailable
 
 LANE_EXACT = ("generic", "avx2", "avx512")
@@ -199,27 +201,47 @@ def test_topk_keys_equal_the_lane_model(gen, name, dtype, k):
             assert torch.equal(got, want[:batch]), (name, k, batch, b is not None)
 
 
+@contextlib.contextmanager
+def scalar_epilogue():
+    """Every logit through the CPU ops' scalar emit (no screen, no vectorised
+    log-partition: ``_C._scalar_epilogue``), the reference of the fast epilogue."""
+    was = _C._scalar_epilogue(True)
+    try:
+        yield
+    finally:
+        _C._scalar_epilogue(was)
+
+
+def _fast_and_scalar(call, flush):
+    torch.set_flush_denormal(flush)
+    try:
+        fast = call()
+        with scalar_epilogue():
+            slow = call()
+    finally:
+        torch.set_flush_denormal(False)
+    return fast, slow
+
+
+def _bits(x):
+    return x.view(torch.int32) if x.dtype == torch.float32 else x
+
+
 @pytest.mark.parametrize("name", _paths(CPU_ISA_PATHS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("flush", [False, True], ids=["keep", "ftz"])
 def test_topk_screen_equals_every_logit_emitted(gen, name, dtype, flush):
-    """The top-k's screened keys equal those of the unscreened epilogue (the
-    log-partition op at scale 1 without a cap: x * 1 is x, every logit
-    packed) on every path, brgemm's emit_block included: ties, NaN rows,
-    an all -inf bias (fewer finite logits than k), denormal logits under
-    either flush mode, k from 1 to 64."""
+    """The top-k's screened keys equal those of the scalar epilogue (every
+    logit packed and inserted) on every path, brgemm's emit_block included:
+    ties, NaN rows, an all -inf bias (fewer finite logits than k), denormal
+    logits under either flush mode, k from 1 to 64."""
     hidden, weight, bias = _planted(gen, dtype)
     tiny = (weight.float() * 2.0**-70).to(dtype)
 
     def both(h, w, k, bias=None, **kw):
-        torch.set_flush_denormal(flush)
-        try:
-            a = localargmax.shard_topk(h, w, k, bias=bias, path=name, **kw)
-            b = localargmax.shard_topk(h, w, k, bias=bias, path=name, log_partition=True, **kw)[0]
-        finally:
-            torch.set_flush_denormal(False)
-        assert torch.equal(a, b), (name, k, kw)
-        return a
+        fast, slow = _fast_and_scalar(lambda: localargmax.shard_topk(h, w, k, bias=bias, path=name, **kw), flush)
+        assert torch.equal(fast, slow), (name, k, kw)
+        return fast
 
     for k in (1, 3, 8, 64):
         keys = both(hidden, weight, k, bias, vocab_start=7)
@@ -232,3 +254,46 @@ def test_topk_screen_equals_every_logit_emitted(gen, name, dtype, flush):
         both(hidden, weight, k, torch.full_like(bias, -math.inf), num_valid=140)
         both(hidden, weight, k, -bias)
         both(hidden * 2.0**-70, tiny, k)
+
+
+@pytest.mark.parametrize("name", _paths(CPU_ISA_PATHS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("flush", [False, True], ids=["keep", "ftz"])
+def test_vectorised_log_partition_is_the_scalar_one(gen, name, dtype, flush):
+    """The log-partition ops' vectorised epilogue (kScreen batch rows per
+    vector, ieee_expf in every lane) gives the scalar emit's keys and pairs
+    bit for bit on every path, at batch sizes of every lane tail, with a
+    scale, a per-row temperature of the sums, ties, NaN rows, an all -inf
+    bias, +-inf logits and denormal logits under either flush mode; a row's
+    pair does not depend on the batch around it."""
+    hidden, weight, bias = _planted(gen, dtype)
+    t = torch.rand(hidden.shape[0], generator=gen) * 2 + 0.05
+    w_nan = weight.clone()
+    w_nan[69, 3] = math.nan
+    cases = [
+        dict(bias=bias, vocab_start=7),
+        dict(bias=bias, scale=0.37),
+        dict(bias=torch.full_like(bias, -math.inf), num_valid=140),
+        dict(bias=-bias, temperature=t),
+        dict(weight=w_nan, bias=bias, scale=3.0),
+        dict(hidden=hidden * 2.0**-70, weight=(weight.float() * 2.0**-70).to(dtype)),
+    ]
+    for case in cases:
+        h, w = case.pop("hidden", hidden), case.pop("weight", weight)
+        full = None
+        for batch in (hidden.shape[0], 1, 7, 8, 9, 16, 17, 33):
+            kw = dict(case, temperature=case["temperature"][:batch]) if "temperature" in case else case
+            for k in (None, 1, 5):
+
+                def call(kw=kw, k=k, batch=batch):
+                    if k is None:
+                        return localargmax.shard_argmax(h[:batch], w, path=name, log_partition=True, **kw)
+                    kw = {key: v for key, v in kw.items() if key != "temperature"}
+                    return localargmax.shard_topk(h[:batch], w, k, path=name, log_partition=True, **kw)
+
+                (fk, fp), (sk, sp) = _fast_and_scalar(call, flush)
+                assert torch.equal(fk, sk), (name, batch, k, list(kw))
+                assert torch.equal(_bits(fp), _bits(sp)), (name, batch, k, list(kw))
+                if k is None:  # batch row b's pair, whatever the batch around it
+                    full = fp if full is None else full
+                    assert torch.equal(_bits(fp), _bits(full[:batch])), (name, batch, list(kw))

@@ -29,11 +29,59 @@ LAM_HD float transform_logit(float x, float scale, float soft_cap) {
   return x * scale;
 }
 
-// exp((x - ref) / t) with the pair's conventions (x == -inf: 0, x == ref: 1).
+#if !defined(__CUDA_ARCH__)
+// exp(x) in float32 from IEEE +, -, * and exact bit steps only (Cody-Waite
+// reduction by ln 2 in two parts, Cephes' degree-6 polynomial, the scale
+// 2^n in two exact-or-once-rounded multiplies: subnormal results round once),
+// within 2 ulps of exp. F is float (I int32_t) or a GCC vector of floats (I
+// the int32 vector of its width): every lane takes the same operations as the
+// scalar form, so the CPU kernels' vectorised log-partition (emit_rows) gives
+// the bits of the scalar one. The build has -ffp-contract=off: nothing fuses.
+// The host's partition_term, so every host pair uses it.
+inline int32_t expf_to_int(float n) { return static_cast<int32_t>(n); }
+inline float expf_from_bits(int32_t b) { return __builtin_bit_cast(float, b); }
+template <typename I, typename F>
+inline I expf_to_int(F n) { return __builtin_convertvector(n, I); }
+template <typename F, typename I>
+inline F expf_from_bits(I b) { return reinterpret_cast<F>(b); }
+
+template <typename F, typename I>
+inline F ieee_expf(F x) {
+  const F lo = F{} + -104.0f, hi = F{} + 89.0f;                 // exp(-104) rounds to 0, exp(89) to inf
+  x = x < lo ? lo : x;                                          // NaN stays NaN
+  x = x > hi ? hi : x;
+  const F magic = F{} + 12582912.0f;                            // 1.5 * 2^23: t + magic - magic rounds t to an integer
+  F n = (x * 1.44269504088896341f + magic) - magic;              // round(x / ln 2), |n| <= 150
+  n = n == n ? n : F{};                                         // NaN: any n (the polynomial keeps the NaN)
+  const F r = (x - n * 0.693359375f) - n * -2.12194440e-4f;     // x - n ln 2; n * 0.693359375 is exact
+  F y = F{} + 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = (y * (r * r) + r) + 1.0f;
+  I k;
+  if constexpr (sizeof(F) == sizeof(float)) k = expf_to_int(n);
+  else k = expf_to_int<I>(n);
+  const I k1 = k >> 1, k2 = k - k1;                             // 2^k = 2^k1 * 2^k2, each a normal float
+  if constexpr (sizeof(F) == sizeof(float))
+    return y * expf_from_bits((k1 + 127) << 23) * expf_from_bits((k2 + 127) << 23);
+  else
+    return y * expf_from_bits<F>((k1 + 127) << 23) * expf_from_bits<F>((k2 + 127) << 23);
+}
+#endif
+
+// exp((x - ref) / t) with the pair's conventions (x == -inf: 0, x == ref: 1):
+// CUDA's expf on the device, ieee_expf on the host.
 LAM_HD float partition_term(float x, float ref, float t) {
   if (x == -INFINITY) return 0.0f;
   if (x == ref) return 1.0f;
+#if defined(__CUDA_ARCH__)
   return expf((x - ref) / t);
+#else
+  return ieee_expf<float, int32_t>((x - ref) / t);
+#endif
 }
 
 // One shard's (or part of a shard's) running pair, with the key its ref

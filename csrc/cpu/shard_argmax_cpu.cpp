@@ -143,6 +143,7 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
   p.offset = offset;
   p.noise_seed = noise_seed.defined() ? noise_seed.data_ptr<int64_t>() : nullptr;
   p.noise_pos = noise_pos.defined() ? noise_pos.data_ptr<int64_t>() : nullptr;
+  p.scalar_epilogue = scalar_epilogue();
   p.brgemm_hidden = nullptr;
   p.brgemm_weight_tail = nullptr;
   p.brgemm_ldk = 0;
@@ -321,6 +322,12 @@ int64_t parallel_workers(int64_t n) {
   });
   return static_cast<int64_t>(seen.size());
 }
+
+namespace {
+std::atomic<bool> g_scalar_epilogue{false};
+}  // namespace
+void set_scalar_epilogue(bool on) { g_scalar_epilogue.store(on); }
+bool scalar_epilogue() { return g_scalar_epilogue.load(); }
 
 }  // namespace cpu
 

@@ -55,6 +55,10 @@ struct ShardArgmaxProblem {
   const float* partition_temperature;
   float scale;             // logit scale (> 0), with partition only
   float soft_cap;          // soft-cap c (> 0), 0 for none; with partition only
+  // emit_rows folds every logit through the scalar emit (no screen, no
+  // vectorised log-partition): the reference the tests compare the fast
+  // epilogue with (set_scalar_epilogue; the keys and pairs are the same).
+  bool scalar_epilogue;
   // avx512_bf16 with bfloat16 weights only (else nullptr): the hidden states
   // as bfloat16 (exact: hidden has the weight's dtype), [batch, hidden_pad_bf16],
   // zero-padded to hidden_pad_bf16 = H rounded up to a multiple of kBf16Pairs.
@@ -125,6 +129,11 @@ void emit_block_avx2(const ShardArgmaxProblem& p, const float* dots, int64_t ld,
                      int64_t b0, int64_t nb, uint64_t* best_keys);
 void emit_block_avx512(const ShardArgmaxProblem& p, const float* dots, int64_t ld, int64_t row0, int64_t rows,
                        int64_t b0, int64_t nb, uint64_t* best_keys);
+
+// Tests only (localargmax._C._scalar_epilogue): true makes every CPU op's
+// epilogue the scalar emit (ShardArgmaxProblem::scalar_epilogue); process-wide.
+void set_scalar_epilogue(bool on);
+bool scalar_epilogue();
 
 // Float32 FLOP/s of a tight loop of independent FMAs (zmm / ymm), timed in
 // the call: the core's measured FMA peak (bench/cpu_paths.py). iters: loop
