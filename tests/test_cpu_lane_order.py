@@ -8,14 +8,13 @@ rounded to odd, then to float32, is the correctly rounded result), so a
 register-tiled kernel that changed any lane's order, the tree, or which
 logit a key carries fails here, at every batch size 1..70 (every batch
 tail of every tile shape) and every row position of every tile. The
-argmax's screen (only logits that can still win make keys) is compared
-with the unscreened epilogue (temperature 0 rows: the same greedy keys,
-every logit emitted) on every path, brgemm included, with ties, NaN, -inf,
-signed zeros and denormal logits under the caller's flush-to-zero mode.
-The top-k's screen (a logit below its row's k-th key makes no key) alike:
-against the model's k largest keys, and against the unscreened epilogue
-(the log-partition op at scale 1, no cap: every logit packed, the same
-keys)."""
+fast epilogue (the argmax's and top-k's screens: only logits that can
+still enter the kept keys make keys; sampling's screen by a bound of the
+noise; the vectorised log-partition) is compared with the scalar epilogue
+(``_C._scalar_epilogue``: every logit through emit) on every path, brgemm
+included, with ties, NaN, -inf, signed zeros and denormal logits under the
+caller's flush-to-zero mode; the top-k also against the model's k largest
+keys."""
 
 from __future__ import annotations
 
@@ -152,9 +151,9 @@ def _planted(gen, dtype, hsize=24, rows=150, batch=21):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("flush", [False, True], ids=["keep", "ftz"])
 def test_screen_equals_every_logit_emitted(gen, name, dtype, flush):
-    """The argmax's screened keys equal those of the unscreened epilogue
-    (shard_sample at temperature 0 on every row: greedy keys, every logit packed and
-    compared) on every path, brgemm's emit_block included: ties, a NaN row
+    """The argmax's screened keys equal those of the scalar epilogue (every
+    logit packed and compared) and shard_sample's at temperature 0 on every
+    row (greedy keys) on every path, brgemm's emit_block included: ties, a NaN row
     (planted at each position), an all -inf row, zero hidden states, and
     denormal logits under either flush mode of the caller."""
     hidden, weight, bias = _planted(gen, dtype)
@@ -162,14 +161,14 @@ def test_screen_equals_every_logit_emitted(gen, name, dtype, flush):
     tiny = (weight.float() * 2.0**-70).to(dtype)
 
     def both(h, w, bias=None, **kw):
+        fast, slow = _fast_and_scalar(lambda: localargmax.shard_argmax(h, w, bias=bias, path=name, **kw), flush)
         torch.set_flush_denormal(flush)
         try:
-            a = localargmax.shard_argmax(h, w, bias=bias, path=name, **kw)
-            b = localargmax.shard_sample(h, w, zero_t[: h.shape[0]], 3, 0, bias=bias, path=name, **kw)
+            greedy = localargmax.shard_sample(h, w, zero_t[: h.shape[0]], 3, 0, bias=bias, path=name, **kw)
         finally:
             torch.set_flush_denormal(False)
-        assert torch.equal(a, b), (name, kw)
-        return a
+        assert torch.equal(fast, slow) and torch.equal(fast, greedy), (name, kw)
+        return fast
 
     keys = both(hidden, weight, bias, vocab_start=7)
     assert int(localargmax.decode_keys(keys[0:1])[0]) == 7 + 70
@@ -254,6 +253,59 @@ def test_topk_screen_equals_every_logit_emitted(gen, name, dtype, flush):
         both(hidden, weight, k, torch.full_like(bias, -math.inf), num_valid=140)
         both(hidden, weight, k, -bias)
         both(hidden * 2.0**-70, tiny, k)
+
+
+@pytest.mark.parametrize("name", _paths(CPU_ISA_PATHS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("flush", [False, True], ids=["keep", "ftz"])
+def test_sample_screen_is_the_scalar_epilogue(gen, name, dtype, flush):
+    """shard_sample's screened epilogue (Philox words for kScreen batch rows at
+    once, each logit screened by its noise's bucket bound) gives the scalar
+    emit's keys bit for bit on every path: batch sizes of every lane tail,
+    temperatures below 1, at 1, above 1 and 0 (greedy) mixed in one batch,
+    offsets whose rows pass 2**32 (Philox's high counter word), seeds past
+    2**32, ties, NaN rows, an all -inf bias, +-inf and denormal logits under
+    either flush mode; a row's key does not depend on the batch around it."""
+    hidden, weight, bias = _planted(gen, dtype)
+    batch = hidden.shape[0]
+    t = torch.rand(batch, generator=gen) * 2.5
+    t[::4] = 0.0
+    t[1::5] = 1.0
+    t[2::7] = 1e-3
+    w_nan = weight.clone()
+    w_nan[69, 3] = math.nan
+    cases = [
+        dict(bias=bias, seed=3, offset=0, vocab_start=7),
+        dict(bias=bias, seed=2**40 + 5, offset=2**32 - 30),
+        dict(bias=torch.full_like(bias, -math.inf), num_valid=140, seed=9, offset=1),
+        dict(weight=w_nan, bias=-bias, seed=11, offset=2**63 - 100),
+        dict(hidden=hidden * 2.0**-70, weight=(weight.float() * 2.0**-70).to(dtype), seed=1, offset=5),
+        dict(hidden=hidden * 30.0, seed=4, offset=0),  # logits far apart: most screened out
+    ]
+    # Batch row 0's noised scores planted within 1e-4 of each other (hidden row 0 zero, the bias
+    # cancelling the noise at T = 1 and T = 0.5): its best moves by tiny steps, which a bound looser
+    # by more than the noise's own rounding lets slip.
+    rows, flat = weight.shape[0], hidden.clone()
+    flat[0] = 0.0
+    for t0, offset in ((1.0, 17), (0.5, 2**32 + 3)):
+        g = torch.ops.localargmax.gumbel_noise(21, torch.full((rows,), offset), torch.arange(rows))
+        eps = torch.rand(rows, generator=gen) * 1e-4
+        cases.append(dict(hidden=flat, bias=-(g * t0) + eps, seed=21, offset=offset, t0=t0))
+    for case in cases:
+        h, w = case.pop("hidden", hidden), case.pop("weight", weight)
+        seed, offset = case.pop("seed"), case.pop("offset")
+        tc = t.clone()
+        tc[0] = case.pop("t0", float(t[0]))
+        full = None
+        for b in (batch, 1, 7, 8, 9, 16, 17, 33):
+
+            def call(b=b):
+                return localargmax.shard_sample(h[:b], w, tc[:b], seed, offset, path=name, **case)
+
+            fast, slow = _fast_and_scalar(call, flush)
+            assert torch.equal(fast, slow), (name, b, seed, offset, list(case))
+            full = fast if full is None else full
+            assert torch.equal(fast, full[:b]), (name, b)
 
 
 @pytest.mark.parametrize("name", _paths(CPU_ISA_PATHS))

@@ -49,13 +49,20 @@ LAM_HD void philox4x32_10(uint32_t (&ctr)[4], uint32_t k0, uint32_t k1) {
   }
 }
 
+// The noise of Philox's first output word x: u = (x + 0.5) / 2^32,
+// -log(-log(u)) in double, rounded to float. Nondecreasing in x up to the
+// double logs' last-bit error (far below a float ulp).
+LAM_HD float gumbel_of_word(uint32_t x) {
+  const double u = (static_cast<double>(x) + 0.5) * (1.0 / 4294967296.0);
+  return static_cast<float>(-log(-log(u)));
+}
+
 // Standard Gumbel noise for (seed, row, global vocabulary index).
 LAM_HD float gumbel_noise(uint64_t seed, uint64_t row, uint64_t index) {
   uint32_t ctr[4] = {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
                      static_cast<uint32_t>(row), static_cast<uint32_t>(row >> 32)};
   philox4x32_10(ctr, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-  const double u = (static_cast<double>(ctr[0]) + 0.5) * (1.0 / 4294967296.0);
-  return static_cast<float>(-log(-log(u)));
+  return gumbel_of_word(ctr[0]);
 }
 
 // A temperature the samplers accept: finite and >= 0 (0 = greedy). NaN, a
