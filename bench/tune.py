@@ -57,7 +57,8 @@ def candidates(batch: int) -> tuple[str, ...]:
 def timed(batch: int) -> tuple[str, ...]:
     """What ``bench.tune`` times at ``batch``: the :func:`candidates`, then the TMA twins of their
     order class (:func:`bench.predict.mma_tma_twins`, sm_90+): timed and recorded in
-    the measurements (the GPU run decides whether a table should name them), never chosen."""
+    the measurements, never a table's choice (C++ auto takes them itself where the launch can:
+    auto_takes_tma; a table's cp.async cell runs the same sums)."""
     return (*candidates(batch), *(f"mma/{i}" for i in pm.mma_tma_twins(batch)))
 
 

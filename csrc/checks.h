@@ -86,7 +86,7 @@ inline void check_sample_args(const at::Tensor& hidden, const at::Tensor& temper
   TORCH_CHECK_VALUE(offset >= 0, "shard_sample: offset must be >= 0, got ", offset);
 }
 
-// noise="vllm"'s per-row tensors: both or neither, [batch] int64 on hidden's device.
+// noise=vllm_noise(...)'s per-row tensors: both or neither, [batch] int64 on hidden's device.
 inline void check_noise_args(const at::Tensor& hidden, const std::optional<at::Tensor>& noise_seed,
                              const std::optional<at::Tensor>& noise_pos) {
   TORCH_CHECK_VALUE(noise_seed.has_value() == noise_pos.has_value(),

@@ -43,7 +43,7 @@ TORCH_LIBRARY(localargmax, m) {
   // int64 of one shape -> float32 of that shape. CPU only (on CUDA, localargmax.sampling evaluates it in torch).
   m.def("gumbel_noise(int seed, Tensor rows, Tensor ids) -> Tensor");
   // vLLM 0.34's Gumbel noise (common/vllm_noise.h) at (seeds[i], pos[i], ids[i]), int64 of one shape (ids >= 0)
-  // -> float32 of that shape (float64: use_fp64_gumbel's noise). CPU only (elsewhere localargmax.sampling's torch).
+  // -> float32 of that shape (float64: use_fp64_gumbel's noise). CPU only (elsewhere vllm_gumbel.torch_gumbel32).
   m.def("vllm_gumbel_noise(Tensor seeds, Tensor pos, Tensor ids, bool fp64=False) -> Tensor");
 }
 

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import envs
+from . import _C, envs
 from ._validation import MMA_CONFIGS
 
 SCHEMA = "localargmax.dispatch_table/3"
@@ -200,7 +200,8 @@ _DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16"}
 def cuda_path(hidden, weight) -> str:
     """The ``path`` to pass to the C++ op for ``path="auto"`` (argmax and
     sample, CUDA): the measured table's choice where one is set, has the cell
-    and the op can take it without a fallback, else ``"auto"`` (C++ decides).
+    and the op can take it without a fallback, else ``"auto"`` (C++ decides;
+    also for a gemm cell past the gemm path's 2**21-row shard limit).
 
     A table ``"mma"`` cell names a config: ``"mma/<name>"`` is passed when the
     tensor-core kernel takes the inputs (``H`` and the weight's row stride
@@ -223,6 +224,8 @@ def cuda_path(hidden, weight) -> str:
     choice = measured.choose(_arch(weight.device.index), dtype, hidden_size, rows, batch)
     if choice is None:
         return "auto"
+    if choice.path == "gemm" and _C._choose_cuda_path(True, False, True, CPP_GEMM_MIN_BATCH, rows) != "gemm":
+        return "auto"  # past the gemm path's shard limit (kGemmMaxRows): C++ auto takes mma there
     if choice.path != "mma":
         return choice.path
     if torch.compiler.is_compiling():  # the data pointer is not readable while tracing

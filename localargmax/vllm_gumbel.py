@@ -6,10 +6,11 @@ noise as a pure function of (request seed, position, global token id):
 degree-8 series below ``u = 0.25``), and samples ``argmax_v fl(x_v / T) + g``
 in float32. Passing ``noise=vllm_noise(seed, pos)`` to
 :func:`localargmax.lm_head_sample` or :func:`localargmax.shard_sample` makes
-the fused kernels (and the filtered sampler) use that noise and score instead
+the fused kernels use that noise and score instead
 of the tp-invariant Philox noise, so the sample is the one vLLM draws from
 the full logits (bit for bit up to the float32 ``log`` and division of the
-platform: DESIGN.md says where they can differ).
+platform: DESIGN.md says where they can differ). Not yet with the filtered
+sampler's top-k / top-p / min-p (a ValueError).
 """
 
 from __future__ import annotations

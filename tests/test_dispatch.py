@@ -194,6 +194,16 @@ def test_cuda_path_resolves_auto_from_the_table(monkeypatch, table_path, batch, 
     assert dispatch.cuda_path(h, w) == "auto"
 
 
+def test_a_gemm_cell_past_the_gemm_row_limit_is_left_to_cpp(monkeypatch):
+    """A table's gemm cell covers shards the gemm path refuses (past 2**21
+    rows, cuBLAS's limit): there ``auto`` stays auto (C++ takes mma)."""
+    monkeypatch.setattr(dispatch, "table", lambda: fake_table("gemm"))
+    monkeypatch.setattr(dispatch, "_arch", lambda index: "sm_90")
+    h = torch.empty(64, 8, dtype=torch.bfloat16)
+    assert dispatch.cuda_path(h, torch.empty(2**21, 8, dtype=torch.bfloat16)) == "gemm"
+    assert dispatch.cuda_path(h, torch.empty(2**21 + 1, 8, dtype=torch.bfloat16)) == "auto"
+
+
 def test_cuda_path_traces_under_torch_compile(measured_file, monkeypatch):
     # the lookup runs inside compiled code (fullgraph: no graph break; the table of the last eager
     # lookup, no file read) and picks what eager picks, also with a dynamic batch (dynamo guards on

@@ -1,4 +1,4 @@
-// vLLM 0.34's Gumbel noise (noise="vllm"; DESIGN.md, "vLLM's noise"), shared by
+// vLLM 0.34's Gumbel noise (noise=vllm_noise(...); DESIGN.md, "vLLM's noise"), shared by
 // the CPU and CUDA kernels, the host emulation and the CPU op
 // localargmax::vllm_gumbel_noise. Transcribed from
 // vllm/v1/worker/gpu/sample/gumbel.py (vLLM 0.34):

@@ -72,7 +72,7 @@ struct PartitionRequest {
   const at::Tensor* temperature = nullptr;  // [batch] float32 T of the sums (shard_argmax_lse), or nullptr
 };
 
-// noise="vllm"'s per-row tensors (checked by check_noise_args), or none: the Philox noise.
+// noise=vllm_noise(...)'s per-row tensors (checked by check_noise_args), or none: the Philox noise.
 struct NoiseRows {
   const std::optional<at::Tensor>& seed;
   const std::optional<at::Tensor>& pos;

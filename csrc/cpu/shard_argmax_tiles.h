@@ -40,7 +40,7 @@ struct ShardArgmaxProblem {
                              // rows with temperature 0 are greedy too
   uint64_t seed;           // sampling: Philox key
   uint64_t offset;         // sampling: Philox subsequence of batch row b is offset + b
-  // noise="vllm" (common/vllm_noise.h), else nullptr: [batch] vLLM seeds and
+  // noise=vllm_noise(...) (common/vllm_noise.h), else nullptr: [batch] vLLM seeds and
   // positions; sampling rows then score vllm_gumbel_score with vLLM's noise.
   const int64_t* noise_seed;
   const int64_t* noise_pos;

@@ -1,6 +1,7 @@
 // CPU implementation of localargmax::vllm_gumbel_noise: vLLM 0.34's Gumbel
 // noise (common/vllm_noise.h, the kernels' own functions) at any (seed, pos,
-// global id), for noise="vllm"'s filtered sampler and its fallback rows.
+// global id): localargmax.vllm_gumbel_noise on the CPU (the tests' reference
+// and the noise anywhere outside the kernels).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>

@@ -86,7 +86,7 @@ struct ShardReduce {
   const float* temperature = nullptr;        // sample: [batch]; T <= 0 rows are greedy
   uint64_t seed = 0;                         // sample: Philox key
   uint64_t offset = 0;                       // sample: Philox subsequence of batch row 0
-  // noise="vllm" (common/vllm_noise.h), or nullptr (Philox): [batch] vLLM seeds and positions;
+  // noise=vllm_noise(...) (common/vllm_noise.h), or nullptr (Philox): [batch] vLLM seeds and positions;
   // read by the gemm path's logits_to_keys_kernel only (key_of)
   const int64_t* noise_seed = nullptr;
   const int64_t* noise_pos = nullptr;

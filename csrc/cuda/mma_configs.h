@@ -27,8 +27,10 @@
 // The rows auto chooses (choose_mma_config, below), by
 // batch: n1_r64 / n1_r64_sk2 (1-8), n2_r64 / n2_r64_sk2 (9-16; the sk2 twins
 // for grids of fewer than 4 blocks per SM), n4_r128 (17-32), n8_r256 /
-// n8_r192 (33-64), n16_r64 (65+ when the op runs mma there). The _tma twins
-// run only when forced (a GPU --tune run decides whether a table should).
+// n8_r192 (33-64), n16_r64 (65+ when the op runs mma there). Where the
+// launch can run them (auto_takes_tma: sm_90 code on an sm_90+ device, no
+// log-partition) auto takes the _tma twins at batch <= 32 instead (the same
+// sums); a measured dispatch table names only the cp.async rows.
 #pragma once
 
 #include <cstdint>
@@ -52,7 +54,7 @@ struct MmaConfig {
 
 // The table, grouped by summation order (configs of one KC give the same
 // bits). X: one config; Y: one config and its TMA twin NAME_tma (the same
-// fields, so the same sums; the weight tiles by TMA, sm_90+, forced only),
+// fields, so the same sums; the weight tiles by TMA, sm_90+: auto_takes_tma),
 // the twin's REGS90 last.
 #define LAM_MMA_CONFIGS(X, Y)                                  \
   /* KC = 2, batch <= 32: name NT MT WM SK KC ST MINB REGS90 */ \

@@ -2,9 +2,9 @@
 // log-partition twins, bf16 / fp16 on sm_80+ (fused_keys_mma.cuh). See
 // shard_paths.h.
 //
-// launch_mma (shard_launch.cuh) runs the config the op names
-// ("mma/<name>", mma_configs.h), else picks one from the shared arguments and
-// the device's SM count. Where the loaded code and the device allow it
+// run_mma (below) launches (launch_mma, shard_launch.cuh) the config the op
+// names ("mma/<name>", mma_configs.h), else choose_mma_config's from the
+// shared arguments, the device's SM count and auto_takes_tma. Where the loaded code and the device allow it
 // (launch_features of the kernel's cudaFuncAttributes: sm_90+ code on an
 // sm_90+ device) the kernel is launched with programmatic stream
 // serialization (PDL): it issues its first weight stages, then
@@ -15,9 +15,9 @@
 // of static + dynamic (needs_smem_opt_in) the launcher raises the kernel's
 // cudaFuncAttributeMaxDynamicSharedMemorySize once per device and
 // instantiation; auto never picks a config over the device's opt-in limit,
-// and a forced one raises ValueError. The TMA configs (sm_90+; forced only)
-// get the weight's tensor map encoded per call, and a forced one below sm_90
-// raises ValueError.
+// and a forced one raises ValueError. The TMA configs (sm_90+; auto takes
+// them where auto_takes_tma says the launch can) get the weight's tensor map
+// encoded per call, and a forced one below sm_90 raises ValueError.
 #include <map>
 #include <mutex>
 #include <set>

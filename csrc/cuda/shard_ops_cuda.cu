@@ -82,6 +82,19 @@ struct PathChoice {
   int mma_config;  // kMma: the forced row of kMmaConfigs, or -1 for launch_mma's own choice
 };
 
+// vLLM's noise on CUDA runs on the gemm path alone (key_of): path "auto" or
+// "gemm", bfloat16 / float16 weights, at most kGemmMaxRows rows. Checked
+// before an empty shard returns, so every rank refuses alike.
+void check_noise_path(const std::string& path, const at::Tensor& weight) {
+  TORCH_CHECK_VALUE(path == "auto" || path == "gemm",
+                    "shard_sample: noise_seed (vLLM's noise) takes path 'gemm' (or 'auto') on CUDA, got '", path, "'");
+  TORCH_CHECK_VALUE(weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kHalf,
+                    "shard_sample: noise_seed (vLLM's noise) on CUDA needs bfloat16 or float16 weights (the gemm ",
+                    "path), got ", weight.scalar_type());
+  TORCH_CHECK_VALUE(weight.size(0) <= kGemmMaxRows, "shard_sample: noise_seed (vLLM's noise) on CUDA takes shards of ",
+                    "at most ", kGemmMaxRows, " rows (the gemm path), got ", weight.size(0));
+}
+
 // The `path` argument of the ops: "auto" (default), "simt", "mma", "mma/<name>" (one config of the
 // tensor-core kernel, mma_configs.h) or "gemm".
 // auto: choose_cuda_path (mma_configs.h), the same with or without the log-partition. Every
@@ -95,13 +108,7 @@ PathChoice pick_path(const ShardArgmaxProblem<T>& p, const at::Tensor& weight, b
   TORCH_CHECK_VALUE(path == "auto" || path == "simt" || path == "mma" || path == "gemm" || config >= 0,
                     "shard_argmax: path must be 'auto', 'simt', 'mma' or 'gemm' on CUDA, got '", path, "'");
   const bool half = weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kHalf;
-  if (p.out.noise_seed != nullptr) {  // vLLM's noise: the gemm path alone (key_of)
-    TORCH_CHECK_VALUE(path == "auto" || path == "gemm",
-                      "shard_sample: noise_seed (vLLM's noise) takes path 'gemm' (or 'auto') on CUDA, got '", path, "'");
-    TORCH_CHECK_VALUE(half, "shard_sample: noise_seed (vLLM's noise) on CUDA needs bfloat16 or float16 weights (the gemm ",
-                      "path), got ", weight.scalar_type());
-    TORCH_CHECK_VALUE(weight.size(0) <= kGemmMaxRows, "shard_sample: noise_seed (vLLM's noise) on CUDA takes shards of ",
-                      "at most ", kGemmMaxRows, " rows (the gemm path), got ", weight.size(0));
+  if (p.out.noise_seed != nullptr) {  // vLLM's noise: the gemm path alone (key_of; check_noise_path)
     return {Path::kGemm, -1};
   }
   if (path == "simt") return {Path::kSimt, -1};
@@ -205,7 +212,7 @@ struct ShardOpArgs {
   int64_t k = 1;                            // kTopk: 1 <= k <= 64
   const at::Tensor* temperature = nullptr;  // kSample: [batch] float32
   int64_t seed = 0, offset = 0;             // kSample
-  const std::optional<at::Tensor>* noise_seed = nullptr;  // kSample, noise="vllm": [batch] int64 (with noise_pos)
+  const std::optional<at::Tensor>* noise_seed = nullptr;  // kSample, noise=vllm_noise(...): [batch] int64 (with noise_pos)
   const std::optional<at::Tensor>* noise_pos = nullptr;
   bool log_partition = false;               // the *_lse ops
   double scale = 1.0, soft_cap = 0.0;       // log_partition only
@@ -224,6 +231,7 @@ std::tuple<at::Tensor, at::Tensor> shard_op(const ShardOpArgs& a) {
   if (a.mode == Mode::kSample) check_sample_args(hidden, *a.temperature, a.offset);
   const bool vllm_noise = a.noise_seed != nullptr && a.noise_seed->has_value();
   if (a.mode == Mode::kSample) check_noise_args(hidden, *a.noise_seed, *a.noise_pos);
+  if (vllm_noise) check_noise_path(std::string(a.path), a.weight);
   if (a.log_partition) check_transform_args(a.scale, a.soft_cap);
   const bool own_t = a.partition_temperature != nullptr && a.partition_temperature->has_value();
   if (own_t) check_temperature_arg("shard_argmax", hidden, **a.partition_temperature);

@@ -155,7 +155,7 @@ using namespace localargmax::cuda;
 
 extern "C" {
 
-// noise="vllm"'s [batch] seeds and positions (arena pointers) for the next
+// noise=vllm_noise(...)'s [batch] seeds and positions (arena pointers) for the next
 // launches of lam_emu_logits_to_keys (the gemm path, the only one that takes
 // them on CUDA), or nullptr (the Philox noise), as shard_ops_cuda.cu puts them
 // in ShardReduce.

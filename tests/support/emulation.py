@@ -75,7 +75,7 @@ _ENTRY_POINTS = {
         + [_i64, _i32, _i32, _i32, _p, _f32, _f32, _p, ctypes.POINTER(_i64)],
     ),
     "lam_emu_merge_partition": (_i32, [_p, _i64, _i64, _p, _p]),
-    "lam_emu_set_noise": (None, [_p, _p]),  # noise="vllm": [batch] int64 seeds, positions (or both None)
+    "lam_emu_set_noise": (None, [_p, _p]),  # noise=vllm_noise(...): [batch] int64 seeds, positions (or both None)
     # dtype, logits, ldl, rows, b0, bias_t, bias_f, batch, num_valid, vocab_start, keys, temperature, seed,
     # offset, max_grid_y, states, scale, soft_cap, partition_temperature
     "lam_emu_logits_to_keys": (
@@ -257,7 +257,7 @@ class Emulator:
         return self._place("bias", bias_t), self._place("bias", bias_f), self._place("temperature", temp)
 
     def _place_noise(self, noise_seed, noise_pos):
-        """noise="vllm"'s [B] int64 seeds and positions, placed in the arena for
+        """noise=vllm_noise(...)'s [B] int64 seeds and positions, placed in the arena for
         the next launches (None, None: the Philox noise)."""
         assert (noise_seed is None) == (noise_pos is None)
         if noise_seed is None:
@@ -339,7 +339,7 @@ class Emulator:
         bytes and the limit, as run_mma does). log_partition: the *_lse op
         (simt, mma or gemm, as on CUDA): returns (keys, pairs [B, 2]);
         partition_temperature: shard_argmax_lse's [B] float32 T > 0 of the sums.
-        noise_seed, noise_pos: shard_sample's noise="vllm" tensors ([B] int64 each):
+        noise_seed, noise_pos: shard_sample's noise=vllm_noise(...) tensors ([B] int64 each):
         on the gemm path alone, as pick_path (shard_ops_cuda.cu) rules; others
         raise ValueError as it does."""
         if noise_seed is not None and path != "gemm":

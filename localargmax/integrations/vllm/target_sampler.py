@@ -196,6 +196,20 @@ def model_head(model, hidden_states):
 
 
 def _probe_model(model, hidden_states):
+    """``model_head``'s verdict, agreed by the TP ranks (a MAX all-reduce of
+    "refused" on the TP group's CPU group, as drafters.prepare does): a rank
+    whose probe fails takes vLLM's path only if every rank does, so no rank
+    runs a collective the others skip."""
+    found, reason = _probe_model_here(model, hidden_states)
+    from . import drafters
+
+    if drafters._any_rank(reason is not None):
+        return None, reason or "another TP rank's probe found its compute_logits differs"
+    return found, None
+
+
+def _probe_model_here(model, hidden_states):
+    """This rank's ``((lp, lm_head), None)`` or ``(None, why)``."""
     from . import drafters
 
     if not patching.patched("drafters"):
