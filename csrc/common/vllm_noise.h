@@ -27,9 +27,7 @@
 
 namespace localargmax {
 
-// The draft's salt (vLLM's _DRAFT_NOISE_SALT, added to pos when drafting) and
-// the second hash's domain of murmur3_uniform64.
-constexpr int64_t kVllmDraftSalt = int64_t{1} << 30;
+// The second hash's domain of murmur3_uniform64.
 constexpr uint32_t kVllmUniform64Domain = 0x9E3779B9u;
 
 LAM_HD uint32_t vllm_rotl32(uint32_t v, int s) { return (v << s) | (v >> (32 - s)); }
@@ -88,7 +86,8 @@ LAM_HD float vllm_log1p_neg(float u) {
 }
 
 // vLLM's float32 Gumbel noise at (seed, pos, global id); pos already salted
-// (+ kVllmDraftSalt) when drafting, seed already mixed with the speculative
+// (+ 2**30, vLLM's _DRAFT_NOISE_SALT: localargmax.vllm_noise adds it) when
+// drafting, seed already mixed with the speculative
 // step (seed ^ (step << 32)) where vLLM does.
 LAM_HD float vllm_gumbel_noise(uint64_t seed, uint64_t pos, uint64_t id) {
   return -logf(-vllm_log1p_neg(vllm_uniform32(vllm_murmur3_hash32(seed, pos, id))));
