@@ -275,10 +275,10 @@ def shard_sample(
     Returns:
         ``[B]`` int64 packed keys (their values are the perturbed scores).
         With ``log_partition``: ``(keys, pairs [B, 2] float32)``, ``ref`` the
-        transformed logit of the row's sampled entry and ``sum`` the sum of
-        ``exp((x - ref) / T)`` over the shard (``T = 1`` for greedy rows), so
-        that ``-log(sum)`` is the sampled entry's log-probability within the
-        shard under ``softmax(x / T)``.
+        transformed logit of the row's sampled entry and ``others`` the sum of
+        ``exp((x - ref) / T)`` over the shard's other entries (``T = 1`` for
+        greedy rows), so that ``-log1p(others)`` is the sampled entry's
+        log-probability within the shard under ``softmax(x / T)``.
 
     Raises:
         TypeError / ValueError as :func:`shard_argmax`, and for a malformed

@@ -67,11 +67,12 @@ def kernel_path(
     Raises:
         ValueError: ``dtype`` is not one of the three dtypes; ``device`` is
             not a CPU or CUDA device; ``path`` is not a path of the device;
-            ``batch`` or ``rows`` is not an int >= 0, ``batch`` missing where the CUDA choice
+            ``batch`` or ``rows`` is not an int in ``[0, 2**63)``, ``batch`` missing where the CUDA choice
             needs it; ``cpu_flags`` is not a string, or given for CUDA; a
             named CPU path the CPU lacks (the message names the features it
             needs and those missing, as the ops say it); ``"mma"`` /
-            ``"gemm"`` with float32 weights.
+            ``"gemm"`` with float32 weights, ``"gemm"`` with ``rows`` past
+            ``2**21``.
     """
     name = _DTYPE_NAMES.get(dtype) if isinstance(dtype, torch.dtype) else None
     if name is None:
@@ -85,10 +86,9 @@ def kernel_path(
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda' (a str or torch.device), got {device!r}")
     check_path_arg(path, dev)
-    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 0):
-        raise ValueError(f"batch must be None or an int >= 0, got {batch!r}")
-    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
-        raise ValueError(f"rows must be None or an int >= 0, got {rows!r}")
+    for arg, value in (("batch", batch), ("rows", rows)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63):
+            raise ValueError(f"{arg} must be None or an int in [0, 2**63), got {value!r}")
     if cpu_flags is not None and not isinstance(cpu_flags, str):
         raise ValueError(f"cpu_flags must be None or a space-separated str of /proc/cpuinfo flags, got {cpu_flags!r}")
     if dev.type == "cpu":
@@ -99,6 +99,8 @@ def kernel_path(
     if path != "auto":
         if path in ("mma", "gemm") and not half:
             raise ValueError(f"path={path!r} needs bfloat16 or float16 weights on CUDA, got {dtype}")
+        if path == "gemm" and rows is not None and _C._choose_cuda_path(True, False, True, 2**62, rows) != "gemm":
+            raise ValueError(f"path='gemm' takes shards of at most 2**21 rows (cuBLAS), got rows={rows}")
         return path
     if half and batch is None:
         raise ValueError(

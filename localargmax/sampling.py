@@ -153,8 +153,9 @@ def lm_head_sample(
         check_seed_offset(seed, offset)
     debug = {"seed": seed, "offset": offset, "fallback": FALLBACKS.index(fallback), "temperature": t}
     if noise is not None:
+        noise = check_noise(noise, hidden)
         debug.update({"noise seed": noise.seed, "noise pos": noise.pos})
-    op = shard_sample if noise is None else functools.partial(shard_sample, noise=check_noise(noise, hidden))
+    op = shard_sample if noise is None else functools.partial(shard_sample, noise=noise)
     _, gathered, got_pairs, ok = run_step(
         op, (t, seed, offset), hidden, weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias,
         d2t=d2t, group=group, reduce=reduce, log_probs=return_log_probs, scale=logit_scale, soft_cap=soft_cap,

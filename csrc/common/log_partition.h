@@ -33,7 +33,7 @@ LAM_HD float transform_logit(float x, float scale, float soft_cap) {
 // exp(x) in float32 from IEEE +, -, * and exact bit steps only (Cody-Waite
 // reduction by ln 2 in two parts, Cephes' degree-6 polynomial, the scale
 // 2^n in two exact-or-once-rounded multiplies: subnormal results round once),
-// within 2 ulps of exp. F is float (I int32_t) or a GCC vector of floats (I
+// within 1 ulp of exp. F is float (I int32_t) or a GCC vector of floats (I
 // the int32 vector of its width): every lane takes the same operations as the
 // scalar form, so the CPU kernels' vectorised log-partition (emit_rows) gives
 // the bits of the scalar one. The build has -ffp-contract=off: nothing fuses.
