@@ -122,12 +122,17 @@ static PyObject* py_brgemm_mode(PyObject*, PyObject* arg) {
 // benchmark only (bench/cpu_paths.py --epilogue-share): False makes
 // path="brgemm" skip its epilogue (emit_block), so a call times the tiles
 // alone and returns empty keys; process-wide.
-static PyObject* py_brgemm_epilogue(PyObject*, PyObject* arg) {
+// A process-wide switch set from Python's truth of arg; returns the previous setting.
+static PyObject* set_switch(PyObject* arg, bool (*get)(), void (*set)(bool)) {
   const int on = PyObject_IsTrue(arg);
   if (on < 0) return nullptr;
-  const bool was = localargmax::cpu::brgemm_epilogue();
-  localargmax::cpu::set_brgemm_epilogue(on != 0);
+  const bool was = get();
+  set(on != 0);
   return PyBool_FromLong(was);
+}
+
+static PyObject* py_brgemm_epilogue(PyObject*, PyObject* arg) {
+  return set_switch(arg, localargmax::cpu::brgemm_epilogue, localargmax::cpu::set_brgemm_epilogue);
 }
 
 // localargmax._C._scalar_epilogue(on) -> bool (the previous setting): tests
@@ -135,11 +140,7 @@ static PyObject* py_brgemm_epilogue(PyObject*, PyObject* arg) {
 // screen, no vectorised log-partition), the reference of the fast one;
 // process-wide.
 static PyObject* py_scalar_epilogue(PyObject*, PyObject* arg) {
-  const int on = PyObject_IsTrue(arg);
-  if (on < 0) return nullptr;
-  const bool was = localargmax::cpu::scalar_epilogue();
-  localargmax::cpu::set_scalar_epilogue(on != 0);
-  return PyBool_FromLong(was);
+  return set_switch(arg, localargmax::cpu::scalar_epilogue, localargmax::cpu::set_scalar_epilogue);
 }
 
 // localargmax._C._fma_peak(isa, iters) -> float: float32 FLOP/s of a tight
