@@ -143,6 +143,30 @@ static PyObject* py_scalar_epilogue(PyObject*, PyObject* arg) {
   return set_switch(arg, localargmax::cpu::scalar_epilogue, localargmax::cpu::set_scalar_epilogue);
 }
 
+// localargmax._C._brgemm_block(batch, amx, force=None) -> (m, n): the block
+// (weight rows x batch rows per cpublas::brgemm call) the brgemm path takes
+// for a call of `batch` rows with (amx) or without AMX. force=(m, n): tests
+// only, every brgemm call then takes m x n (16, 32 or 64 each; (0, 0): the
+// rule again), process-wide; ValueError for other values.
+static PyObject* py_brgemm_block(PyObject*, PyObject* args) {
+  long long batch = 0;
+  int amx = 0;
+  PyObject* force = Py_None;
+  if (!PyArg_ParseTuple(args, "Lp|O", &batch, &amx, &force)) return nullptr;
+  if (force != Py_None) {
+    long long m = 0, n = 0;
+    if (!PyArg_ParseTuple(force, "LL", &m, &n)) return nullptr;
+    try {
+      localargmax::cpu::set_brgemm_block(m, n);
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+      return nullptr;
+    }
+  }
+  const localargmax::cpu::BrgemmBlock b = localargmax::cpu::brgemm_block(batch, amx != 0);
+  return Py_BuildValue("LL", static_cast<long long>(b.m), static_cast<long long>(b.n));
+}
+
 // localargmax._C._fma_peak(isa, iters) -> float: float32 FLOP/s of a tight
 // FMA loop ("avx512": zmm, "avx2": ymm; cpu/shard_argmax_tiles.h), for
 // bench/cpu_paths.py's fraction of peak; ValueError where the CPU lacks it.
@@ -247,6 +271,9 @@ extern "C" PyObject* PyInit__C(void) {
       {"_scalar_epilogue", py_scalar_epilogue, METH_O,
        "_scalar_epilogue(on) -> bool: tests only; True makes the CPU ops fold every logit through the scalar "
        "epilogue (no screen, no vectorised log-partition). Returns the previous setting."},
+      {"_brgemm_block", py_brgemm_block, METH_VARARGS,
+       "_brgemm_block(batch, amx, force=None) -> (m, n): the brgemm path's block for `batch` rows; force=(m, n) "
+       "(tests only) makes every call take m x n ((0, 0): the rule)."},
       {"_fma_peak", py_fma_peak, METH_VARARGS, "Float32 FLOP/s of a tight FMA loop (isa, iters)."},
       {"_cpu_paths", py_cpu_paths, METH_NOARGS,
        "_cpu_paths() -> the CPU paths: (name, needs, bit_exact, inner_loop) per path, in listing order."},

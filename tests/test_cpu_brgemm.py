@@ -3,10 +3,11 @@ the dot products, our epilogue for the keys. Whatever ATen runs it on here
 (AMX tiles where could_pack, oneDNN's float32 kernel or ATen's gemm
 fallback elsewhere), a batch row's keys, top-k, sampled id and
 log-partition pair are the same bits at every batch size, every position in
-the batch and 1 or 2 threads (brgemm always runs N = 32 batch rows, M = 64
-weight rows), within the float32 bound of float64, with exact ties, a NaN
-row and an all -inf batch row across several batch blocks. The hard cases
-on small problems: tests/test_cpu_paths.py (every path)."""
+the batch, 1 or 2 threads and every brgemm block (the rule's, by batch size
+and AMX, and each forced M x N), within the float32 bound of float64, with
+exact ties, a NaN row and an all -inf batch row across several batch
+blocks. The hard cases on small problems: tests/test_cpu_paths.py (every
+path)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,15 @@ from tests.support.problems import integer_problem, random_problem
 from tests.support.reference import check_against_reference, ref_argmax
 from tests.support.shard_argmax_common import DTYPE_IDS, DTYPES, dominant_padding, log_partition_error
 
-BLOCK = 32  # kBrgemmBatchBlock
+
+
+@contextlib.contextmanager
+def forced_block(m: int, n: int):
+    _C._brgemm_block(1, False, (m, n))
+    try:
+        yield
+    finally:
+        _C._brgemm_block(1, False, (0, 0))
 
 
 @contextlib.contextmanager
@@ -79,6 +88,42 @@ def test_brgemm_row_keys_do_not_follow_batch_size_position_or_threads(gen, dtype
                     got = run_ops(hidden[part], weight, bias, num_valid, temperature[part], start)
                     for i, (a, b) in enumerate(zip(got, full)):
                         assert torch.equal(a, b[part]), (n, size, start, i)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_brgemm_blocks_do_not_change_a_rows_bits(gen, dtype):
+    """Every M x N block the path may take (M 16 / 32 / 64 weight rows, N 16
+    / 32 / 64 batch rows, forced with _C._brgemm_block) gives every op the
+    bits of the rule's block, a 70-row batch (every block boundary, the last
+    block partial) on a shard with a partial last tile: oneDNN's kernel
+    changes with the block, the per-element arithmetic must not."""
+    batch, rows, hsize = 70, 333, 96
+    hidden, weight, bias = random_problem(gen, batch, rows, hsize, dtype, bias="float32")
+    num_valid = rows - 5
+    dominant_padding(hidden, weight, num_valid)
+    temperature = torch.rand(batch, generator=gen) + 0.1
+    temperature[::7] = 0.0
+    want = run_ops(hidden, weight, bias, num_valid, temperature, 0)
+    for m in (16, 32, 64):
+        for n in (16, 32, 64):
+            with forced_block(m, n):
+                got = run_ops(hidden, weight, bias, num_valid, temperature, 0)
+                one = run_ops(hidden[33:34], weight, bias, num_valid, temperature[33:34], 33)
+            for i, (a, b) in enumerate(zip(got, want)):
+                assert torch.equal(a, b), (m, n, i)
+                assert torch.equal(one[i], b[33:34]), (m, n, i)
+
+
+def test_brgemm_block_rule():
+    """The rule (csrc/cpu/shard_argmax_brgemm.h): on AMX one 16 x 64 block at
+    every batch size; elsewhere 16 batch columns up to 16 rows, else 32, by 64
+    weight rows; a forced block outside 16 / 32 / 64 is a ValueError."""
+    for batch in (1, 15, 16, 17, 32, 33, 64, 65, 1000):
+        assert _C._brgemm_block(batch, True) == (16, 64)
+        assert _C._brgemm_block(batch, False) == (64, 16 if batch <= 16 else 32)
+    for bad in ((8, 16), (16, 128), (0, 16), (64, 0)):
+        with pytest.raises(ValueError, match="16, 32 or 64"):
+            _C._brgemm_block(1, False, bad)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

@@ -1,12 +1,15 @@
-// The brgemm CPU path (see shard_argmax_brgemm.h): per vocabulary tile, one
-// cpublas::brgemm call of M = kTileRows weight rows (the A operand read in
-// place, lda = the weight's row stride; a stride below H: each tile copied,
-// lda = H) by N = kBrgemmBatchBlock batch rows (the B operand: hidden states
-// transposed once per call, zero columns past the batch) over K = H, float32
-// C; then emit_block, every path's epilogue.
-// M, N, K, lda, ldb and ldc are the same in every call of one problem (the
-// last partial tile is copied to a zero-padded kTileRows x lda block), so
-// every (row, batch row) runs the same oneDNN kernel wherever it sits.
+// The brgemm CPU path (see shard_argmax_brgemm.h): per vocabulary tile and
+// block of N batch rows, cpublas::brgemm calls of M weight rows (brgemm_block:
+// the A operand read in place, lda = the weight's row stride; a stride below
+// H: each tile copied, lda = H) by N batch rows (the B operand: hidden
+// states transposed once per call, zero columns past the batch) over K = H,
+// float32 C; then emit_block, every path's epilogue, on the tile's
+// kTileRows x N block. M, N, K, lda, ldb and ldc are the same in every call
+// of one problem (the last partial tile is copied to a zero-padded
+// kTileRows x lda block); across problems N may differ (16 or 32 batch rows
+// off AMX), which gives a (row, batch row) the same bits: each C element is
+// one accumulation over K in oneDNN's order whatever M and N
+// (tests/test_cpu_brgemm.py forces every block and compares).
 // Where ATen takes a VNNI B for bf16 / fp16 (brgemm_mode: AMX tiles where
 // cpublas::could_pack, oneDNN's AVX-512 ukernel elsewhere) B is VNNI-packed
 // here; otherwise brgemm runs with is_vnni = false, which ATen serves as it
@@ -35,6 +38,27 @@
 namespace localargmax {
 namespace cpu {
 
+namespace {
+std::atomic<int64_t> g_forced_block{0};  // set_brgemm_block (tests only): m * 256 + n, 0 = the rule
+}  // namespace
+
+BrgemmBlock brgemm_block(int64_t batch, bool amx) {
+  if (amx) return {16, 64};
+  return {kTileRows, batch <= 16 ? int64_t{16} : int64_t{32}};
+}
+
+BrgemmBlock brgemm_block_in_use(int64_t batch, bool amx) {
+  const int64_t forced = g_forced_block.load();
+  if (forced != 0) return {forced / 256, forced % 256};
+  return brgemm_block(batch, amx);
+}
+
+void set_brgemm_block(int64_t m, int64_t n) {
+  TORCH_CHECK_VALUE((m == 0 && n == 0) || ((m == 16 || m == 32 || m == 64) && (n == 16 || n == 32 || n == 64)),
+                    "_brgemm_block: m and n must each be 16, 32 or 64 (or both 0: the rule), got ", m, " and ", n);
+  g_forced_block.store(m * 256 + n);
+}
+
 #if LAM_HAVE_BRGEMM
 namespace blas = at::native::cpublas;
 
@@ -44,10 +68,10 @@ std::atomic<bool> g_epilogue{true};  // set_brgemm_epilogue (benchmark only)
 
 bool mkldnn_enabled() { return at::globalContext().userEnabledMkldnn(); }
 
-// C[kTileRows, kBrgemmBatchBlock] = A[kTileRows, H] (rows brgemm_lda apart) x
-// B block. False where ATen did not run it on the kernel the call decided.
+// C[brgemm_m, brgemm_n] = A[brgemm_m, H] (rows brgemm_lda apart) x B block.
+// False where ATen did not run it on the kernel the call decided.
 bool brgemm_block(const ShardArgmaxProblem& p, const void* a, const void* b, float* c) {
-  const int64_t M = kTileRows, N = kBrgemmBatchBlock, K = p.hidden_size, lda = p.brgemm_lda;
+  const int64_t M = p.brgemm_m, N = p.brgemm_n, K = p.hidden_size, lda = p.brgemm_lda;
   if (K == 0) {  // an empty sum is +0.0 (as every other path); oneDNN cannot make a K = 0 kernel
     std::fill(c, c + M * N, 0.0f);
     return true;
@@ -72,17 +96,21 @@ bool brgemm_block(const ShardArgmaxProblem& p, const void* a, const void* b, flo
   return !p.brgemm_recheck || mkldnn_enabled();  // float32: ATen may have run its gemm fallback
 }
 
+}  // namespace
+
+namespace {
+
 size_t element_size(WeightDtype dtype) { return dtype == WeightDtype::kFloat32 ? 4 : 2; }
 
 }  // namespace
 
 // Whether ATen runs brgemm with a VNNI B (is_vnni = true) for T here: a
-// 2 x 32 x 2 product of small integers, exact in any order. 1: it does; 0:
+// 2 x 32 x 2 product of small integers (N does not change the answer), exact in any order. 1: it does; 0:
 // oneDNN cannot (or computes it wrong); -1: ATen refused, which a flag
 // switched off since the caller read it may have caused (not remembered).
 template <typename T>
 int vnni_probe() {
-  const int64_t M = 2, N = kBrgemmBatchBlock, K = 2;
+  const int64_t M = 2, N = 32, K = 2;
   std::vector<T> a(M * K), b(K * N);
   std::vector<float> c(M * N, -1.0f);
   for (int64_t i = 0; i < M * K; ++i) a[i] = static_cast<T>(static_cast<float>(i + 1));
@@ -125,22 +153,26 @@ bool brgemm_serves(at::ScalarType dtype, bool flag_free) {
 BrgemmOperands prepare_brgemm(const at::Tensor& hidden, const at::Tensor& weight, int64_t num_valid,
                               ShardArgmaxProblem& p, bool flag_free) {
   const int64_t batch = hidden.size(0), H = hidden.size(1);
-  const int64_t blocks = (batch + kBrgemmBatchBlock - 1) / kBrgemmBatchBlock;
   const at::ScalarType dtype = weight.scalar_type();
+  const BrgemmBlock block = brgemm_block_in_use(batch, std::string(brgemm_mode(dtype)) == "amx");
+  p.brgemm_m = block.m;
+  p.brgemm_n = block.n;
+  const int64_t N = block.n;
+  const int64_t blocks = (batch + N - 1) / N;
   p.brgemm_vnni = !flag_free && H % 2 == 0 && std::string(brgemm_mode(dtype)) != "plain";
   p.brgemm_recheck = dtype == at::kFloat;
   p.brgemm_lda = std::max(p.ldw, H);
   BrgemmOperands ops;
-  at::Tensor rows = at::zeros({blocks * kBrgemmBatchBlock, H}, hidden.options());
+  at::Tensor rows = at::zeros({blocks * N, H}, hidden.options());
   rows.narrow(0, 0, batch).copy_(hidden);
   p.brgemm_ldk = H;
   if (p.brgemm_vnni) {
     // VNNI (the layout cpublas::pack writes, as SGLang's CPU kernels pack it
     // themselves): [blocks][H / 2][N][2], element (k, n) at ((k / 2) N + n) 2 + k % 2
-    ops.hidden_blocks = rows.view({blocks, kBrgemmBatchBlock, H / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+    ops.hidden_blocks = rows.view({blocks, N, H / 2, 2}).permute({0, 2, 1, 3}).contiguous();
   } else {
     // [blocks][H][N]: K-major (ldb = N)
-    ops.hidden_blocks = rows.view({blocks, kBrgemmBatchBlock, H}).transpose(1, 2).contiguous();
+    ops.hidden_blocks = rows.view({blocks, N, H}).transpose(1, 2).contiguous();
   }
   p.brgemm_hidden = ops.hidden_blocks.data_ptr();
   p.brgemm_weight_tail = nullptr;
@@ -156,8 +188,9 @@ BrgemmOperands prepare_brgemm(const at::Tensor& hidden, const at::Tensor& weight
 void shard_argmax_tiles_brgemm(const ShardArgmaxProblem& p, int64_t tile_begin, int64_t tile_end, float* scratch,
                                uint64_t* best_keys) {
   const size_t esize = element_size(p.weight_dtype);
-  const size_t b_block_bytes = static_cast<size_t>(p.brgemm_ldk * kBrgemmBatchBlock) * esize;
-  const int64_t blocks = (p.batch + kBrgemmBatchBlock - 1) / kBrgemmBatchBlock;
+  const int64_t N = p.brgemm_n, M = p.brgemm_m;
+  const size_t b_block_bytes = static_cast<size_t>(p.brgemm_ldk * N) * esize;
+  const int64_t blocks = (p.batch + N - 1) / N;
   const size_t row_bytes = static_cast<size_t>(p.hidden_size) * esize;
   const bool epilogue = g_epilogue.load(std::memory_order_relaxed);
   std::vector<char> copied(p.brgemm_lda != p.ldw ? kTileRows * row_bytes : 0);  // rows brgemm_lda = H apart
@@ -174,13 +207,16 @@ void shard_argmax_tiles_brgemm(const ShardArgmaxProblem& p, int64_t tile_begin, 
       a = copied.data();
     }
     for (int64_t j = 0; j < blocks; ++j) {
-      const int64_t b0 = j * kBrgemmBatchBlock;
-      if (!brgemm_block(p, a, static_cast<const char*>(p.brgemm_hidden) + j * b_block_bytes, scratch)) {
-        p.brgemm_refused->store(true);
-        return;
+      const int64_t b0 = j * N;
+      const char* b = static_cast<const char*>(p.brgemm_hidden) + j * b_block_bytes;
+      for (int64_t m0 = 0; m0 < kTileRows; m0 += M) {
+        if (!brgemm_block(p, static_cast<const char*>(a) + static_cast<size_t>(m0 * p.brgemm_lda) * esize, b,
+                          scratch + m0 * N)) {
+          p.brgemm_refused->store(true);
+          return;
+        }
       }
-      if (epilogue)
-        emit_block(p, scratch, kBrgemmBatchBlock, row0, rows, b0, std::min(kBrgemmBatchBlock, p.batch - b0), best_keys);
+      if (epilogue) emit_block(p, scratch, N, row0, rows, b0, std::min(N, p.batch - b0), best_keys);
     }
   }
 }

@@ -40,6 +40,24 @@ BrgemmOperands prepare_brgemm(const at::Tensor& hidden, const at::Tensor& weight
 // "plain" (VNNI pairs K). localargmax._C._brgemm_mode exports it.
 const char* brgemm_mode(at::ScalarType dtype);
 
+// One cpublas::brgemm call's block: m weight rows (a divisor of kTileRows)
+// by n batch rows (the B operand's columns, zero past the batch).
+struct BrgemmBlock {
+  int64_t m, n;
+};
+// The block a call of `batch` rows takes (DESIGN.md, "CPU paths"): on AMX
+// (brgemm_mode "amx") 16 x 64 at every batch size (a tile's weight rows read
+// once for up to 64 batch rows); elsewhere 64 x 16 up to 16 batch rows, else
+// 64 x 32 (measured fastest on the EPYC). Every block gives a (row, batch
+// row) the same bits there (tests/test_cpu_brgemm.py).
+BrgemmBlock brgemm_block(int64_t batch, bool amx);
+// brgemm_block, or the block set_brgemm_block forced.
+BrgemmBlock brgemm_block_in_use(int64_t batch, bool amx);
+// Tests only (localargmax._C._brgemm_block(batch, amx, force)): forces every
+// brgemm call's block to m x n (16, 32 or 64 each; 0, 0: the rule again);
+// process-wide. ValueError for any other m, n.
+void set_brgemm_block(int64_t m, int64_t n);
+
 // Benchmark only (bench/cpu_paths.py --epilogue-share, through
 // localargmax._C._brgemm_epilogue): false makes the brgemm path skip
 // emit_block, so a call times the tiles alone and its keys are all empty.

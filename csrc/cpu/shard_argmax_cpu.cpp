@@ -147,6 +147,8 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
   p.brgemm_hidden = nullptr;
   p.brgemm_weight_tail = nullptr;
   p.brgemm_ldk = 0;
+  p.brgemm_n = 0;
+  p.brgemm_m = 0;
   p.brgemm_lda = 0;
   p.brgemm_vnni = false;
   p.brgemm_recheck = false;
@@ -178,7 +180,7 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
   at::parallel_for(0, num_chunks, 1, [&](int64_t c_begin, int64_t c_end) {
     const KeepDenormals keep_denormals;  // whatever this thread's FTZ / DAZ (fp_env.h)
     const BrgemmChunk brgemm_chunk(choice.brgemm && p.brgemm_vnni);  // releases the tile context, on unwind too
-    std::vector<float> scratch(static_cast<size_t>(std::max(4 * hidden_pad + kLanes, kTileRows * kBrgemmBatchBlock)));
+    std::vector<float> scratch(static_cast<size_t>(std::max(4 * hidden_pad + kLanes, kTileRows * kBrgemmMaxBatchBlock)));
     for (int64_t c = c_begin; c < c_end; ++c) {
       const int64_t t0 = c * num_tiles / num_chunks;
       const int64_t t1 = (c + 1) * num_tiles / num_chunks;

@@ -65,14 +65,16 @@ struct ShardArgmaxProblem {
   const uint16_t* hidden_bf16;
   int64_t hidden_pad_bf16;
   // brgemm only (shard_argmax_brgemm.h), else nullptr: the B operands, the
-  // hidden states transposed per block of kBrgemmBatchBlock batch rows (zero
-  // columns past the batch), [batch_blocks][H][kBrgemmBatchBlock] in the
-  // weight's dtype, or VNNI pairs [batch_blocks][H / 2][kBrgemmBatchBlock][2]
+  // hidden states transposed per block of brgemm_n batch rows (zero
+  // columns past the batch), [batch_blocks][H][brgemm_n] in the
+  // weight's dtype, or VNNI pairs [batch_blocks][H / 2][brgemm_n][2]
   // where brgemm_vnni; and the last partial tile's weight rows, zero-padded
   // to kTileRows x brgemm_lda.
   const void* brgemm_hidden;
   const void* brgemm_weight_tail;
   int64_t brgemm_ldk;  // K rows of one B block (H)
+  int64_t brgemm_n;    // N: batch rows per call (brgemm_batch_block)
+  int64_t brgemm_m;    // M: weight rows per call, a divisor of kTileRows
   // A's leading dimension in every call: ldw, or H where ldw < H (a
   // broadcast or overlapping weight: each tile is then copied to a
   // kTileRows x H block first)
@@ -87,9 +89,8 @@ struct ShardArgmaxProblem {
 constexpr int kLanes = 8;        // float32 lanes per accumulator
 constexpr int64_t kTileRows = 64;  // vocabulary rows per parallel work item
 constexpr int64_t kBf16Pairs = 32;  // bfloat16 elements per vdpbf16ps step (16 lanes x 2)
-// brgemm's N: batch rows per call, whatever the batch (padded), so that a
-// row's logits are the same at every batch size and position (DESIGN.md).
-constexpr int64_t kBrgemmBatchBlock = 32;
+// brgemm's largest N (batch rows per call) and M (weight rows per call).
+constexpr int64_t kBrgemmMaxBatchBlock = 64;
 
 // Reduces rows [tile_begin * kTileRows, min(tile_end * kTileRows, num_valid))
 // and folds each batch row's keys into best_keys[b * topk, (b + 1) * topk)
@@ -108,8 +109,8 @@ void shard_argmax_tiles_avx512(const ShardArgmaxProblem& p, int64_t tile_begin,
 void shard_argmax_tiles_avx512_bf16(const ShardArgmaxProblem& p, int64_t tile_begin,
                                     int64_t tile_end, float* scratch, uint64_t* best_keys);
 // brgemm (shard_argmax_brgemm.cpp): the dot products by ATen's
-// cpublas::brgemm, [kTileRows x kBrgemmBatchBlock] float32 per call, then
-// emit_block. scratch: at least kTileRows * kBrgemmBatchBlock floats.
+// cpublas::brgemm, [brgemm_m x brgemm_n] float32 per call, then emit_block
+// per tile. scratch: at least kTileRows * kBrgemmMaxBatchBlock floats.
 void shard_argmax_tiles_brgemm(const ShardArgmaxProblem& p, int64_t tile_begin,
                                int64_t tile_end, float* scratch, uint64_t* best_keys);
 
