@@ -27,7 +27,6 @@ from tests.support.reference import check_against_reference, ref_argmax
 from tests.support.shard_argmax_common import DTYPE_IDS, DTYPES, dominant_padding, log_partition_error
 
 
-
 @contextlib.contextmanager
 def forced_block(m: int, n: int):
     _C._brgemm_block(1, False, (m, n))
