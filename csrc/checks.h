@@ -54,13 +54,17 @@ inline void check_shard_argmax_args(const at::Tensor& hidden, const at::Tensor& 
   }
 }
 
-// The logit transform of the *_lse ops: scale finite and > 0, soft_cap finite
-// and >= 0 (0 = none), both finite and the scale nonzero in float32.
+// The logit transform of the *_lse ops: scale finite and >= 2**-126, soft_cap
+// finite and 0 (none) or >= 2**-126, both finite in float32. Compared in
+// double, so the caller's flush-to-zero mode cannot change the answer; a
+// smaller value would be subnormal in float32, where the kernels' products
+// would follow that mode.
 inline void check_transform_args(double scale, double soft_cap) {
-  TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0.0 && static_cast<float>(scale) > 0.0f,
-                    "log-partition: scale must be a finite float > 0, got ", scale);
-  TORCH_CHECK_VALUE(std::isfinite(soft_cap) && soft_cap >= 0.0,
-                    "log-partition: soft_cap must be a finite float > 0 (0 = none), got ", soft_cap);
+  constexpr double kMinNormal = 0x1p-126;  // FLT_MIN
+  TORCH_CHECK_VALUE(std::isfinite(scale) && scale >= kMinNormal,
+                    "log-partition: scale must be a finite float >= 2**-126 (normal in float32), got ", scale);
+  TORCH_CHECK_VALUE(std::isfinite(soft_cap) && (soft_cap == 0.0 || soft_cap >= kMinNormal),
+                    "log-partition: soft_cap must be 0 (none) or a finite float >= 2**-126, got ", soft_cap);
   TORCH_CHECK_VALUE(std::isfinite(static_cast<float>(scale)) && std::isfinite(static_cast<float>(soft_cap)),
                     "log-partition: scale and soft_cap must be finite in float32, got ", scale, " and ", soft_cap);
 }

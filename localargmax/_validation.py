@@ -392,28 +392,32 @@ def check_path_arg(path, device: torch.device) -> None:
 _FLOAT32_MAX = 3.4028234663852886e38
 
 
-_FLOAT32_ROUNDS_TO_ZERO = 2.0**-150
-"""A positive float rounds to float32 zero iff it is at most this (half the
-smallest subnormal, 2**-149; the tie rounds to even, zero). A plain
-comparison: traceable by torch.compile with a symbolic float."""
+_FLOAT32_MIN_NORMAL = 2.0**-126
+"""The smallest normal float32. A smaller scale or soft-cap is subnormal (or
+zero) in float32, where the kernels' products would depend on the caller's
+flush-to-zero mode: refused. A plain comparison: traceable by
+torch.compile with a symbolic float."""
 
 
 def check_transform_args(scale, soft_cap, scale_name: str = "scale") -> None:
     """The logit transform of the log-partition ops: ``scale`` a finite float
-    ``> 0`` (and > 0 in float32), ``soft_cap`` None or a finite float ``> 0``
+    ``>= 2**-126`` (normal in float32), ``soft_cap`` None or such a float
     (the ops take 0 for none). ``scale_name``: the keyword the caller was
     given it as (the ops' ``scale``, the steps' ``logit_scale``: DESIGN.md,
     "Log-probabilities")."""
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= _FLOAT32_MAX:
         raise ValueError(f"{scale_name} must be a finite float > 0 (the logit scale), got {scale!r}")
-    if scale <= _FLOAT32_ROUNDS_TO_ZERO:
-        raise ValueError(f"{scale_name} must be > 0 in float32 (it rounds to 0), got {scale!r}")
+    if scale < _FLOAT32_MIN_NORMAL:
+        raise ValueError(
+            f"{scale_name} must be >= 2**-126, a normal float32 (a subnormal one's products would follow "
+            f"the caller's flush-to-zero mode), got {scale!r}"
+        )
     if soft_cap is None:
         return
     if isinstance(soft_cap, bool) or not isinstance(soft_cap, (int, float)) or not 0 < soft_cap <= _FLOAT32_MAX:
         raise ValueError(f"soft_cap must be None or a finite float > 0, got {soft_cap!r}")
-    if soft_cap <= _FLOAT32_ROUNDS_TO_ZERO:
-        raise ValueError(f"soft_cap must be > 0 in float32 (it rounds to 0), got {soft_cap!r}")
+    if soft_cap < _FLOAT32_MIN_NORMAL:
+        raise ValueError(f"soft_cap must be >= 2**-126, a normal float32 (or None), got {soft_cap!r}")
 
 
 def check_op_transform_args(scale, soft_cap) -> None:

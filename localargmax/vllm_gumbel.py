@@ -72,16 +72,19 @@ def vllm_noise(seed: torch.Tensor, pos: torch.Tensor, *, drafting: bool = False,
         drafting: vLLM's ``is_drafting``: ``pos + DRAFT_SALT``.
         spec_step: vLLM's ``logits_cache_col`` when drafting into the
             draft-logits cache: ``seed ^ (spec_step << 32)``
-            (``spec_step_seed``); an int or a ``[B]`` int64 tensor; None: the
-            seed as is.
+            (``spec_step_seed``); an int or a ``[B]`` int64 tensor, each in
+            ``[0, 2**31)`` (a tensor's values are read: one device sync);
+            None: the seed as is.
 
     Returns:
         ``VllmNoise(seed, pos)``, ``[B]`` int64 each, on ``seed``'s device.
 
     Raises:
         ValueError: ``seed`` / ``pos`` / ``spec_step`` not int64 ``[B]``
-            tensors of one shape and device (naming the argument), or
-            ``drafting`` not a bool.
+            tensors of one shape and device (naming the argument), a
+            ``spec_step`` outside ``[0, 2**31)`` (vLLM's steps count
+            speculative tokens; a negative or larger one would wrap the
+            shifted seed silently), or ``drafting`` not a bool.
     """
     seed = _int64_rows(seed, "seed")
     pos = _int64_rows(pos, "pos", seed)
@@ -94,6 +97,12 @@ def vllm_noise(seed: torch.Tensor, pos: torch.Tensor, *, drafting: bool = False,
             raise ValueError(f"spec_step must be an int or an int64 tensor [B], got {spec_step!r}")
         if isinstance(spec_step, torch.Tensor):
             spec_step = _int64_rows(spec_step, "spec_step", seed)
+            low, high = (spec_step.min().item(), spec_step.max().item()) if spec_step.numel() else (0, 0)
+        else:
+            low = high = spec_step
+        if low < 0 or high >= 1 << 31:
+            bad = low if low < 0 else high
+            raise ValueError(f"spec_step must be in [0, 2**31) (vLLM's speculative step), got {bad}")
         seed = seed ^ (torch.as_tensor(spec_step, dtype=torch.int64, device=seed.device) << 32)
     return VllmNoise(seed, pos)
 

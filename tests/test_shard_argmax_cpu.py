@@ -322,3 +322,26 @@ def test_log_partition_arguments_name_them(gen):
     for scale, cap in ((0.0, 0.0), (1.0, -1.0), (math.nan, 0.0), (1e-50, 0.0)):
         with pytest.raises(ValueError, match="log-partition: scale|log-partition: soft_cap"):
             torch.ops.localargmax.shard_argmax_lse.default(hidden, weight, None, 0, 10, scale, cap)
+
+
+@pytest.mark.parametrize("flush", [False, True], ids=["denormals-kept", "caller-flushes"])
+def test_subnormal_scale_and_soft_cap_are_refused_in_either_flush_mode(gen, flush):
+    """A scale or soft-cap below 2**-126 is subnormal in float32, where the
+    kernel's products would follow the caller's flush-to-zero mode: refused
+    alike with and without FTZ / DAZ on the calling thread (the op layer and
+    the raw C++ op), and 2**-126 itself accepted."""
+    hidden, weight, _ = random_problem(gen, 2, 10, 4)
+    if flush and not torch.set_flush_denormal(True):
+        pytest.skip("torch.set_flush_denormal is not supported on this CPU (no SSE3 / not x86)")
+    try:
+        for tiny in (1e-40, 2.0**-127, 2.0**-149):
+            for kw, name in ((dict(scale=tiny), "scale"), (dict(soft_cap=tiny), "soft_cap")):
+                with pytest.raises(ValueError, match=rf"{name} must be >= 2\*\*-126"):
+                    localargmax.shard_argmax(hidden, weight, log_partition=True, **kw)
+            for scale, cap in ((tiny, 0.0), (1.0, tiny)):
+                with pytest.raises(ValueError, match=r"log-partition: (scale|soft_cap) .*2\*\*-126"):
+                    torch.ops.localargmax.shard_argmax_lse.default(hidden, weight, None, 0, 10, scale, cap)
+        keys, pairs = localargmax.shard_argmax(hidden, weight, log_partition=True, scale=2.0**-126, soft_cap=2.0**-126)
+        assert keys.shape == (2,) and bool(torch.isfinite(pairs[:, 0]).all())
+    finally:
+        torch.set_flush_denormal(False)

@@ -161,7 +161,7 @@ def test_log_probs_bad_arguments_name_them(gen):
         (dict(return_log_probs=1), TypeError, "return_log_probs must be a bool"),
         (dict(return_log_probs=True, logit_scale=0.0), ValueError, "scale must be a finite float > 0"),
         (dict(return_log_probs=True, logit_scale=math.nan), ValueError, "scale must be a finite float > 0"),
-        (dict(return_log_probs=True, logit_scale=1e-50), ValueError, "scale must be > 0 in float32"),
+        (dict(return_log_probs=True, logit_scale=1e-50), ValueError, "scale must be >= 2**-126"),
         (dict(return_log_probs=True, soft_cap=-1.0), ValueError, "soft_cap must be None or a finite float > 0"),
         (dict(return_log_probs=True, soft_cap=math.inf), ValueError, "soft_cap must be None or a finite float > 0"),
         (dict(logit_scale=2.0), ValueError, "return_log_probs=True"),

@@ -130,6 +130,10 @@ def test_noise_argument_errors():
         vllm_noise(s, s[:3])
     with pytest.raises(ValueError, match="spec_step"):
         vllm_noise(s, s, spec_step=1.5)
+    for bad in (-1, 1 << 31, 1 << 40, torch.tensor([0, -3, 0, 1]), torch.tensor([0, 1 << 31, 0, 1])):
+        with pytest.raises(ValueError, match=r"spec_step must be in \[0, 2\*\*31\)"):
+            vllm_noise(s, s, spec_step=bad)
+    assert torch.equal(vllm_noise(s, s, spec_step=(1 << 31) - 1).seed, s ^ (((1 << 31) - 1) << 32))
     with pytest.raises(ValueError, match="ids must be an int64"):
         vllm_gumbel_noise(s, s, s.float())
     h, w, t = torch.randn(4, 8), torch.randn(16, 8), torch.ones(4)
