@@ -122,6 +122,15 @@ def test_noise_against_python_murmur3():
 
 def test_noise_argument_errors():
     s = torch.zeros(4, dtype=torch.int64)
+    op = torch.ops.localargmax.vllm_gumbel_noise.default  # the C++ op names the argument too
+    for args, error, match in [
+        ((s.int(), s, s), TypeError, "seeds must be int64"),
+        ((s, s.float(), s), TypeError, "pos must be int64"),
+        ((s, s, s[:3]), ValueError, r"seeds \[4\] and ids \[3\] must have one shape"),
+        ((s, s, s - 1), ValueError, "ids must be >= 0"),
+    ]:
+        with pytest.raises(error, match=match):
+            op(*args)
     with pytest.raises(ValueError, match="pos must be int64"):
         vllm_noise(s, s.int())
     with pytest.raises(ValueError, match="seed must be 1-D"):
