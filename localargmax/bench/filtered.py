@@ -56,6 +56,17 @@ def vllm_filter(logits: torch.Tensor, temperature: float, top_k: int, top_p: flo
     return y
 
 
+def vllm_race(logits, temperature, top_k, top_p, min_p, generator=None) -> torch.Tensor:
+    """vLLM's sample of full-vocabulary logits ``[n, V]``: :func:`vllm_filter`, then the
+    exponential race ``argmax(probs / q)``, ``q ~ Exp(1)`` from ``generator``; temperature 0:
+    the argmax. ``[n]`` int64 ids."""
+    if temperature == 0:
+        return logits.argmax(dim=1)
+    y = vllm_filter(logits, temperature, top_k, top_p, min_p)
+    q = torch.empty_like(y).exponential_(generator=generator)
+    return (y.softmax(dim=1) / q).argmax(dim=1)
+
+
 def gather_filter_sample(
     hidden, weight, *, temperature, top_k, top_p, min_p, seed, offset=0, vocab_start=0, num_valid=None,
     d2t=None, group=None, generator=None, noise="exponential",
@@ -74,20 +85,16 @@ def gather_filter_sample(
     Returns:
         ``[B]`` int64 ids (target ids with ``d2t``).
     """
+    if noise not in ("exponential", "gumbel"):
+        raise ValueError(f"noise must be 'exponential' or 'gumbel', got {noise!r}")
     logits = gathered_logits(hidden, weight, vocab_start, num_valid, None, group)
-    if temperature == 0:
-        ids = logits.argmax(dim=1)
-    else:
+    if noise == "gumbel" and temperature != 0:
         y = vllm_filter(logits, temperature, top_k, top_p, min_p)
-        if noise == "gumbel":
-            rows = offset + torch.arange(y.shape[0], device=y.device)[:, None]
-            g = sampling.gumbel_noise(seed, rows, torch.arange(y.shape[1], device=y.device)[None])
-            ids = (y + g).argmax(dim=1)
-        elif noise == "exponential":
-            q = torch.empty_like(y).exponential_(generator=generator)
-            ids = (y.softmax(dim=1) / q).argmax(dim=1)
-        else:
-            raise ValueError(f"noise must be 'exponential' or 'gumbel', got {noise!r}")
+        rows = offset + torch.arange(y.shape[0], device=y.device)[:, None]
+        g = sampling.gumbel_noise(seed, rows, torch.arange(y.shape[1], device=y.device)[None])
+        ids = (y + g).argmax(dim=1)
+    else:
+        ids = vllm_race(logits, temperature, top_k, top_p, min_p, generator)
     if d2t is not None:
         ids = ids + d2t[ids]
     return ids
@@ -210,12 +217,7 @@ def batch_sharded_sample(
             received, logits[order].contiguous(), [own] * tp, splits, group=group
         )  # rank r's block of my rows, in rank order
         logits = received.view(tp, own, rows).permute(1, 0, 2).reshape(own, tp * rows)
-    if temperature == 0:
-        ids = logits.argmax(dim=1)
-    else:
-        y = vllm_filter(logits, temperature, top_k, top_p, min_p)
-        q = torch.empty_like(y).exponential_(generator=generator)
-        ids = (y.softmax(dim=1) / q).argmax(dim=1)
+    ids = vllm_race(logits, temperature, top_k, top_p, min_p, generator)
     if tp > 1:
         width = -(-batch // tp)
         padded = torch.cat([ids, ids.new_zeros(width - ids.shape[0])])
