@@ -182,8 +182,8 @@ def prepare(model, hidden_size: int, dtype: torch.dtype, device, steps=(0,)) -> 
     records = []
     with torch.no_grad():
         for step in steps:  # a verdict per step, all-reduced: no rank runs a collective the others skip
-            record, reason = _record(model, hidden, step, takes_step)
-            if _any_rank(reason is not None):
+            record, reason = record_logits(model, hidden, step, takes_step)
+            if any_rank(reason is not None):
                 reason = reason or "another TP rank's probe found its compute_logits differs"
                 logger.warning(
                     "localargmax: draft model %s keeps no get_top_tokens (use_local_argmax_reduction stays "
@@ -199,7 +199,7 @@ def prepare(model, hidden_size: int, dtype: torch.dtype, device, steps=(0,)) -> 
             ids = model.get_top_tokens(hidden, step)
             best = _float64_argmax(lp, lm_head, processor_input, bias)
             bad += [(step, *row) for row in _disagreements(ids, logits, best)]
-        if _any_rank(bool(bad)):
+        if any_rank(bool(bad)):
             del model.get_top_tokens
             raise RuntimeError(
                 f"localargmax: draft model {name}: the fused ids disagree with vLLM's compute_logits on the "
@@ -209,9 +209,11 @@ def prepare(model, hidden_size: int, dtype: torch.dtype, device, steps=(0,)) -> 
     return None
 
 
-def _record(model, hidden, step, takes_step):
+def record_logits(model, hidden, step, takes_step):
     """One ``compute_logits`` with its processor calls recorded: ((processor,
-    head, processor input, bias, logits), None) or (None, why not)."""
+    head, processor input, bias, logits), None) or (None, why not). The
+    load-time probe of drafters here and of the target sampler
+    (target_sampler.py)."""
     _STATE.mode, _STATE.calls = "record", []
     try:
         out = _logits(model, hidden, step, takes_step)
@@ -244,7 +246,7 @@ def _tp_group():
     return get_tp_group()
 
 
-def _any_rank(flag: bool) -> bool:
+def any_rank(flag: bool) -> bool:
     """``flag`` of any TP rank (a MAX all-reduce on the TP group's CPU group)."""
     group = _tp_group()
     t = torch.tensor([int(flag)])

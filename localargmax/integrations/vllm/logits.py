@@ -123,7 +123,7 @@ def layout(lp, lm_head):
     return start, num_valid, coordinator_all_gather(coordinator)
 
 
-def _transform(lp) -> dict:
+def transform_kwargs(lp) -> dict:
     """vLLM's soft-cap and scale as the fused op's keywords (empty: none)."""
     if lp.soft_cap is None and lp.scale == 1.0:
         return {}
@@ -149,7 +149,7 @@ def get_top_tokens(self, lm_head, hidden_states: torch.Tensor, embedding_bias: t
     STATS["fused"] += 1
     start, num_valid, group = layout(self, lm_head)
     kw = {"vocab_start": start, "num_valid": num_valid, "bias": embedding_bias, "group": group}
-    transform = _transform(self)
+    transform = transform_kwargs(self)
     temperature = getattr(LOG_ODDS, "request", None)
     if temperature is not None:  # a draft step of adaptive verification: the log-odds vLLM's estimator reads
         ids, LOG_ODDS.log_odds = lm_head_argmax(
@@ -195,7 +195,7 @@ def get_top_k_tokens(
     start, num_valid, group = layout(self, lm_head)
     kw = {"vocab_start": start, "num_valid": num_valid, "bias": embedding_bias, "group": group}
     if return_log_probs:
-        return lm_head_topk(hidden_states, lm_head.weight, k, **kw, return_log_probs=True, **_transform(self))
+        return lm_head_topk(hidden_states, lm_head.weight, k, **kw, return_log_probs=True, **transform_kwargs(self))
     ids, values = lm_head_topk(hidden_states, lm_head.weight, k, **kw)
     if self.scale != 1.0:
         values = values * self.scale

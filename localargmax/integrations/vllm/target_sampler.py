@@ -160,7 +160,7 @@ def sample_on_shards(hidden_states, lm_head, lp, input_batch, sampler, group=Non
         vocab_start=start,
         num_valid=num_valid,
         group=layout_group if group is None else group,
-        **logits._transform(lp),
+        **logits.transform_kwargs(lp),
     )
     num_sampled, num_rejected = get_num_sampled_and_rejected(
         input_batch.seq_lens.new_ones(input_batch.num_reqs),
@@ -203,7 +203,7 @@ def _probe_model(model, hidden_states):
     found, reason = _probe_model_here(model, hidden_states)
     from . import drafters
 
-    if drafters._any_rank(reason is not None):
+    if drafters.any_rank(reason is not None):
         return None, reason or "another TP rank's probe found its compute_logits differs"
     return found, None
 
@@ -218,7 +218,7 @@ def _probe_model_here(model, hidden_states):
     probe = torch.randn(drafters.PROBE_ROWS, hidden_states.shape[-1], generator=gen)
     probe = probe.to(dtype=hidden_states.dtype, device=hidden_states.device)
     with torch.no_grad():
-        record, reason = drafters._record(model, probe, 0, False)
+        record, reason = drafters.record_logits(model, probe, 0, False)
     if reason is not None:
         return None, reason
     lp, lm_head, processor_input, bias, _ = record
