@@ -20,7 +20,7 @@ from .collective import Group, logits_payload_length
 from .engine import gather_logits, log_probs_from_pairs, merge_checked, run_step, winning_rank
 from .ops import decode_keys, shard_sample, shard_topk
 from .packed_key import SIGN_FLIP
-from .vllm_gumbel import check_noise
+from .vllm_gumbel import VllmNoise, check_noise, vllm_gumbel_noise
 
 CANDIDATES = MAX_TOPK
 """Candidate keys per row each rank sends (its top-K); with its noised best
@@ -120,8 +120,11 @@ def lm_head_sample(
             ``hidden``'s device): vLLM 0.34's noise and score, ``argmax_v
             fl(x / T) + g(seed[b], pos[b], v)`` in float32, the id vLLM's
             ``gumbel_sample`` draws from the full logits (DESIGN.md, "vLLM's
-            noise"; ``seed`` and ``offset`` are then unused: pass 0). Not yet
-            with ``top_k`` / ``top_p`` / ``min_p`` (ValueError).
+            noise"; ``seed`` and ``offset`` are then unused: pass 0). With
+            ``top_k`` / ``top_p`` / ``min_p``: that score over the allowed
+            set, ties to the smaller id, as vLLM's ``gumbel_sample`` after
+            its filters (the filters' float32 boundaries aside: DESIGN.md,
+            "Filtered sampling"); fp64 noise: not here.
         Others: as in :func:`lm_head_argmax`.
 
     Returns:
@@ -139,14 +142,13 @@ def lm_head_sample(
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
     if top_k is not None or top_p is not None or min_p is not None:
-        if noise is not None:
-            raise ValueError("noise=vllm_noise(...) is not supported with top_k / top_p / min_p yet")
         if reduce != "all_gather":
             raise ValueError(f"top_k / top_p / min_p need reduce='all_gather', got {reduce!r}")
         return filtered_sample(
             hidden, weight, temperature=temperature, seed=seed, offset=offset, top_k=top_k, top_p=top_p,
             min_p=min_p, vocab_start=vocab_start, num_valid=num_valid, bias=bias, d2t=d2t, group=group,
             return_log_probs=return_log_probs, logit_scale=logit_scale, soft_cap=soft_cap, fallback=fallback,
+            noise=noise,
         )  # fmt: skip
     t = row_param(temperature, "temperature", hidden, TEMPERATURE, optional=False)
     if envs.LOCALARGMAX_DEBUG:
@@ -172,7 +174,7 @@ def lm_head_sample(
 def filtered_sample(
     hidden, weight, *, temperature, seed, offset=0, top_k=None, top_p=None, min_p=None, vocab_start=0,
     num_valid=None, bias=None, d2t=None, group=None, return_log_probs=False, logit_scale=1.0, soft_cap=None,
-    fallback="gather",
+    fallback="gather", noise=None,
 ):  # fmt: skip
     """:func:`localargmax.lm_head_sample` with ``top_k`` / ``top_p`` /
     ``min_p`` (its docstring has the arguments; DESIGN.md, "Filtered sampling").
@@ -182,7 +184,8 @@ def filtered_sample(
     plus, for rows whose allowed set the candidates do not decide, one gather
     of those rows' logits (``fallback="gather"``, eager only) or an error
     (``fallback="error"``: ValueError on the CPU, a device-side assert
-    otherwise)."""
+    otherwise). ``noise``: vLLM's (:func:`vllm_scores`), or None: the Philox
+    noise of (``seed``, ``offset + b``)."""
     check_seed_offset(seed, offset)
     if not isinstance(return_log_probs, bool):
         raise TypeError(f"return_log_probs must be a bool, got {type(return_log_probs).__name__}")
@@ -195,8 +198,11 @@ def filtered_sample(
     batch, dev = hidden.shape[0], hidden.device
     debug = {"seed": seed, "offset": offset, "fallback": FALLBACKS.index(fallback), "temperature": f.t}
     debug |= {"top_k": f.k, "top_p": f.p, "min_p": f.mp}  # what the ranks decide the fallback rows from
+    if noise is not None:
+        noise = check_noise(noise, hidden)
+        debug.update({"noise seed": noise.seed, "noise pos": noise.pos})
     _, gathered, pairs, ok, vocab_total = run_step(
-        _candidates_and_sample, (CANDIDATES, f, seed, offset, return_log_probs), hidden, weight,
+        _candidates_and_sample, (CANDIDATES, f, seed, offset, return_log_probs, noise), hidden, weight,
         vocab_start=vocab_start, num_valid=num_valid, bias=bias, d2t=d2t, group=group, reduce="all_gather",
         log_probs=True, scale=logit_scale, soft_cap=soft_cap, k=CANDIDATES + 1, vocab_total=True, debug=debug,
     )  # fmt: skip
@@ -206,7 +212,7 @@ def filtered_sample(
     gathered, sampled = gathered[..., :CANDIDATES], gathered[..., CANDIDATES]
     greedy_ids, _ = merge_checked(gathered[..., 0], d2t, ok)  # the argmax, d2t applied, checked
     rows = torch.arange(batch, device=dev) + offset
-    draft, logp, need = decide_rows(gathered, pairs, *f.filters, seed, rows, vocab_total)
+    draft, logp, need = decide_rows(gathered, pairs, *f.filters, seed, rows, vocab_total, noise)
     # Rows with every filter off: the merge of the ranks' noised best keys, as lm_head_sample without filters.
     winner = winning_rank(sampled)
     best = sampled.gather(0, winner)[0]
@@ -222,7 +228,8 @@ def filtered_sample(
             hidden[idx], weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias, group=group,
             scale=logit_scale, soft_cap=soft_cap,
         )  # fmt: skip
-        fb_ids, fb_logp = filter_and_sample(logits, *f.take(idx).filters, seed, rows[idx])
+        fb_noise = None if noise is None else VllmNoise(noise.seed[idx], noise.pos[idx])
+        fb_ids, fb_logp = filter_and_sample(logits, *f.take(idx).filters, seed, rows[idx], fb_noise)
         draft, logp = draft.index_put((idx,), fb_ids), logp.index_put((idx,), fb_logp)
     elif fallback == "error" and not host_checks(need):
         torch._assert_async(~need.any(), "localargmax: a row's filtered set needs fallback='gather'")
@@ -239,19 +246,20 @@ def filtered_sample(
     return ids, torch.where(f.off, off_lp, torch.where(sampling, logp.to(torch.float32), greedy_lp))
 
 
-def _candidates_and_sample(hidden, weight, kk, f: FilterRows, seed, offset, off_lp, *, log_partition, **kw):
+def _candidates_and_sample(hidden, weight, kk, f: FilterRows, seed, offset, off_lp, noise, *, log_partition, **kw):
     """One rank's keys for the filtered exchange (the op :func:`run_step` runs,
     always with ``log_partition``): its ``kk`` largest keys of ``x`` with its
     pair at ``T = 1`` (:func:`shard_topk`), then, in column ``kk``, its
     noised best key (:func:`shard_sample` at ``f.t``, the unfiltered step's
     key; 0 unless ``f.sample_off``: no row needs it). With ``off_lp`` the
     rows ``f.off`` carry the sampling kernel's pair instead (the unfiltered
-    step's log-probabilities). Returns ``(keys [B, kk + 1], pairs [B, 2])``."""
+    step's log-probabilities). ``noise``: vLLM's for that key, or None.
+    Returns ``(keys [B, kk + 1], pairs [B, 2])``."""
     keys, pairs = shard_topk(hidden, weight, kk, log_partition=True, **kw)
     if not f.sample_off:
         return torch.cat([keys, keys.new_zeros(keys.shape[0], 1)], dim=1), pairs
     lse = off_lp or kw["scale"] != 1.0 or kw["soft_cap"] is not None
-    out = shard_sample(hidden, weight, f.t, seed, offset, log_partition=lse, **kw)
+    out = shard_sample(hidden, weight, f.t, seed, offset, log_partition=lse, noise=noise, **kw)
     best, best_pairs = out if lse else (out, None)
     if off_lp:
         pairs = torch.where(f.off[:, None], best_pairs, pairs)
@@ -262,7 +270,7 @@ def _capturing() -> bool:
     return torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
-def decide_rows(gathered, pairs, t, k, p, mp, seed, rows, vocab_total=None):
+def decide_rows(gathered, pairs, t, k, p, mp, seed, rows, vocab_total=None, noise=None):
     """From the merged candidates and every rank's pair, per row: the sampled
     draft id (-1 where the row is greedy, special, not decided or has every
     filter off), its log-probability under the filtered distribution, and
@@ -270,7 +278,8 @@ def decide_rows(gathered, pairs, t, k, p, mp, seed, rows, vocab_total=None):
     the same order. Rows with every filter off never need it: the ranks'
     noised best keys decide them (:func:`filtered_sample`). ``vocab_total``
     (the end of the valid vocabulary, an int or a tensor; None: unknown)
-    bounds the outsiders' count for top-p at ``T > 1``."""
+    bounds the outsiders' count for top-p at ``T > 1``. ``noise``: vLLM's
+    (:func:`vllm_scores`), else the Philox noise of (``seed``, ``rows``)."""
     tp, batch, kk = gathered.shape
     cand = (gathered.permute(1, 0, 2).reshape(batch, tp * kk) ^ SIGN_FLIP).sort(dim=1, descending=True).values
     cand = cand ^ SIGN_FLIP  # [B, N], unsigned descending: the merged order
@@ -328,9 +337,11 @@ def decide_rows(gathered, pairs, t, k, p, mp, seed, rows, vocab_total=None):
     keep_hi = before < (p * z_hi)[:, None]
     p_fits = restricted | ~full | (((keep_lo & member) == (keep_hi & member)).all(dim=1) & (pre_t >= p * z_hi))
     allowed = member & (~p_on[:, None] | keep_lo | (pos == 0))
-    g = gumbel_noise(seed, rows[:, None], ids)
-    score = torch.where(allowed, y + g.to(torch.float64), -math.inf)
-    best = score.argmax(dim=1, keepdim=True)
+    if noise is None:
+        g = gumbel_noise(seed, rows[:, None], ids)
+        best = torch.where(allowed, y + g.to(torch.float64), -math.inf).argmax(dim=1, keepdim=True)
+    else:
+        best = vllm_scores(x.to(torch.float32), t, ids, allowed, noise)
     logp = (y.gather(1, best)[:, 0] - a[:, 0]) - torch.log((w * allowed).sum(dim=1))
     need = (mp_on | k_on) & ~restricted
     need |= p_on & ~p_fits
@@ -339,7 +350,7 @@ def decide_rows(gathered, pairs, t, k, p, mp, seed, rows, vocab_total=None):
     return draft, logp, need
 
 
-def filter_and_sample(logits, t, k, p, mp, seed, rows):
+def filter_and_sample(logits, t, k, p, mp, seed, rows, noise=None):
     """vLLM 0.34's filters on full rows, then Gumbel-max with the kernels'
     noise: temperature, min-p (``y >= max(y) + log(min_p)``), top-k (exactly
     ``k`` ids, ties to the smaller id), top-p over what those kept (the
@@ -352,7 +363,9 @@ def filter_and_sample(logits, t, k, p, mp, seed, rows):
             step sends has: its shards hold ``num_valid >= 1`` ids in all).
         t: ``[n]`` float32 temperatures ``> 0``; k ``[n]`` int64 (``<= 0``
             off); p, mp ``[n]`` float64; seed; rows ``[n]`` int64 Philox
-            subsequences.
+            subsequences; noise: vLLM's for these rows (:func:`vllm_scores`:
+            the rows are sorted, the noise evaluated on every kept id), or
+            None: the Philox noise.
 
     Returns:
         ``(ids [n] int64, log_probs [n] float64)`` under the filtered distribution.
@@ -360,6 +373,11 @@ def filter_and_sample(logits, t, k, p, mp, seed, rows):
     Rows without top-k and top-p (min-p alone, or no filter) need no order:
     they skip the sort (:func:`_filter_by_id`), with the same result.
     """
+    if noise is not None:
+        y, ids, keep, a = filter_sorted(logits, t, k, p, mp)
+        best = vllm_scores(logits.gather(1, ids), t, ids, keep, noise)
+        w = torch.where(keep, torch.exp(y - a), 0.0)
+        return ids.gather(1, best)[:, 0], (y.gather(1, best) - a)[:, 0] - torch.log(w.sum(dim=1))
     unsorted = ((k <= 0) | (k >= logits.shape[1])) & (p >= 1)
     if bool(unsorted.any()) and not bool(unsorted.all()):
         out_ids = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
@@ -379,6 +397,22 @@ def filter_and_sample(logits, t, k, p, mp, seed, rows):
         chosen = ids.gather(1, best)[:, 0]
     w = torch.where(keep, torch.exp(y - a), 0.0)
     return chosen, (y.gather(1, best) - a)[:, 0] - torch.log(w.sum(dim=1))
+
+
+def vllm_scores(x, t, ids, allowed, noise: VllmNoise):
+    """The position of vLLM's sample among a row's entries: the largest
+    ``fl(fl(x / T) + g)`` in float32 over ``allowed`` (``g`` vLLM's noise at
+    (``noise.seed[b]``, ``noise.pos[b]``, ``ids``): its ``gumbel_sample``
+    after the filters set the others to -inf), ties to the smaller id, as
+    vLLM's argmax takes the first. ``x`` ``[n, m]`` float32 transformed
+    logits, ``t`` ``[n]`` float32 ``> 0``, ``ids`` ``[n, m]`` int64 (``>= 0``),
+    ``allowed`` ``[n, m]`` bool, at least one per row. Returns ``[n, 1]``
+    int64 positions."""
+    g = vllm_gumbel_noise(noise.seed[:, None], noise.pos[:, None], ids)
+    score = torch.where(allowed, x / t.to(torch.float32)[:, None] + g, -math.inf)
+    tied = score == score.max(dim=1, keepdim=True).values
+    first = torch.where(tied, ids, torch.iinfo(torch.int64).max).min(dim=1, keepdim=True).values
+    return (tied & (ids == first)).to(torch.uint8).argmax(dim=1, keepdim=True)
 
 
 def _tempered(logits, t):

@@ -9,8 +9,8 @@ in float32. Passing ``noise=vllm_noise(seed, pos)`` to
 the fused kernels use that noise and score instead
 of the tp-invariant Philox noise, so the sample is the one vLLM draws from
 the full logits (bit for bit up to the float32 ``log`` and division of the
-platform: DESIGN.md says where they can differ). Not yet with the filtered
-sampler's top-k / top-p / min-p (a ValueError).
+platform: DESIGN.md says where they can differ). With the filtered sampler's
+top-k / top-p / min-p: that score over the allowed set, ties to the smaller id.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import localargmax
-from localargmax import sampling
+from localargmax import sampling, vllm_gumbel_noise, vllm_noise
 from localargmax.sampling import CANDIDATES, gumbel_noise
 from tests.support.launch import run_ranks
 from tests.support.paths import CPU_ISA_PATHS, KernelPath, cpu_path_unavailable, use_path
@@ -25,10 +25,12 @@ boundary: float32 logits of these problems are within ~1e-6 of float64
 (DESIGN.md, "Log-probabilities", Accuracy; "Filtered sampling")."""
 
 
-def reference(logits, t, k, p, mp, seed, offset):
+def reference(logits, t, k, p, mp, seed, offset, noise=None):
     """Per row: the id a float64 filter + Gumbel-max on the full row picks
     (vLLM 0.34's order: temperature, min-p, top-k, top-p), and whether any
-    of its decisions is within TIE of flipping. Plain Python sorts."""
+    of its decisions is within TIE of flipping. Plain Python sorts. The
+    noise: the kernels' Philox noise of (seed, offset + b), or vLLM's of
+    ``noise`` (a VllmNoise); equal scores go to the smaller id."""
     out = []
     for b in range(logits.shape[0]):
         x = logits[b].tolist()
@@ -54,8 +56,11 @@ def reference(logits, t, k, p, mp, seed, offset):
                     break
                 before, n = before + wi, n + 1
             order = order[:n]
-        row = offset + b - (2**64 if offset + b >= 2**63 else 0)  # the uint64 row in int64
-        g = gumbel_noise(seed, torch.tensor([row]), torch.tensor(order)).double().tolist()
+        if noise is None:
+            row = offset + b - (2**64 if offset + b >= 2**63 else 0)  # the uint64 row in int64
+            g = gumbel_noise(seed, torch.tensor([row]), torch.tensor(order)).double().tolist()
+        else:
+            g = vllm_gumbel_noise(noise.seed[b], noise.pos[b], torch.tensor(order)).double().tolist()
         scores = sorted(((y[i] + gi, -i) for i, gi in zip(order, g)), reverse=True)
         if len(scores) > 1:
             margins.append(scores[0][0] - scores[1][0])
@@ -128,8 +133,8 @@ def problem(gen, batch=24, vocab=2003, hsize=32, sharp=3.0):
     return hidden, weight
 
 
-def check(ids, hidden, weight, t, k, p, mp, seed, offset, share=0.7):
-    want = reference(hidden.double() @ weight.double().T, t, k.tolist(), p, mp, seed, offset)
+def check(ids, hidden, weight, t, k, p, mp, seed, offset, share=0.7, noise=None):
+    want = reference(hidden.double() @ weight.double().T, t, k.tolist(), p, mp, seed, offset, noise)
     exact = [b for b, (_, near) in enumerate(want) if not near]
     assert len(exact) >= share * len(want), f"too many near-ties: {len(want) - len(exact)} of {len(want)}"
     got = [int(ids[b]) for b in exact]
@@ -324,6 +329,57 @@ def test_same_id_as_float64_reference(seed, tp):
     t, k, p, mp = mixed_rows(gen, hidden.shape[0])
     ids = run_tp(hidden, weight, tp, temperature=t, seed=seed, offset=7, top_k=k, top_p=p, min_p=mp)
     check(ids, hidden, weight, t, k, p, mp, seed, 7)
+
+
+def _vllm_noise_rows(gen, batch):
+    seed = torch.randint(-(2**62), 2**62, (batch,), generator=gen)
+    return vllm_noise(seed, torch.randint(2**31 - 8, 2**33, (batch,), generator=gen), drafting=False)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 3])
+def test_vllm_noise_same_id_as_float64_reference(seed, tp):
+    """noise=vllm_noise(...) with the filters (issue #57 item 1): mixed greedy
+    / unfiltered / filtered rows, fallback rows, uneven padded shards: the
+    float64 reference's id under vLLM's noise on every row but near-ties;
+    the same ids with the log-probabilities, and under fallback='error' where
+    no row needs the gather."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden, weight = problem(gen)
+    t, k, p, mp = mixed_rows(gen, hidden.shape[0])
+    noise = _vllm_noise_rows(gen, hidden.shape[0])
+    kw = dict(temperature=t, seed=0, top_k=k, top_p=p, min_p=mp, noise=noise)
+    ids = run_tp(hidden, weight, tp, **kw)
+    check(ids, hidden, weight, t, k, p, mp, 0, 0, noise=noise)
+    ids_lp, lp = run_tp(hidden, weight, tp, return_log_probs=True, **kw)
+    assert torch.equal(ids_lp, ids) and bool(torch.isfinite(lp).all())
+    fits = k < CANDIDATES  # top-k alone inside the candidates: no fallback for these rows
+    rows = fits & (p >= 1) & (mp <= 0)
+    sub = dict(kw, temperature=t[rows], top_k=k[rows], top_p=p[rows], min_p=mp[rows])
+    sub["noise"] = vllm_noise(noise.seed[rows], noise.pos[rows])
+    assert torch.equal(run_tp(hidden[rows], weight, tp, fallback="error", **sub), ids[rows])
+
+
+def test_vllm_noise_scores_in_float32_ties_to_the_smaller_id():
+    """vllm_scores: the float32 score fl(fl(x / T) + g), not float64's, and
+    among equal float32 scores the smaller id, whatever the entries' order.
+    Planted: x = fl(2 - g) at four ids, which all score 2.0 in float32 while
+    float64 ranks them (its best, id 40, is not the smallest)."""
+    from localargmax.vllm_gumbel import VllmNoise
+
+    noise = VllmNoise(torch.tensor([12]), torch.tensor([5]))
+    ids = torch.tensor([[40, 7, 900, 3000]])
+    g = vllm_gumbel_noise(noise.seed[:, None], noise.pos[:, None], ids)
+    x = (2.0 - g).float()
+    assert bool(((x + g) == 2.0).all()) and int(ids[0, (x.double() + g.double()).argmax()]) == 40
+    allowed = torch.ones_like(ids, dtype=torch.bool)
+    for want in (7, 40, 900, 3000):  # mask the winner each time: the next smaller id
+        best = sampling.vllm_scores(x, torch.ones(1), ids, allowed, noise)
+        assert int(ids[0, best[0, 0]]) == want
+        allowed &= ids != want
+    t = torch.tensor([0.5])  # the division first: fl(fl(x / T) + g)
+    best = sampling.vllm_scores(x, t, ids, torch.ones_like(allowed), noise)
+    s = x / t + g
+    assert int(ids[0, best[0, 0]]) == int(ids[s == s.max()].min())
 
 
 def test_offsets_up_to_the_last_one(seed):

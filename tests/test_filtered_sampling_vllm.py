@@ -49,11 +49,17 @@ interpreter._patch_lang_core = _tensor_range
 
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
 from vllm.v1.sample.ops.topk_topp_triton import apply_top_k_top_p_triton
+from vllm.v1.worker.gpu.sample.gumbel import gumbel_sample
 from vllm.v1.worker.gpu.sample.min_p import apply_min_p
 d = torch.load(sys.argv[1])
 y, k, p, mp = d["y"].clone(), d["k"], d["p"], d["mp"]
-apply_min_p(y, torch.arange(y.shape[0], dtype=torch.int32), mp)  # in place, as sampler.py does
-out = {"torch": apply_top_k_top_p_pytorch(y.clone(), k, p) > -float("inf"), "triton": None, "triton_error": ""}
+rows = torch.arange(y.shape[0], dtype=torch.int32)
+apply_min_p(y, rows, mp)  # in place, as sampler.py does
+masked = apply_top_k_top_p_pytorch(y.clone(), k, p)
+out = {"torch": masked > -float("inf"), "triton": None, "triton_error": ""}
+# sampler.py's _sample_random after the filters: gumbel_sample, the temperature already applied (T = 1 here)
+out["sampled"] = gumbel_sample(masked.clone(), rows, torch.ones(y.shape[0]), d["seed"], d["pos"],
+                               apply_temperature=False, is_drafting=False)
 try:
     out["triton"] = apply_top_k_top_p_triton(y.clone(), k, p) > -float("inf")
 except Exception as e:  # the reason goes into the report
@@ -94,11 +100,18 @@ def _problem(gen):
     return y, k, p, mp, tie
 
 
+def _noise_inputs():
+    """vLLM's per-row seeds (past 2**32) and positions (past 2**31) for the sampled ids."""
+    gen = torch.Generator().manual_seed(57)
+    return torch.randint(-(2**62), 2**62, (B,), generator=gen), torch.randint(2**31 - 8, 2**33, (B,), generator=gen)
+
+
 def _vllm_masks(tmp_path, y, k, p, mp):
     """vLLM's kept masks (min-p, then the torch top-k / top-p; the Triton one or why it failed)."""
     path = tmp_path / "masks.pt"
     kv = torch.where((k <= 0) | (k > V), V, k).to(torch.int32)  # states.py:49-51: off is V
-    torch.save({"y": y, "k": kv, "p": p.float(), "mp": mp.float()}, path)
+    seed, pos = _noise_inputs()
+    torch.save({"y": y, "k": kv, "p": p.float(), "mp": mp.float(), "seed": seed, "pos": pos}, path)
     env = {**os.environ, **RANK_ENV}
     run = subprocess.run([sys.executable, "-c", VLLM_MASKS, str(path)], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -213,3 +226,30 @@ def test_one_exchange_allowed_set_matches(case, monkeypatch):
     bad = (allowed != vllm_head)[compared].any(dim=1).nonzero()[:, 0]
     assert not bad.numel(), f"the step's allowed set differs from vLLM's on rows {compared.nonzero()[bad, 0].tolist()}"
     assert torch.equal(allowed[tie & ~near], ours.gather(1, head)[tie & ~near])  # exactly k at a tie, as ours
+
+
+def test_vllm_noise_samples_vllms_id(case):
+    """End to end (issue #57 item 1): lm_head_sample(..., top_k, top_p, min_p,
+    noise=vllm_noise(seed, pos)) on the same float32 logits (hidden = the
+    logits, weight = I, T = 1) gives the id vLLM 0.34's sampler draws there
+    (min-p, top-k / top-p, then gumbel_sample with its noise), on every row
+    away from a near-tie of the masks, an exact tie at the k-th value and a
+    near-tie of the noised scores (within 4 float32 ulps, where the float32
+    log can differ from the interpreter's)."""
+    import localargmax
+
+    y, k, p, mp, tie, ties, got, ours, near, kth, compared = case
+    seed, pos = _noise_inputs()
+    noise = localargmax.vllm_noise(seed, pos)
+    ids = localargmax.lm_head_sample(y, torch.eye(V), temperature=1.0, seed=0, top_k=k, top_p=p, min_p=mp, noise=noise)
+    theirs = got["sampled"]
+    g = localargmax.vllm_gumbel_noise(seed[:, None], pos[:, None], torch.arange(V)[None])
+    score = torch.where(got["torch"], y + g, -math.inf)
+    top, second = score.topk(2, dim=1).values.unbind(1)
+    ulp = torch.nextafter(top.abs(), torch.tensor(math.inf)) - top.abs()
+    clear = compared & ((top - second) > 4 * ulp)
+    assert torch.equal(theirs[clear], score.argmax(dim=1)[clear]), "vLLM's id is not the argmax of the same noise"
+    bad = (ids != theirs) & clear
+    assert not bool(bad.any()), f"rows {bad.nonzero()[:, 0].tolist()}: ours {ids[bad]} vLLM {theirs[bad]}"
+    assert int(clear.sum()) >= 0.7 * B, f"only {int(clear.sum())} rows compared"
+    assert int((ids[clear] != y[clear].argmax(dim=1)).sum()) > 0.2 * B  # sampled, not the argmax

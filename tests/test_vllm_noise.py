@@ -152,8 +152,8 @@ def test_noise_argument_errors():
         localargmax.lm_head_sample(h, w, temperature=t, seed=0, noise=localargmax.VllmNoise(s, s.float()))
     with pytest.raises(ValueError, match="noise must be None or a VllmNoise"):
         shard_sample(h, w, t, 0, noise=(s, s))
-    with pytest.raises(ValueError, match="not supported with top_k"):
-        localargmax.lm_head_sample(h, w, temperature=t, seed=0, noise=vllm_noise(s, s), top_k=3)
+    with pytest.raises(ValueError, match=r"noise.pos must be \[B=4\]"):  # the filtered step checks it too
+        localargmax.lm_head_sample(h, w, temperature=t, seed=0, noise=localargmax.VllmNoise(s, s[:3]), top_k=3)
     with pytest.raises(ValueError, match="noise_seed and noise_pos come together"):
         torch.ops.localargmax.shard_sample(h, w, None, 0, 16, t, 0, 0, "auto", s, None)
 
