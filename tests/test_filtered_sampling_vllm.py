@@ -25,27 +25,18 @@ import torch
 from localargmax.sampling import filter_sorted
 from tests.support.vllm_common import NO_TRITON_REASON, RANK_ENV, vllm_cpu_build
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"),
     pytest.mark.skipif(vllm_cpu_build(), reason=NO_TRITON_REASON),
 ]
 
 VLLM_MASKS = r"""
-import sys, numpy as np, torch, triton.language as tl
-from triton.runtime import interpreter
+import sys, torch
+from tests.support.vllm_common import patch_interpreted_tl_range
 
-# Compiled Triton gives a tl.range loop variable as a tensor; triton 3.8's interpreter gives a Python int
-# (interpreter.py _new_range), on which topk_topp_triton.py:128's row_id.to(tl.int64) raises. Give the
-# interpreted loop the tensor the compiled kernel sees (scope restores tl.range after each launch).
-_patch_lang_core = interpreter._patch_lang_core
-def _tensor_range(lang, scope):
-    _patch_lang_core(lang, scope)
-    ints = lang.range
-    def loop(*args, **kwargs):
-        for i in ints(*args, **kwargs):
-            yield tl.tensor(interpreter.TensorHandle(np.array([i], dtype=np.int32), tl.int32), tl.int32)
-    scope.set_attr(lang, "range", loop)
-interpreter._patch_lang_core = _tensor_range
+patch_interpreted_tl_range()  # the loop variable compiled Triton gives (topk_topp_triton.py:128)
 
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
 from vllm.v1.sample.ops.topk_topp_triton import apply_top_k_top_p_triton
@@ -113,7 +104,9 @@ def _vllm_masks(tmp_path, y, k, p, mp):
     seed, pos = _noise_inputs()
     torch.save({"y": y, "k": kv, "p": p.float(), "mp": mp.float(), "seed": seed, "pos": pos}, path)
     env = {**os.environ, **RANK_ENV}
-    run = subprocess.run([sys.executable, "-c", VLLM_MASKS, str(path)], env=env, capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-c", VLLM_MASKS, str(path)], env=env, capture_output=True, text=True, cwd=ROOT
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return torch.load(path)
 

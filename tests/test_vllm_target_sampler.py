@@ -79,11 +79,23 @@ def test_mixed_batches_sample_vllms_tokens(res):
 
 
 @needs_vllm_034
+def test_filtered_batches_sample_vllms_tokens(res):
+    """top-k / top-p / min-p rows (with greedy, unfiltered and gather-fallback
+    rows) sample vLLM's tokens (issue #57 item 2)."""
+    for step in res["filtered"]:
+        assert step["got"] == step["want"], step["filters"]
+    ids = [row for step in res["filtered"] for row in step["want"]["ids"]]
+    assert len({i for (i,) in ids}) > len(ids) // 2  # the rows do sample
+
+
+@needs_vllm_034
 def test_each_uncovered_feature_is_named(res):
     cov = res["coverage"]
-    for name in ("top-k", "top-p", "min-p", "penalties", "logit bias, bad words or a thinking budget", "logprobs"):
+    for name in ("penalties", "logit bias, bad words or a thinking budget", "logprobs"):
         assert cov[name] == name
-    assert cov["greedy top-k"] is True
+    assert cov["top-k with a logit bias"] == "logit bias, bad words or a thinking budget"  # not hidden by the filter
+    for name in ("top-k", "top-p", "min-p", "top-k, top-p and min-p", "greedy top-k"):
+        assert cov[name] is True, (name, cov[name])
     assert cov["draft tokens"] == "draft tokens to verify (rejection sampling)"
     assert cov["grammar"] == "a grammar bitmask (structured output)"
 
@@ -94,5 +106,6 @@ def test_runner_sample_takes_the_fused_path_when_covered_and_vllms_otherwise(res
     assert r["head_found"] is None
     assert r["covered"] == r["covered_want"] == r["covered_vllm"]
     assert r["uncovered"] == r["uncovered_want"]
-    assert r["stats"] == {"target sampler: fused": 1, "target sampler: vLLM's path: min-p": 1}
-    assert sum("min-p" in m for m in res["warnings"]) == 1
+    reason = "logit bias, bad words or a thinking budget"
+    assert r["stats"] == {"target sampler: fused": 1, f"target sampler: vLLM's path: {reason}": 1}
+    assert sum(reason in m for m in res["warnings"]) == 1

@@ -46,6 +46,35 @@ RANK_ENV = {
 }
 
 
+def patch_interpreted_tl_range() -> None:
+    """Make the Triton interpreter give a ``tl.range`` loop variable as the
+    tensor compiled Triton gives (triton 3.8's interpreter gives a Python int,
+    on which vLLM 0.34's top-k / top-p kernel, topk_topp_triton.py:128's
+    ``row_id.to(tl.int64)``, raises). Call it before that kernel runs, in a
+    process with ``TRITON_INTERPRET=1``; the scope restores ``tl.range``
+    after each launch."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    patch_lang_core = interpreter._patch_lang_core
+    if getattr(patch_lang_core, "_tensor_range", False):
+        return
+
+    def tensor_range(lang, scope):
+        patch_lang_core(lang, scope)
+        ints = lang.range
+
+        def loop(*args, **kwargs):
+            for i in ints(*args, **kwargs):
+                yield tl.tensor(interpreter.TensorHandle(np.array([i], dtype=np.int32), tl.int32), tl.int32)
+
+        scope.set_attr(lang, "range", loop)
+
+    tensor_range._tensor_range = True
+    interpreter._patch_lang_core = tensor_range
+
+
 @contextlib.contextmanager
 def rank_env():
     """:data:`RANK_ENV` set while the ranks are spawned (they inherit it), then restored."""

@@ -21,7 +21,7 @@ import types
 import numpy as np
 import torch
 
-from tests.support.vllm_common import WarningLog, head_of, processor, vllm_setup
+from tests.support.vllm_common import WarningLog, head_of, patch_interpreted_tl_range, processor, vllm_setup
 
 VOCAB, HIDDEN, MAX_REQS = 1001, 32, 24
 TEMPERATURES = (0.0, 0.25, 0.5, 0.7, 1.0, 1.3, 2.0)
@@ -31,6 +31,15 @@ def _problem(gen, rows):
     full = (torch.randint(-2, 3, (VOCAB, HIDDEN), generator=gen) / 8).float()
     hidden = torch.randint(-3, 4, (rows, HIDDEN), generator=gen).float()
     return full, hidden
+
+
+def _fine_problem(gen):
+    """A head of multiples of 2**-16 below 2**-6 and integer hidden states in
+    [-7, 7]: every logit (|x| < 4, 32 products) is exact in float32 in any
+    order, as in _problem, but takes one of ~2**19 values, so a row's top ids
+    are rarely tied (the filters' decisions at ties are another matter:
+    DESIGN.md, "Filtered sampling")."""
+    return (torch.randint(-1024, 1025, (VOCAB, HIDDEN), generator=gen) / 2**16).float()
 
 
 def _sampler(cfg, vocab):
@@ -145,13 +154,59 @@ def _mixed_case(ts, sampler, head, lp, full, gen, steps=4):
     return out
 
 
+FILTERS = (  # (temperature, top_k, top_p, min_p); vLLM's off: top_k 0 (vocab_size), top_p 1, min_p 0
+    (0.0, 5, 0.9, 0.1),  # greedy: the filters ignored
+    (1.0, 5, 1.0, 0.0),
+    (0.7, 40, 1.0, 0.0),
+    (1.3, 100, 1.0, 0.0),  # past the 64 candidates a rank sends: the gather fallback
+    (1.0, 0, 0.9, 0.0),
+    (0.5, 0, 0.5, 0.0),
+    (2.0, 0, 0.95, 0.0),
+    (1.0, 0, 1.0, 0.05),
+    (0.7, 0, 1.0, 0.3),
+    (1.0, 20, 0.8, 0.0),
+    (1.0, 0, 1.0, 0.0),  # every filter off: the unfiltered step's key
+    (1.5, 10, 1.0, 0.02),
+)
+
+
+def _filtered_case(ts, cfg, gen, steps=3):
+    """Mixed batches with top-k / top-p / min-p (and greedy, unfiltered and
+    fallback rows) through vLLM's Sampler (its min-p and top-k / top-p
+    kernels interpreted, then gumbel_sample) on the gathered logits and the
+    fused step on the shards: exact logits (_fine_problem)."""
+    patch_interpreted_tl_range()
+    full = _fine_problem(gen)
+    head, lp = head_of(full), processor(VOCAB)
+    lp.use_all_gather = True
+    sampler = _sampler(cfg, VOCAB)
+    rng = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    slots = [int(s) for s in rng.permutation(MAX_REQS)[: len(FILTERS)]]
+    for slot, (t, k, p, mp) in zip(slots, FILTERS):
+        params = {"temperature": t, "top_p": p, "min_p": mp, "seed": int(rng.integers(-(2**63), 2**63 - 1))}
+        _add(sampler, slot, **params, **({"top_k": k} if k else {}))
+    out = []
+    for _ in range(steps):
+        positions = [int(p) for p in rng.integers(0, 2**31 - 2, len(slots))]
+        batch = _batch(slots, positions, [p + 1 for p in positions])
+        hidden = torch.randint(-7, 8, (len(slots), HIDDEN), generator=gen).float()
+        verdict = ts.covered(batch, sampler)
+        assert verdict is True, verdict
+        want = _out(sampler(hidden @ full.T, batch))
+        got = _out(ts.sample_on_shards(hidden, head, lp, batch, sampler))
+        out.append({"want": want, "got": got, "filters": FILTERS})
+    return out
+
+
 def _coverage_cases(ts, cfg):
     """``covered`` for each feature alone on one random request (among covered ones)."""
     features = {
         "top-k": {"top_k": 5},
         "top-p": {"top_p": 0.9},
         "min-p": {"min_p": 0.1},
+        "top-k, top-p and min-p": {"top_k": 5, "top_p": 0.9, "min_p": 0.1},
         "penalties": {"repetition_penalty": 1.2},
+        "top-k with a logit bias": {"top_k": 5, "logit_bias": {3: 1.0}},
         "logit bias, bad words or a thinking budget": {"logit_bias": {3: 1.0}},
         "logprobs": {"logprobs": 2},
     }
@@ -173,8 +228,8 @@ def _coverage_cases(ts, cfg):
 
 def _runner_cases(plugin, ts, cfg, head, lp, full, gen):
     """``GPUModelRunner.sample`` as patched: a covered step takes the fused
-    path, a step with one min-p request vLLM's (counters), both the tokens of
-    vLLM's Sampler."""
+    path, a step with one logit-bias request vLLM's (counters), both the
+    tokens of vLLM's Sampler."""
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
     from localargmax.integrations.vllm import patching
@@ -190,7 +245,7 @@ def _runner_cases(plugin, ts, cfg, head, lp, full, gen):
     out["covered"] = [_out(GPUModelRunner.sample(runner, hidden, batch, None)[0])]
     out["covered_vllm"] = [_out(patching.original(GPUModelRunner, "sample")(runner, hidden, batch, None)[0])]
     out["covered_want"] = [_out(sampler(hidden @ full.T, batch))]
-    _add(sampler, 2, temperature=1.0, seed=7, min_p=0.05)  # (top-k: an interpreter quirk, test_filtered_sampling_vllm)
+    _add(sampler, 2, temperature=1.0, seed=7, logit_bias={3: 1.0})
     out["uncovered"] = _out(GPUModelRunner.sample(runner, hidden, batch, None)[0])
     out["uncovered_want"] = _out(sampler(hidden @ full.T, batch))
     after = plugin.stats()
@@ -215,6 +270,7 @@ def worker(rank: int, world_size: int, seed: int):
     lp = processor(VOCAB)
     lp.use_all_gather = True  # every rank samples (vLLM's runner on platforms that all-gather)
     out["mixed"] = _mixed_case(ts, _sampler(cfg, VOCAB), head, lp, full, gen)
+    out["filtered"] = _filtered_case(ts, cfg, gen)
     out["coverage"] = _coverage_cases(ts, cfg)
     out["runner"] = _runner_cases(plugin, ts, cfg, head, lp, full, gen)
     out["warnings"] = [m for _, m in warnings.records]

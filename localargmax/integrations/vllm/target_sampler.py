@@ -9,10 +9,12 @@ divides by the temperature in float32 (``apply_sampling_params``) and draws
 ``gumbel_sample`` with the request's seed (``sampling_states.seeds``) at the
 row's position (``input_batch.positions[input_batch.logits_indices]``).
 For a step every request of which is covered (:func:`uncovered_reason`:
-greedy or temperature-only random sampling, nothing else), :func:`sample_on_shards`
-draws the same tokens with :func:`localargmax.lm_head_sample` and vLLM's noise
+greedy or random sampling with temperature, top-k, top-p and min-p, nothing
+else), :func:`sample_on_shards` draws the same tokens with
+:func:`localargmax.lm_head_sample` and vLLM's noise
 (:func:`localargmax.vllm_noise`) on each rank's ``ParallelLMHead`` shard in
-one key exchange, and builds the ``SamplerOutput`` ``Sampler.__call__`` builds
+one exchange (the filters: the filtered step's candidates, and a gather of
+the rows they do not decide), and builds the ``SamplerOutput`` ``Sampler.__call__`` builds
 (``num_sampled`` / ``num_rejected`` by vLLM's own ``get_num_sampled_and_rejected``).
 Any other step runs vLLM's ``sample``; each reason is logged once at WARNING
 and counted in ``stats()`` (``"target sampler: fused"`` /
@@ -22,7 +24,8 @@ batch's host arrays, the runner's and model's configuration), so every rank
 takes the same path.
 
 Token identity with vLLM's ``Sampler`` holds for float32 logits up to the
-platform's float32 ``log`` in the noise (DESIGN.md, "vLLM's noise"); for a
+platform's float32 ``log`` in the noise (DESIGN.md, "vLLM's noise") and the
+filters' float32 boundaries (DESIGN.md, "Filtered sampling"); for a
 bf16 / fp16 model vLLM samples from logits rounded to the model dtype, the
 fused op from the float32 accumulation (the same distribution, not the same
 bits at near-ties).
@@ -104,20 +107,39 @@ def uncovered_reason(input_batch, sampler, grammar_output=None) -> str | None:
         return "logprobs"
     states = sampler.sampling_states
     temperature = states.temperature.np[idx]
-    random = temperature != 0.0
     if not (temperature >= 0.0).all() or not (temperature < float("inf")).all():
         return "a negative or non-finite temperature"
-    if (random & (states.top_k.np[idx] != states.vocab_size)).any():
-        return "top-k"
-    if (random & (states.top_p.np[idx] != 1.0)).any():
-        return "top-p"
-    if (random & (states.min_p.np[idx] != 0.0)).any():
-        return "min-p"
+    if (sampler.use_flashinfer or sampler.use_xpu_sampler) and _vllm_fused_sampler_eligible(sampler, idx):
+        return "top-k / top-p by FlashInfer's or XPU's sampler (its own noise)"
     if sampler.penalties_state.use_penalty[idx].any():
         return "penalties"
-    if sampler.may_mask_logits[idx].any():
+    logit_bias, _, bad_words = sampler.logits_processors  # the native three, checked above
+    budget = sampler.thinking_budget_state  # its per-request flags exist only when enabled
+    if (
+        logit_bias.use_logit_bias[idx].any()
+        or (bad_words.num_bad_words.np[idx] > 0).any()
+        or (budget.enabled and budget.use_thinking_budget[idx].any())
+    ):  # (sampler.may_mask_logits also marks the filters, which are covered)
         return "logit bias, bad words or a thinking budget"
     return None
+
+
+def _filters(states, idx, random):
+    """Whether any random row of the step has top-k, top-p or min-p on (vLLM's off: vocab_size, 1, 0)."""
+    return bool(
+        (random & (states.top_k.np[idx] != states.vocab_size)).any()
+        or (random & (states.top_p.np[idx] != 1.0)).any()
+        or (random & (states.min_p.np[idx] != 0.0)).any()
+    )
+
+
+def _vllm_fused_sampler_eligible(sampler, idx) -> bool:
+    """``Sampler.sample``'s condition for FlashInfer's / XPU's top-k / top-p
+    sampler (no greedy row, no per-request seed, top-k or top-p on some row;
+    logprobs are refused before this), whose draws are not gumbel_sample's."""
+    states = sampler.sampling_states
+    on = (states.top_k.np[idx] != states.vocab_size).any() or (states.top_p.np[idx] != 1.0).any()
+    return bool(on and not states.any_greedy(idx) and not states.any_explicit_seed(idx))
 
 
 def covered(input_batch, sampler, grammar_output=None):
@@ -151,6 +173,15 @@ def sample_on_shards(hidden_states, lm_head, lp, input_batch, sampler, group=Non
     temperature = states.temperature.gpu[mapping].to(torch.float32)
     seeds = states.seeds.gpu[mapping].to(torch.int64)
     positions = input_batch.positions[rows].to(torch.int64)
+    idx = input_batch.idx_mapping_np
+    filters = {}
+    if _filters(states, idx, states.temperature.np[idx] != 0.0):  # else the unfiltered step (no candidates)
+        top_k = states.top_k.gpu[mapping].to(torch.int64)
+        filters = {
+            "top_k": torch.where(top_k >= states.vocab_size, 0, top_k),  # vLLM's off (vocab_size) as ours (0)
+            "top_p": states.top_p.gpu[mapping].to(torch.float32),
+            "min_p": states.min_p.gpu[mapping].to(torch.float32),
+        }
     sampled = lm_head_sample(
         hidden,
         lm_head.weight,
@@ -160,6 +191,7 @@ def sample_on_shards(hidden_states, lm_head, lp, input_batch, sampler, group=Non
         vocab_start=start,
         num_valid=num_valid,
         group=layout_group if group is None else group,
+        **filters,
         **logits.transform_kwargs(lp),
     )
     num_sampled, num_rejected = get_num_sampled_and_rejected(
