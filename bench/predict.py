@@ -84,6 +84,8 @@ class DeviceSpec:
     smem_per_sm: int = 228 * KiB
     smem_reserved_per_cta: int = 1 * KiB
     l2_bytes: int = 50 * MiB
+    link_Bps: float = 0.0  # NCCL collective bandwidth per GPU (bytes a rank receives per second), large messages
+    collective_s: float = 0.0  # one small NCCL all-gather / all-to-all on the TP group (latency floor)
     sources: dict = field(default_factory=dict, compare=False)
 
     def little_bytes(self, latency_s: float | None = None) -> float:
@@ -110,6 +112,8 @@ H200 = DeviceSpec(
     zero_fill_s=2e-6,
     gemm_second_launch_s=5e-6,
     cta_epilogue_s=1e-6,
+    link_Bps=360e9,
+    collective_s=10e-6,
     sources={
         "sms, regs_per_sm, max_threads_per_sm, max_ctas_per_sm, smem_per_sm": "Hopper GH100 limits (CUDA C "
         "Programming Guide, compute capability 9.0); review §2",
@@ -128,6 +132,11 @@ H200 = DeviceSpec(
         "launch_s, zero_fill_s, cta_epilogue_s": "review §2.3/§2.5(5): +4 us fixed per call (zero-fill ~1.5-2 us, "
         "launch ramp + first DRAM latency ~2-3 us), +1 us per CTA",
         "gemm_second_launch_s": "DESIGN.md 'Large batches': the keys kernel's second launch, ~5 us",
+        "link_Bps": "ASSUMED 360 GB/s: NVLink 4 moves 450 GB/s per direction per H200 (datasheet: 900 GB/s "
+        "bidirectional); NCCL's all-gather / all-to-all reach ~80% of it on large messages (not in the anchors)",
+        "collective_s": "ASSUMED 10 us per NCCL collective on the TP group (anchors_2026-12.md §6: ring-LL gather "
+        "~14.6 us on GB300, symmetric-memory 8-byte all-reduce ~2.3 us on 8xH200; vLLM's GroupCoordinator "
+        "all-gather runs NCCL)",
     },
 )
 
@@ -702,3 +711,96 @@ def cpp_defaults(spec: DeviceSpec = H200, registers: Registers | None = None, hy
         "simt_max_batch": simt_max,
         "simt_max_rows_per_sm": rows_per_sm,
     }
+
+
+# --- the target's sampling under TP (issue #57 item 3) -------------------------------------------------------
+
+NOISE_INSTRUCTIONS = 80
+"""ASSUMED lane-instructions per logit of vLLM's Gumbel noise and score (murmur3 ~25 integer operations, the
+uniform and the log1p series ~20, two logf ~30, the division and add): the same in vLLM's gumbel_sample and in
+our keys kernel (common/vllm_noise.h)."""
+SAMPLER_BYTES = 10
+"""Bytes per logit vLLM's Sampler moves on the gathered ``[B, V]`` bf16 logits at a temperature: the read of
+the bf16 logits and their float32 copy (``apply_sampling_params``: 2 + 4), then gumbel_sample's read (4)."""
+TARGET_METHODS = ("full-gather", "batch-sharded", "fused")
+
+
+@dataclass(frozen=True)
+class TargetPrediction:
+    """One rank's PREDICTED sampling step of the target (temperature-only rows, vLLM's noise), by method."""
+
+    method: str
+    model: str
+    tp: int
+    batch: int
+    sent_bytes: int  # bytes this rank sends in the step's collectives
+    recv_bytes: int
+    time_s: float
+    terms: dict  # seconds per part: logits, exchange, sample
+
+    @property
+    def us(self) -> float:
+        return self.time_s * 1e6
+
+
+def collective_time(spec: DeviceSpec, tp: int, recv_bytes: float) -> float:
+    """One collective on the TP group in which this rank receives ``recv_bytes``: its latency floor plus the
+    bytes at the link rate (0 at ``tp`` 1: nothing is exchanged)."""
+    return 0.0 if tp == 1 else spec.collective_s + recv_bytes / spec.link_Bps
+
+
+def noise_time(spec: DeviceSpec, logits: float) -> float:
+    """vLLM's noise and score on ``logits`` entries, issue-bound on the CUDA cores (4 warp-instructions per
+    clock per SM)."""
+    return logits * NOISE_INSTRUCTIONS / (32 * 4 * spec.sms * spec.clock_hz)
+
+
+def vllm_logits_time(spec: DeviceSpec, rows: int, hidden: int, batch: int, elem: int = 2) -> float:
+    """vLLM's local logits ``[B, rows]`` (cuBLAS in the weight dtype): the weight read or the GEMM, whichever
+    binds, the logits written in that dtype, one launch."""
+    t_mem = rows * hidden * elem / (spec.gemm_mem_efficiency * spec.stream_Bps)
+    t_cmp = 2.0 * batch * rows * hidden / (spec.gemm_compute_efficiency * spec.gemm_flops)
+    return max(t_mem, t_cmp) + batch * rows * elem / spec.stream_Bps + spec.launch_s
+
+
+def vllm_sampler_time(spec: DeviceSpec, rows: int, vocab: int) -> float:
+    """vLLM's Sampler on ``[rows, vocab]`` gathered logits at a temperature: :data:`SAMPLER_BYTES` per logit
+    against the noise's compute (overlapped), two kernels' launches."""
+    n = rows * vocab
+    return max(n * SAMPLER_BYTES / spec.stream_Bps, noise_time(spec, n)) + 2 * spec.launch_s
+
+
+def predict_target_sampling(spec: DeviceSpec, shape: EngineShape, batch: int, elem: int = 2) -> list[TargetPrediction]:
+    """Rank 0's PREDICTED time of one target sampling step on ``shape`` at ``batch`` (temperature-only rows,
+    vLLM's noise), per method, with the bytes it sends and receives (the CPU benchmark's byte plans):
+
+    * full-gather (vLLM's default): local logits, an all-gather of the ``[B, rows]`` logits, then every rank
+      runs the Sampler on ``[B, V]``;
+    * batch-sharded (vLLM 0.34's ``enable_batch_sharded_sampling``): local logits, an all-to-all that gives
+      each rank the full logits of the rows it owns, the Sampler on those ``ceil(B / tp)`` rows, then an
+      all-gather of the sampled ids;
+    * fused (``lm_head_sample(noise=)``, the CUDA gemm path): cuBLAS float32 logits of the shard and the keys
+      kernel with the noise (:func:`_predict_gemm`, the noise's compute beyond the logits' read added), then
+      one key per row exchanged."""
+    from localargmax.bench.filtered import batch_sharded_bytes, owned_rows
+    from localargmax.collective import payload_length
+
+    tp, rows, vocab = shape.tp, shape.padded_rows, shape.vocab
+    logits = vllm_logits_time(spec, rows, shape.hidden, batch, elem)
+    out = []
+    per_rank = batch * rows * elem
+    terms = {"logits": logits, "exchange": collective_time(spec, tp, (tp - 1) * per_rank)}
+    terms["sample"] = vllm_sampler_time(spec, batch, vocab)
+    out.append(("full-gather", per_rank if tp > 1 else 0, (tp - 1) * per_rank, terms))
+    sent, recv = batch_sharded_bytes(batch, rows, elem, tp)
+    ids = 8 * -(-batch // tp) * (tp - 1)
+    own = max(owned_rows(batch, tp, 0), 1)
+    terms = {"logits": logits, "exchange": collective_time(spec, tp, recv - ids) + collective_time(spec, tp, ids)}
+    terms["sample"] = vllm_sampler_time(spec, own, vocab)
+    out.append(("batch-sharded", sent, recv, terms))
+    gemm = _predict_gemm(spec, variant("gemm"), rows, shape.hidden, batch, elem, rows * shape.hidden * elem)
+    extra_noise = max(0.0, noise_time(spec, batch * rows) - 4.0 * batch * rows / spec.stream_Bps)
+    words = 8 * payload_length(batch, 1) if tp > 1 else 0
+    terms = {"logits": gemm.time_s, "sample": extra_noise, "exchange": collective_time(spec, tp, (tp - 1) * words)}
+    out.append(("fused", words, (tp - 1) * words, terms))
+    return [TargetPrediction(m, shape.model, tp, batch, int(s), int(r), sum(t.values()), dict(t)) for m, s, r, t in out]

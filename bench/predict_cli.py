@@ -183,6 +183,8 @@ examples (from the repository root):
   python -m bench.predict_cli --model qwen3 --tp 1,8 --batch 1,64 --latency-ns 800
   python -m bench.predict_cli --json bench/results/predicted_h200.json   # bench/README.md's table
   python -m bench.predict_cli --write-table /tmp/predicted.json          # the model's dispatch table
+  python -m bench.predict_cli --target-sampling --model qwen3 --tp 2,8 --batch 1,16,64 \
+      --json bench/results/predicted_target_sampling_h200.json  # the target's sampling step per method
 """
 
 
@@ -207,6 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", default="H200", choices=sorted(pm.DEVICES), help="the device spec (default H200)")
     p.add_argument("--latency-ns", type=float, help="memory latency in ns (default: the spec's)")
     p.add_argument("--registers", metavar="FILE", help="registers from this cuobjdump dump or build log")
+    p.add_argument(
+        "--target-sampling",
+        action="store_true",
+        help="instead: one rank's target sampling step (temperature rows, vLLM's noise) per method: vLLM's "
+        "full gather, vLLM 0.34's batch-sharded all-to-all, the fused step (bench/predict.py, "
+        "predict_target_sampling); with --model, --tp (default 2,4,8) and --batch (default 1,16,64)",
+    )
     return p
 
 
@@ -220,14 +229,69 @@ def main(argv: list[str] | None = None) -> int:
             text = getattr(args, name)
             if text is not None and (not text.replace(",", "").isdigit() or min(int(x) for x in text.split(",")) < 1):
                 parser.error(f"--{name} must be comma-separated integers >= 1, got {text!r}")
-        if args.tp and not args.model:
+        if args.tp and not args.model and not args.target_sampling:
             parser.error("--tp goes with --model")
         if args.latency_ns is not None and not args.latency_ns > 0:
             parser.error(f"--latency-ns must be > 0, got {args.latency_ns}")
-        return run_predict(args, shlex.join(["python", "-m", "bench.predict_cli", *argv]))
+        if args.target_sampling and args.write_table:
+            parser.error("--write-table goes without --target-sampling")
+        command = shlex.join(["python", "-m", "bench.predict_cli", *argv])
+        return run_target(args, command) if args.target_sampling else run_predict(args, command)
     except (ValueError, KeyError, OSError) as exc:
         print(f"python -m bench.predict_cli: error: {exc}", file=sys.stderr)
         return 2
+
+
+TARGET_COLUMNS = (("model", "model"), ("tp", "tp"), ("batch", "batch"), ("method", "method"),
+                  ("us", "PREDICTED us"), ("vs_gather", "vs full-gather"), ("sent_bytes", "sent_B"),
+                  ("recv_bytes", "recv_B"), ("logits_us", "logits us"), ("exchange_us", "exchange us"),
+                  ("sample_us", "sample us"))  # fmt: skip
+
+
+def target_doc(spec, shapes, batches, command: str) -> dict:
+    """``--target-sampling``'s JSON: rows per (shape, batch, method), PREDICTED."""
+    rows = []
+    for shape in shapes:
+        for batch in batches:
+            preds = pm.predict_target_sampling(spec, shape, batch)
+            gather = preds[0].time_s
+            for p in preds:
+                row = {"model": p.model, "tp": p.tp, "batch": p.batch, "method": p.method, "us": round(p.us, 1)}
+                row |= {"vs_gather": round(gather / p.time_s, 3), "sent_bytes": p.sent_bytes}
+                row |= {"recv_bytes": p.recv_bytes} | {f"{k}_us": round(v * 1e6, 1) for k, v in p.terms.items()}
+                rows.append(row)
+    return {
+        "kind": "predicted_target",
+        "label": LABEL,
+        "command": command,
+        "model": {"module": "bench/predict.py", "version": pm.MODEL_VERSION},
+        "device": {k: v for k, v in dataclasses.asdict(spec).items() if k != "sources"},
+        "sources": spec.sources,
+        "assumed": {"noise_instructions": pm.NOISE_INSTRUCTIONS, "sampler_bytes": pm.SAMPLER_BYTES},
+        "rows": rows,
+    }
+
+
+def run_target(args, command: str) -> int:
+    """``--target-sampling``: print the table (and write ``--json``)."""
+    spec = pm.DEVICES[args.gpu]
+    if args.latency_ns is not None:
+        spec = pm.with_latency(spec, args.latency_ns * 1e-9)
+    tps = [int(x) for x in args.tp.split(",")] if args.tp else [2, 4, 8]
+    shapes = pm.engine_shapes([(m, tp) for m in ([args.model] if args.model else ["qwen3"]) for tp in tps])
+    batches = [int(x) for x in args.batch.split(",")] if args.batch else [1, 16, 64]
+    doc = target_doc(spec, shapes, batches, command)
+    out = sys.stderr if args.json == "-" else sys.stdout
+    print(f"== {LABEL}: {spec.name}, one rank's target sampling step ==", file=out)
+    cells = [[t for _, t in TARGET_COLUMNS]] + [[str(r[k]) for k, _ in TARGET_COLUMNS] for r in doc["rows"]]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(TARGET_COLUMNS))]
+    print("\n".join("  ".join(c[i].ljust(widths[i]) for i in range(len(c))).rstrip() for c in cells), file=out)
+    print("- temperature-only rows, vLLM's noise; fused = the CUDA gemm path (noise= runs there); every figure "
+          "PREDICTED (bench/predict.py: link and collective constants ASSUMED, with their sources in the JSON)",
+          file=out)  # fmt: skip
+    if args.json:
+        write_output(args.json, json.dumps(doc, indent=1) + "\n")
+    return 0
 
 
 def run_predict(args, command: str) -> int:

@@ -195,6 +195,37 @@ def predicted_table(docs: list) -> str:
     return "\n".join(lines)
 
 
+def predicted_target_table(docs: list) -> str:
+    """``python -m bench.predict_cli --target-sampling --json``: one rank's target sampling step per
+    method, every figure PREDICTED."""
+    doc = docs[0]
+    lines = [
+        "| model | tp | batch | method | PREDICTED µs | vs full-gather | sent_B | recv_B | logits µs | exchange µs "
+        "| sample µs |",
+        "|" + "---|" * 11,
+    ]
+    keys = ("model", "tp", "batch", "method", "us", "vs_gather", "sent_bytes", "recv_bytes", "logits_us")
+    for r in doc["rows"]:
+        cells = [r[k] for k in keys] + [r["exchange_us"], r["sample_us"]]
+        lines.append("| " + " | ".join(format_cell(c) if isinstance(c, float) else str(c) for c in cells) + " |")
+    a = doc["assumed"]
+    lines += [
+        "",
+        "- one rank's sampling step of temperature-only rows with vLLM's noise; full-gather = vLLM's default "
+        "(all-gather of the logits, the Sampler on [B, V] on every rank); batch-sharded = vLLM 0.34's "
+        "enable_batch_sharded_sampling (all-to-all, the Sampler on the rows a rank owns, ids all-gathered); "
+        "fused = lm_head_sample(noise=) on the CUDA gemm path (cuBLAS float32 logits of the shard, the keys "
+        "kernel with the noise, one key per row exchanged)",
+        f"- ASSUMED: collectives {doc['device']['collective_s'] * 1e6:g} µs + bytes received at "
+        f"{doc['device']['link_Bps'] / 1e9:g} GB/s; the noise {a['noise_instructions']} lane-instructions per "
+        f"logit; vLLM's Sampler {a['sampler_bytes']} bytes per logit (sources in the JSON)",
+        "",
+        f"{doc['label']}: from `{doc['path']}`, written by `{doc['command']}` (model {doc['model']['module']} "
+        f"version {doc['model']['version']}).",
+    ]
+    return "\n".join(lines)
+
+
 def compile_table(docs: list) -> str:
     """The tensor-core file's compile, commit beside commit (kind "compile": rows of commit, label,
     mma_kernels, mma_kernels_per_arch, seconds)."""
@@ -315,6 +346,8 @@ def render(readme: str) -> str:
         docs = load(match["glob"])
         if docs[0].get("kind") == "predicted":
             body = predicted_table(docs)
+        elif docs[0].get("kind") == "predicted_target":
+            body = predicted_target_table(docs)
         elif docs[0].get("kind") == "compile":
             body = compile_table(docs)
         elif docs[0].get("kind") == "epilogue_share":

@@ -436,3 +436,64 @@ def test_committed_results_have_the_log_partition_rows():
         assert s["log_partition_before"]["variant"].startswith(before), s
     gemm = dispatch.CPP_GEMM_MIN_BATCH
     assert pm.cpp_auto_path(gemm - 1) == "mma" and pm.cpp_auto_path(gemm) == "gemm" and pm.cpp_auto_path(9, 8) == "gemm"
+
+
+# --- the target's sampling under TP (predict_target_sampling) -----------------------------------------------
+
+TARGET_RESULTS = ROOT / "bench" / "results" / "predicted_target_sampling_h200.json"
+
+
+def test_target_sampling_by_hand():
+    """qwen3 tp 2, batch 16, on a device with round numbers: each method's parts
+    worked by hand from the module's formulas, and the bytes of the CPU bench's plans."""
+    dev = dataclasses.replace(
+        pm.H200, stream_Bps=1e12, gemm_mem_efficiency=1.0, gemm_compute_efficiency=1.0, gemm_flops=1e18,
+        launch_s=1e-6, zero_fill_s=0.0, gemm_second_launch_s=0.0, link_Bps=1e11, collective_s=1e-5,
+        sms=100, clock_hz=1e9,
+    )  # fmt: skip
+    shape = pm.engine_shape("qwen3", 2)
+    rows, H, V, B = shape.padded_rows, shape.hidden, shape.vocab, 16
+    got = {p.method: p for p in pm.predict_target_sampling(dev, shape, B)}
+    assert tuple(got) == pm.TARGET_METHODS
+    logits = rows * H * 2 / 1e12 + B * rows * 2 / 1e12 + 1e-6
+    per_rank = B * rows * 2
+    noise_rate = 32 * 4 * 100 * 1e9  # lane-instructions per second
+    sample_full = max(B * V * pm.SAMPLER_BYTES / 1e12, B * V * pm.NOISE_INSTRUCTIONS / noise_rate) + 2e-6
+    g = got["full-gather"]
+    assert (g.sent_bytes, g.recv_bytes) == (per_rank, per_rank)
+    assert math.isclose(g.terms["logits"], logits) and math.isclose(g.terms["exchange"], 1e-5 + per_rank / 1e11)
+    assert math.isclose(g.terms["sample"], sample_full) and math.isclose(g.time_s, sum(g.terms.values()))
+    b = got["batch-sharded"]  # rank 0 owns rows 0, 2, ..., 14: 8 rows; receives the other rank's 8 x rows
+    assert b.recv_bytes == 8 * rows * 2 + 8 * 8 and b.sent_bytes == 8 * rows * 2 + 8 * 8
+    assert math.isclose(b.terms["exchange"], (1e-5 + 8 * rows * 2 / 1e11) + (1e-5 + 64 / 1e11))
+    sample_own = max(8 * V * pm.SAMPLER_BYTES / 1e12, 8 * V * pm.NOISE_INSTRUCTIONS / noise_rate) + 2e-6
+    assert math.isclose(b.terms["sample"], sample_own)
+    f = got["fused"]  # one key per row: 3 header words + 16 keys
+    assert (f.sent_bytes, f.recv_bytes) == (8 * 19, 8 * 19)
+    gemm = -(-rows // 64) * 64 * H * 2 / 1e12 + 8.0 * B * -(-rows // 64) * 64 / 1e12 + 1e-6
+    assert math.isclose(f.terms["logits"], gemm)
+    assert math.isclose(
+        f.terms["sample"], max(0.0, B * rows * pm.NOISE_INSTRUCTIONS / noise_rate - 4 * B * rows / 1e12)
+    )
+    assert math.isclose(f.terms["exchange"], 1e-5 + 152 / 1e11)
+
+
+def test_target_sampling_tp1_exchanges_nothing_and_larger_batches_cost_more():
+    one = pm.predict_target_sampling(pm.H200, pm.engine_shape("qwen3", 1), 16)
+    assert all(p.terms["exchange"] == 0.0 and p.sent_bytes == 0 for p in one)
+    for tp in (2, 8):
+        shape = pm.engine_shape("qwen3", tp)
+        for a, b in zip(pm.predict_target_sampling(pm.H200, shape, 16), pm.predict_target_sampling(pm.H200, shape, 64)):
+            assert a.method == b.method and b.time_s > a.time_s and b.recv_bytes >= a.recv_bytes
+
+
+def test_committed_target_sampling_results_are_the_models(tmp_path):
+    """bench/results/predicted_target_sampling_h200.json is what its command writes now."""
+    doc = json.loads(TARGET_RESULTS.read_text())
+    out = tmp_path / "t.json"
+    argv = doc["command"].split()[3:]  # after "python -m bench.predict_cli"
+    json_at = argv.index("--json")
+    argv[json_at + 1] = str(out)
+    assert predict_cli.main(argv) == 0
+    assert json.loads(out.read_text())["rows"] == doc["rows"]
+    assert "--target-sampling" in doc["command"] and doc["kind"] == "predicted_target"
