@@ -800,7 +800,7 @@ def predict_target_sampling(spec: DeviceSpec, shape: EngineShape, batch: int, el
     out.append(("batch-sharded", sent, recv, terms))
     gemm = _predict_gemm(spec, variant("gemm"), rows, shape.hidden, batch, elem, rows * shape.hidden * elem)
     extra_noise = max(0.0, noise_time(spec, batch * rows) - 4.0 * batch * rows / spec.stream_Bps)
-    words = 8 * payload_length(batch, 1) if tp > 1 else 0
+    words = 8 * payload_length(batch, 1, align_bytes=16) if tp > 1 else 0  # the vLLM plugin's 16-byte frames
     terms = {"logits": gemm.time_s, "sample": extra_noise, "exchange": collective_time(spec, tp, (tp - 1) * words)}
     out.append(("fused", words, (tp - 1) * words, terms))
     return [TargetPrediction(m, shape.model, tp, batch, int(s), int(r), sum(t.values()), dict(t)) for m, s, r, t in out]

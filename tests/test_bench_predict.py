@@ -468,14 +468,14 @@ def test_target_sampling_by_hand():
     assert math.isclose(b.terms["exchange"], (1e-5 + 8 * rows * 2 / 1e11) + (1e-5 + 64 / 1e11))
     sample_own = max(8 * V * pm.SAMPLER_BYTES / 1e12, 8 * V * pm.NOISE_INSTRUCTIONS / noise_rate) + 2e-6
     assert math.isclose(b.terms["sample"], sample_own)
-    f = got["fused"]  # one key per row: 3 header words + 16 keys
-    assert (f.sent_bytes, f.recv_bytes) == (8 * 19, 8 * 19)
+    f = got["fused"]  # one key per row: 3 header words + 16 keys, padded to 16 bytes (the vLLM plugin's frames)
+    assert (f.sent_bytes, f.recv_bytes) == (8 * 20, 8 * 20)
     gemm = -(-rows // 64) * 64 * H * 2 / 1e12 + 8.0 * B * -(-rows // 64) * 64 / 1e12 + 1e-6
     assert math.isclose(f.terms["logits"], gemm)
     assert math.isclose(
         f.terms["sample"], max(0.0, B * rows * pm.NOISE_INSTRUCTIONS / noise_rate - 4 * B * rows / 1e12)
     )
-    assert math.isclose(f.terms["exchange"], 1e-5 + 152 / 1e11)
+    assert math.isclose(f.terms["exchange"], 1e-5 + 160 / 1e11)
 
 
 def test_target_sampling_tp1_exchanges_nothing_and_larger_batches_cost_more():

@@ -5,7 +5,7 @@ on the CPU) on gloo TP ranks (2 and 4): the same ``SamplerOutput`` (sampled
 ids, ``num_sampled``, ``num_rejected``) on mixed batches of greedy and
 random rows at several temperatures and seeds; the coverage rule per
 feature; ``GPUModelRunner.sample`` as patched, taking the fused path for a
-covered step and vLLM's for a step with a min-p request (the counters);
+covered step and vLLM's for a step with a logit-bias request (the counters);
 the version rule (0.33 / 0.32 keep vLLM's sampling). The rank bodies are
 tests/support/vllm_target_cases.py."""
 
@@ -91,10 +91,15 @@ def test_filtered_batches_sample_vllms_tokens(res):
 @needs_vllm_034
 def test_each_uncovered_feature_is_named(res):
     cov = res["coverage"]
-    for name in ("penalties", "logit bias, bad words or a thinking budget", "logprobs"):
+    for name in (
+        "penalties",
+        "logit bias, bad words or a thinking budget",
+        "logprobs",
+        "min-p with top-p on one request",
+    ):
         assert cov[name] == name
     assert cov["top-k with a logit bias"] == "logit bias, bad words or a thinking budget"  # not hidden by the filter
-    for name in ("top-k", "top-p", "min-p", "top-k, top-p and min-p", "greedy top-k"):
+    for name in ("top-k", "top-p", "min-p", "top-k and top-p", "top-k and min-p", "greedy top-k"):
         assert cov[name] is True, (name, cov[name])
     assert cov["draft tokens"] == "draft tokens to verify (rejection sampling)"
     assert cov["grammar"] == "a grammar bitmask (structured output)"

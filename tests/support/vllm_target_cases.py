@@ -204,9 +204,11 @@ def _coverage_cases(ts, cfg):
         "top-k": {"top_k": 5},
         "top-p": {"top_p": 0.9},
         "min-p": {"min_p": 0.1},
-        "top-k, top-p and min-p": {"top_k": 5, "top_p": 0.9, "min_p": 0.1},
+        "top-k and top-p": {"top_k": 5, "top_p": 0.9},
+        "top-k and min-p": {"top_k": 5, "min_p": 0.1},
         "penalties": {"repetition_penalty": 1.2},
         "top-k with a logit bias": {"top_k": 5, "logit_bias": {3: 1.0}},
+        "min-p with top-p on one request": {"min_p": 0.1, "top_p": 0.9},
         "logit bias, bad words or a thinking budget": {"logit_bias": {3: 1.0}},
         "logprobs": {"logprobs": 2},
     }

@@ -25,7 +25,9 @@ takes the same path.
 
 Token identity with vLLM's ``Sampler`` holds for float32 logits up to the
 platform's float32 ``log`` in the noise (DESIGN.md, "vLLM's noise") and the
-filters' float32 boundaries (DESIGN.md, "Filtered sampling"); for a
+filters' float32 boundaries (DESIGN.md, "Filtered sampling"); a step with
+filters reads on the host whether a row needs the gather fallback (one
+device sync per such step, which the unfiltered step does not have); for a
 bf16 / fp16 model vLLM samples from logits rounded to the model dtype, the
 fused op from the float32 accumulation (the same distribution, not the same
 bits at near-ties).
@@ -109,6 +111,11 @@ def uncovered_reason(input_batch, sampler, grammar_output=None) -> str | None:
     temperature = states.temperature.np[idx]
     if not (temperature >= 0.0).all() or not (temperature < float("inf")).all():
         return "a negative or non-finite temperature"
+    random = temperature != 0.0
+    if (random & (states.min_p.np[idx] != 0.0) & (states.top_p.np[idx] != 1.0)).any():
+        # vLLM's Triton top-k / top-p kernel, after min-p left -inf entries, can drop the smallest id min-p
+        # kept where the nucleus needs them all (DESIGN.md, "Filtered sampling"); ours keeps it
+        return "min-p with top-p on one request"
     if (sampler.use_flashinfer or sampler.use_xpu_sampler) and _vllm_fused_sampler_eligible(sampler, idx):
         return "top-k / top-p by FlashInfer's or XPU's sampler (its own noise)"
     if sampler.penalties_state.use_penalty[idx].any():
