@@ -145,9 +145,11 @@ static PyObject* py_scalar_epilogue(PyObject*, PyObject* arg) {
 
 // localargmax._C._brgemm_block(batch, amx, force=None) -> (m, n): the block
 // (weight rows x batch rows per cpublas::brgemm call) the brgemm path takes
-// for a call of `batch` rows with (amx) or without AMX. force=(m, n): tests
-// only, every brgemm call then takes m x n (16, 32 or 64 each; (0, 0): the
-// rule again), process-wide; ValueError for other values.
+// for a call of `batch` rows with (amx) or without AMX: the rule, or the
+// block forced. force=(m, n): tests only, every brgemm call then takes
+// m x n (16, 32 or 64 each; (0, 0): the rule again), process-wide;
+// TypeError for a force that is not a tuple of two ints, ValueError for
+// other values.
 static PyObject* py_brgemm_block(PyObject*, PyObject* args) {
   long long batch = 0;
   int amx = 0;
@@ -155,6 +157,10 @@ static PyObject* py_brgemm_block(PyObject*, PyObject* args) {
   if (!PyArg_ParseTuple(args, "Lp|O", &batch, &amx, &force)) return nullptr;
   if (force != Py_None) {
     long long m = 0, n = 0;
+    if (!PyTuple_Check(force) || PyTuple_Size(force) != 2) {
+      PyErr_SetString(PyExc_TypeError, "_brgemm_block: force must be None or a tuple (m, n)");
+      return nullptr;
+    }
     if (!PyArg_ParseTuple(force, "LL", &m, &n)) return nullptr;
     try {
       localargmax::cpu::set_brgemm_block(m, n);
@@ -163,7 +169,7 @@ static PyObject* py_brgemm_block(PyObject*, PyObject* args) {
       return nullptr;
     }
   }
-  const localargmax::cpu::BrgemmBlock b = localargmax::cpu::brgemm_block(batch, amx != 0);
+  const localargmax::cpu::BrgemmBlock b = localargmax::cpu::brgemm_block_in_use(batch, amx != 0);
   return Py_BuildValue("LL", static_cast<long long>(b.m), static_cast<long long>(b.n));
 }
 

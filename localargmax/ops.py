@@ -84,10 +84,10 @@ def shard_argmax(
             soft-capped (``tanh(x / soft_cap) * soft_cap``) then scaled
             (``x * scale``), and the keys carry the transformed values. Every
             path computes it (CUDA: not a forced TMA ``_mma_config``).
-        scale: finite float > 0, with ``log_partition`` only (the op
+        scale: finite float ``>= 2**-126``, with ``log_partition`` only (the op
             schema's name, as vLLM's ``LogitsProcessor(scale=...)``; the
             steps call it ``logit_scale``: DESIGN.md, "Log-probabilities").
-        soft_cap: None or a finite float > 0, with ``log_partition`` only.
+        soft_cap: None or a finite float ``>= 2**-126``, with ``log_partition`` only.
         temperature: None (``T = 1``) or a ``[B]`` float32 tensor on
             ``hidden``'s device, with ``log_partition`` only: row ``b``'s sum
             is over ``exp((x - ref) / T_b)`` (the log-odds at a request's

@@ -65,12 +65,12 @@ def lm_head_argmax(
             unpadded vocabulary, from log-partition pairs computed in the same
             pass and sent in the same exchange (one more word per row); needs
             ``"all_gather"``. Accuracy: DESIGN.md, "Log-probabilities".
-        logit_scale: finite float > 0, with ``return_log_probs`` / ``return_log_odds``
+        logit_scale: finite float ``>= 2**-126``, with ``return_log_probs`` / ``return_log_odds``
             only (vLLM's order: soft-cap, then scale). The ops call it
             ``scale`` (:func:`localargmax.shard_argmax`); the steps and the
             module take the model's name for it, vLLM's ``logit_scale``
             (DESIGN.md, "Log-probabilities").
-        soft_cap: None or a finite float > 0, likewise.
+        soft_cap: None or a finite float ``>= 2**-126``, likewise.
         return_log_odds: also return the argmax's log-odds at ``temperature``,
             ``-log Σ_{z ≠ argmax} exp((x_z - x_max) / T)`` over the full
             unpadded vocabulary of the transformed logits ``x`` (what vLLM's

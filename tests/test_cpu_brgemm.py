@@ -123,6 +123,12 @@ def test_brgemm_block_rule():
     for bad in ((8, 16), (16, 128), (0, 16), (64, 0)):
         with pytest.raises(ValueError, match="16, 32 or 64"):
             _C._brgemm_block(1, False, bad)
+    for bad in ([16, 16], (16,), (16, 16, 16)):
+        with pytest.raises(TypeError, match="force must be"):
+            _C._brgemm_block(1, False, bad)
+    with forced_block(32, 16):
+        assert _C._brgemm_block(1, True) == (32, 16)  # the block in force
+    assert _C._brgemm_block(1, True) == (16, 64)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

@@ -73,7 +73,7 @@ struct ShardArgmaxProblem {
   const void* brgemm_hidden;
   const void* brgemm_weight_tail;
   int64_t brgemm_ldk;  // K rows of one B block (H)
-  int64_t brgemm_n;    // N: batch rows per call (brgemm_batch_block)
+  int64_t brgemm_n;    // N: batch rows per call (brgemm_block_in_use)
   int64_t brgemm_m;    // M: weight rows per call, a divisor of kTileRows
   // A's leading dimension in every call: ldw, or H where ldw < H (a
   // broadcast or overlapping weight: each tile is then copied to a
