@@ -200,18 +200,23 @@ def _hidden_with_gaps(gen, draft, rows):
     for b, slot in enumerate(rows):
         if slot < 0 or GAPS[slot] == 0.0:
             continue
-        top = int(torch.randint(0, VOCAB, (1,), generator=gen))
-        w = draft.full[top]
-        reach = draft.full @ w / float(w @ w)  # how far each logit moves per unit step along w (1 for `top`)
-        for _ in range(50):  # moving along w moves the other logits too: Newton steps on the runner-up
-            logits = hidden[b] @ draft.full.T
-            logits[top] = -torch.inf
-            second = int(logits.argmax())
-            miss = float(logits[second] + GAPS[slot] - hidden[b] @ w)
+        for _attempt in range(8):  # a row `top` that cannot stand alone (another row nearly parallel): draw again
+            top = int(torch.randint(0, VOCAB, (1,), generator=gen))
+            w = draft.full[top]
+            reach = draft.full @ w / float(w @ w)  # how far each logit moves per unit step along w (1 for `top`)
+            start = hidden[b].clone()
+            for _ in range(50):  # moving along w moves the other logits too: Newton steps on the runner-up
+                logits = hidden[b] @ draft.full.T
+                logits[top] = -torch.inf
+                second = int(logits.argmax())
+                miss = float(logits[second] + GAPS[slot] - hidden[b] @ w)
+                if abs(miss) < 1e-3:
+                    break
+                hidden[b] += miss / max(float(1 - reach[second]), 0.05) * w / float(w @ w)
             if abs(miss) < 1e-3:
                 break
-            hidden[b] += miss / max(float(1 - reach[second]), 0.05) * w / float(w @ w)
-        else:  # a draw whose row `top` cannot stand alone (another row nearly parallel): the planted bands fail
+            hidden[b] = start
+        else:  # eight draws failed: the planted bands would fail
             raise AssertionError(f"row {b}: the gap {GAPS[slot]} was not reached (off by {miss:.3g})")
     return hidden
 
