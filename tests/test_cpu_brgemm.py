@@ -58,6 +58,18 @@ def run_ops(hidden, weight, bias, num_valid, temperature, offset):
     )
 
 
+def seventy_rows(gen, dtype):
+    """A 70-row batch on a 333-row shard (H 96) whose last tile is partial and whose
+    padding would win; temperatures with every 7th row greedy."""
+    batch, rows, hsize = 70, 333, 96
+    hidden, weight, bias = random_problem(gen, batch, rows, hsize, dtype, bias="float32")
+    num_valid = rows - 5
+    dominant_padding(hidden, weight, num_valid)
+    temperature = torch.rand(batch, generator=gen) + 0.1
+    temperature[::7] = 0.0
+    return hidden, weight, bias, num_valid, temperature
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_brgemm_row_keys_do_not_follow_batch_size_position_or_threads(gen, dtype):
     """A 70-row batch (three N blocks, the last partial) on a shard whose
@@ -65,12 +77,7 @@ def test_brgemm_row_keys_do_not_follow_batch_size_position_or_threads(gen, dtype
     offsets 0, 3 and 9 (a row at every block position), 1 and 2 threads:
     every op's result for a batch row is the full batch's bits; argmax within
     the float32 bound of float64, the pairs within 1e-5."""
-    batch, rows, hsize = 70, 333, 96
-    hidden, weight, bias = random_problem(gen, batch, rows, hsize, dtype, bias="float32")
-    num_valid = rows - 5
-    dominant_padding(hidden, weight, num_valid)
-    temperature = torch.rand(batch, generator=gen) + 0.1
-    temperature[::7] = 0.0
+    hidden, weight, bias, num_valid, temperature = seventy_rows(gen, dtype)
     with threads(1):
         full = run_ops(hidden, weight, bias, num_valid, temperature, 0)
     ids, _ = localargmax.decode_keys(full[0])
@@ -96,12 +103,7 @@ def test_brgemm_blocks_do_not_change_a_rows_bits(gen, dtype):
     bits of the rule's block, a 70-row batch (every block boundary, the last
     block partial) on a shard with a partial last tile: oneDNN's kernel
     changes with the block, the per-element arithmetic must not."""
-    batch, rows, hsize = 70, 333, 96
-    hidden, weight, bias = random_problem(gen, batch, rows, hsize, dtype, bias="float32")
-    num_valid = rows - 5
-    dominant_padding(hidden, weight, num_valid)
-    temperature = torch.rand(batch, generator=gen) + 0.1
-    temperature[::7] = 0.0
+    hidden, weight, bias, num_valid, temperature = seventy_rows(gen, dtype)
     want = run_ops(hidden, weight, bias, num_valid, temperature, 0)
     for m in (16, 32, 64):
         for n in (16, 32, 64):
