@@ -88,16 +88,70 @@ def test_filtered_batches_sample_vllms_tokens(res):
     assert len({i for (i,) in ids}) > len(ids) // 2  # the rows do sample
 
 
+F32_ULP_BOUND = 2.0**-22
+"""|log-probability error| allowed per unit of magnitude: the float64 value rounded once to float32
+(half an ulp, 2**-24 relative) plus the float64 log-partition's own error, far below it."""
+
+
+@needs_vllm_034
+@pytest.mark.parametrize("case", ["raw_logprobs", "raw_logits", "raw_logprobs, filters"])
+def test_logprobs_are_vllms(res, case):
+    """Issue #57 item 2: rows asking 0-20 logprobs (and rows asking none) get
+    vLLM's LogprobsTensors: the same ids (the sampled id, then the top ids)
+    and ranks exactly, the values vLLM's within float32 rounding of the
+    float64 reference (raw_logits: the logits, bit for bit)."""
+    for step in res["logprobs"][case]:
+        want, got = step["want"], step["got"]
+        assert got["ids"] == want["ids"]
+        assert got["ranks"] == want["ranks"]
+        assert got["logprob_dtypes"] == want["logprob_dtypes"] == ["torch.int64", "torch.float32", "torch.int64"]
+        assert got["cu"] == want["cu"]
+        assert len(got["logprob_ids"]) == len(want["logprob_ids"])
+        for b, (gi, wi) in enumerate(zip(got["logprob_ids"], want["logprob_ids"])):
+            assert len(gi) == len(wi) == 21
+            assert gi[0] == wi[0] == want["ids"][b][0]
+            if step["decided"][b]:
+                assert sorted(gi[1:]) == sorted(wi[1:]), b
+            for j, (i, gv, wv) in enumerate(zip(gi, got["logprob_values"][b], want["logprob_values"][b])):
+                ref = step["ref"][b][i]
+                if case == "raw_logits":
+                    assert gv == wv, (b, j)
+                    continue
+                assert abs(gv - ref) <= F32_ULP_BOUND * max(1.0, abs(ref)), (b, j, gv, ref)
+                assert abs(wv - ref) <= 4 * F32_ULP_BOUND * max(1.0, abs(ref)) + 1e-6, (b, j, wv, ref)  # vLLM's float32
+        route = "target sampler: fused" if "filters" in case else "target sampler: shard logits"
+        assert {k: v for k, v in step["routes"].items() if k.startswith("target")} == {route: 1}
+    ranks = [r for step in res["logprobs"][case] for r in step["want"]["ranks"]]
+    assert len(set(ranks)) > 3  # the sampled ids' ranks vary (not all the argmax)
+
+
+@needs_vllm_034
+@pytest.mark.parametrize("case", ["bf16", "fp16", "fp64 noise"])
+def test_shard_logits_route_samples_vllms_tokens(res, case):
+    """A bf16 / fp16 head (vLLM samples its logits rounded to the model
+    dtype: the top two tie often) and vLLM's use_fp64_gumbel: the
+    shard-logits route gives vLLM's tokens on every row."""
+    for step in res["exact"][case]:
+        assert step["got"] == step["want"]
+    if case == "bf16":
+        assert sum(step["top_ties"] for step in res["exact"][case]) > 0  # the ties the route must break as vLLM
+
+
 @needs_vllm_034
 def test_each_uncovered_feature_is_named(res):
     cov = res["coverage"]
     for name in (
         "penalties",
         "logit bias, bad words or a thinking budget",
-        "logprobs",
+        "logprob_token_ids",
+        "more than 64 logprobs",
+        "processed logprobs (logprobs_mode processed_logprobs)",
+        "float64 Gumbel noise (use_fp64_gumbel) with top-k, top-p or min-p",
         "min-p with top-p on one request",
     ):
         assert cov[name] == name
+    for name in ("logprobs", "logprobs with top-k", "float64 Gumbel noise"):
+        assert cov[name] is True, (name, cov[name])
     assert cov["top-k with a logit bias"] == "logit bias, bad words or a thinking budget"  # not hidden by the filter
     for name in ("top-k", "top-p", "min-p", "top-k and top-p", "top-k and min-p", "greedy top-k"):
         assert cov[name] is True, (name, cov[name])

@@ -42,7 +42,8 @@ def _fine_problem(gen):
     return (torch.randint(-1024, 1025, (VOCAB, HIDDEN), generator=gen) / 2**16).float()
 
 
-def _sampler(cfg, vocab):
+def _sampler(cfg, vocab, **options):
+    """vLLM's ``Sampler`` (``options``: its ``logprobs_mode``, ``use_fp64_gumbel``)."""
     import vllm.v1.worker.gpu.buffer_utils as buffer_utils
 
     buffer_utils.is_uva_available = lambda: False  # CPU: vLLM's explicit-copy buffers (no pinned memory here)
@@ -50,7 +51,7 @@ def _sampler(cfg, vocab):
     from vllm.v1.worker.gpu.states import RequestState
 
     states = RequestState(MAX_REQS, 4096, 4096, 0, vocab, torch.device("cpu"))
-    return Sampler(cfg, MAX_REQS, vocab, torch.device("cpu"), states)
+    return Sampler(cfg, MAX_REQS, vocab, torch.device("cpu"), states, **options)
 
 
 def _add(sampler, slot, prefill_len=1, **params):
@@ -121,13 +122,21 @@ def _runner(model, sampler):
 
 
 def _out(o):
-    return {
+    out = {
         "ids": o.sampled_token_ids.tolist(),
         "num_sampled": o.num_sampled.tolist(),
         "num_rejected": o.num_rejected.tolist(),
         "logprobs": o.logprobs_tensors is not None,
         "nans": o.num_nans is not None,
     }
+    if o.logprobs_tensors is not None:
+        t = o.logprobs_tensors
+        out["logprob_ids"] = t.logprob_token_ids.tolist()
+        out["logprob_values"] = t.logprobs.tolist()
+        out["logprob_dtypes"] = [str(v.dtype) for v in (t.logprob_token_ids, t.logprobs, t.selected_token_ranks)]
+        out["ranks"] = t.selected_token_ranks.tolist()
+        out["cu"] = t.cu_num_generated_tokens
+    return out
 
 
 def _mixed_case(ts, sampler, head, lp, full, gen, steps=4):
@@ -198,6 +207,90 @@ def _filtered_case(ts, cfg, gen, steps=3):
     return out
 
 
+LOGPROB_ROWS = (  # (temperature, logprobs, top_k, top_p); logprobs None: the row asks none
+    (0.0, 5, 0, 1.0),
+    (1.0, 20, 0, 1.0),
+    (0.7, 0, 0, 1.0),
+    (1.3, None, 0, 1.0),
+    (0.5, 1, 0, 1.0),
+    (2.0, 3, 0, 1.0),
+    (1.0, None, 0, 1.0),
+    (0.0, None, 0, 1.0),
+)
+
+
+def _reference(logits, n):
+    """Per row of the gathered float32 ``logits``: float64 ``x - logsumexp(x)``
+    (the log-probabilities' reference) and whether the top ``n`` ids are
+    decided (no tie at the ``n``-th value)."""
+    x = logits.double()
+    ref = (x - torch.logsumexp(x, dim=1, keepdim=True)).tolist()
+    top = torch.sort(logits, dim=1, descending=True).values
+    decided = (top[:, n - 1] != top[:, n]).tolist() if n else [True] * logits.shape[0]
+    return ref, decided
+
+
+def _logprob_case(ts, cfg, gen, mode, filters=False, steps=2):
+    """Rows asking logprobs (0, 1, 3, 5, 20 and none; greedy and random;
+    with ``filters``, top-k / top-p rows too) through vLLM's Sampler (its
+    topk, log-softmax and rank kernels interpreted) on the gathered logits
+    and the target sampler on the shards; ``mode`` vLLM's logprobs_mode."""
+    patch_interpreted_tl_range()
+    full = _fine_problem(gen)
+    head, lp = head_of(full), processor(VOCAB)
+    lp.use_all_gather = True
+    sampler = _sampler(cfg, VOCAB, logprobs_mode=mode)
+    rng = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    slots = [int(s) for s in rng.permutation(MAX_REQS)[: len(LOGPROB_ROWS)]]
+    for i, (slot, (t, n, k, p)) in enumerate(zip(slots, LOGPROB_ROWS)):
+        if filters and i in (1, 2):
+            k, p = (8, 1.0) if i == 1 else (0, 0.8)
+        params = {"temperature": t, "logprobs": n, "top_p": p, "seed": int(rng.integers(-(2**63), 2**63 - 1))}
+        _add(sampler, slot, **params, **({"top_k": k} if k else {}))
+    out = []
+    for _ in range(steps):
+        positions = [int(p) for p in rng.integers(0, 2**31 - 2, len(slots))]
+        batch = _batch(slots, positions, [p + 1 for p in positions])
+        hidden = torch.randint(-7, 8, (len(slots), HIDDEN), generator=gen).float()
+        verdict = ts.covered(batch, sampler)
+        assert verdict is True, verdict
+        logits = lp(head, hidden)  # vLLM's gathered logits (exact here: _fine_problem)
+        want = _out(sampler(logits, batch))
+        before = dict(ts.STATS)
+        got = _out(ts.sample_on_shards(hidden, head, lp, batch, sampler))
+        routes = {k: v - before.get(k, 0) for k, v in ts.STATS.items() if v != before.get(k, 0)}
+        ref, decided = _reference(logits, max(n or 0 for _, n, _, _ in LOGPROB_ROWS))
+        out.append({"want": want, "got": got, "ref": ref, "decided": decided, "routes": routes})
+    return out
+
+
+def _exact_logits_case(ts, cfg, gen, dtype, fp64=False, steps=2):
+    """A head of ``dtype`` (bf16: vLLM samples the logits rounded to it,
+    ties at the top common; a soft-cap and a scale) or vLLM's
+    ``use_fp64_gumbel``: the target sampler's shard-logits route against
+    vLLM's Sampler on vLLM's own gathered logits, greedy and random rows."""
+    full = torch.randn(VOCAB, HIDDEN, generator=gen).to(dtype)
+    head, lp = head_of(full), processor(VOCAB, scale=0.75, soft_cap=20.0)
+    lp.use_all_gather = True
+    sampler = _sampler(cfg, VOCAB, use_fp64_gumbel=fp64)
+    rng = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    slots = [int(s) for s in rng.permutation(MAX_REQS)[:16]]
+    for i, slot in enumerate(slots):
+        _add(sampler, slot, temperature=TEMPERATURES[i % 7], seed=int(rng.integers(-(2**63), 2**63 - 1)))
+    out = []
+    for _ in range(steps):
+        positions = [int(p) for p in rng.integers(0, 2**31 - 2, len(slots))]
+        batch = _batch(slots, positions, [p + 1 for p in positions])
+        hidden = (torch.randn(len(slots), HIDDEN, generator=gen) * 2).to(dtype)
+        assert ts.covered(batch, sampler) is True
+        logits = lp(head, hidden)
+        top2 = torch.topk(logits.float(), 2, dim=1).values
+        want = _out(sampler(logits, batch))
+        got = _out(ts.sample_on_shards(hidden, head, lp, batch, sampler))
+        out.append({"want": want, "got": got, "top_ties": int((top2[:, 0] == top2[:, 1]).sum())})
+    return out
+
+
 def _coverage_cases(ts, cfg):
     """``covered`` for each feature alone on one random request (among covered ones)."""
     features = {
@@ -211,10 +304,20 @@ def _coverage_cases(ts, cfg):
         "min-p with top-p on one request": {"min_p": 0.1, "top_p": 0.9},
         "logit bias, bad words or a thinking budget": {"logit_bias": {3: 1.0}},
         "logprobs": {"logprobs": 2},
+        "logprobs with top-k": {"logprobs": 2, "top_k": 5},
+        "logprob_token_ids": {"logprobs": 2, "logprob_token_ids": [3, 5]},
+        "more than 64 logprobs": {"logprobs": 65},
+        "processed logprobs (logprobs_mode processed_logprobs)": (
+            {"logprobs": 2},
+            {"logprobs_mode": "processed_logprobs"},
+        ),
+        "float64 Gumbel noise (use_fp64_gumbel) with top-k, top-p or min-p": ({"top_k": 5}, {"use_fp64_gumbel": True}),
+        "float64 Gumbel noise": ({}, {"use_fp64_gumbel": True}),
     }
     out = {}
     for name, params in features.items():
-        sampler = _sampler(cfg, VOCAB)
+        params, options = params if isinstance(params, tuple) else (params, {})
+        sampler = _sampler(cfg, VOCAB, **options)
         _add(sampler, 0, temperature=0.0, seed=1)
         _add(sampler, 1, temperature=0.8, seed=2, **params)
         out[name] = ts.covered(_batch([0, 1], [3, 4], [4, 5]), sampler)
@@ -251,7 +354,9 @@ def _runner_cases(plugin, ts, cfg, head, lp, full, gen):
     out["uncovered"] = _out(GPUModelRunner.sample(runner, hidden, batch, None)[0])
     out["uncovered_want"] = _out(sampler(hidden @ full.T, batch))
     after = plugin.stats()
-    out["stats"] = {k: after.get(k, 0) - before.get(k, 0) for k in after if k.startswith("target sampler")}
+    out["stats"] = {
+        k: v - before.get(k, 0) for k, v in after.items() if k.startswith("target sampler") and v != before.get(k, 0)
+    }
     out["head_found"] = runner.model._localargmax_target_head[1]
     return out
 
@@ -273,6 +378,16 @@ def worker(rank: int, world_size: int, seed: int):
     lp.use_all_gather = True  # every rank samples (vLLM's runner on platforms that all-gather)
     out["mixed"] = _mixed_case(ts, _sampler(cfg, VOCAB), head, lp, full, gen)
     out["filtered"] = _filtered_case(ts, cfg, gen)
+    out["logprobs"] = {
+        "raw_logprobs": _logprob_case(ts, cfg, gen, "raw_logprobs"),
+        "raw_logits": _logprob_case(ts, cfg, gen, "raw_logits"),
+        "raw_logprobs, filters": _logprob_case(ts, cfg, gen, "raw_logprobs", filters=True),
+    }
+    out["exact"] = {
+        "bf16": _exact_logits_case(ts, cfg, gen, torch.bfloat16),
+        "fp16": _exact_logits_case(ts, cfg, gen, torch.float16),
+        "fp64 noise": _exact_logits_case(ts, cfg, gen, torch.float32, fp64=True),
+    }
     out["coverage"] = _coverage_cases(ts, cfg)
     out["runner"] = _runner_cases(plugin, ts, cfg, head, lp, full, gen)
     out["warnings"] = [m for _, m in warnings.records]

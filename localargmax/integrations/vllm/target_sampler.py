@@ -9,36 +9,48 @@ divides by the temperature in float32 (``apply_sampling_params``) and draws
 ``gumbel_sample`` with the request's seed (``sampling_states.seeds``) at the
 row's position (``input_batch.positions[input_batch.logits_indices]``).
 For a step every request of which is covered (:func:`uncovered_reason`:
-greedy or random sampling with temperature, top-k, top-p and min-p, nothing
-else), :func:`sample_on_shards` draws the same tokens with
-:func:`localargmax.lm_head_sample` and vLLM's noise
-(:func:`localargmax.vllm_noise`) on each rank's ``ParallelLMHead`` shard in
-one exchange (the filters: the filtered step's candidates, and a gather of
-the rows they do not decide), and builds the ``SamplerOutput`` ``Sampler.__call__`` builds
-(``num_sampled`` / ``num_rejected`` by vLLM's own ``get_num_sampled_and_rejected``).
-Any other step runs vLLM's ``sample``; each reason is logged once at WARNING
-and counted in ``stats()`` (``"target sampler: fused"`` /
-``"target sampler: vLLM's path: <reason>"``). Every input of the decision is
-replicated on the TP ranks (the scheduler's per-request sampling state, the
-batch's host arrays, the runner's and model's configuration), so every rank
-takes the same path.
+greedy or random sampling with temperature, top-k, top-p, min-p and raw
+logprobs, nothing else), :func:`sample_on_shards` draws the same tokens on
+each rank's ``ParallelLMHead`` shard with vLLM's noise
+(:func:`localargmax.vllm_noise`) and exchanges a few words per row instead
+of the logits, then builds the ``SamplerOutput`` ``Sampler.__call__`` builds
+(``num_sampled`` / ``num_rejected`` by vLLM's own
+``get_num_sampled_and_rejected``, logprobs by :func:`shard_logprobs`). Any
+other step runs vLLM's ``sample``; each reason is logged once at WARNING
+and counted in ``stats()`` (``"target sampler: fused"``, ``"target
+sampler: shard logits"``, ``"target sampler: vLLM's path: <reason>"``).
+Every input of the decision is replicated on the TP ranks (the scheduler's
+per-request sampling state, the batch's host arrays, the runner's and
+model's configuration), so every rank takes the same path.
 
-Token identity with vLLM's ``Sampler`` holds for float32 logits up to the
-platform's float32 ``log`` in the noise (DESIGN.md, "vLLM's noise") and the
-filters' float32 boundaries (DESIGN.md, "Filtered sampling"); a step with
+Token identity with vLLM's ``Sampler``: the shard-logits route scores
+vLLM's own logits bits (bf16 / fp16 heads, ``use_fp64_gumbel``, logprob
+steps), equal up to the platform's ``log`` in the noise (DESIGN.md, "vLLM's
+noise"); the fused route (float32 heads, filters) scores the fused kernel's
+float32 dots, which differ from vLLM's gemm in the last bits (a token can
+differ at a near-tie of that size), and decides the filters in float64
+(DESIGN.md, "Filtered sampling": their float32 boundaries). A step with
 filters reads on the host whether a row needs the gather fallback (one
-device sync per such step, which the unfiltered step does not have); for a
-bf16 / fp16 model vLLM samples from logits rounded to the model dtype, the
-fused op from the float32 accumulation (the same distribution, not the same
-bits at near-ties).
+device sync per such step); with filters a bf16 / fp16 head is scored on
+the float32 accumulation, not vLLM's rounded logits (the same distribution,
+not the same token at near-ties of a bf16 ulp).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from . import logits, patching
 from .counters import STATS, logger
+
+RAW_LOGPROBS_MODES = ("raw_logprobs", "raw_logits")
+"""vLLM's ``logprobs_mode`` values the target sampler serves (logprobs of the raw logits)."""
+
+MAX_LOGPROBS = 64
+"""The most logprobs per row the target sampler serves (vLLM's ``SamplingParams.logprobs``;
+each rank sends ``2 * num_logprobs + 5`` float64 words per row)."""
 
 
 def install(release) -> None:
@@ -97,21 +109,28 @@ def uncovered_reason(input_batch, sampler, grammar_output=None) -> str | None:
         return "sampling masks (return_sampling_mask)"
     if sampler.trace_replay_state is not None:
         return "trace replay"
-    if sampler.use_fp64_gumbel:
-        return "float64 Gumbel noise (use_fp64_gumbel)"
     native = (LogitBiasState, PenaltiesState, BadWordsState)
     if len(sampler.logits_processors) != len(native) or any(
         type(p) is not t for p, t in zip(sampler.logits_processors, native)
     ):
         return "custom logits processors"
     idx = input_batch.idx_mapping_np
-    if sampler.get_logprobs_dims(idx) is not None:
-        return "logprobs"
+    dims = sampler.get_logprobs_dims(idx)
+    if dims is not None:
+        num_logprobs, custom_ids = dims
+        if custom_ids:
+            return "logprob_token_ids"
+        if sampler.logprobs_mode not in RAW_LOGPROBS_MODES:
+            return f"processed logprobs (logprobs_mode {sampler.logprobs_mode})"
+        if num_logprobs > MAX_LOGPROBS:
+            return f"more than {MAX_LOGPROBS} logprobs"
     states = sampler.sampling_states
     temperature = states.temperature.np[idx]
     if not (temperature >= 0.0).all() or not (temperature < float("inf")).all():
         return "a negative or non-finite temperature"
     random = temperature != 0.0
+    if sampler.use_fp64_gumbel and _filters(states, idx, random):
+        return "float64 Gumbel noise (use_fp64_gumbel) with top-k, top-p or min-p"
     if (random & (states.min_p.np[idx] != 0.0) & (states.top_p.np[idx] != 1.0)).any():
         # vLLM's Triton top-k / top-p kernel, after min-p left -inf entries, can drop the smallest id min-p
         # kept where the nucleus needs them all (DESIGN.md, "Filtered sampling"); ours keeps it
@@ -165,7 +184,18 @@ def sample_on_shards(hidden_states, lm_head, lp, input_batch, sampler, group=Non
     ``logits_indices`` here). ``lm_head``: vLLM's ``ParallelLMHead``; ``lp``:
     its ``LogitsProcessor`` (vocabulary, scale, soft-cap: logits.py rules).
     ``group``: the exchange (default: the head's TP ``GroupCoordinator``
-    all-gather, None at TP 1). The step must be covered (:func:`uncovered_reason`)."""
+    all-gather, None at TP 1). The step must be covered (:func:`uncovered_reason`).
+
+    Two routes, counted in ``stats()``: ``"target sampler: fused"``, the
+    fused op on the shard (float32 heads, vLLM's float32 noise; the only
+    route for top-k / top-p / min-p), and ``"target sampler: shard logits"``
+    for a step without filters that asks for logprobs, uses
+    ``use_fp64_gumbel`` or has a bf16 / fp16 head: vLLM's own
+    ``LogitsProcessor`` on the shard (``skip_gather``: the bits vLLM
+    gathers, rounded to the model dtype as vLLM's are), vLLM's score per
+    id, one ``(score, id)`` pair per row exchanged. Logprobs (vLLM's
+    ``raw_logprobs`` / ``raw_logits``, at most :data:`MAX_LOGPROBS`) come
+    from those shard logits on either route (:func:`shard_logprobs`)."""
     from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
     from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
@@ -175,32 +205,48 @@ def sample_on_shards(hidden_states, lm_head, lp, input_batch, sampler, group=Non
     rows = input_batch.logits_indices
     hidden = hidden_states[rows]
     start, num_valid, layout_group = logits.layout(lp, lm_head)
+    group = layout_group if group is None else group
     mapping = input_batch.expanded_idx_mapping
     states = sampler.sampling_states
     temperature = states.temperature.gpu[mapping].to(torch.float32)
-    seeds = states.seeds.gpu[mapping].to(torch.int64)
-    positions = input_batch.positions[rows].to(torch.int64)
+    noise = vllm_noise(states.seeds.gpu[mapping].to(torch.int64), input_batch.positions[rows].to(torch.int64))
     idx = input_batch.idx_mapping_np
-    filters = {}
-    if _filters(states, idx, states.temperature.np[idx] != 0.0):  # else the unfiltered step (no candidates)
-        top_k = states.top_k.gpu[mapping].to(torch.int64)
-        filters = {
-            "top_k": torch.where(top_k >= states.vocab_size, 0, top_k),  # vLLM's off (vocab_size) as ours (0)
-            "top_p": states.top_p.gpu[mapping].to(torch.float32),
-            "min_p": states.min_p.gpu[mapping].to(torch.float32),
-        }
-    sampled = lm_head_sample(
-        hidden,
-        lm_head.weight,
-        temperature=temperature,
-        seed=0,
-        noise=vllm_noise(seeds, positions),
-        vocab_start=start,
-        num_valid=num_valid,
-        group=layout_group if group is None else group,
-        **filters,
-        **logits.transform_kwargs(lp),
-    )
+    dims = sampler.get_logprobs_dims(idx)
+    filtered = _filters(states, idx, states.temperature.np[idx] != 0.0)
+    exact = dims is not None or sampler.use_fp64_gumbel or lm_head.weight.dtype != torch.float32
+    local = None
+    if dims is not None or (exact and not filtered):
+        local = lp(lm_head, hidden, skip_gather=True)[:, :num_valid]  # vLLM's own shard logits, padding cut
+    if exact and not filtered:
+        STATS["target sampler: shard logits"] += 1
+        sampled = shard_logits_sample(local, start, temperature, noise, group, fp64=sampler.use_fp64_gumbel)
+    else:
+        STATS["target sampler: fused"] += 1
+        filters = {}
+        if filtered:  # else the unfiltered step (no candidates)
+            top_k = states.top_k.gpu[mapping].to(torch.int64)
+            filters = {
+                "top_k": torch.where(top_k >= states.vocab_size, 0, top_k),  # vLLM's off (vocab_size) as ours (0)
+                "top_p": states.top_p.gpu[mapping].to(torch.float32),
+                "min_p": states.min_p.gpu[mapping].to(torch.float32),
+            }
+        sampled = lm_head_sample(
+            hidden,
+            lm_head.weight,
+            temperature=temperature,
+            seed=0,
+            noise=noise,
+            vocab_start=start,
+            num_valid=num_valid,
+            group=group,
+            **filters,
+            **logits.transform_kwargs(lp),
+        ).to(torch.int64)
+    logprobs_tensors = None
+    if dims is not None:
+        logprobs_tensors = shard_logprobs(
+            local, start, sampled, dims[0], group, logits_mode=sampler.logprobs_mode == "raw_logits"
+        )
     num_sampled, num_rejected = get_num_sampled_and_rejected(
         input_batch.seq_lens.new_ones(input_batch.num_reqs),
         input_batch.seq_lens,
@@ -209,13 +255,142 @@ def sample_on_shards(hidden_states, lm_head, lp, input_batch, sampler, group=Non
         sampler.req_states.prefill_len.gpu,
     )
     return SamplerOutput(
-        sampled_token_ids=sampled.to(torch.int64).view(-1, 1),
-        logprobs_tensors=None,
+        sampled_token_ids=sampled.view(-1, 1),
+        logprobs_tensors=logprobs_tensors,
         num_nans=None,
         num_sampled=num_sampled,
         num_rejected=num_rejected,
         sampling_mask_tensors=None,
     )
+
+
+def _gather_rows(values: torch.Tensor, group) -> torch.Tensor:
+    """Every rank's ``[B, W]`` float64 ``values``: ``[tp, B, W]`` (one
+    all-gather of the bits through :func:`localargmax.exchange_keys`)."""
+    from ...collective import exchange_keys
+
+    words = values.contiguous().view(torch.int64).reshape(-1)
+    return exchange_keys(words, group).view(torch.float64).view(-1, *values.shape)
+
+
+def shard_logits_sample(local, start, temperature, noise, group, *, fp64=False):
+    """vLLM's ``gumbel_sample`` over the full logits, from this rank's slice.
+
+    Args:
+        local: ``[B, n]`` this rank's logits for global ids ``[start, start +
+            n)`` in vLLM's dtype (its gathered values, bit for bit; ``n`` may
+            be 0).
+        temperature: ``[B]`` float32 (0: greedy). noise: vLLM's
+            :class:`localargmax.VllmNoise` for the rows. group: the exchange.
+        fp64: vLLM's ``use_fp64_gumbel`` (float64 noise, float64 score).
+
+    Returns:
+        ``[B]`` int64 global ids on every rank: per row the largest
+        ``fl(x / T) + g`` (``x`` at ``T = 0``), float32 or (``fp64``)
+        float64 as vLLM's ``gumbel_noised_argmax``; ties to the smaller id
+        and the first NaN winning, as vLLM's combine kernel (and
+        ``torch.argmax``). One ``(score, id)`` float64 pair per row per rank
+        crosses the exchange."""
+    from ...vllm_gumbel import vllm_gumbel_noise
+
+    batch, n = local.shape
+    x = local.to(torch.float32)
+    random = temperature != 0.0
+    y = torch.where(random[:, None], x / torch.where(random, temperature, 1.0)[:, None], x)
+    if fp64:
+        y = y.to(torch.float64)
+    if n and bool(random.any()):
+        ids = torch.arange(start, start + n, device=x.device)[None]
+        g = vllm_gumbel_noise(noise.seed[:, None], noise.pos[:, None], ids, fp64=fp64)
+        y = torch.where(random[:, None], y + g, y)
+    if n:
+        best = torch.argmax(y, dim=1)  # the first NaN, else the first maximum
+        pair = torch.stack([y.gather(1, best[:, None])[:, 0].to(torch.float64), (best + start).to(torch.float64)], 1)
+    else:  # an empty shard: never the winner
+        pair = torch.tensor([-math.inf, math.inf], dtype=torch.float64, device=x.device).expand(batch, 2)
+    gathered = _gather_rows(pair, group)  # [tp, B, 2]
+    score, gid = gathered[..., 0], gathered[..., 1]
+    nan = score.isnan()
+    top = torch.where(nan, -math.inf, score).max(dim=0).values
+    wins = torch.where(nan.any(dim=0), nan, score == top) & (gid < math.inf)
+    return torch.where(wins, gid, math.inf).min(dim=0).values.to(torch.int64)
+
+
+def shard_logprobs(local, start, sampled, num_logprobs, group, *, logits_mode=False):
+    """vLLM's ``LogprobsTensors`` (``compute_topk_scores(logits,
+    num_logprobs, sampled)`` of v1/worker/gpu/sample/logprob.py on the
+    gathered raw logits) from this rank's slice, in two exchanges of
+    ``O(num_logprobs)`` words per row.
+
+    Args:
+        local: ``[B, n]`` this rank's logits for global ids ``[start, start
+            + n)``, vLLM's bits (model dtype). sampled: ``[B]`` int64 global
+            ids (the same on every rank). num_logprobs: the top ids per row,
+            ``0 <= num_logprobs <= MAX_LOGPROBS``. group: the exchange.
+        logits_mode: vLLM's ``raw_logits`` (the logits themselves) instead
+            of ``raw_logprobs``.
+
+    Returns:
+        ``LogprobsTensors(ids [B, 1 + num_logprobs] int64 (the sampled id,
+        then the top ids by logit, ties to the smaller id), logprobs [B, 1 +
+        num_logprobs] float32 (``x - logsumexp(x)`` in float64, rounded
+        once; vLLM computes it in float32), ranks [B] int64 (the number of
+        ids whose logit is ``>= x[sampled]``), None)``."""
+    from vllm.v1.outputs import LogprobsTensors
+
+    batch, n = local.shape
+    x = local.to(torch.float32)
+    dev = x.device
+    m = min(num_logprobs, n)
+    # per row: [max, sum exp(x - max), owns the sampled id, x[sampled], top m values, their ids, padding]
+    stats = torch.full((batch, 4 + 2 * num_logprobs), -math.inf, dtype=torch.float64, device=dev)
+    stats[:, 1:3] = 0.0
+    if n:
+        xd = x.to(torch.float64)
+        row_max = xd.max(dim=1).values
+        stats[:, 0] = row_max
+        stats[:, 1] = torch.exp(xd - row_max[:, None]).sum(dim=1)
+        own = (sampled >= start) & (sampled < start + n)
+        stats[:, 2] = own.to(torch.float64)
+        stats[:, 3] = torch.where(own, xd.gather(1, (sampled - start).clamp(0, n - 1)[:, None])[:, 0], -math.inf)
+        if m:
+            values, ids = _top_smallest_ids(x, m)
+            stats[:, 4 : 4 + m] = values.to(torch.float64)
+            stats[:, 4 + num_logprobs : 4 + num_logprobs + m] = (ids + start).to(torch.float64)
+    g = _gather_rows(stats, group)  # [tp, B, W]
+    total_max = g[..., 0].max(dim=0).values
+    finite = total_max > -math.inf
+    scale = torch.exp(g[..., 0] - torch.where(finite, total_max, 0.0))
+    lse = torch.where(finite, total_max, 0.0) + torch.log((g[..., 1] * scale).sum(dim=0))
+    x_sampled = torch.where(g[..., 2] == 1.0, g[..., 3], 0.0).sum(dim=0)  # the owner's
+    tp = g.shape[0]
+    cand_v = g[..., 4 : 4 + num_logprobs].permute(1, 0, 2).reshape(batch, tp * num_logprobs)
+    cand_i = g[..., 4 + num_logprobs :].permute(1, 0, 2).reshape(batch, tp * num_logprobs)
+    order = torch.sort(cand_v, dim=1, descending=True, stable=True).indices[:, :num_logprobs]  # rank order = id order
+    top_v, top_i = cand_v.gather(1, order), cand_i.gather(1, order)
+    ids = torch.cat([sampled[:, None], top_i.to(torch.int64)], dim=1)
+    values = torch.cat([x_sampled[:, None], top_v], dim=1)
+    scores = values if logits_mode else values - lse[:, None]
+    count = ((x >= x_sampled[:, None].to(torch.float32)).sum(dim=1) if n else torch.zeros(batch, device=dev)).double()
+    ranks = _gather_rows(count[:, None], group)[..., 0].sum(dim=0).to(torch.int64)
+    return LogprobsTensors(
+        logprob_token_ids=ids,
+        logprobs=scores.to(torch.float32),
+        selected_token_ranks=ranks,
+        cu_num_generated_tokens=None,
+    )
+
+
+def _top_smallest_ids(x, m):
+    """The ``m`` largest values of each row of ``x`` ``[B, n]`` and their
+    positions, ties to the smaller position, in descending order."""
+    kth = torch.topk(x, m, dim=1).values[:, -1:]
+    above = x > kth
+    tied = (x == kth) & ((x == kth).cumsum(dim=1) <= m - above.sum(dim=1, keepdim=True))
+    pos = (above | tied).nonzero()[:, 1].view(x.shape[0], m)  # ascending positions, m per row
+    values = x.gather(1, pos)
+    order = torch.sort(values, dim=1, descending=True, stable=True).indices
+    return values.gather(1, order), pos.gather(1, order)
 
 
 def model_head(model, hidden_states):
@@ -300,7 +475,6 @@ def sample(self, hidden_states, input_batch, grammar_output):
         from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
         return patching.original(GPUModelRunner, "sample")(self, hidden_states, input_batch, grammar_output)
-    STATS["target sampler: fused"] += 1
     lp, lm_head = heads
     out = sample_on_shards(hidden_states, lm_head, lp, input_batch, self.sampler)
     return out, out.num_sampled, out.num_rejected
