@@ -470,6 +470,24 @@ def _rival_lines(label: str, rows: list) -> list:
     return out
 
 
+def _target_lines(label: str, rows: list) -> list:
+    """Per batch (``--noise vllm`` rows): one rank's target sampling step,
+    ours (fused kernel, the lm_head step) against vllm-gumbel-logits (vLLM's
+    gumbel_sample on the shard's logits), and the share of rows whose id
+    equals the baseline's (the same noise)."""
+    out = []
+    for b in sorted({r["batch"] for r in rows if r["batch"] is not None}):
+        by = {r["method"]: r for r in rows if r["batch"] == b}
+        ours = by.get("fused-kernel", {})
+        times = [_us(by.get(m, {}).get("median_us")) for m in ("fused-kernel", "lm-head-step", "vllm-gumbel-logits")]
+        vs, agree = ours.get("speedup_vs_vllm_gumbel"), ours.get("agree_vllm")
+        out.append(
+            f"{label:18s} {b:5d} " + " ".join(f"{t:>6s}" for t in times) + " | "
+            f"{'-' if vs is None else f'{vs:.2f}':>6s} {'-' if agree is None else f'{agree:.3f}':>6s}"
+        )
+    return out
+
+
 def summary(args) -> int:
     lines = ["== gpu_check summary"]
     steps = Path(args.steps)
@@ -507,12 +525,15 @@ def summary(args) -> int:
         + " ".join(f"{label:>6s}" for _, label in _COLS)
         + " | auto_path frac vs_torch agree timing"
     )
-    table, rival = [], []
+    table, rival, target = [], [], []
     for f in sorted(bench.glob("bench_*.json"), key=lambda f: f.stat().st_mtime):  # run order
         try:
             rows = json.loads(f.read_text())["rows"]
         except (ValueError, KeyError) as exc:
             table.append(f"{f.stem}: unreadable ({exc})")
+            continue
+        if any(r.get("noise") == "vllm" for r in rows):
+            target.extend(_target_lines(f.stem[6:], rows))
             continue
         if any(r.get("op") == "sample" for r in rows):
             rival.extend(_rival_lines(f.stem[6:], rows))
@@ -547,6 +568,12 @@ def summary(args) -> int:
             f"{'shard':18s} {'B':>5s} {'ours':>6s} {'gumbel':>6s} {'multin':>6s} | "
             f"{'x gumb':>6s} {'FS':>5s} {'x mult':>6s} {'FS':>5s} roofline",
         ] + rival
+    if target:
+        lines += [
+            "target sampling with vLLM's noise, one rank's local step (x = vllm-gumbel-logits' median / ours; "
+            "agree = share of ids equal to it)",
+            f"{'shard':18s} {'B':>5s} {'ours':>6s} {'step':>6s} {'vllm':>6s} | {'x vllm':>6s} {'agree':>6s}",
+        ] + target
     text = "\n".join(lines) + "\n"
     if args.out:
         Path(args.out).write_text(text)

@@ -43,7 +43,8 @@
 #                        Qwen3 tp 1 (B 1..256); every path (simt only at B <= 8), torch
 #                        matmul+max, the whole step, the device-to-device copy; and
 #                        sampling on the full Qwen3 head (B 1..256) beside FlashSampling's
-#                        baselines and published H200 ratios (second, so it always runs)
+#                        baselines and published H200 ratios (second, so it always runs); then
+#                        one TP-8 rank's target sampling with vLLM's noise (--noise vllm, B 1/16/64)
 #   6 tests     <= 45 s  the GPU pytest files, 30 s per test (pytest-timeout if there,
 #                        else bench/pytest_alarm.py), junit XML with the seeds
 #   7 memcheck  <= 100 s compute-sanitizer memcheck of bench/gpu_check.py sanitize
@@ -243,11 +244,15 @@ step_smoke() {
 }
 
 # label model rows batches [op] (rows: the rank-0 shard, shard_vocab(V, 0, tp, pad_to=64).rows;
-# op: argmax unless named). qwen3_sample: FlashSampling's side-by-side cells: the
-# full Qwen3 head (its published H200 table is for tp 1) against Gumbel-max on cuBLAS logits and
-# compiled softmax + multinomial, each row with the published ratio beside ours.
+# op: argmax unless named; sample-vllm: --op sample --noise vllm). qwen3_sample: FlashSampling's
+# side-by-side cells: the full Qwen3 head (its published H200 table is for tp 1) against Gumbel-max
+# on cuBLAS logits and compiled softmax + multinomial, each row with the published ratio beside ours.
+# qwen3_target_tp8: one TP-8 rank's local work of the target's sampler with vLLM's noise (issue #57):
+# the fused op (gemm path) against vllm-gumbel-logits (vLLM's gumbel_sample on the shard's logits);
+# the exchange is not timed on one GPU (bench.predict_cli --target-sampling predicts it).
 BENCH_SHAPES="qwen3_tp8:qwen3:18992:1,8,32,64,96,128,256,1024
 qwen3_sample:qwen3:151936:1,16,64,128,256:sample
+qwen3_target_tp8:qwen3:18992:1,16,64:sample-vllm
 llama3_tp8:llama3:16032:1,8,32,64,96,128,256,1024
 deepseek_v3_tp8:deepseek-v3:16160:1,8,32,64,96,128,256,1024
 qwen3_tp1:qwen3:151936:1,8,32,64,96,128,256"
@@ -282,6 +287,8 @@ step_bench() {
     (( left < 5 )) && { echo "bench $label: skipped, bench budget spent"; continue; }
     per=$(( left < 90 ? left : 90 ))
     op=${op:-argmax}
+    local noise=""
+    [[ $op == sample-vllm ]] && { op=sample; noise="--noise vllm"; }
     if (( DRY )); then
       extra="--smoke --rows 2048 --batch 1,8"
       [[ $op == sample ]] && extra+=" --no-compile"  # torch.compile of the baselines takes minutes on 2 cores
@@ -290,7 +297,7 @@ step_bench() {
     fi
     echo "-- bench $label ($model, $rows rows, $op; cap ${per}s)"
     timeout -s TERM -k 5 "$per" "$PY" -m localargmax.bench --kernel-only --device "$DEVICE" --model "$model" --dtype bfloat16 \
-      --op "$op" $extra --max-seconds 2 --no-progress --json "$WORK/bench/bench_$label.json" 2>&1 | grep -v '^  [a-z-]* B=[0-9]* \.\.\.$'
+      --op "$op" $noise $extra --max-seconds 2 --no-progress --json "$WORK/bench/bench_$label.json" 2>&1 | grep -v '^  [a-z-]* B=[0-9]* \.\.\.$'
     rc=${PIPESTATUS[0]}
     (( rc == 0 )) || { echo "bench $label: FAILED or TIMEOUT (exit $rc)"; status=1; }
     tar -czf "$WORK/bench.tar.gz" -C "$WORK" bench && cp "$WORK/bench.tar.gz" "$OUTDIR/bench.tar.gz"

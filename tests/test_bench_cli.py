@@ -72,6 +72,10 @@ def test_help_exits_zero_and_teaches():
         (["--smoke", "--op", "sample", "--seed", "-1"], "--seed"),
         (["--smoke", "--timeout", "0"], "--timeout"),
         (["--smoke", "--op", "topk", "--log-probs"], "--log-probs goes with --kernel-only"),
+        (["--smoke", "--op", "sample", "--noise", "vllm"], "--noise goes with --kernel-only --op sample"),
+        (["--smoke", "--kernel-only", "--noise", "vllm"], "--noise goes with --kernel-only --op sample"),
+        (["--smoke", "--kernel-only", "--op", "sample", "--noise", "gumbel"], "argument --noise: invalid choice"),
+        (["--smoke", "--kernel-only", "--op", "sample", "--noise", "vllm", "--log-probs"], "--noise vllm and"),
     ],
 )
 def test_usage_errors_are_clear(args, message):

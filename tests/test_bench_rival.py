@@ -220,6 +220,22 @@ def test_kernel_only_sample_rows(tmp_path):
     assert out.with_suffix(".png").exists() == (importlib.util.find_spec("matplotlib") is not None)
 
 
+def test_kernel_only_sample_with_vllms_noise(tmp_path):
+    """--noise vllm: the fused rows draw vLLM's noise and agree with the
+    vllm-gumbel-logits baseline (vLLM's gumbel_sample on the shard's
+    logits, the same noise) on every row; greedy rows too."""
+    for t in ("0.7", "0"):
+        proc, rows, _ = kernel_smoke(tmp_path, "--op", "sample", "--temperature", t, "--noise", "vllm", "--no-compile")
+        assert "noise=vllm" in proc.stdout and "agree_vllm" in proc.stdout
+        timed = [r for r in rows if r["batch"] is not None and r["median_us"] is not None]
+        assert "vllm-gumbel-logits" in {r["method"] for r in timed}
+        ours = [r for r in timed if r["method"] in ("fused-kernel", "lm-head-step")]
+        assert len(ours) == 4
+        for r in ours:
+            assert r["noise"] == "vllm" and r["agree_vllm"] == 1.0, r
+            assert r["speedup_vs_vllm_gumbel"] > 0
+
+
 @pytest.mark.parametrize("op", ["argmax", "topk"])
 def test_kernel_only_argmax_and_topk_are_exact(tmp_path, op):
     _, rows, _ = kernel_smoke(tmp_path, "--op", op, *(["--k", "4"] if op == "topk" else []))

@@ -83,7 +83,7 @@ def test_dry_run_walks_every_step_and_a_timed_out_step_leaves_the_others_files(t
     proc, wall = _dry_run(
         out,
         GPU_CHECK_BUDGET_S=budget,
-        GPU_CHECK_BENCH="qwen3_tp8 qwen3_sample",
+        GPU_CHECK_BENCH="qwen3_tp8 qwen3_sample qwen3_target_tp8",
         GPU_CHECK_TESTS=str(hung),
         GPU_CHECK_TEST_TIMEOUT=2,
         GPU_CHECK_CAP_TESTS=9,
@@ -112,6 +112,7 @@ def test_dry_run_walks_every_step_and_a_timed_out_step_leaves_the_others_files(t
         assert {"bench/bench_qwen3_tp8.json", "bench/bench_qwen3_sample.json", "bench/smoke.json"} <= names, names
         rows = json.load(tar.extractfile("bench/bench_qwen3_tp8.json"))["rows"]
         sample_rows = json.load(tar.extractfile("bench/bench_qwen3_sample.json"))["rows"]
+        target_rows = json.load(tar.extractfile("bench/bench_qwen3_target_tp8.json"))["rows"]
         smoke = json.load(tar.extractfile("bench/smoke.json"))
         # the tune sub-step ran first in the bench step: on the CPU it says it cannot tune and leaves the
         # model's table (a GPU run leaves dispatch_table_measured.json + tune.json there)
@@ -134,8 +135,14 @@ def test_dry_run_walks_every_step_and_a_timed_out_step_leaves_the_others_files(t
     # the rival sampling rows: ours beside both torch baselines, per batch, in the summary
     methods = {(r["method"], r["batch"]) for r in sample_rows if r["op"] == "sample"}
     assert {(m, b) for m in ("fused-kernel", "gumbel-logits", "compiled-multinomial") for b in (1, 8)} <= methods
-    rival = (out / "summary.txt").read_text().split("sampling beside FlashSampling")[1].splitlines()
+    rival = (out / "summary.txt").read_text().split("sampling beside FlashSampling")[1]
+    rival = rival.split("target sampling with")[0].splitlines()
     assert [line.split()[:2] for line in rival[2:]] == [["qwen3_sample", "1"], ["qwen3_sample", "8"]], rival
+    # the target sampler's row (issue #57): vLLM's noise in ours, vLLM's gumbel_sample on the shard's logits
+    ours = [r for r in target_rows if r["method"] == "fused-kernel"]
+    assert [r["batch"] for r in ours] == [1, 8] and all(r["noise"] == "vllm" and r["agree_vllm"] == 1.0 for r in ours)
+    target = (out / "summary.txt").read_text().split("target sampling with vLLM's noise")[1].splitlines()
+    assert [line.split()[:2] for line in target[2:4]] == [["qwen3_target_tp8", "1"], ["qwen3_target_tp8", "8"]]
 
 
 def test_dry_run_with_its_budget_spent_skips_steps_and_still_leaves_every_file(tmp_path):

@@ -135,6 +135,9 @@ columns (the first line of each is the legend printed under the table):
                       copy counted as read + write bytes.
   vs_torch            {vs_torch};
                       --op topk: {vs_torch_topk}.
+  agree_vllm          {agree_vllm}: with vLLM's noise both score the same
+                      float32 fl(x / T) + g, so ids differ only where the two
+                      logits' float32 rounding crosses a near-tie.
 
 Under the table, after its legend: one verdict line per shape and batch, the
 fastest method and fused against full-gather (--kernel-only: fused-kernel
@@ -160,7 +163,10 @@ no forced mma / gemm rows). Rows:
                       flashinfer (cuBLAS logits + FlashInfer
                       sampling_from_logits = FlashSampling's "FI2"; a row
                       with skip_reason when flashinfer cannot run); --no-compile
-                      times them eagerly
+                      times them eagerly; --noise vllm adds vllm-gumbel-logits
+                      (vLLM 0.34's gumbel_sample on the shard's logits: the
+                      per-rank work of the target sampler's shard-logits
+                      route; the fused rows then draw vLLM's noise)
   yardsticks          gemm-peak (large square GEMM of the dtype: TFLOP/s),
                       stream-read (read-only pass over the shard's bytes: int64
                       sum; on CPU the faster of that and a float32 mv),
@@ -242,7 +248,7 @@ class UsageError(ValueError):
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The argument parser (its --help is the user documentation)."""
     from .report import DEFINITIONS
-    from .runner import DTYPES, OP_METHODS, OPS
+    from .runner import DTYPES, NOISES, OP_METHODS, OPS
 
     description = DESCRIPTION.format(**DEFINITIONS)
     p = argparse.ArgumentParser(
@@ -297,6 +303,15 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         default="auto",
         help="--kernel-only on CPU: force the fused kernel's CPU path (the ops' path=); default auto, the one "
         "localargmax picks per dtype (JSON cpu_path on each fused row names the path run)",
+    )
+    p.add_argument(
+        "--noise",
+        choices=NOISES,
+        help="--kernel-only --op sample: the fused rows' noise. philox (default): the kernels' own; vllm: vLLM "
+        "0.34's gumbel_sample noise (localargmax.vllm_noise; row b's seed --seed + b, position b), beside the "
+        "vllm-gumbel-logits baseline (vLLM's work on a shard with that noise: logits in the weight dtype, / T in "
+        "float32, + the noise, argmax; JSON agree_vllm: the share of rows whose id equals it); CUDA: the gemm "
+        "path, the only one that takes vLLM's noise",
     )
     p.add_argument(
         "--log-probs",
@@ -484,6 +499,11 @@ def make_config(args, command: list[str]):
         raise UsageError(f"--k must be in 1..{MAX_TOPK}, got {k}")
     # (numeric ranges: the argparse types of build_parser)
     temperature = 1.0 if args.temperature is None else args.temperature
+    noise = args.noise or "philox"
+    if args.noise is not None and (op != "sample" or not args.kernel_only):
+        raise UsageError("--noise goes with --kernel-only --op sample")
+    if noise == "vllm" and args.log_probs:
+        raise UsageError("--noise vllm and --log-probs: the vllm-gumbel-logits baseline has no log-probabilities")
     if args.log_probs and not args.kernel_only:
         raise UsageError("--log-probs goes with --kernel-only")
     if op == "sample" and not 0 <= args.seed < 2**63:
@@ -562,6 +582,7 @@ def make_config(args, command: list[str]):
         top_p=args.top_p,
         min_p=args.min_p,
         cpu_path=args.cpu_path,
+        noise=noise,
     )
     draft_vocab = 8192 if args.draft_vocab is None else args.draft_vocab
     if draft_vocab < 0:

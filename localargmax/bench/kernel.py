@@ -141,7 +141,7 @@ def run_kernel_only(
     if cfg.op == "topk":
         common["k"] = cfg.k
     if cfg.op == "sample":
-        common.update(temperature=cfg.temperature, seed=cfg.seed, offset=SAMPLE_OFFSET)
+        common.update(temperature=cfg.temperature, seed=cfg.seed, offset=SAMPLE_OFFSET, noise=cfg.noise)
     if cfg.log_probs:
         common["log_probs"] = True
     first_gemm = _gemm_peak(cfg, device, dtype, budget_s, common)
@@ -210,8 +210,9 @@ def _samplers(cfg, compile_baselines: bool, cuda: bool):
 def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, common) -> list[dict]:
     """Rows of one shard: stream-read and d2d-copy yardsticks, then per batch
     the op's baselines and our rows."""
-    from .. import lm_head_sample, lm_head_topk, shard_sample, shard_topk
+    from .. import lm_head_sample, lm_head_topk, shard_sample, shard_topk, vllm_noise
     from .data import reference_topk
+    from .rival import OUR_METHODS, vllm_gumbel_logits_sample
 
     cuda = device.type == "cuda"
     weight = torch.empty(rows, shape.hidden, dtype=dtype, device=device)
@@ -262,6 +263,7 @@ def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, 
         hidden = hidden_all[:batch].to(dtype).to(device)
         temps = torch.full((batch,), float(cfg.temperature), dtype=torch.float32, device=device)
         methods = []  # (name, fn(w) -> ids or keys, forced path, output is keys)
+        noise_kw, vllm_ids = {}, None  # --noise vllm: the fused rows' noise=; the vllm-gumbel-logits ids
         lp = cfg.log_probs
         ids_of = (lambda out: out[0]) if lp else (lambda out: out)  # noqa: E731  (ids / keys of a (x, log-probs) pair)
         step_kw = {"return_log_probs": True} if lp else {}
@@ -287,13 +289,19 @@ def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, 
                 ("lm-head-step", lambda w: lm_head_topk(hidden, w, cfg.k, group=group, **step_kw)[0], None, False),
             ]
         else:
+            if cfg.noise == "vllm":  # row b: seed --seed + b, position SAMPLE_OFFSET + b
+                rows_b = torch.arange(batch, dtype=torch.int64, device=device)
+                noise_kw["noise"] = vllm_noise(rows_b + cfg.seed, rows_b + SAMPLE_OFFSET)
             fused = lambda w: ids_of(  # noqa: E731
-                shard_sample(hidden, w, temps, cfg.seed, SAMPLE_OFFSET, log_partition=lp, path=cpu_path)
+                shard_sample(hidden, w, temps, cfg.seed, SAMPLE_OFFSET, log_partition=lp, path=cpu_path, **noise_kw)
             )
             methods += [
                 ("gumbel-logits", lambda w: gumbel(hidden, w, inv_t), None, False),
                 ("compiled-multinomial", lambda w: multinomial(hidden, w, inv_t), None, False),
             ]
+            if noise_kw:
+                vllm_fn = lambda w: vllm_gumbel_logits_sample(hidden, w, temps, noise_kw["noise"])  # noqa: E731
+                methods.append(("vllm-gumbel-logits", vllm_fn, None, False))
             if fi_fn is not None:
                 methods.append(("flashinfer", lambda w: fi_fn(hidden, w, inv_t), None, False))
             else:
@@ -311,6 +319,7 @@ def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, 
                             offset=SAMPLE_OFFSET,
                             group=group,
                             **step_kw,
+                            **noise_kw,
                         )
                     ),
                     None,
@@ -320,12 +329,12 @@ def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, 
         if cuda and dtype in (torch.bfloat16, torch.float16) and cfg.op != "topk" and not lp:
             forced = {
                 "argmax": lambda w, p: shard_argmax(hidden, w, path=p),
-                "sample": lambda w, p: shard_sample(hidden, w, temps, cfg.seed, SAMPLE_OFFSET, path=p),
+                "sample": lambda w, p: shard_sample(hidden, w, temps, cfg.seed, SAMPLE_OFFSET, path=p, **noise_kw),
             }[cfg.op]
             methods += [
                 (name, lambda w, p=path: forced(w, p), path, True)
                 for path, name in CUDA_PATH_METHODS.items()
-                if path != "simt" or batch <= SIMT_MAX_BATCH
+                if (path != "simt" or batch <= SIMT_MAX_BATCH) and (path == "gemm" or cfg.noise != "vllm")
             ]
         for method, fn, path, keys in methods:
             print(f"  {method} tp={tp} B={batch} ...", file=sys.stderr)
@@ -339,6 +348,10 @@ def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, 
                 row["cpu_path"] = cpu_path_of(cpu_path if method == "fused-kernel" else "auto", cfg.dtype)
             if reference is not None:
                 row["agree"] = (ids.cpu() == reference[:batch]).reshape(batch, -1).all(dim=1).double().mean().item()
+            if method == "vllm-gumbel-logits":
+                vllm_ids = ids.cpu()
+            elif vllm_ids is not None and method in OUR_METHODS:
+                row["agree_vllm"] = (ids.cpu() == vllm_ids).double().mean().item()
             if method == "gumbel-logits":
                 row["note"] = gumbel.note
             elif method == "compiled-multinomial":

@@ -212,6 +212,8 @@ def _kernel_columns(rows: list[dict]) -> tuple:
     if any(r.get("speedup_vs_gemm_keys") is not None for r in rows):
         columns.append(("speedup_vs_gemm_keys", "vs_gemm_keys"))
     columns.append(("agree", "agree"))
+    if any(r.get("agree_vllm") is not None for r in rows):
+        columns.append(("agree_vllm", "agree_vllm"))
     if any(r.get("note") or r.get("skip_reason") for r in rows):
         columns.append(("note", "note"))
     return tuple(columns)
@@ -325,6 +327,7 @@ DEFINITIONS = {
     "vs_torch_topk": "torch-matmul-topk's median time / this row's",
     "of_stream": "this row's GB/s / the stream-read row's GB/s",
     "path": "the CPU path the row's fused kernel ran (localargmax.kernel_path; JSON cpu_path)",
+    "agree_vllm": "fraction of rows whose id equals vllm-gumbel-logits' (--noise vllm)",
 }
 
 
@@ -339,6 +342,8 @@ def format_legend(rows: list[dict], kernel_only: bool) -> str:
             vs_torch = d["vs_torch_topk"] if rows and rows[0].get("op") == "topk" else d["vs_torch"]
             first = f"vs_torch = {vs_torch}; {first}"
         second = f"median_us, p90_us = {d['kernel_median_us']}; GB/s = {d['gbps']}"
+        if "agree_vllm" in titles:
+            first += f"; agree_vllm = {d['agree_vllm']}"
     else:
         op = rows[0].get("op", "argmax") if rows else "argmax"
         agree = {
@@ -491,6 +496,8 @@ def finish(rows: list[dict], cfg, kernel_only: bool) -> None:
             header += f" op=topk k={first['k']}"
         elif op == "sample":
             header += f" op=sample temperature={first['temperature']:g} seed={first['seed']} offset={first['offset']}"
+            if first.get("noise", "philox") != "philox":
+                header += f" noise={first['noise']}"
             if "top_k" in first:
                 header += f" top_k={first['top_k']} top_p={first['top_p']:g} min_p={first['min_p']:g}"
         if first.get("log_probs"):

@@ -62,6 +62,7 @@ BASELINES = {
     "gumbel-logits": ("speedup_vs_gumbel_logits", "vs_gumbel", "FI2"),
     "compiled-multinomial": ("speedup_vs_multinomial", "vs_multinom", "compiled torch softmax+multinomial"),
     "flashinfer": ("speedup_vs_flashinfer", "vs_flashinfer", "FI2"),
+    "vllm-gumbel-logits": ("speedup_vs_vllm_gumbel", "vs_vllm", None),
 }
 
 OP_BASELINES = {
@@ -125,6 +126,21 @@ def gumbel_logits_sample(hidden: torch.Tensor, weight: torch.Tensor, inv_t: floa
         return logits.argmax(dim=1)
     u = torch.rand_like(logits)
     return torch.argmax(logits * inv_t - torch.log(-torch.log(u)), dim=1)
+
+
+def vllm_gumbel_logits_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: torch.Tensor, noise):
+    """vLLM 0.34's ``gumbel_sample`` on a shard's materialised logits: logits
+    in the weight dtype (vLLM's lm_head), ``fl(x / T) + g`` in float32 with
+    vLLM's noise (:func:`localargmax.vllm_gumbel_noise` at the shard's ids),
+    the first maximum; ``temperature`` ``[B]`` float32 (``0``: greedy)."""
+    from ..vllm_gumbel import vllm_gumbel_noise
+
+    x = (hidden @ weight.T).float()
+    random = temperature != 0
+    y = torch.where(random[:, None], x / torch.where(random, temperature, 1.0)[:, None], x)
+    ids = torch.arange(x.shape[1], device=x.device)[None]
+    g = vllm_gumbel_noise(noise.seed[:, None], noise.pos[:, None], ids)
+    return torch.where(random[:, None], y + g, y).argmax(dim=1)
 
 
 def multinomial_sample(hidden: torch.Tensor, weight: torch.Tensor, inv_t: float) -> torch.Tensor:

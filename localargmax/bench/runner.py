@@ -57,6 +57,9 @@ OP_METHODS = {
 }
 """The methods available for each op, in table order (also the default set)."""
 
+NOISES = ("philox", "vllm")
+"""``--noise``: the kernels' own Philox noise, or vLLM 0.34's (``localargmax.vllm_noise``)."""
+
 SAMPLE_OFFSET = 0
 """Philox offset of every timed ``--op sample`` step (the seed is ``--seed``):
 each step draws the same noise, so every step does the same work."""
@@ -89,6 +92,7 @@ class RunConfig:
     top_p: float | None = None
     min_p: float | None = None
     cpu_path: str = "auto"
+    noise: str = "philox"
 
     def filters(self) -> dict:
         """``--op sample``'s filters given on the command line (``{}``: plain sampling)."""
