@@ -16,7 +16,7 @@ import torch
 
 from . import envs
 from ._validation import MAX_TOPK, TEMPERATURE, FilterRows, check_seed_offset, filter_rows, host_checks, row_param
-from .collective import Group, logits_payload_length
+from .collective import Group, exchange_logits, logits_payload_length
 from .engine import gather_logits, log_probs_from_pairs, merge_checked, run_step, winning_rank
 from .ops import decode_keys, shard_sample, shard_topk
 from .packed_key import SIGN_FLIP
@@ -174,7 +174,7 @@ def lm_head_sample(
 def filtered_sample(
     hidden, weight, *, temperature, seed, offset=0, top_k=None, top_p=None, min_p=None, vocab_start=0,
     num_valid=None, bias=None, d2t=None, group=None, return_log_probs=False, logit_scale=1.0, soft_cap=None,
-    fallback="gather", noise=None,
+    fallback="gather", noise=None, shard_logits=None,
 ):  # fmt: skip
     """:func:`localargmax.lm_head_sample` with ``top_k`` / ``top_p`` /
     ``min_p`` (its docstring has the arguments; DESIGN.md, "Filtered sampling").
@@ -185,7 +185,25 @@ def filtered_sample(
     of those rows' logits (``fallback="gather"``, eager only) or an error
     (``fallback="error"``: ValueError on the CPU, a device-side assert
     otherwise). ``noise``: vLLM's (:func:`vllm_scores`), or None: the Philox
-    noise of (``seed``, ``offset + b``)."""
+    noise of (``seed``, ``offset + b``).
+
+    ``shard_logits``: this rank's transformed logits ``[B, num_valid]`` as
+    an engine computed them (vLLM's own bits, in any float dtype), in place
+    of the fused kernel's float32 dots: the candidates, the pairs, the
+    unfiltered rows' keys and the fallback's gather all read them (with
+    vLLM's ``noise``, no ``bias``, ``d2t``, ``logit_scale`` / ``soft_cap``
+    or ``return_log_probs``: ValueError otherwise). ``hidden`` / ``weight``
+    still give the batch, the shard's rows and the device."""
+    if shard_logits is not None:
+        options = {"bias": bias is not None, "d2t": d2t is not None, "return_log_probs": return_log_probs}
+        options |= {"logit_scale": logit_scale != 1.0, "soft_cap": soft_cap is not None}
+        given = [name for name, on in options.items() if on]
+        if noise is None or given:
+            raise ValueError(f"shard_logits needs noise=vllm_noise(...) and no {', '.join(given) or 'other options'}")
+        nv = weight.shape[0] if num_valid is None else num_valid
+        if not isinstance(shard_logits, torch.Tensor) or tuple(shard_logits.shape) != (hidden.shape[0], nv):
+            raise ValueError(f"shard_logits must be [B={hidden.shape[0]}, num_valid={nv}], got "
+                             f"{tuple(getattr(shard_logits, 'shape', ()))}")  # fmt: skip
     check_seed_offset(seed, offset)
     if not isinstance(return_log_probs, bool):
         raise TypeError(f"return_log_probs must be a bool, got {type(return_log_probs).__name__}")
@@ -201,8 +219,12 @@ def filtered_sample(
     if noise is not None:
         noise = check_noise(noise, hidden)
         debug.update({"noise seed": noise.seed, "noise pos": noise.pos})
+    if shard_logits is None:
+        op, op_args = _candidates_and_sample, (CANDIDATES, f, seed, offset, return_log_probs, noise)
+    else:
+        op, op_args = _candidates_from_logits, (CANDIDATES, f, noise, shard_logits)
     _, gathered, pairs, ok, vocab_total = run_step(
-        _candidates_and_sample, (CANDIDATES, f, seed, offset, return_log_probs, noise), hidden, weight,
+        op, op_args, hidden, weight,
         vocab_start=vocab_start, num_valid=num_valid, bias=bias, d2t=d2t, group=group, reduce="all_gather",
         log_probs=True, scale=logit_scale, soft_cap=soft_cap, k=CANDIDATES + 1, vocab_total=True, debug=debug,
     )  # fmt: skip
@@ -224,10 +246,15 @@ def filtered_sample(
         )
     if fallback == "gather" and bool(need.any()):  # (refused above under capture / compile)
         idx = need.nonzero()[:, 0]
-        logits = gather_logits(
-            hidden[idx], weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias, group=group,
-            scale=logit_scale, soft_cap=soft_cap,
-        )  # fmt: skip
+        if shard_logits is None:
+            logits = gather_logits(
+                hidden[idx], weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias, group=group,
+                scale=logit_scale, soft_cap=soft_cap,
+            )  # fmt: skip
+        else:
+            local = shard_logits[idx].to(torch.float32)  # padded to the shard's rows, as every rank's
+            padded = torch.cat([local, local.new_full((idx.numel(), weight.shape[0] - local.shape[1]), math.nan)], 1)
+            logits = exchange_logits(padded, group, vocab_start=vocab_start, num_valid=local.shape[1])
         fb_noise = None if noise is None else VllmNoise(noise.seed[idx], noise.pos[idx])
         fb_ids, fb_logp = filter_and_sample(logits, *f.take(idx).filters, seed, rows[idx], fb_noise)
         draft, logp = draft.index_put((idx,), fb_ids), logp.index_put((idx,), fb_logp)
@@ -264,6 +291,48 @@ def _candidates_and_sample(hidden, weight, kk, f: FilterRows, seed, offset, off_
     if off_lp:
         pairs = torch.where(f.off[:, None], best_pairs, pairs)
     return torch.cat([keys, best[:, None]], dim=1), pairs
+
+
+def _candidates_from_logits(hidden, weight, kk, f: FilterRows, noise, logits, *, log_partition, vocab_start, **kw):
+    """:func:`_candidates_and_sample`'s keys and pairs from this rank's given
+    transformed ``logits`` ``[B, n]`` (ids ``vocab_start + j``): its ``kk``
+    largest keys (the packed-key order: NaN first, ties to the smaller id;
+    key 0 past ``n``), in column ``kk`` the key of its best vLLM score
+    ``fl(x / T) + g`` (``x`` at ``T = 0``), and its pair ``(max,
+    sum exp(x - max) - 1)`` at ``T = 1``."""
+    x = logits.to(torch.float32)
+    batch, n = x.shape
+    keys = torch.zeros(batch, kk + 1, dtype=torch.int64, device=x.device)
+    pairs = torch.zeros(batch, 2, dtype=torch.float32, device=x.device)
+    pairs[:, 0] = -math.inf
+    if n == 0:
+        return keys, pairs
+    ids = torch.arange(vocab_start, vocab_start + n, device=x.device).expand(batch, n)
+    m = min(kk, n)
+    keys[:, :m] = (pack_keys(x, ids) ^ SIGN_FLIP).topk(m, dim=1).values ^ SIGN_FLIP
+    ref = x.max(dim=1).values
+    finite = ref.isfinite()
+    xd = x.to(torch.float64)
+    others = (torch.exp(xd - torch.where(finite, ref, 0.0).to(torch.float64)[:, None]).sum(dim=1) - 1).clamp(min=0)
+    pairs[:, 0], pairs[:, 1] = ref, torch.where(finite, others, 0.0).to(torch.float32)
+    if f.sample_off:
+        random = f.t > 0
+        g = vllm_gumbel_noise(noise.seed[:, None], noise.pos[:, None], ids)
+        score = torch.where(random[:, None], x / torch.where(random, f.t, 1.0).to(torch.float32)[:, None] + g, x)
+        keys[:, kk] = (pack_keys(score, ids) ^ SIGN_FLIP).max(dim=1).values ^ SIGN_FLIP
+    return keys, pairs
+
+
+def pack_keys(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Packed keys (DESIGN.md, "The packed key") of float32 ``values`` at
+    global ``ids`` (int64 ``<= 0xFFFFFFFE``), elementwise: the kernels'
+    ``pack_key`` in tensor arithmetic (every NaN largest, -0.0 as +0.0)."""
+    u = values.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    u = torch.where(u == 0x80000000, 0, u)
+    ordered = torch.where(u >= 0x80000000, u ^ 0xFFFFFFFF, u | 0x80000000)
+    ordered = torch.where(values.isnan(), 0xFFFFFFFF, ordered)
+    high = torch.where(ordered >= 0x80000000, ordered - (1 << 32), ordered)  # as int32, so the shift stays in int64
+    return (high << 32) | (0xFFFFFFFF - ids)
 
 
 def _capturing() -> bool:

@@ -86,9 +86,11 @@ class ThreadGroup:
         return all_gather
 
 
-def run_tp(hidden, weight, tp, **kw):
+def run_tp(hidden, weight, tp, shard_logits=False, **kw):
     """lm_head_sample on ``tp`` simulated ranks (threads; padded standard
-    shards whose padding would win); checks every rank returns the same."""
+    shards whose padding would win); checks every rank returns the same.
+    ``shard_logits``: sampling.filtered_sample on each rank's float32
+    logits of its valid rows instead (the engine-logits mode)."""
     shards = make_shards(weight, None, tp, 64, hidden=hidden)
     group, results, errors = ThreadGroup(tp), [None] * tp, []
 
@@ -96,7 +98,12 @@ def run_tp(hidden, weight, tp, **kw):
         try:
             w, _, _ = shards[r]
             g = group.member(r) if tp > 1 else None
-            results[r] = localargmax.lm_head_sample(hidden, w, **layout_kwargs(shards[r]), group=g, **kw)
+            layout = layout_kwargs(shards[r])
+            if shard_logits:
+                local = hidden @ w[: layout["num_valid"]].T
+                results[r] = sampling.filtered_sample(hidden, w, **layout, group=g, shard_logits=local, **kw)
+            else:
+                results[r] = localargmax.lm_head_sample(hidden, w, **layout, group=g, **kw)
         except BaseException as e:  # noqa: BLE001 (reported below)
             errors.append(e)
             group.barrier.abort()
@@ -357,6 +364,33 @@ def test_vllm_noise_same_id_as_float64_reference(seed, tp):
     sub = dict(kw, temperature=t[rows], top_k=k[rows], top_p=p[rows], min_p=mp[rows])
     sub["noise"] = vllm_noise(noise.seed[rows], noise.pos[rows])
     assert torch.equal(run_tp(hidden[rows], weight, tp, fallback="error", **sub), ids[rows])
+
+
+@pytest.mark.parametrize("tp", [1, 2, 3])
+def test_shard_logits_same_id_as_float64_reference(seed, tp):
+    """filtered_sample(shard_logits=) (the vLLM plugin's route for engine
+    logits): mixed greedy / unfiltered / filtered rows, fallback rows (their
+    gather reads the given logits), uneven padded shards (an empty one at
+    tp 3 of a small vocabulary): the float64 reference's id under vLLM's
+    noise on every row but near-ties; bad combinations refused."""
+    gen = torch.Generator().manual_seed(seed)
+    for vocab in (2003, 100):  # 100 rows at tp 3: shards of 64, 36 and 0 valid rows
+        hidden, weight = problem(gen, vocab=vocab)
+        t, k, p, mp = mixed_rows(gen, hidden.shape[0])
+        noise = _vllm_noise_rows(gen, hidden.shape[0])
+        kw = dict(temperature=t, seed=0, top_k=k, top_p=p, min_p=mp, noise=noise)
+        ids = run_tp(hidden, weight, tp, shard_logits=True, **kw)
+        check(ids, hidden, weight, t, k, p, mp, 0, 0, noise=noise)
+    local = hidden @ weight.T
+    for bad, match in (
+        (dict(kw, noise=None), "needs noise=vllm_noise"),
+        (dict(kw, logit_scale=0.5), "logit_scale"),
+        (dict(kw, return_log_probs=True), "return_log_probs"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            sampling.filtered_sample(hidden, weight, shard_logits=local, **bad)
+    with pytest.raises(ValueError, match=r"shard_logits must be \[B=24, num_valid=100\]"):
+        sampling.filtered_sample(hidden, weight, shard_logits=local[:, :5], **kw)
 
 
 def test_vllm_noise_scores_in_float32_ties_to_the_smaller_id():

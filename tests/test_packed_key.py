@@ -90,6 +90,20 @@ def test_keys_match_python_model(gen, vocab_start):
     assert value_bits(values) == [decoded_bits(v) for v in x.tolist()]
 
 
+@pytest.mark.parametrize("vocab_start", [0, 77777, 2**31, 2**32 - 2])
+def test_sampling_pack_keys_is_the_kernels(gen, vocab_start):
+    """sampling.pack_keys (the filtered step's keys from given shard logits)
+    gives the fused kernel's key for every value: specials (NaN, -0.0,
+    +-inf, denormals), random bits, duplicates, and ids up to the largest."""
+    from localargmax.sampling import pack_keys
+
+    x = special_and_random_floats(gen, 4000)
+    keys = localargmax.shard_argmax(x.view(-1, 1), torch.ones((1, 1)), vocab_start=vocab_start, num_valid=1)
+    got = pack_keys(x, torch.full_like(x, vocab_start, dtype=torch.int64))
+    bad = [(float(x[i]), hex(to_uint64(int(got[i])))) for i in (got != keys).nonzero()[:, 0].tolist()]
+    assert not bad, f"{len(bad)} keys differ from the kernel's, e.g. {bad[:5]}"
+
+
 def test_keys_sort_like_argmax(gen):
     """Unsigned key order == torch.argmax order: the max key over a set of
     entries is torch.argmax's answer over the same set."""

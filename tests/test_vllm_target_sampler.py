@@ -119,20 +119,34 @@ def test_logprobs_are_vllms(res, case):
                     continue
                 assert abs(gv - ref) <= F32_ULP_BOUND * max(1.0, abs(ref)), (b, j, gv, ref)
                 assert abs(wv - ref) <= 4 * F32_ULP_BOUND * max(1.0, abs(ref)) + 1e-6, (b, j, wv, ref)  # vLLM's float32
-        route = "target sampler: fused" if "filters" in case else "target sampler: shard logits"
-        assert {k: v for k, v in step["routes"].items() if k.startswith("target")} == {route: 1}
+        routes = {k: v for k, v in step["routes"].items() if k.startswith("target")}
+        assert routes == {"target sampler: shard logits": 1}
     ranks = [r for step in res["logprobs"][case] for r in step["want"]["ranks"]]
     assert len(set(ranks)) > 3  # the sampled ids' ranks vary (not all the argmax)
 
 
 @needs_vllm_034
-@pytest.mark.parametrize("case", ["bf16", "fp16", "fp64 noise"])
+@pytest.mark.parametrize("case", ["bf16", "fp16", "fp64 noise", "bf16, filters"])
 def test_shard_logits_route_samples_vllms_tokens(res, case):
     """A bf16 / fp16 head (vLLM samples its logits rounded to the model
-    dtype: the top two tie often) and vLLM's use_fp64_gumbel: the
-    shard-logits route gives vLLM's tokens on every row."""
+    dtype: the top two tie often), vLLM's use_fp64_gumbel, and a bf16 head
+    with top-k / min-p (gather-fallback rows among them; top-p on bf16: see
+    vllm_target_cases.NO_TOP_P): the
+    shard-logits route gives vLLM's tokens on every row but those with an
+    exact tie at the filters' boundary (top-k: vLLM keeps every tied id,
+    ours k; top-p: the tied ids vLLM keeps follow its sort's order, ours the
+    smaller ids: DESIGN.md, "Filtered sampling")."""
+    compared = 0
     for step in res["exact"][case]:
-        assert step["got"] == step["want"]
+        assert step["routes"] == {"target sampler: shard logits": 1}
+        assert {k: v for k, v in step["got"].items() if k != "ids"} == {
+            k: v for k, v in step["want"].items() if k != "ids"
+        }
+        for b, tie in enumerate(step["tie_at_k"]):
+            if not tie:
+                compared += 1
+                assert step["got"]["ids"][b] == step["want"]["ids"][b], (b, step["want"]["ids"][b])
+    assert compared >= 0.5 * sum(len(step["tie_at_k"]) for step in res["exact"][case])  # bf16: a third tie
     if case == "bf16":
         assert sum(step["top_ties"] for step in res["exact"][case]) > 0  # the ties the route must break as vLLM
 

@@ -264,19 +264,48 @@ def _logprob_case(ts, cfg, gen, mode, filters=False, steps=2):
     return out
 
 
-def _exact_logits_case(ts, cfg, gen, dtype, fp64=False, steps=2):
+NO_TOP_P = tuple(row for row in FILTERS if row[2] == 1.0 or row[0] == 0.0)
+"""FILTERS without top-p on random rows: on bf16 logits (ties everywhere) vLLM's Triton top-p kernel, an
+iterative pivot search with a tolerance, can keep ids past the nucleus (a row with top_p 0.5 sampled an id at
+cumulative mass 0.73); ours keeps the exact nucleus, so top-p is compared on float32 logits (_filtered_case)."""
+
+
+def _tie_at_boundary(logits, rows):
+    """Per row (``rows``: its FILTERS entry): the last id the filters keep
+    ties the first they drop (top-k: vLLM keeps every tied id, ours exactly
+    ``k``; top-p: which tied ids vLLM keeps follows its sort's order among
+    equal values, ours the smaller ids: DESIGN.md, "Filtered sampling"). The
+    allowed set from sampling.filter_sorted (float64, ties to the smaller id)."""
+    from localargmax.sampling import filter_sorted
+
+    t, k, p, mp = (torch.tensor(c) for c in zip(*rows))
+    t = torch.where(t > 0, t, 1.0).float()
+    ys, _, keep, _ = filter_sorted(logits.float(), t, k.long(), p.double(), mp.double())
+    n = keep.sum(dim=1)
+    tied = [bool(0 < n[b] < ys.shape[1] and ys[b, n[b] - 1] == ys[b, n[b]]) for b in range(len(rows))]
+    return [tie and row[0] > 0 for tie, row in zip(tied, rows)]
+
+
+def _exact_logits_case(ts, cfg, gen, dtype, fp64=False, filters=False, steps=2):
     """A head of ``dtype`` (bf16: vLLM samples the logits rounded to it,
     ties at the top common; a soft-cap and a scale) or vLLM's
     ``use_fp64_gumbel``: the target sampler's shard-logits route against
-    vLLM's Sampler on vLLM's own gathered logits, greedy and random rows."""
+    vLLM's Sampler on vLLM's own gathered logits, greedy and random rows
+    (``filters``: the rows of NO_TOP_P, gather-fallback rows among them)."""
+    if filters:
+        patch_interpreted_tl_range()
     full = torch.randn(VOCAB, HIDDEN, generator=gen).to(dtype)
     head, lp = head_of(full), processor(VOCAB, scale=0.75, soft_cap=20.0)
     lp.use_all_gather = True
     sampler = _sampler(cfg, VOCAB, use_fp64_gumbel=fp64)
     rng = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=gen)))
-    slots = [int(s) for s in rng.permutation(MAX_REQS)[:16]]
+    slots = [int(s) for s in rng.permutation(MAX_REQS)[: len(NO_TOP_P) if filters else 16]]
     for i, slot in enumerate(slots):
-        _add(sampler, slot, temperature=TEMPERATURES[i % 7], seed=int(rng.integers(-(2**63), 2**63 - 1)))
+        params = {"temperature": TEMPERATURES[i % 7], "seed": int(rng.integers(-(2**63), 2**63 - 1))}
+        if filters:
+            t, k, p, mp = NO_TOP_P[i]
+            params.update(temperature=t, top_p=p, min_p=mp, **({"top_k": k} if k else {}))
+        _add(sampler, slot, **params)
     out = []
     for _ in range(steps):
         positions = [int(p) for p in rng.integers(0, 2**31 - 2, len(slots))]
@@ -286,8 +315,13 @@ def _exact_logits_case(ts, cfg, gen, dtype, fp64=False, steps=2):
         logits = lp(head, hidden)
         top2 = torch.topk(logits.float(), 2, dim=1).values
         want = _out(sampler(logits, batch))
+        before = dict(ts.STATS)
         got = _out(ts.sample_on_shards(hidden, head, lp, batch, sampler))
-        out.append({"want": want, "got": got, "top_ties": int((top2[:, 0] == top2[:, 1]).sum())})
+        routes = {k: v - before.get(k, 0) for k, v in ts.STATS.items() if v != before.get(k, 0)}
+        routes = {k: v for k, v in routes.items() if k.startswith("target")}
+        tie = _tie_at_boundary(logits, NO_TOP_P) if filters else [False] * len(slots)
+        top_ties = int((top2[:, 0] == top2[:, 1]).sum())
+        out.append({"want": want, "got": got, "top_ties": top_ties, "tie_at_k": tie, "routes": routes})
     return out
 
 
@@ -385,6 +419,7 @@ def worker(rank: int, world_size: int, seed: int):
     }
     out["exact"] = {
         "bf16": _exact_logits_case(ts, cfg, gen, torch.bfloat16),
+        "bf16, filters": _exact_logits_case(ts, cfg, gen, torch.bfloat16, filters=True, steps=3),
         "fp16": _exact_logits_case(ts, cfg, gen, torch.float16),
         "fp64 noise": _exact_logits_case(ts, cfg, gen, torch.float32, fp64=True),
     }

@@ -187,19 +187,20 @@ def sample_on_shards(hidden_states, lm_head, lp, input_batch, sampler, group=Non
     all-gather, None at TP 1). The step must be covered (:func:`uncovered_reason`).
 
     Two routes, counted in ``stats()``: ``"target sampler: fused"``, the
-    fused op on the shard (float32 heads, vLLM's float32 noise; the only
-    route for top-k / top-p / min-p), and ``"target sampler: shard logits"``
-    for a step without filters that asks for logprobs, uses
-    ``use_fp64_gumbel`` or has a bf16 / fp16 head: vLLM's own
-    ``LogitsProcessor`` on the shard (``skip_gather``: the bits vLLM
-    gathers, rounded to the model dtype as vLLM's are), vLLM's score per
-    id, one ``(score, id)`` pair per row exchanged. Logprobs (vLLM's
-    ``raw_logprobs`` / ``raw_logits``, at most :data:`MAX_LOGPROBS`) come
-    from those shard logits on either route (:func:`shard_logprobs`)."""
+    fused op on the shard (float32 heads without logprobs or
+    ``use_fp64_gumbel``), and ``"target sampler: shard logits"`` for the
+    other covered steps: vLLM's own ``LogitsProcessor`` on the shard
+    (``skip_gather``: the bits vLLM gathers, rounded to the model dtype as
+    vLLM's are), then vLLM's score per id and one ``(score, id)`` pair per
+    row exchanged (:func:`shard_logits_sample`), or with filters the
+    filtered step on those logits (``filtered_sample(shard_logits=)``).
+    Logprobs (vLLM's ``raw_logprobs`` / ``raw_logits``, at most
+    :data:`MAX_LOGPROBS`) come from the same shard logits
+    (:func:`shard_logprobs`)."""
     from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
     from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
-    from ...sampling import lm_head_sample
+    from ...sampling import filtered_sample, lm_head_sample
     from ...vllm_gumbel import vllm_noise
 
     rows = input_batch.logits_indices
@@ -213,23 +214,27 @@ def sample_on_shards(hidden_states, lm_head, lp, input_batch, sampler, group=Non
     idx = input_batch.idx_mapping_np
     dims = sampler.get_logprobs_dims(idx)
     filtered = _filters(states, idx, states.temperature.np[idx] != 0.0)
-    exact = dims is not None or sampler.use_fp64_gumbel or lm_head.weight.dtype != torch.float32
+    filters = {}
+    if filtered:  # else the unfiltered step (no candidates)
+        top_k = states.top_k.gpu[mapping].to(torch.int64)
+        filters = {
+            "top_k": torch.where(top_k >= states.vocab_size, 0, top_k),  # vLLM's off (vocab_size) as ours (0)
+            "top_p": states.top_p.gpu[mapping].to(torch.float32),
+            "min_p": states.min_p.gpu[mapping].to(torch.float32),
+        }
     local = None
-    if dims is not None or (exact and not filtered):
-        local = lp(lm_head, hidden, skip_gather=True)[:, :num_valid]  # vLLM's own shard logits, padding cut
-    if exact and not filtered:
+    if dims is not None or sampler.use_fp64_gumbel or lm_head.weight.dtype != torch.float32:
         STATS["target sampler: shard logits"] += 1
-        sampled = shard_logits_sample(local, start, temperature, noise, group, fp64=sampler.use_fp64_gumbel)
+        local = lp(lm_head, hidden, skip_gather=True)[:, :num_valid]  # vLLM's own shard logits, padding cut
+        if filtered:  # (never with use_fp64_gumbel: uncovered_reason)
+            sampled = filtered_sample(
+                hidden, lm_head.weight, temperature=temperature, seed=0, noise=noise, vocab_start=start,
+                num_valid=num_valid, group=group, shard_logits=local, **filters,
+            )  # fmt: skip
+        else:
+            sampled = shard_logits_sample(local, start, temperature, noise, group, fp64=sampler.use_fp64_gumbel)
     else:
         STATS["target sampler: fused"] += 1
-        filters = {}
-        if filtered:  # else the unfiltered step (no candidates)
-            top_k = states.top_k.gpu[mapping].to(torch.int64)
-            filters = {
-                "top_k": torch.where(top_k >= states.vocab_size, 0, top_k),  # vLLM's off (vocab_size) as ours (0)
-                "top_p": states.top_p.gpu[mapping].to(torch.float32),
-                "min_p": states.min_p.gpu[mapping].to(torch.float32),
-            }
         sampled = lm_head_sample(
             hidden,
             lm_head.weight,
