@@ -66,9 +66,9 @@ KNOBS: dict[str, Knob] = {
         False,
         "run time",
         "With the vLLM plugin on vLLM 0.34's Model Runner V2: sample the target model's tokens from the lm_head "
-        "shards (GPUModelRunner.sample) for steps of requests with temperature, top-k, top-p and min-p only, the "
-        "tokens vLLM's Sampler draws; other steps keep vLLM's path (0: vLLM's own sampling). Read when the plugin "
-        "installs.",
+        "shards (GPUModelRunner.sample) for steps of requests with temperature, top-k, top-p, min-p and raw logprobs "
+        "only, the tokens vLLM's Sampler draws; other steps keep vLLM's path (0: vLLM's own sampling). Read when the "
+        "plugin installs.",
     ),
     "LOCALARGMAX_DISPATCH_TABLE": Knob(
         str,

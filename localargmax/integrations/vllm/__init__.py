@@ -116,9 +116,8 @@ def install_target_sampler() -> bool:
         logger.warning("localargmax: target sampler: %s", note)
     target_sampler.install(release)
     logger.info(
-        "localargmax: GPUModelRunner.sample draws steps with temperature, top-k, top-p and min-p from the lm_head "
-        "shards "
-        "(vLLM's noise; other steps run vLLM's Sampler)"
+        "localargmax: GPUModelRunner.sample draws steps with temperature, top-k, top-p, min-p and raw logprobs "
+        "from the lm_head shards (vLLM's noise; other steps run vLLM's Sampler)"
     )
     return True
 
