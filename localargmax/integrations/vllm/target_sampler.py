@@ -340,8 +340,13 @@ def shard_logprobs(local, start, sampled, num_logprobs, group, *, logits_mode=Fa
         then the top ids by logit, ties to the smaller id), logprobs [B, 1 +
         num_logprobs] float32 (``x - logsumexp(x)`` in float64, rounded
         once; vLLM computes it in float32), ranks [B] int64 (the number of
-        ids whose logit is ``>= x[sampled]``), None)``."""
+        ids whose logit is ``>= x[sampled]``), None)``. The top ids follow
+        the packed key's order (a NaN first, ties to the smaller id);
+        ``torch.topk``'s order among ties is unspecified."""
     from vllm.v1.outputs import LogprobsTensors
+
+    from ...packed_key import SIGN_FLIP, key_index
+    from ...sampling import pack_keys
 
     batch, n = local.shape
     x = local.to(torch.float32)
@@ -358,10 +363,11 @@ def shard_logprobs(local, start, sampled, num_logprobs, group, *, logits_mode=Fa
         own = (sampled >= start) & (sampled < start + n)
         stats[:, 2] = own.to(torch.float64)
         stats[:, 3] = torch.where(own, xd.gather(1, (sampled - start).clamp(0, n - 1)[:, None])[:, 0], -math.inf)
-        if m:
-            values, ids = _top_smallest_ids(x, m)
-            stats[:, 4 : 4 + m] = values.to(torch.float64)
-            stats[:, 4 + num_logprobs : 4 + num_logprobs + m] = (ids + start).to(torch.float64)
+        if m:  # the packed-key order: NaN first, then larger values, ties to the smaller id
+            ids = torch.arange(start, start + n, device=dev).expand(batch, n)
+            top = key_index((pack_keys(x, ids) ^ SIGN_FLIP).topk(m, dim=1).values ^ SIGN_FLIP)
+            stats[:, 4 : 4 + m] = xd.gather(1, top - start)
+            stats[:, 4 + num_logprobs : 4 + num_logprobs + m] = top.to(torch.float64)
     g = _gather_rows(stats, group)  # [tp, B, W]
     total_max = g[..., 0].max(dim=0).values
     finite = total_max > -math.inf
@@ -384,18 +390,6 @@ def shard_logprobs(local, start, sampled, num_logprobs, group, *, logits_mode=Fa
         selected_token_ranks=ranks,
         cu_num_generated_tokens=None,
     )
-
-
-def _top_smallest_ids(x, m):
-    """The ``m`` largest values of each row of ``x`` ``[B, n]`` and their
-    positions, ties to the smaller position, in descending order."""
-    kth = torch.topk(x, m, dim=1).values[:, -1:]
-    above = x > kth
-    tied = (x == kth) & ((x == kth).cumsum(dim=1) <= m - above.sum(dim=1, keepdim=True))
-    pos = (above | tied).nonzero()[:, 1].view(x.shape[0], m)  # ascending positions, m per row
-    values = x.gather(1, pos)
-    order = torch.sort(values, dim=1, descending=True, stable=True).indices
-    return values.gather(1, order), pos.gather(1, order)
 
 
 def model_head(model, hidden_states):
