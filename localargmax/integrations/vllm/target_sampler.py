@@ -26,14 +26,13 @@ model's configuration), so every rank takes the same path.
 Token identity with vLLM's ``Sampler``: the shard-logits route scores
 vLLM's own logits bits (bf16 / fp16 heads, ``use_fp64_gumbel``, logprob
 steps), equal up to the platform's ``log`` in the noise (DESIGN.md, "vLLM's
-noise"); the fused route (float32 heads, filters) scores the fused kernel's
-float32 dots, which differ from vLLM's gemm in the last bits (a token can
-differ at a near-tie of that size), and decides the filters in float64
-(DESIGN.md, "Filtered sampling": their float32 boundaries). A step with
-filters reads on the host whether a row needs the gather fallback (one
-device sync per such step); with filters a bf16 / fp16 head is scored on
-the float32 accumulation, not vLLM's rounded logits (the same distribution,
-not the same token at near-ties of a bf16 ulp).
+noise"); the fused route (float32 heads without logprobs) scores the fused
+kernel's float32 dots, which differ from vLLM's gemm in the last bits (a
+token can differ at a near-tie of that size). Both decide the filters in
+float64 (DESIGN.md, "Filtered sampling": their float32 boundaries, exact
+ties at the boundary). A step with filters reads on the host whether a row
+needs the gather fallback (one device sync per such step). NaN logits are
+not reproduced (vLLM's per-block max drops them; ours lets a NaN win).
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ RAW_LOGPROBS_MODES = ("raw_logprobs", "raw_logits")
 
 MAX_LOGPROBS = 64
 """The most logprobs per row the target sampler serves (vLLM's ``SamplingParams.logprobs``;
-each rank sends ``2 * num_logprobs + 5`` float64 words per row)."""
+each rank sends ``2 * num_logprobs + 5`` float64 words per row, beside the sample's exchange)."""
 
 
 def install(release) -> None:
@@ -124,6 +123,8 @@ def uncovered_reason(input_batch, sampler, grammar_output=None) -> str | None:
             return f"processed logprobs (logprobs_mode {sampler.logprobs_mode})"
         if num_logprobs > MAX_LOGPROBS:
             return f"more than {MAX_LOGPROBS} logprobs"
+        if num_logprobs > sampler.sampling_states.vocab_size:
+            return "more logprobs than the vocabulary holds"
     states = sampler.sampling_states
     temperature = states.temperature.np[idx]
     if not (temperature >= 0.0).all() or not (temperature < float("inf")).all():
@@ -162,7 +163,7 @@ def _filters(states, idx, random):
 def _vllm_fused_sampler_eligible(sampler, idx) -> bool:
     """``Sampler.sample``'s condition for FlashInfer's / XPU's top-k / top-p
     sampler (no greedy row, no per-request seed, top-k or top-p on some row;
-    logprobs are refused before this), whose draws are not gumbel_sample's."""
+    processed logprobs are refused before this), whose draws are not gumbel_sample's."""
     states = sampler.sampling_states
     on = (states.top_k.np[idx] != states.vocab_size).any() or (states.top_p.np[idx] != 1.0).any()
     return bool(on and not states.any_greedy(idx) and not states.any_explicit_seed(idx))
@@ -293,7 +294,8 @@ def shard_logits_sample(local, start, temperature, noise, group, *, fp64=False):
         ``[B]`` int64 global ids on every rank: per row the largest
         ``fl(x / T) + g`` (``x`` at ``T = 0``), float32 or (``fp64``)
         float64 as vLLM's ``gumbel_noised_argmax``; ties to the smaller id
-        and the first NaN winning, as vLLM's combine kernel (and
+        and the first NaN winning, as vLLM's combine kernel intends (its
+        per-block max drops NaN, so NaN rows can differ) and
         ``torch.argmax``). One ``(score, id)`` float64 pair per row per rank
         crosses the exchange."""
     from ...vllm_gumbel import vllm_gumbel_noise
@@ -373,7 +375,7 @@ def shard_logprobs(local, start, sampled, num_logprobs, group, *, logits_mode=Fa
     finite = total_max > -math.inf
     scale = torch.exp(g[..., 0] - torch.where(finite, total_max, 0.0))
     lse = torch.where(finite, total_max, 0.0) + torch.log((g[..., 1] * scale).sum(dim=0))
-    x_sampled = torch.where(g[..., 2] == 1.0, g[..., 3], 0.0).sum(dim=0)  # the owner's
+    x_sampled = torch.where(g[..., 2] == 1.0, g[..., 3], -math.inf).amax(dim=0)  # the owner's (keeps -0.0)
     tp = g.shape[0]
     cand_v = g[..., 4 : 4 + num_logprobs].permute(1, 0, 2).reshape(batch, tp * num_logprobs)
     cand_i = g[..., 4 + num_logprobs :].permute(1, 0, 2).reshape(batch, tp * num_logprobs)
