@@ -139,11 +139,36 @@ def _out(o):
     return out
 
 
+def _gathering_head(full, **lp_options):
+    """vLLM's ParallelLMHead of ``full`` and a LogitsProcessor that gathers on every rank."""
+    head, lp = head_of(full), processor(VOCAB, **lp_options)
+    lp.use_all_gather = True  # every rank samples (vLLM's runner on platforms that all-gather)
+    return head, lp
+
+
+def _rng(gen):
+    return np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=gen)))
+
+
+def _step_batch(rng, slots):
+    """One step's batch of ``slots`` at fresh positions past 2**30 (seq_len = position + 1)."""
+    positions = [int(p) for p in rng.integers(0, 2**31 - 2, len(slots))]
+    return _batch(slots, positions, [p + 1 for p in positions])
+
+
+def _sample_routes(ts, *args):
+    """``ts.sample_on_shards(*args)`` as plain data, and the target-sampler counters it moved."""
+    before = dict(ts.STATS)
+    got = _out(ts.sample_on_shards(*args))
+    moved = {k: v - before.get(k, 0) for k, v in ts.STATS.items() if v != before.get(k, 0)}
+    return got, {k: v for k, v in moved.items() if k.startswith("target")}
+
+
 def _mixed_case(ts, sampler, head, lp, full, gen, steps=4):
     """Mixed batches (greedy and random rows, every temperature, seeds past
     2**32 and negative, slots out of order, a chunked prefill producing no
     token) through vLLM's Sampler on the gathered logits and the fused step."""
-    rng = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    rng = _rng(gen)
     slots = list(rng.permutation(MAX_REQS)[:20])
     for i, slot in enumerate(slots):
         seed = int(rng.integers(-(2**63), 2**63 - 1)) if i % 3 else int(rng.integers(0, 2**31))
@@ -186,18 +211,16 @@ def _filtered_case(ts, cfg, gen, steps=3):
     fused step on the shards: exact logits (_fine_problem)."""
     patch_interpreted_tl_range()
     full = _fine_problem(gen)
-    head, lp = head_of(full), processor(VOCAB)
-    lp.use_all_gather = True
+    head, lp = _gathering_head(full)
     sampler = _sampler(cfg, VOCAB)
-    rng = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    rng = _rng(gen)
     slots = [int(s) for s in rng.permutation(MAX_REQS)[: len(FILTERS)]]
     for slot, (t, k, p, mp) in zip(slots, FILTERS):
         params = {"temperature": t, "top_p": p, "min_p": mp, "seed": int(rng.integers(-(2**63), 2**63 - 1))}
         _add(sampler, slot, **params, **({"top_k": k} if k else {}))
     out = []
     for _ in range(steps):
-        positions = [int(p) for p in rng.integers(0, 2**31 - 2, len(slots))]
-        batch = _batch(slots, positions, [p + 1 for p in positions])
+        batch = _step_batch(rng, slots)
         hidden = torch.randint(-7, 8, (len(slots), HIDDEN), generator=gen).float()
         verdict = ts.covered(batch, sampler)
         assert verdict is True, verdict
@@ -237,10 +260,9 @@ def _logprob_case(ts, cfg, gen, mode, filters=False, steps=2):
     and the target sampler on the shards; ``mode`` vLLM's logprobs_mode."""
     patch_interpreted_tl_range()
     full = _fine_problem(gen)
-    head, lp = head_of(full), processor(VOCAB)
-    lp.use_all_gather = True
+    head, lp = _gathering_head(full)
     sampler = _sampler(cfg, VOCAB, logprobs_mode=mode)
-    rng = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    rng = _rng(gen)
     slots = [int(s) for s in rng.permutation(MAX_REQS)[: len(LOGPROB_ROWS)]]
     for i, (slot, (t, n, k, p)) in enumerate(zip(slots, LOGPROB_ROWS)):
         if filters and i in (1, 2):
@@ -249,16 +271,13 @@ def _logprob_case(ts, cfg, gen, mode, filters=False, steps=2):
         _add(sampler, slot, **params, **({"top_k": k} if k else {}))
     out = []
     for _ in range(steps):
-        positions = [int(p) for p in rng.integers(0, 2**31 - 2, len(slots))]
-        batch = _batch(slots, positions, [p + 1 for p in positions])
+        batch = _step_batch(rng, slots)
         hidden = torch.randint(-7, 8, (len(slots), HIDDEN), generator=gen).float()
         verdict = ts.covered(batch, sampler)
         assert verdict is True, verdict
         logits = lp(head, hidden)  # vLLM's gathered logits (exact here: _fine_problem)
         want = _out(sampler(logits, batch))
-        before = dict(ts.STATS)
-        got = _out(ts.sample_on_shards(hidden, head, lp, batch, sampler))
-        routes = {k: v - before.get(k, 0) for k, v in ts.STATS.items() if v != before.get(k, 0)}
+        got, routes = _sample_routes(ts, hidden, head, lp, batch, sampler)
         ref, decided = _reference(logits, max(n or 0 for _, n, _, _ in LOGPROB_ROWS))
         out.append({"want": want, "got": got, "ref": ref, "decided": decided, "routes": routes})
     return out
@@ -295,10 +314,9 @@ def _exact_logits_case(ts, cfg, gen, dtype, fp64=False, filters=False, steps=2):
     if filters:
         patch_interpreted_tl_range()
     full = torch.randn(VOCAB, HIDDEN, generator=gen).to(dtype)
-    head, lp = head_of(full), processor(VOCAB, scale=0.75, soft_cap=20.0)
-    lp.use_all_gather = True
+    head, lp = _gathering_head(full, scale=0.75, soft_cap=20.0)
     sampler = _sampler(cfg, VOCAB, use_fp64_gumbel=fp64)
-    rng = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    rng = _rng(gen)
     slots = [int(s) for s in rng.permutation(MAX_REQS)[: len(NO_TOP_P) if filters else 16]]
     for i, slot in enumerate(slots):
         params = {"temperature": TEMPERATURES[i % 7], "seed": int(rng.integers(-(2**63), 2**63 - 1))}
@@ -308,17 +326,13 @@ def _exact_logits_case(ts, cfg, gen, dtype, fp64=False, filters=False, steps=2):
         _add(sampler, slot, **params)
     out = []
     for _ in range(steps):
-        positions = [int(p) for p in rng.integers(0, 2**31 - 2, len(slots))]
-        batch = _batch(slots, positions, [p + 1 for p in positions])
+        batch = _step_batch(rng, slots)
         hidden = (torch.randn(len(slots), HIDDEN, generator=gen) * 2).to(dtype)
         assert ts.covered(batch, sampler) is True
         logits = lp(head, hidden)
         top2 = torch.topk(logits.float(), 2, dim=1).values
         want = _out(sampler(logits, batch))
-        before = dict(ts.STATS)
-        got = _out(ts.sample_on_shards(hidden, head, lp, batch, sampler))
-        routes = {k: v - before.get(k, 0) for k, v in ts.STATS.items() if v != before.get(k, 0)}
-        routes = {k: v for k, v in routes.items() if k.startswith("target")}
+        got, routes = _sample_routes(ts, hidden, head, lp, batch, sampler)
         tie = _tie_at_boundary(logits, NO_TOP_P) if filters else [False] * len(slots)
         top_ties = int((top2[:, 0] == top2[:, 1]).sum())
         out.append({"want": want, "got": got, "top_ties": top_ties, "tie_at_k": tie, "routes": routes})
@@ -407,9 +421,7 @@ def worker(rank: int, world_size: int, seed: int):
     out = {"target_active": ts.active()}
     gen = torch.Generator().manual_seed(seed)
     full, _ = _problem(gen, 1)
-    head = head_of(full)
-    lp = processor(VOCAB)
-    lp.use_all_gather = True  # every rank samples (vLLM's runner on platforms that all-gather)
+    head, lp = _gathering_head(full)
     out["mixed"] = _mixed_case(ts, _sampler(cfg, VOCAB), head, lp, full, gen)
     out["filtered"] = _filtered_case(ts, cfg, gen)
     out["logprobs"] = {
