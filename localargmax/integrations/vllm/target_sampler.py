@@ -270,13 +270,19 @@ def sample_on_shards(hidden_states, lm_head, lp, input_batch, sampler, group=Non
     )
 
 
-def _gather_rows(values: torch.Tensor, group) -> torch.Tensor:
+def _gather_rows(values: torch.Tensor, group, vocab_start: int) -> torch.Tensor:
     """Every rank's ``[B, W]`` float64 ``values``: ``[tp, B, W]`` (one
-    all-gather of the bits through :func:`localargmax.exchange_keys`)."""
-    from ...collective import exchange_keys
+    all-gather of the bits through :func:`localargmax.collective.exchange_step`:
+    the group checked first, the ranks' shapes compared under
+    ``LOCALARGMAX_DEBUG=1``)."""
+    from ... import envs
+    from ...collective import exchange_step
 
     words = values.contiguous().view(torch.int64).reshape(-1)
-    return exchange_keys(words, group).view(torch.float64).view(-1, *values.shape)
+    debug = None
+    if envs.LOCALARGMAX_DEBUG:
+        debug = {"target sampler rows": values.shape[0], "words per row": values.shape[1]}
+    return exchange_step(words, group, vocab_start=vocab_start, debug=debug).view(torch.float64).view(-1, *values.shape)
 
 
 def shard_logits_sample(local, start, temperature, noise, group, *, fp64=False):
@@ -315,7 +321,7 @@ def shard_logits_sample(local, start, temperature, noise, group, *, fp64=False):
         pair = torch.stack([y.gather(1, best[:, None])[:, 0].to(torch.float64), (best + start).to(torch.float64)], 1)
     else:  # an empty shard: never the winner
         pair = torch.tensor([-math.inf, math.inf], dtype=torch.float64, device=x.device).expand(batch, 2)
-    gathered = _gather_rows(pair, group)  # [tp, B, 2]
+    gathered = _gather_rows(pair, group, start)  # [tp, B, 2]
     score, gid = gathered[..., 0], gathered[..., 1]
     nan = score.isnan()
     top = torch.where(nan, -math.inf, score).max(dim=0).values
@@ -370,7 +376,7 @@ def shard_logprobs(local, start, sampled, num_logprobs, group, *, logits_mode=Fa
             top = key_index((pack_keys(x, ids) ^ SIGN_FLIP).topk(m, dim=1).values ^ SIGN_FLIP)
             stats[:, 4 : 4 + m] = xd.gather(1, top - start)
             stats[:, 4 + num_logprobs : 4 + num_logprobs + m] = top.to(torch.float64)
-    g = _gather_rows(stats, group)  # [tp, B, W]
+    g = _gather_rows(stats, group, start)  # [tp, B, W]
     total_max = g[..., 0].max(dim=0).values
     finite = total_max > -math.inf
     scale = torch.exp(g[..., 0] - torch.where(finite, total_max, 0.0))
@@ -385,7 +391,7 @@ def shard_logprobs(local, start, sampled, num_logprobs, group, *, logits_mode=Fa
     values = torch.cat([x_sampled[:, None], top_v], dim=1)
     scores = values if logits_mode else values - lse[:, None]
     count = ((x >= x_sampled[:, None].to(torch.float32)).sum(dim=1) if n else torch.zeros(batch, device=dev)).double()
-    ranks = _gather_rows(count[:, None], group)[..., 0].sum(dim=0).to(torch.int64)
+    ranks = _gather_rows(count[:, None], group, start)[..., 0].sum(dim=0).to(torch.int64)
     return LogprobsTensors(
         logprob_token_ids=ids,
         logprobs=scores.to(torch.float32),
