@@ -122,4 +122,17 @@ inline void check_merge_keys_args(const at::Tensor& keys, const std::optional<at
   }
 }
 
+// localargmax::step_frame's own arguments (the fused op's are checked by it).
+inline void check_step_frame_args(int64_t mode, int64_t k, const std::optional<at::Tensor>& temperature,
+                                  bool log_partition, bool send_pairs, bool sign_flip) {
+  TORCH_CHECK_VALUE(mode >= 0 && mode <= 2, "step_frame: mode must be 0 (argmax), 1 (top-k) or 2 (sample), got ",
+                    mode);
+  TORCH_CHECK_VALUE(k == 1 || mode == 1, "step_frame: k > 1 is top-k's (mode 1), got k=", k, " with mode ", mode);
+  TORCH_CHECK_VALUE(mode != 2 || temperature.has_value(), "step_frame: sampling (mode 2) needs a temperature");
+  TORCH_CHECK_VALUE(!temperature.has_value() || mode == 2 || (mode == 0 && log_partition),
+                    "step_frame: a temperature is sampling's, or the argmax log-partition's");
+  TORCH_CHECK_VALUE(!send_pairs || log_partition, "step_frame: send_pairs needs log_partition");
+  TORCH_CHECK_VALUE(!(send_pairs && sign_flip), "step_frame: pairs do not merge by an all-reduce (sign_flip)");
+}
+
 }  // namespace localargmax

@@ -1,6 +1,7 @@
 // The whole operator surface of localargmax, in one screen. Each backend
 // registers its implementations next to them (cpu/*.cpp, cuda/*.cu).
 #include <Python.h>
+#include <torch/autograd.h>
 #include <torch/library.h>
 
 #include "cpu/cpu_path.h"
@@ -39,12 +40,34 @@ TORCH_LIBRARY(localargmax, m) {
         "Tensor? noise_seed=None, Tensor? noise_pos=None) -> (Tensor, Tensor)");
   // keys [tp, B] or [B] int64, d2t [draft_vocab]? int64 -> (ids [B] int64, values [B] float32)
   m.def("merge_keys(Tensor keys, Tensor? d2t) -> (Tensor, Tensor)");
+  // The planned step (DESIGN.md, "The planned step"): one rank's fused op (mode 0 argmax, 1 top-k, 2 sample;
+  // the *_lse op with log_partition; temperature: sampling's, or the argmax log-partition's) and its frame
+  // [size, -size, vocab_end, keys (B*k), pairs (B words, with send_pairs)], every word XOR the sign bit with
+  // sign_flip (an all-reduce MAX's frame), in one op: the payload a collective moves as it is.
+  m.def("step_frame(Tensor hidden, Tensor weight, Tensor? bias, int vocab_start, int num_valid, int mode, int k, "
+        "Tensor? temperature, int seed, int offset, float scale, float soft_cap, bool log_partition, bool send_pairs, "
+        "bool sign_flip, str path=\"auto\", Tensor? noise_seed=None, Tensor? noise_pos=None) -> Tensor");
+  // Every rank's frame [tp, words] (or [words]) -> (ids, values, log_probs, log_odds, ok): the headers checked,
+  // the winner (or the k largest keys) over the ranks, d2t applied (mapped ids in [0, target_vocab) when
+  // target_vocab > 0), log-probabilities / log-odds from the pairs (common/step_merge.h); ok [] bool clear on a
+  // failed check (raise_errors, CPU only: ValueError instead). ids / values [batch] ([batch, k] for top-k).
+  m.def("merge_frames(Tensor frames, SymInt batch, int k, bool pairs, int mode, Tensor? d2t, int target_vocab, "
+        "Tensor? temperature, bool log_probs, bool log_odds, bool sign_flipped, bool raise_errors) -> "
+        "(Tensor, Tensor, Tensor, Tensor, Tensor)");
   // The samplers' Gumbel noise (common/philox.h) at (seed, rows[i], ids[i]): rows (uint64 bits) and ids (>= 0)
   // int64 of one shape -> float32 of that shape. CPU only (on CUDA, localargmax.sampling evaluates it in torch).
   m.def("gumbel_noise(int seed, Tensor rows, Tensor ids) -> Tensor");
   // vLLM 0.34's Gumbel noise (common/vllm_noise.h) at (seeds[i], pos[i], ids[i]), int64 of one shape (ids >= 0)
   // -> float32 of that shape (float64: use_fp64_gumbel's noise). CPU only (elsewhere vllm_gumbel.torch_gumbel32).
   m.def("vllm_gumbel_noise(Tensor seeds, Tensor pos, Tensor ids, bool fp64=False) -> Tensor");
+}
+
+// The planned step's ops are called once per step: their autograd kernel is C++'s (a backward through
+// them raises, naming the op) rather than a Python one (localargmax/ops.py's FUSED_OPS), which would add
+// microseconds of Python to every call.
+TORCH_LIBRARY_IMPL(localargmax, Autograd, m) {
+  m.impl("step_frame", torch::autograd::autogradNotImplementedFallback());
+  m.impl("merge_frames", torch::autograd::autogradNotImplementedFallback());
 }
 
 namespace localargmax::cpu {

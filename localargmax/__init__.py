@@ -9,6 +9,7 @@ Public API:
     shard_argmax, merge_keys, decode_keys   the ops (torch.ops.localargmax.*)
     shard_topk, shard_sample                top-k and Gumbel-max sampling ops
     lm_head_argmax                          the whole step (kernel + collective + merge)
+    StepPlan                                the same step planned once at load, run per call (few launches)
     lm_head_topk, lm_head_sample            the same for top-k and tp-invariant sampling
                                             (all three: return_log_probs=True, fused log-probabilities)
     lm_head_sample(top_k=, top_p=, min_p=)  vLLM's filters, exact, one exchange (localargmax.sampling)
@@ -46,6 +47,7 @@ from .layout import VocabShard, check_layouts, shard_vocab
 from .lm_head import LocalArgmaxMixin, VocabParallelLMHead
 from .ops import MAX_GLOBAL_INDEX, MAX_TOPK, decode_keys, merge_keys, shard_argmax, shard_sample, shard_topk
 from .paths import kernel_path
+from .plan import StepPlan
 from .sampling import lm_head_sample
 from .step import lm_head_argmax, lm_head_topk, log_odds_from_pairs, log_probs_from_pairs
 from .vllm_gumbel import VllmNoise, vllm_gumbel_noise, vllm_noise
@@ -60,6 +62,7 @@ __all__ = [
     "MAX_GLOBAL_INDEX",
     "MAX_TOPK",
     "LocalArgmaxMixin",
+    "StepPlan",
     "VocabParallelLMHead",
     "VocabShard",
     "VllmNoise",

@@ -122,13 +122,17 @@ def check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid) -> Non
     """Raise ValueError/TypeError naming the argument if the shard_argmax inputs
     are malformed. Shared by the public wrapper and the fake kernel."""
     _check_tensor("hidden", hidden, "[batch, hidden_size]")
-    _check_tensor("weight", weight, "[rows, hidden_size]")
-    if weight.dim() != 2:
-        raise ValueError(f"weight must be 2-D [rows, hidden_size], got shape {tuple(weight.shape)}")
+    check_weight_args(weight, bias, vocab_start, num_valid)
+    check_hidden_arg(hidden, weight)
+
+
+def check_hidden_arg(hidden, weight) -> None:
+    """``hidden`` against a checked ``weight`` (:func:`check_weight_args`): 2-D
+    ``[batch, hidden_size]``, the weight's dtype, hidden size and device
+    (what a planned step checks per call)."""
+    _check_tensor("hidden", hidden, "[batch, hidden_size]")
     if hidden.dim() != 2:
         raise ValueError(f"hidden must be 2-D [batch, hidden_size], got shape {tuple(hidden.shape)}")
-    if weight.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"weight dtype must be float32, bfloat16 or float16, got {weight.dtype}")
     if hidden.dtype != weight.dtype:
         raise TypeError(f"hidden dtype ({hidden.dtype}) must equal weight dtype ({weight.dtype})")
     if hidden.shape[1] != weight.shape[1]:
@@ -138,6 +142,17 @@ def check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid) -> Non
         )
     if hidden.device != weight.device:
         raise ValueError(f"hidden is on {hidden.device} but weight is on {weight.device}; both must be on one device")
+
+
+def check_weight_args(weight, bias, vocab_start, num_valid) -> None:
+    """The shard's own arguments (what a planned step checks once): ``weight``
+    ``[rows, hidden_size]`` float32 / bfloat16 / float16 with contiguous
+    rows, ``vocab_start``, ``num_valid``, ``bias``."""
+    _check_tensor("weight", weight, "[rows, hidden_size]")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D [rows, hidden_size], got shape {tuple(weight.shape)}")
+    if weight.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"weight dtype must be float32, bfloat16 or float16, got {weight.dtype}")
     if weight.shape[1] > 1 and weight.stride(1) != 1:
         raise ValueError(
             f"weight rows must be contiguous (stride(1) == 1), got strides {weight.stride()}; "

@@ -442,6 +442,31 @@ def _shard_sample_lse_fake(
     return hidden.new_empty((hidden.shape[0],), dtype=torch.int64), _pairs_fake(hidden)
 
 
+@torch.library.register_fake("localargmax::step_frame")
+def _step_frame_fake(
+    hidden, weight, bias, vocab_start, num_valid, mode, k, temperature, seed, offset, scale, soft_cap, log_partition,
+    send_pairs, sign_flip, path="auto", noise_seed=None, noise_pos=None,
+):  # fmt: skip
+    check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
+    batch = hidden.shape[0]
+    return hidden.new_empty((3 + batch * k + (batch if send_pairs else 0),), dtype=torch.int64)
+
+
+@torch.library.register_fake("localargmax::merge_frames")
+def _merge_frames_fake(
+    frames, batch, k, pairs, mode, d2t, target_vocab, temperature, log_probs, log_odds, sign_flipped, raise_errors
+):  # fmt: skip
+    shape = (batch, k) if mode == 1 else (batch,)
+    floats = {"dtype": torch.float32}
+    return (
+        frames.new_empty(shape),
+        frames.new_empty(shape, **floats),
+        frames.new_empty(shape if log_probs else (0,), **floats),
+        frames.new_empty((batch if log_odds else 0,), **floats),
+        frames.new_empty((), dtype=torch.bool),
+    )
+
+
 # Autograd: the ops are not differentiable (argmax, top-k and sampling have no
 # useful gradient; the log-partition pairs are a forward-only by-product).
 # Registered at the Autograd key so that torch does not fall back to passing
@@ -450,6 +475,10 @@ FUSED_OPS = (
     "shard_argmax", "shard_topk", "shard_sample", "shard_argmax_lse", "shard_topk_lse", "shard_sample_lse",
     "merge_keys", "gumbel_noise", "vllm_gumbel_noise",
 )  # fmt: skip
+
+STEP_OPS = ("step_frame", "merge_frames")
+"""The planned step's ops (localargmax/plan.py): their autograd kernel is C++'s fallback (csrc/ops.cpp: a
+backward raises "derivative for localargmax::<op> is not implemented"), no Python on every call."""
 
 
 def _not_differentiable(name: str):

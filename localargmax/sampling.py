@@ -9,17 +9,16 @@ not decided by the candidates are recomputed from a gather of their logits."""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 
-from . import envs
-from ._validation import MAX_TOPK, TEMPERATURE, FilterRows, check_seed_offset, filter_rows, host_checks, row_param
+from ._validation import MAX_TOPK, FilterRows, check_seed_offset, filter_rows, host_checks
 from .collective import Group, exchange_logits, logits_payload_length
 from .engine import gather_logits, log_probs_from_pairs, merge_checked, run_step, winning_rank
 from .ops import decode_keys, shard_sample, shard_topk
 from .packed_key import SIGN_FLIP
+from .plan import StepPlan
 from .vllm_gumbel import VllmNoise, check_noise, vllm_gumbel_noise
 
 CANDIDATES = MAX_TOPK
@@ -150,25 +149,11 @@ def lm_head_sample(
             return_log_probs=return_log_probs, logit_scale=logit_scale, soft_cap=soft_cap, fallback=fallback,
             noise=noise,
         )  # fmt: skip
-    t = row_param(temperature, "temperature", hidden, TEMPERATURE, optional=False)
-    if envs.LOCALARGMAX_DEBUG:
-        check_seed_offset(seed, offset)
-    debug = {"seed": seed, "offset": offset, "fallback": FALLBACKS.index(fallback), "temperature": t}
-    if noise is not None:
-        noise = check_noise(noise, hidden)
-        debug.update({"noise seed": noise.seed, "noise pos": noise.pos})
-    op = shard_sample if noise is None else functools.partial(shard_sample, noise=noise)
-    _, gathered, got_pairs, ok = run_step(
-        op, (t, seed, offset), hidden, weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias,
-        d2t=d2t, group=group, reduce=reduce, log_probs=return_log_probs, scale=logit_scale, soft_cap=soft_cap,
-        sampling=True, debug=debug,
+    plan = StepPlan(
+        weight, kind="sample", vocab_start=vocab_start, num_valid=num_valid, bias=bias, d2t=d2t, group=group,
+        reduce=reduce, return_log_probs=return_log_probs, logit_scale=logit_scale, soft_cap=soft_cap,
     )  # fmt: skip
-    ids, _ = merge_checked(gathered, d2t, ok)
-    if not return_log_probs:
-        return ids
-    # The winning rank's ref is the sampled entry's transformed logit.
-    chosen = got_pairs[..., 0].gather(0, winning_rank(gathered))[0]
-    return ids, log_probs_from_pairs(chosen, got_pairs, t)
+    return plan.run(hidden, temperature=temperature, seed=seed, offset=offset, noise=noise)
 
 
 def filtered_sample(

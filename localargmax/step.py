@@ -4,15 +4,13 @@ engine they share with sampling: :mod:`localargmax.engine`)."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from ._validation import LOG_ODDS_TEMPERATURE, host_checks, row_param
-from .collective import LOCAL_SHARD, Group
-from .engine import log_odds_from_pairs, log_probs_from_pairs, merge_checked, run_step
-from .ops import shard_argmax, shard_topk
-from .packed_key import SIGN_FLIP
+from .collective import Group
+from .engine import log_odds_from_pairs, log_probs_from_pairs
+from .plan import StepPlan
+
+__all__ = ["lm_head_argmax", "lm_head_topk", "log_odds_from_pairs", "log_probs_from_pairs"]
 
 
 def lm_head_argmax(
@@ -104,27 +102,11 @@ def lm_head_argmax(
         one known on the host; ValueError naming ``init_process_group`` for
         ``group`` None (or of one rank) with ``vocab_start > 0``.
     """
-    if not isinstance(return_log_odds, bool):
-        raise TypeError(f"return_log_odds must be a bool, got {type(return_log_odds).__name__}")
-    t = row_param(temperature, "temperature", hidden, LOG_ODDS_TEMPERATURE) if return_log_odds else None
-    if temperature is not None and not return_log_odds:
-        raise ValueError(
-            "temperature applies to the log-odds (and with them the log-probabilities): pass return_log_odds=True "
-            "(the argmax does not depend on it)"
-        )
-    _, gathered, got_pairs, ok = run_step(
-        shard_argmax, (), hidden, weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias, d2t=d2t, group=group,
-        reduce=reduce, log_probs=return_log_probs, scale=logit_scale, soft_cap=soft_cap,
-        op_kw={"temperature": t} if t is not None else {}, odds=return_log_odds,
+    plan = StepPlan(
+        weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias, d2t=d2t, group=group, reduce=reduce,
+        return_log_probs=return_log_probs, return_log_odds=return_log_odds, logit_scale=logit_scale, soft_cap=soft_cap,
     )  # fmt: skip
-    ids, values = merge_checked(gathered, d2t, ok)
-    if not (return_log_probs or return_log_odds):
-        return ids
-    out = (ids, log_probs_from_pairs(values, got_pairs, t)) if return_log_probs else (ids,)
-    if return_log_odds:
-        log_odds = log_odds_from_pairs(gathered, got_pairs, t)
-        out = (*out, log_odds if t is None else torch.where(t.isfinite(), log_odds, math.nan))
-    return out
+    return plan.run(hidden, temperature=temperature)
 
 
 def lm_head_topk(
@@ -172,23 +154,8 @@ def lm_head_topk(
         TypeError / ValueError for malformed inputs; ValueError when ``k``
         exceeds the valid vocabulary (on CPU; on CUDA such slots get id -1).
     """
-    one_shard = group is None or group is LOCAL_SHARD
-    if one_shard and isinstance(num_valid, int) and isinstance(k, int) and 1 <= k and num_valid < k:
-        raise ValueError(f"k={k} exceeds the valid vocabulary (num_valid={num_valid})")
-    keys, gathered, got_pairs, ok = run_step(
-        shard_topk, (k,), hidden, weight, vocab_start=vocab_start, num_valid=num_valid, bias=bias, d2t=d2t, group=group,
-        reduce="all_gather", log_probs=return_log_probs, scale=logit_scale, soft_cap=soft_cap, k=k,
+    plan = StepPlan(
+        weight, kind="topk", k=k, vocab_start=vocab_start, num_valid=num_valid, bias=bias, d2t=d2t, group=group,
+        return_log_probs=return_log_probs, logit_scale=logit_scale, soft_cap=soft_cap,
     )  # fmt: skip
-    batch = keys.shape[0]
-    if batch == 0:
-        return keys.new_empty((0, k)), keys.new_empty((0, k), dtype=torch.float32)
-    candidates = gathered.permute(1, 0, 2).reshape(batch, -1) ^ SIGN_FLIP  # signed order == unsigned order
-    merged = candidates.topk(k, dim=1, sorted=True).values ^ SIGN_FLIP
-    if host_checks(merged) and bool((merged == 0).any()):
-        raise ValueError(f"k={k} exceeds the valid vocabulary summed over all ranks")
-    # merge_keys of [1, B*k] decodes every kept key and applies d2t (range-checked on CPU)
-    ids, values = merge_checked(merged.reshape(1, -1), d2t, ok)
-    values = values.view(batch, k)
-    if return_log_probs:
-        values = log_probs_from_pairs(values, got_pairs)
-    return ids.view(batch, k), values
+    return plan.run(hidden)

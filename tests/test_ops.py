@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import localargmax
-from localargmax.ops import FUSED_OPS
+from localargmax.ops import FUSED_OPS, STEP_OPS
 
 
 def _calls(h, w):
@@ -18,6 +18,8 @@ def _calls(h, w):
     b = torch.randn(w.shape[0], requires_grad=True)
     ops = torch.ops.localargmax
     keys = ops.shard_argmax(h, w, b, 0, w.shape[0])
+    frame = ops.step_frame(h.detach(), w.detach(), None, 0, w.shape[0], 2, 1, t.detach(), 1, 0, 1.0, 0.0, True, True,
+                           False)  # fmt: skip
     return {
         "shard_argmax": (keys,),
         "shard_topk": (ops.shard_topk(h, w, b, 0, w.shape[0], 3),),
@@ -28,16 +30,18 @@ def _calls(h, w):
         "merge_keys": ops.merge_keys(keys[None], None),
         "gumbel_noise": (ops.gumbel_noise(1, torch.arange(h.shape[0]), torch.arange(h.shape[0])),),
         "vllm_gumbel_noise": (ops.vllm_gumbel_noise(*(torch.arange(h.shape[0]),) * 3),),
+        "step_frame": (ops.step_frame(h, w, b, 0, w.shape[0], 2, 1, t, 1, 0, 1.0, 0.0, True, True, False),),
+        "merge_frames": ops.merge_frames(frame, h.shape[0], 1, True, 2, None, 0, t, True, False, False, True),
     }
 
 
 def test_every_op_is_walked():
-    assert set(_calls(torch.randn(2, 8), torch.randn(20, 8))) == set(FUSED_OPS)
+    assert set(_calls(torch.randn(2, 8), torch.randn(20, 8))) == set(FUSED_OPS) | set(STEP_OPS)
     registered = {name for name in dir(torch.ops.localargmax) if not name.startswith("_")} - {"name"}
-    assert registered == set(FUSED_OPS), "an op registered in csrc/ops.cpp is missing from ops.FUSED_OPS"
+    assert registered == set(FUSED_OPS) | set(STEP_OPS), "an op of csrc/ops.cpp is missing from FUSED_OPS / STEP_OPS"
 
 
-@pytest.mark.parametrize("op", FUSED_OPS)
+@pytest.mark.parametrize("op", FUSED_OPS + STEP_OPS)
 def test_no_output_drops_a_gradient(op, gen):
     hidden = torch.randn(3, 8, generator=gen, requires_grad=True)
     weight = torch.randn(50, 8, generator=gen, requires_grad=True)
@@ -46,7 +50,8 @@ def test_no_output_drops_a_gradient(op, gen):
         if not out.requires_grad:
             assert not out.is_floating_point() or out.grad_fn is None
             continue
-        with pytest.raises(RuntimeError, match=rf"localargmax::{op} is not differentiable"):
+        # FUSED_OPS: ops.py's message; STEP_OPS: C++'s autograd fallback's
+        with pytest.raises(RuntimeError, match=rf"localargmax::{op} is not (differentiable|implemented)"):
             (out[:, 0] + out[:, 1].log()).sum().backward() if out.dim() == 2 else out.sum().backward()
     assert hidden.grad is None and weight.grad is None
 

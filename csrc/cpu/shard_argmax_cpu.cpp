@@ -20,6 +20,7 @@
 
 #include "../checks.h"
 #include "../common/philox.h"
+#include "../common/step_merge.h"
 #include "../impl_shard_ops.h"
 #include "cpu_path.h"
 #include "fp_env.h"
@@ -308,6 +309,48 @@ std::tuple<at::Tensor, at::Tensor> shard_sample_lse_cpu(const at::Tensor& hidden
   return {keys.view({-1}), pairs};
 }
 
+// localargmax::step_frame on the CPU: the rank's fused op, then its frame
+// (common/step_merge.h's layout): [size, -size, vocab_end], the keys, the
+// pairs' words with send_pairs; every word XOR the sign bit with sign_flip.
+at::Tensor step_frame_cpu(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                          int64_t vocab_start, int64_t num_valid, int64_t mode, int64_t k,
+                          const std::optional<at::Tensor>& temperature, int64_t seed, int64_t offset, double scale,
+                          double soft_cap, bool log_partition, bool send_pairs, bool sign_flip, c10::string_view path,
+                          const std::optional<at::Tensor>& noise_seed, const std::optional<at::Tensor>& noise_pos) {
+  check_step_frame_args(mode, k, temperature, log_partition, send_pairs, sign_flip);
+  at::Tensor keys, pairs;
+  if (mode == kStepTopk) {
+    if (log_partition)
+      std::tie(keys, pairs) = shard_topk_lse_cpu(hidden, weight, bias, vocab_start, num_valid, k, scale, soft_cap, path);
+    else
+      keys = shard_topk_cpu(hidden, weight, bias, vocab_start, num_valid, k, path);
+  } else if (mode == kStepSample) {
+    if (log_partition)
+      std::tie(keys, pairs) = shard_sample_lse_cpu(hidden, weight, bias, vocab_start, num_valid, *temperature, seed,
+                                                   offset, scale, soft_cap, path, noise_seed, noise_pos);
+    else
+      keys = shard_sample_cpu(hidden, weight, bias, vocab_start, num_valid, *temperature, seed, offset, path,
+                              noise_seed, noise_pos);
+  } else if (log_partition) {
+    std::tie(keys, pairs) =
+        shard_argmax_lse_cpu(hidden, weight, bias, vocab_start, num_valid, scale, soft_cap, path, temperature);
+  } else {
+    keys = shard_argmax_cpu(hidden, weight, bias, vocab_start, num_valid, path);
+  }
+  const int64_t batch = hidden.size(0), n = keys.numel();
+  at::Tensor frame = at::empty({kFrameHeader + n + (send_pairs ? batch : 0)}, keys.options());
+  int64_t* w = frame.data_ptr<int64_t>();
+  const int64_t size = n + 1 + (send_pairs ? kPairsFlag : 0);
+  w[0] = size;
+  w[1] = -size;
+  w[2] = num_valid ? vocab_start + num_valid : 0;
+  if (n) std::memcpy(w + kFrameHeader, keys.contiguous().data_ptr<int64_t>(), n * sizeof(int64_t));
+  if (send_pairs && batch) std::memcpy(w + kFrameHeader + n, pairs.contiguous().data_ptr<float>(), batch * 8);
+  if (sign_flip)
+    for (int64_t i = 0; i < frame.numel(); ++i) w[i] ^= static_cast<int64_t>(kSignFlip);
+  return frame;
+}
+
 }  // namespace
 
 // How many distinct OS threads run the bodies of at::parallel_for(0, n, 1,
@@ -333,6 +376,9 @@ bool scalar_epilogue() { return g_scalar_epilogue.load(); }
 
 }  // namespace cpu
 
-TORCH_LIBRARY_IMPL(localargmax, CPU, m) { LOCALARGMAX_IMPL_SHARD_OPS(m, cpu, cpu); }
+TORCH_LIBRARY_IMPL(localargmax, CPU, m) {
+  LOCALARGMAX_IMPL_SHARD_OPS(m, cpu, cpu);
+  m.impl("step_frame", &cpu::step_frame_cpu);
+}
 
 }  // namespace localargmax

@@ -14,7 +14,9 @@
 #include <tuple>
 
 #include "../checks.h"
+#include "../merge_frames.h"
 #include "merge_keys_kernel.cuh"
+#include "step_kernels.cuh"
 
 namespace localargmax {
 namespace cuda {
@@ -40,9 +42,33 @@ std::tuple<at::Tensor, at::Tensor> merge_keys_cuda(const at::Tensor& keys_in, co
   return {ids, values};
 }
 
+// localargmax::merge_frames: one launch of merge_frames_kernel (step_kernels.cuh); a failed check clears
+// the returned flag (no host synchronisation), which the step hands to torch._assert_async.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_frames_cuda(
+    const at::Tensor& frames_in, int64_t batch, int64_t k, bool pairs, int64_t mode,
+    const std::optional<at::Tensor>& d2t_in, int64_t target_vocab, const std::optional<at::Tensor>& temperature_in,
+    bool log_probs, bool log_odds, bool sign_flipped, bool raise_errors) {
+  TORCH_CHECK_VALUE(!raise_errors, "merge_frames: raise_errors needs the host (CPU tensors); on CUDA the step "
+                    "checks the returned flag with torch._assert_async");
+  MergeOutputs out = merge_frames_outputs(frames_in, batch, k, pairs, mode, d2t_in, temperature_in, log_probs,
+                                          log_odds, sign_flipped);
+  const c10::cuda::CUDAGuard guard(frames_in.device());
+  const at::Tensor frames = frames_2d(frames_in, batch, k, pairs);
+  const at::Tensor d2t = d2t_in.has_value() ? d2t_in->contiguous() : at::Tensor();
+  const at::Tensor temperature = temperature_in.has_value() ? temperature_in->contiguous() : at::Tensor();
+  const MergeFrames a =
+      merge_frames_args(frames, batch, k, pairs, mode, d2t, target_vocab, temperature, sign_flipped, out);
+  merge_frames_kernel<<<1, kStepThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(a, out.ok.data_ptr<bool>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {out.ids, out.values, out.log_probs, out.log_odds, out.ok};
+}
+
 }  // namespace
 }  // namespace cuda
 
-TORCH_LIBRARY_IMPL(localargmax, CUDA, m) { m.impl("merge_keys", &cuda::merge_keys_cuda); }
+TORCH_LIBRARY_IMPL(localargmax, CUDA, m) {
+  m.impl("merge_keys", &cuda::merge_keys_cuda);
+  m.impl("merge_frames", &cuda::merge_frames_cuda);
+}
 
 }  // namespace localargmax

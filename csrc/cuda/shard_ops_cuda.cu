@@ -42,6 +42,7 @@
 
 #include "shard_launch.cuh"
 #include "shard_paths.h"
+#include "step_kernels.cuh"
 
 namespace localargmax {
 namespace cuda {
@@ -217,6 +218,8 @@ struct ShardOpArgs {
   bool log_partition = false;               // the *_lse ops
   double scale = 1.0, soft_cap = 0.0;       // log_partition only
   const std::optional<at::Tensor>* partition_temperature = nullptr;  // kArgmax log_partition: [batch] float32 T > 0
+  at::Tensor* frame = nullptr;  // step_frame: the keys (and with send_pairs the pairs) written into this new frame
+  bool send_pairs = false;
 };
 
 // (keys, pairs): keys [batch] (argmax, sample) or [batch, k] (top-k); pairs
@@ -241,10 +244,23 @@ std::tuple<at::Tensor, at::Tensor> shard_op(const ShardOpArgs& a) {
   const bool topk = a.mode == Mode::kTopk;
   const bool empty = batch == 0 || a.num_valid == 0;
   const auto longs = hidden.options().dtype(at::kLong);
-  at::Tensor keys = topk ? at::zeros({batch, a.k}, longs) : at::zeros({batch}, longs);  // memset on the stream
-  at::Tensor pairs, states;
+  at::Tensor keys, pairs, states;
+  if (a.frame != nullptr) {  // step_frame: header and zeroed keys in one launch, the kernels write behind them
+    const int64_t n = batch * a.k;
+    *a.frame = at::empty({kFrameHeader + n + (a.send_pairs ? batch : 0)}, longs);
+    const int64_t size = n + 1 + (a.send_pairs ? kPairsFlag : 0);
+    const int64_t zero = topk ? 0 : n;  // top-k's keys are copied in after its merge
+    frame_init_kernel<<<static_cast<unsigned>((std::max<int64_t>(zero, 1) + kStepThreads - 1) / kStepThreads),
+                        kStepThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        a.frame->data_ptr<int64_t>(), size, a.num_valid ? a.vocab_start + a.num_valid : 0, zero);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    keys = topk ? at::zeros({batch, a.k}, longs) : a.frame->narrow(0, kFrameHeader, n);
+    if (a.send_pairs) pairs = a.frame->narrow(0, kFrameHeader + n, batch).view(at::kFloat).view({batch, 2});
+  } else {
+    keys = topk ? at::zeros({batch, a.k}, longs) : at::zeros({batch}, longs);  // memset on the stream
+  }
   if (a.log_partition) {
-    pairs = at::empty({batch, 2}, hidden.options().dtype(at::kFloat));
+    if (!pairs.defined()) pairs = at::empty({batch, 2}, hidden.options().dtype(at::kFloat));
     if (empty) {  // an empty shard: (-inf, 0)
       pairs.select(1, 0).fill_(-std::numeric_limits<float>::infinity());
       pairs.select(1, 1).fill_(0.0);
@@ -252,7 +268,10 @@ std::tuple<at::Tensor, at::Tensor> shard_op(const ShardOpArgs& a) {
       states = at::empty({blocks * batch * 4}, hidden.options().dtype(at::kInt));
     }
   }
-  if (empty) return {keys, pairs};
+  if (empty) {
+    if (topk && a.frame != nullptr) a.frame->narrow(0, kFrameHeader, batch * a.k).zero_();
+    return {keys, pairs};
+  }
   const at::Tensor block_topk = topk ? at::empty({blocks, batch, a.k}, longs) : at::Tensor();
   const at::Tensor t = a.mode == Mode::kSample ? a.temperature->contiguous() : at::Tensor();
   const float* temperature = t.defined() ? t.data_ptr<float>() : nullptr;
@@ -284,6 +303,10 @@ std::tuple<at::Tensor, at::Tensor> shard_op(const ShardOpArgs& a) {
     const int64_t sign = static_cast<int64_t>(kSignFlip);  // signed order of key ^ sign == unsigned order of key
     const at::Tensor flipped = block_topk.permute({1, 0, 2}).reshape({batch, blocks * a.k}).bitwise_xor(sign);
     keys = std::get<0>(flipped.topk(std::min<int64_t>(a.k, blocks * a.k), 1, true, true)).bitwise_xor(sign);
+    if (a.frame != nullptr) {
+      if (keys.size(1) < a.k) a.frame->narrow(0, kFrameHeader, batch * a.k).zero_();
+      a.frame->narrow(0, kFrameHeader, batch * a.k).view({batch, a.k}).narrow(1, 0, keys.size(1)).copy_(keys);
+    }
   }
   return {keys, pairs};
 }
@@ -342,9 +365,36 @@ std::tuple<at::Tensor, at::Tensor> shard_topk_lse_cuda(const at::Tensor& hidden,
                    .log_partition = true, .scale = scale, .soft_cap = soft_cap});
 }
 
+// localargmax::step_frame on CUDA: shard_op writing into a new frame (frame_init_kernel, then the path's
+// kernels; top-k's merged keys copied in), sign-flipped in place for an all-reduce.
+at::Tensor step_frame_cuda(const at::Tensor& hidden, const at::Tensor& weight, const OptionalTensor& bias,
+                           int64_t vocab_start, int64_t num_valid, int64_t mode, int64_t k,
+                           const OptionalTensor& temperature, int64_t seed, int64_t offset, double scale,
+                           double soft_cap, bool log_partition, bool send_pairs, bool sign_flip, c10::string_view path,
+                           const OptionalTensor& noise_seed, const OptionalTensor& noise_pos) {
+  check_step_frame_args(mode, k, temperature, log_partition, send_pairs, sign_flip);
+  at::Tensor frame;
+  const OptionalTensor none;
+  ShardOpArgs args{.mode = mode == kStepTopk ? Mode::kTopk : mode == kStepSample ? Mode::kSample : Mode::kArgmax,
+                   .hidden = hidden, .weight = weight, .bias = bias, .vocab_start = vocab_start,
+                   .num_valid = num_valid, .path = path, .k = k,
+                   .temperature = mode == kStepSample ? &*temperature : nullptr, .seed = seed, .offset = offset,
+                   .noise_seed = mode == kStepSample ? &noise_seed : nullptr,
+                   .noise_pos = mode == kStepSample ? &noise_pos : nullptr, .log_partition = log_partition,
+                   .scale = scale, .soft_cap = soft_cap,
+                   .partition_temperature = mode == kStepArgmax ? &temperature : nullptr, .frame = &frame,
+                   .send_pairs = send_pairs};
+  const auto [keys, pairs] = shard_op(args);
+  if (sign_flip) frame.bitwise_xor_(static_cast<int64_t>(kSignFlip));
+  return frame;
+}
+
 }  // namespace
 }  // namespace cuda
 
-TORCH_LIBRARY_IMPL(localargmax, CUDA, m) { LOCALARGMAX_IMPL_SHARD_OPS(m, cuda, cuda); }
+TORCH_LIBRARY_IMPL(localargmax, CUDA, m) {
+  LOCALARGMAX_IMPL_SHARD_OPS(m, cuda, cuda);
+  m.impl("step_frame", &cuda::step_frame_cuda);
+}
 
 }  // namespace localargmax
