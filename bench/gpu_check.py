@@ -488,6 +488,105 @@ def _target_lines(label: str, rows: list) -> list:
     return out
 
 
+STEP_TIMING_BATCHES = (1, 8, 32, 64, 128)
+"""Batch sizes of the step-timing step (issue #65 item 5)."""
+
+
+def _eager_us(torch, fn, hidden, calls: int, device: str) -> float:
+    """µs per call of ``fn(hidden)`` launched back to back (host time included: the eager step's cost)."""
+    for _ in range(3):
+        fn(hidden)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(calls):
+            fn(hidden)
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) * 1e3 / calls
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn(hidden)
+    return (time.perf_counter() - t0) * 1e6 / calls
+
+
+def step_timing(args) -> int:
+    """Kernel, eager step, captured step and vLLM's own local-argmax sequence (eager and captured), world
+    size 1, the Qwen3 TP-8 shard (18992 x 4096 bf16; --tiny: 2048 x 256) at B 1 / 8 / 32 / 64 / 128, into
+    --json with the targets of issue #65: captured step <= kernel + 8 µs, eager step <= kernel + 40 µs,
+    captured step faster than vLLM's captured sequence at every B <= 64. On the CPU (--dry-run) no
+    capture: the captured columns are null."""
+    import torch
+
+    import localargmax
+    from localargmax import baselines
+    from localargmax.bench.timing import time_cuda
+
+    dev = args.device
+    rows, hsize = (2048, 256) if args.tiny else (18992, 4096)
+    gen = torch.Generator().manual_seed(args.seed)
+    weight = (torch.randn(rows, hsize, generator=gen) / hsize**0.5).to(dev, torch.bfloat16)
+    plan = localargmax.StepPlan(weight, max_batch=max(STEP_TIMING_BATCHES))
+    methods = {
+        "kernel": lambda h: localargmax.shard_argmax(h, weight),
+        "step": plan.run,
+        "vllm-local-argmax": lambda h: baselines.unfused_local_argmax(h, weight),
+    }
+    out, deadline = [], time.monotonic() + args.budget
+    for batch in STEP_TIMING_BATCHES:
+        if time.monotonic() > deadline:
+            out.append({"batch": batch, "skipped": "budget spent"})
+            continue
+        hidden = torch.randn(batch, hsize, generator=gen).to(dev, torch.bfloat16)
+        row = {"batch": batch, "rows": rows, "hidden": hsize, "device": dev}
+        for name, fn in methods.items():
+            row[f"{name}_eager_us"] = round(_eager_us(torch, fn, hidden, 20 if args.tiny else 100, dev), 2)
+            if dev == "cuda":
+                times, _ = time_cuda(fn, [hidden], steps=100, warmup=5, budget_s=2.0)
+                row[f"{name}_captured_us"] = round(sorted(times)[len(times) // 2] * 1e6, 2)
+                row[f"{name}_timing"] = times.timing
+                row[f"{name}_capture_failure"] = times.fallback_reason
+            else:
+                row[f"{name}_captured_us"] = None
+        if dev == "cuda":
+            k, s, v = row["kernel_captured_us"], row["step_captured_us"], row["vllm-local-argmax_captured_us"]
+            row["captured_step_within_kernel_plus_8us"] = s <= k + 8
+            row["captured_step_beats_vllm"] = s < v if batch <= 64 else None
+        row["eager_step_within_kernel_plus_40us"] = row["step_eager_us"] <= row["kernel_eager_us"] + 40
+        out.append(row)
+        print(json.dumps(row))
+    doc = {"command": " ".join(sys.argv), "rows": out}
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+def _step_timing_lines(bench: Path) -> list:
+    """The summary's step-timing table (step_timing.json), if the step ran."""
+    f = bench / "step_timing.json"
+    if not f.exists():
+        return []
+    try:
+        rows = [r for r in json.loads(f.read_text())["rows"] if "skipped" not in r]
+    except (ValueError, KeyError) as exc:
+        return [f"step timing: unreadable ({exc})"]
+    lines = [
+        "the step around the kernel, world size 1 (µs per call; cap = captured in a CUDA graph; "
+        "targets: cap step <= kernel + 8, eager step <= kernel + 40, cap step < vllm cap at B <= 64)",
+        f"{'B':>5s} {'kernel':>7s} {'step':>7s} {'cap':>7s} {'vllm':>7s} {'vllm cap':>8s}  targets",
+    ]
+    for r in rows:
+        marks = [k for k in ("captured_step_within_kernel_plus_8us", "eager_step_within_kernel_plus_40us",
+                             "captured_step_beats_vllm") if r.get(k) is False]  # fmt: skip
+        lines.append(
+            f"{r['batch']:5d} {_us(r['kernel_eager_us']):>7s} {_us(r['step_eager_us']):>7s} "
+            f"{_us(r['step_captured_us']):>7s} {_us(r['vllm-local-argmax_eager_us']):>7s} "
+            f"{_us(r['vllm-local-argmax_captured_us']):>8s}  {'MISSED ' + ', '.join(marks) if marks else 'met'}"
+        )
+    return lines
+
+
 def summary(args) -> int:
     lines = ["== gpu_check summary"]
     steps = Path(args.steps)
@@ -574,6 +673,7 @@ def summary(args) -> int:
             "agree = share of ids equal to it)",
             f"{'shard':18s} {'B':>5s} {'ours':>6s} {'step':>6s} {'vllm':>6s} | {'x vllm':>6s} {'agree':>6s}",
         ] + target
+    lines += _step_timing_lines(bench)
     text = "\n".join(lines) + "\n"
     if args.out:
         Path(args.out).write_text(text)
@@ -604,6 +704,12 @@ def main(argv=None) -> int:
     z = sub.add_parser("sanitize")
     z.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     z.add_argument("--skip", help="comma-separated paths to leave out (the configs step's skip list)")
+    t = sub.add_parser("step-timing")
+    t.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    t.add_argument("--json")
+    t.add_argument("--tiny", action="store_true")
+    t.add_argument("--seed", type=int, default=1234)
+    t.add_argument("--budget", type=float, default=20.0, help="seconds; batch sizes past it are skipped")
     m = sub.add_parser("summary")
     m.add_argument("--bench-dir", required=True)
     m.add_argument("--steps", required=True)
@@ -611,6 +717,7 @@ def main(argv=None) -> int:
     m.add_argument("--out")
     args = p.parse_args(argv)
     steps = {"smoke": smoke, "configs": configs, "configs-worker": configs_worker, "sanitize": sanitize}
+    steps["step-timing"] = step_timing
     return {**steps, "summary": summary}[args.cmd](args)
 
 

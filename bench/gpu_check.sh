@@ -18,7 +18,7 @@
 # caps exceed the budget). Caps:
 #   1 env       <= 10 s  nvidia-smi clocks/ECC/power, torch/CUDA/cuBLAS versions,
 #                        Python.h present, compute-sanitizer path, pytest-timeout
-#   2 build     <= 250 s python setup.py build_ext --inplace, LOCALARGMAX_CUDA_ARCH=90a
+#   2 build     <= 230 s python setup.py build_ext --inplace, LOCALARGMAX_CUDA_ARCH=90a
 #                        only, fresh; no pip at all (and PIP_NO_INDEX=1 besides), so
 #                        nothing reaches the network; ptxas register/spill lines and
 #                        cuobjdump resource usage of the build kept in build.txt
@@ -31,7 +31,11 @@
 #                        argmax, sample, top-k) on planted problems, ids exact and values
 #                        within the float32 bound of the float64 logit; filtered sampling
 #                        (top-k / top-p / min-p) ids against float64 (30 s budget)
-#   5 bench     <= 95 s  first the tune sub-step (<= 45 s, GPU_CHECK_CAP_TUNE): python -m bench.tune
+#   5 steptime  <= 20 s  bench/gpu_check.py step-timing (issue #65): the kernel, the eager planned step
+#                        (StepPlan.run), the step captured in a CUDA graph, and vLLM's own local-argmax
+#                        sequence eager and captured, world size 1, Qwen3 TP-8 shard, B 1/8/32/64/128,
+#                        into step_timing.json (in bench.tar.gz) with the issue's targets
+#   6 bench     <= 95 s  first the tune sub-step (<= 45 s, GPU_CHECK_CAP_TUNE): python -m bench.tune
 #                        times simt, gemm and each mma config (mma/<name>)
 #                        on the engine shapes, smallest shard first, for --seconds (its cap
 #                        less 20 s), and writes the MEASURED dispatch table and its timings into
@@ -45,9 +49,10 @@
 #                        sampling on the full Qwen3 head (B 1..256) beside FlashSampling's
 #                        baselines and published H200 ratios (second, so it always runs); then
 #                        one TP-8 rank's target sampling with vLLM's noise (--noise vllm, B 1/16/64)
-#   6 tests     <= 45 s  the GPU pytest files, 30 s per test (pytest-timeout if there,
+#   7 tests     <= 45 s  the GPU pytest files, the ones that failed in the 2026-12-04 rerun first
+#                        (the planned step's capture, test_step.py, test_shard_argmax_cuda.py), 30 s per test (pytest-timeout if there,
 #                        else bench/pytest_alarm.py), junit XML with the seeds
-#   7 memcheck  <= 100 s compute-sanitizer memcheck of bench/gpu_check.py sanitize
+#   8 memcheck  <= 100 s compute-sanitizer memcheck of bench/gpu_check.py sanitize
 #                        (caching allocator off; one TMA and one > 48 KiB config among its
 #                        calls), then racecheck: each tool gets at least 45 s
 #   then the one-screen summary (summary.txt, and the end of the console output).
@@ -70,7 +75,7 @@
 # the same pytest files (they skip without a GPU); the sanitizer is skipped with a
 # message and its workload runs on the CPU without it.
 # Knobs: GPU_CHECK_BUDGET_S (whole script), GPU_CHECK_CAP_<STEP> (one step's cap in
-# seconds, STEP = ENV BUILD CONFIGS SMOKE BENCH TESTS MEMCHECK; TUNE for the bench step's tune
+# seconds, STEP = ENV BUILD CONFIGS SMOKE STEPTIME BENCH TESTS MEMCHECK; TUNE for the bench step's tune
 # sub-step), GPU_CHECK_TESTS (pytest
 # arguments selecting the tests), GPU_CHECK_BENCH (shape labels to run), PYTHON.
 set -uo pipefail
@@ -97,8 +102,8 @@ BUDGET=${GPU_CHECK_BUDGET_S:-560}
 RESERVE=10
 DEADLINE=$(( SECONDS + BUDGET ))
 # The plan: every step's cap (GPU_CHECK_CAP_<STEP> overrides one), in run order.
-STEP_NAMES="env build configs smoke bench tests memcheck"
-declare -A CAPS=([env]=10 [build]=250 [configs]=25 [smoke]=25 [bench]=95 [tests]=45 [memcheck]=100)
+STEP_NAMES="env build configs smoke steptime bench tests memcheck"
+declare -A CAPS=([env]=10 [build]=230 [configs]=25 [smoke]=25 [steptime]=20 [bench]=95 [tests]=45 [memcheck]=100)
 MEMCHECK_TOOL_MIN=45  # seconds each sanitizer tool gets at least (memcheck, then racecheck)
 for s in $STEP_NAMES; do v="GPU_CHECK_CAP_${s^^}"; CAPS[$s]=${!v:-${CAPS[$s]}}; done
 {
@@ -305,12 +310,20 @@ step_bench() {
   return $status
 }
 
+step_steptime() {
+  local tiny=""; (( DRY )) && tiny=--tiny
+  exec "$PY" bench/gpu_check.py step-timing --device "$DEVICE" $tiny --budget $(( STEP_CAP - 10 )) \
+    --json "$WORK/bench/step_timing.json"
+}
+
 step_tests() {
   local sel=() t=()
   if [[ -n "${GPU_CHECK_TESTS:-}" ]]; then
     read -r -a sel <<< "$GPU_CHECK_TESTS"
   else
-    sel=(-m gpu tests)  # every test parametrized by a CUDA path carries the gpu marker (tests/conftest.py)
+    # every test parametrized by a CUDA path carries the gpu marker (tests/conftest.py); the files of the
+    # tests that failed in the 2026-12-04 rerun first (pytest keeps the first of duplicate paths)
+    sel=(-m gpu tests/test_step_plan.py tests/test_step.py tests/test_shard_argmax_cuda.py tests)
   fi
   # per-test timeout: pytest-timeout where installed, else the SIGALRM plugin;
   # the plugin also turns SIGTERM (this step's timeout) into KeyboardInterrupt,
@@ -351,21 +364,22 @@ step_memcheck() {
   return $rc
 }
 export MEMCHECK_TOOL_MIN
-export -f step_env step_build step_configs skipped_configs step_smoke bench_tune step_bench step_tests step_memcheck
+export -f step_env step_build step_configs skipped_configs step_smoke step_steptime bench_tune step_bench step_tests step_memcheck
 
 echo "gpu_check: $( ((DRY)) && echo 'DRY RUN (CPU)' || echo 'GPU run'), budget ${BUDGET}s, output $OUTDIR, scratch $WORK"
 run_step env 10 step_env
-if run_step build 250 step_build; then built=1; fi
+if run_step build 230 step_build; then built=1; fi
 if (( built )); then
   run_step configs 25 step_configs
   run_step smoke 25 step_smoke
+  run_step steptime 20 step_steptime
   run_step bench 95 step_bench
   bash -c '"$PY" bench/gpu_check.py summary --bench-dir "$WORK/bench" --steps "$WORK/steps.txt"' | tail -n +2
   run_step tests 45 step_tests
   run_step memcheck 100 step_memcheck
 else
-  for s in configs smoke bench tests memcheck; do record "$s" - 0 "skipped: no build"; done
-  echo "no build: smoke, bench, tests and memcheck skipped" | tee "$OUTDIR/sanitizer.txt"
+  for s in configs smoke steptime bench tests memcheck; do record "$s" - 0 "skipped: no build"; done
+  echo "no build: smoke, steptime, bench, tests and memcheck skipped" | tee "$OUTDIR/sanitizer.txt"
 fi
 for f in tests.xml sanitizer.txt build.txt env.txt; do  # every file exists, whatever happened
   [[ -e "$OUTDIR/$f" ]] || echo "not written: its step did not run or was killed (see gpu_check.log)" > "$OUTDIR/$f"

@@ -60,18 +60,18 @@ inline MergeOutputs merge_frames_outputs(const at::Tensor& frames, int64_t batch
 
 // frames [tp, words] (or flat: whole frames of kFrameHeader + batch * k (+ batch) words), contiguous.
 inline at::Tensor frames_2d(const at::Tensor& frames, int64_t batch, int64_t k, bool pairs) {
-  if (frames.dim() == 2) return frames.contiguous();
+  if (frames.dim() == 2) return frames.stride(1) == 1 ? frames : frames.contiguous();  // rows may be strided
   return frames.contiguous().view({-1, kFrameHeader + batch * k + (pairs ? batch : 0)});
 }
 
-// frames: [tp, words] contiguous; d2t, temperature contiguous or undefined.
+// frames: [tp, words], words contiguous (rows at stride(0)); d2t, temperature contiguous or undefined.
 inline MergeFrames merge_frames_args(const at::Tensor& frames, int64_t batch, int64_t k, bool pairs, int64_t mode,
                                      const at::Tensor& d2t, int64_t target_vocab, const at::Tensor& temperature,
                                      bool sign_flipped, MergeOutputs& out) {
   MergeFrames a;
   a.frames = reinterpret_cast<const uint64_t*>(frames.data_ptr<int64_t>());
   a.tp = frames.size(0);
-  a.stride = frames.size(1);
+  a.stride = frames.size(0) > 1 ? frames.stride(0) : frames.size(1);
   a.batch = batch;
   a.k = k;
   a.pairs = pairs;

@@ -398,8 +398,8 @@ def _is_nccl_communicator(group) -> bool:
     return all(hasattr(group, a) for a in ("allGather", "allReduce", "size", "rank_id"))
 
 
-def _exchange_with_cupy_nccl(keys: torch.Tensor, comm, reduce: str) -> torch.Tensor:
-    """The key exchange over a cupy NCCL communicator, on torch's current stream."""
+def require_cupy_nccl():
+    """``cupy.cuda.nccl``, or ImportError naming the optional extra (a cupy communicator was passed as group)."""
     try:
         from cupy.cuda import nccl
     except ImportError as e:
@@ -407,6 +407,12 @@ def _exchange_with_cupy_nccl(keys: torch.Tensor, comm, reduce: str) -> torch.Ten
             "a cupy NcclCommunicator was passed as group but cupy is not importable; "
             "install the optional extra: pip install 'localargmax[cupy]'"
         ) from e
+    return nccl
+
+
+def _exchange_with_cupy_nccl(keys: torch.Tensor, comm, reduce: str) -> torch.Tensor:
+    """The key exchange over a cupy NCCL communicator, on torch's current stream."""
+    nccl = require_cupy_nccl()
     if keys.device.type != "cuda":
         raise ValueError(f"a cupy NCCL communicator needs CUDA keys, got keys on {keys.device}")
     stream = torch.cuda.current_stream(keys.device).cuda_stream

@@ -10,7 +10,7 @@ from torch import nn
 from .collective import Group, check_group
 from .engine import local_logits
 from .layout import VocabShard, check_layouts, shard_vocab
-from .step import lm_head_argmax
+from .plan import cached_plan
 
 
 class VocabParallelLMHead(nn.Module):
@@ -175,16 +175,11 @@ class VocabParallelLMHead(nn.Module):
 
         Raises ValueError if ``self.group`` no longer fits the layout (see the class)."""
         check_group(self.group, world_size=self.world_size, rank=self.rank, what="VocabParallelLMHead's group")
-        return lm_head_argmax(
-            hidden,
-            self.weight,
-            vocab_start=self.shard.vocab_start,
-            num_valid=self.shard.num_valid,
-            bias=self.bias,
-            d2t=d2t,
-            group=self.group,
-            reduce=self.reduce,
-        )
+        plan = cached_plan(
+            self, weight=self.weight, vocab_start=self.shard.vocab_start, num_valid=self.shard.num_valid,
+            bias=self.bias, d2t=d2t, group=self.group, reduce=self.reduce,
+        )  # fmt: skip
+        return plan.run(hidden)
 
     def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[B, rows]`` this shard's logits, for non-greedy paths: weight dtype
@@ -291,6 +286,7 @@ class LocalArgmaxMixin:
             _check_logit_scale(scale)
         d2t = getattr(self, "draft_id_to_target_id", None)
         reduce = getattr(lm_head, "reduce", "all_gather")
-        return lm_head_argmax(
-            hidden_states, weight, vocab_start=start, num_valid=valid, bias=bias, d2t=d2t, group=group, reduce=reduce
-        )
+        plan = cached_plan(
+            self, weight=weight, vocab_start=start, num_valid=valid, bias=bias, d2t=d2t, group=group, reduce=reduce
+        )  # planned at the first call, reused while the head, d2t and group stay
+        return plan.run(hidden_states)

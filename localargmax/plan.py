@@ -32,7 +32,15 @@ from ._validation import (
     check_weight_args,
     row_param,
 )
-from .collective import LOCAL_SHARD, Group, _is_nccl_communicator, check_group, check_step_consistency, exchange_keys
+from .collective import (
+    LOCAL_SHARD,
+    Group,
+    _is_nccl_communicator,
+    check_group,
+    check_step_consistency,
+    exchange_keys,
+    require_cupy_nccl,
+)
 from .vllm_gumbel import check_noise
 
 STEP_KINDS = ("argmax", "topk", "sample")
@@ -321,6 +329,32 @@ class StepPlan:
         return view
 
 
+def cached_plan(owner, **plan_kwargs) -> StepPlan:
+    """The :class:`StepPlan` of ``plan_kwargs`` held by ``owner`` (a module, a
+    draft model, vLLM's ``LogitsProcessor``): made at the first call (a
+    model's first forward, before any CUDA graph is captured) and reused while
+    the same tensors (the same objects, data pointers, dtypes, devices,
+    shapes and strides), group and options come back; any change plans anew
+    (the weight moved or cast, another d2t). At most 16 plans per owner."""
+    key = tuple(_identity(v) for v in plan_kwargs.items())
+    plans = owner.__dict__.setdefault("_localargmax_plans", {})
+    plan = plans.get(key)
+    if plan is None:
+        if len(plans) >= 16:
+            plans.clear()
+        plan = plans[key] = StepPlan(**plan_kwargs)
+    return plan
+
+
+def _identity(item):
+    name, value = item
+    if isinstance(value, torch.Tensor):
+        return name, id(value), value.data_ptr(), value.dtype, value.device, value.shape, value.stride()
+    if isinstance(value, (int, float, str, bool)) or value is None:
+        return name, type(value), value
+    return name, id(value)  # a group, a callable: the plan keeps it alive, so its id is not reused
+
+
 def _world_size(group: Group, weight: torch.Tensor) -> int | None:
     """Ranks the step exchanges with: 1 for None, :data:`LOCAL_SHARD` and a
     group of one rank; a ProcessGroup's or communicator's size; None for a
@@ -335,6 +369,7 @@ def _world_size(group: Group, weight: torch.Tensor) -> int | None:
             )
         return size
     if _is_nccl_communicator(group):
+        require_cupy_nccl()
         return int(group.size())
     if callable(group):
         return None

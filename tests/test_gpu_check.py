@@ -31,7 +31,7 @@ FILES = {
     "sanitizer.txt",
     "summary.txt",
 }
-STEPS = ("env", "build", "configs", "smoke", "bench", "tests", "memcheck")
+STEPS = ("env", "build", "configs", "smoke", "steptime", "bench", "tests", "memcheck")
 
 HUNG_TESTS = """
 import time

@@ -285,6 +285,7 @@ def test_planned_step_over_gloo_within_budget(world, seed):
             assert ids == want
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: CUDA graph capture needs one")
 @pytest.mark.parametrize("batch", [1, 8, 64, 512])
 def test_cuda_graph_captures_the_planned_step(batch):

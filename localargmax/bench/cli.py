@@ -354,8 +354,20 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "op's baselines and the roofline yardsticks (see above)",
     )
     p.add_argument(
-        "--rows", type=_int_at_least(1), help="--kernel-only: time a shard of this many rows instead of the --tp shards"
+        "--rows",
+        type=_int_at_least(1),
+        help="--kernel-only: time a shard of this many rows instead of the --tp shards; --host-time: the shard's "
+        "rows (default 64)",
     )
+    p.add_argument(
+        "--host-time",
+        action="store_true",
+        help="what the step costs around the kernel: one process, world size 1, a tiny shard (--rows x --hidden, "
+        "default 64 x 64 float32): µs per call and dispatched ops per call (host path, and device path as on "
+        "CUDA) of the bare fused op, the planned step (StepPlan.run), the step (lm_head_argmax) and vLLM's own "
+        "local argmax, interleaved over --repeats (--batch default 1,8; --steps default 2000 calls per repeat)",
+    )
+    p.add_argument("--repeats", type=_int_at_least(1), default=7, help="--host-time: interleaved repeats (default 7)")
     p.add_argument("--no-plot", action="store_true", help="--kernel-only: no PNG beside the --json file")
     p.add_argument(
         "--no-compile",
@@ -622,6 +634,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
+    if args.host_time:
+        from .host_time import run_host_time
+
+        if args.kernel_only or args.op not in (None, "argmax"):
+            print(f"{prog}: error: --host-time times the greedy step alone (no --kernel-only, --op)", file=sys.stderr)
+            return 2
+        return run_host_time(args, shlex.split(prog) + argv)
     try:
         cfg, build_shapes, smoke = make_config(args, shlex.split(prog) + argv)
         shapes = build_shapes()

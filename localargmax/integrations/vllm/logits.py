@@ -144,22 +144,27 @@ def get_top_tokens(self, lm_head, hidden_states: torch.Tensor, embedding_bias: t
     if reason is not None:
         fallback(reason)
         return _original("get_top_tokens")(self, lm_head, hidden_states, embedding_bias)
-    from ...step import lm_head_argmax
+    from ...plan import cached_plan
 
     STATS["fused"] += 1
     start, num_valid, group = layout(self, lm_head)
-    kw = {"vocab_start": start, "num_valid": num_valid, "bias": embedding_bias, "group": group}
+    kw = {
+        "weight": lm_head.weight,
+        "vocab_start": start,
+        "num_valid": num_valid,
+        "bias": embedding_bias,
+        "group": group,
+    }
     transform = transform_kwargs(self)
     temperature = getattr(LOG_ODDS, "request", None)
     if temperature is not None:  # a draft step of adaptive verification: the log-odds vLLM's estimator reads
-        ids, LOG_ODDS.log_odds = lm_head_argmax(
-            hidden_states, lm_head.weight, **kw, return_log_odds=True, temperature=temperature, **transform
-        )
+        plan = cached_plan(self, **kw, return_log_odds=True, **transform)
+        ids, LOG_ODDS.log_odds = plan.run(hidden_states, temperature=temperature)
         STATS["fused with log-odds"] += 1
         return ids
-    if transform:
-        return lm_head_argmax(hidden_states, lm_head.weight, **kw, return_log_probs=True, **transform)[0]
-    return lm_head_argmax(hidden_states, lm_head.weight, **kw)
+    if transform:  # the keys carry the transformed logits, with their pairs
+        return cached_plan(self, **kw, return_log_probs=True, **transform).run(hidden_states)[0]
+    return cached_plan(self, **kw).run(hidden_states)  # planned at the first call (vLLM's warm-up), then reused
 
 
 get_top_tokens._localargmax = True
@@ -189,14 +194,15 @@ def get_top_k_tokens(
         return _original("get_top_k_tokens")(
             self, lm_head, hidden_states, k, embedding_bias, return_log_probs=return_log_probs
         )
-    from ...step import lm_head_topk
+    from ...plan import cached_plan
 
     STATS["fused"] += 1
     start, num_valid, group = layout(self, lm_head)
-    kw = {"vocab_start": start, "num_valid": num_valid, "bias": embedding_bias, "group": group}
+    kw = {"weight": lm_head.weight, "kind": "topk", "k": k, "vocab_start": start, "num_valid": num_valid}
+    kw.update(bias=embedding_bias, group=group)
     if return_log_probs:
-        return lm_head_topk(hidden_states, lm_head.weight, k, **kw, return_log_probs=True, **transform_kwargs(self))
-    ids, values = lm_head_topk(hidden_states, lm_head.weight, k, **kw)
+        return cached_plan(self, **kw, return_log_probs=True, **transform_kwargs(self)).run(hidden_states)
+    ids, values = cached_plan(self, **kw).run(hidden_states)
     if self.scale != 1.0:
         values = values * self.scale
     if self.soft_cap is not None:
