@@ -239,8 +239,8 @@ class StepPlan:
         debug = {} if envs.LOCALARGMAX_DEBUG else None
         if self.kind == "sample":
             t = self._temperature(temperature, hidden)
+            check_seed_offset(seed, offset)
             if debug is not None:
-                check_seed_offset(seed, offset)
                 debug.update({"seed": seed, "offset": offset, "fallback": 0, "temperature": t})
             if noise is not None:
                 noise = check_noise(noise, hidden)

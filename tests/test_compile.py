@@ -97,9 +97,22 @@ ENTRY_POINTS = {  # name: f(hidden, weight) -> tensor or tuple of tensors
     "log_odds_from_pairs": lambda h, w: localargmax.log_odds_from_pairs(
         *(t[None] for t in localargmax.shard_argmax(h, w, num_valid=V, log_partition=True))
     ),
+    "StepPlan": lambda h, w: _PLAN[0].run(h),  # the plan _entry made eagerly for w
     "VocabParallelLMHead": lambda h, w: _HEAD(h),
     "LocalArgmaxMixin": lambda h, w: _DRAFT.get_top_tokens(h),
 }
+_PLAN = [None]  # the StepPlan of the test's weight: a plan is made at load, outside the compiled step
+
+
+def _entry(name, weight):
+    """``ENTRY_POINTS[name]``, with the plan ``StepPlan`` runs made eagerly for ``weight``."""
+    if name == "StepPlan":
+        _PLAN[0] = localargmax.StepPlan(
+            weight, kind="topk", k=3, num_valid=V, d2t=D2T, target_vocab_size=V + 7, return_log_probs=True
+        )
+    return ENTRY_POINTS[name]
+
+
 _FULL = torch.randn(V, H)
 _HEAD = localargmax.VocabParallelLMHead.from_full(_FULL, 0, 1)
 
@@ -134,8 +147,8 @@ def _flat(out):
 @pytest.mark.parametrize("name", list(ENTRY_POINTS))
 def test_compiles_fullgraph_and_gives_eager_answer(name, dynamic, gen):
     torch._dynamo.reset()
-    fn = ENTRY_POINTS[name]
     weight = torch.randn(ROWS, H, generator=gen)
+    fn = _entry(name, weight)
     compiled = torch.compile(fn, fullgraph=True, backend="eager", dynamic=dynamic)
     for batch in (0, 1, 3, 5):
         hidden = torch.randn(batch, H, generator=gen)
@@ -185,8 +198,8 @@ GREEDY = {
 def test_compiles_one_graph_for_every_batch_size(name, mode, gen):
     """One graph for batches 2, 3, 5 and 8, with eager's answer (and, for the
     greedy steps, float64's ids)."""
-    fn = ENTRY_POINTS[name]
     weight = torch.randn(ROWS, H, generator=gen)
+    fn = _entry(name, weight)
     hiddens = [torch.randn(batch, H, generator=gen) for batch in BATCHES]
     graphs, outs = _compile_for_every_batch(fn, mode, hiddens, weight)
     assert graphs == 1, f"{name} ({mode}): {graphs} graphs for batch sizes {BATCHES}"

@@ -76,7 +76,7 @@ def _instantiations():
             names += [f"shard_argmax_mma_pipe_kernel<{t}, {_template(m)}>" for m in MMA_CONFIGS.values()]
             names.append(f"logits_to_keys_kernel<{t}>")
             names.append(f"logits_to_keys_kernel<{t}, true>")
-    return names + ["merge_keys_kernel", "merge_partition_kernel"]
+    return names + ["merge_keys_kernel", "merge_partition_kernel", "frame_init_kernel", "merge_frames_kernel"]
 
 
 def test_every_instantiation_the_launchers_pick_runs(emu, gen):
@@ -119,7 +119,110 @@ def test_every_instantiation_the_launchers_pick_runs(emu, gen):
     assert auto == {n for n, m in MMA_CONFIGS.items() if not m.tma}, auto
     keys = torch.stack([ops.shard_argmax(*exact_problem(gen, 4, 5, 8, torch.float32)[:2], None, 0, 5, "generic")])
     emu.merge_keys(keys)
+    emu.frame_init(8, 4, False, 5, 4)
+    emu.merge_frames(keys, 1, 1, False, 0, None, 0, None, False, False)
     assert set(_instantiations()) == set(emu.launched), set(_instantiations()) ^ set(emu.launched)
+
+
+# --- the planned step's kernels (step_kernels.cuh) against the CPU op of the same row code ---
+
+HEADER = 3  # kFrameHeader: size, -size, vocab_end
+
+
+def test_frame_init_writes_the_header_and_zeroes_the_keys(emu):
+    """frame_init_kernel's header equals the CPU step_frame's, over grids of 1 to 3 blocks."""
+    for n, pairs in ((0, False), (1, True), (256, False), (700, True)):
+        words = HEADER + n + (n if pairs else 0)
+        frame = emu.frame_init(words, n, pairs, 1234, n)
+        size = n + 1 + (2**40 if pairs else 0)  # kPairsFlag
+        assert frame[:HEADER].tolist() == [size, -size, 1234]
+        assert torch.all(frame[HEADER : HEADER + n] == 0)
+        assert torch.all(frame[HEADER + n :] == int.from_bytes(b"\xa5" * 8, "little", signed=True))  # untouched
+
+
+def _rank_frames(gen, tp, batch, vocab, mode, k, pairs, flip, dtype=torch.float32):
+    """Every rank's step_frame on the CPU (the generic path) for an exact problem
+    over ``vocab`` rows split unevenly (the last shard may be empty): ``[tp, words]``,
+    or the all-reduce MAX of the sign-flipped frames ``[1, words]``; and the temperature."""
+    h, w, b = exact_problem(gen, batch, vocab, 8, dtype, bias="f")
+    if batch:
+        h[0] = float("nan")  # a NaN row
+        b[vocab // 3] = float("-inf")
+    temperature = torch.rand(batch, generator=gen) + 0.25 if mode == 2 or (mode == 0 and pairs) else None
+    per = -(-vocab // tp) if tp > 1 else vocab
+    frames = []
+    for r in range(tp):
+        start, end = min(r * per, vocab), min((r + 1) * per, vocab)
+        frame = torch.ops.localargmax.step_frame.default(
+            h, w[start:end], b[start:end], start, end - start, mode, k, temperature, 5, 9, 1.0, 0.0, pairs, pairs,
+            flip, "generic", None, None,
+        )  # fmt: skip
+        frames.append(frame)
+    frames = torch.stack(frames)
+    return (frames.max(0, keepdim=True).values if flip else frames), temperature
+
+
+def _merge_both(emu, frames, batch, k, pairs, mode, d2t=None, target_vocab=0, temperature=None, flip=False):
+    """(CPU op, emulated kernel) outputs; the CPU op with raise_errors=False (the device contract: a flag)."""
+    log_probs, log_odds = pairs, pairs and mode == 0
+    cpu = torch.ops.localargmax.merge_frames.default(
+        frames, batch, k, pairs, mode, d2t, target_vocab, temperature, log_probs, log_odds, flip, False
+    )
+    got = emu.merge_frames(frames, batch, k, pairs, mode, d2t, target_vocab, temperature, log_probs, log_odds, flip)
+    return cpu, got
+
+
+def _assert_same_merge(cpu, got, context):
+    ids, values, log_probs, log_odds, ok = cpu
+    assert got[4] == bool(ok), f"{context}: flag {got[4]} != {bool(ok)}"
+    assert torch.equal(got[0], ids), f"{context}: ids {got[0]} != {ids}"
+    for name, g, c in (("values", got[1], values), ("log_probs", got[2], log_probs), ("log_odds", got[3], log_odds)):
+        assert torch.equal(g.view(torch.int32), c.view(torch.int32)), f"{context}: {name} {g} != {c}"
+
+
+@pytest.mark.parametrize("tp", [1, 3, 8])
+def test_merge_frames_kernel_equals_the_cpu_merge(emu, gen, tp):
+    """merge_frames_kernel (one block of 256 threads, the step's flag by
+    __syncthreads_and) against the CPU merge_frames over the same frames:
+    argmax, top-k and sample, with and without the log-partition pairs, the
+    all-reduce's flipped frames, d2t with the target vocabulary, batch 0 and
+    batches past one pass of the block; then the planted faults (a rank's size,
+    a key past the vocabulary, d2t's length, a mapped id past the target
+    vocabulary, a row no rank has an entry for), each clearing the flag on
+    both, with the same outputs."""
+    vocab = 5 * tp + 2
+    for batch in (0, 1, 7, 300):
+        for mode, k in ((0, 1), (1, 3), (2, 1)):
+            for pairs in (False, True):
+                for flip in (False, True) if not pairs and mode != 1 else (False,):
+                    frames, t = _rank_frames(gen, tp, batch, vocab, mode, k, pairs, flip)
+                    context = f"tp {tp} batch {batch} mode {mode} pairs {pairs} flip {flip}"
+                    cpu, got = _merge_both(emu, frames, batch, k, pairs, mode, temperature=t, flip=flip)
+                    assert batch == 0 or bool(cpu[4]), context
+                    _assert_same_merge(cpu, got, context)
+                    d2t = torch.randint(0, 50, (vocab,), generator=gen)
+                    cpu, got = _merge_both(emu, frames, batch, k, pairs, mode, d2t, vocab + 50, t, flip)
+                    _assert_same_merge(cpu, got, context + " d2t")
+    frames, t = _rank_frames(gen, tp, 300, vocab, 0, 1, True, False)
+    d2t = torch.zeros(vocab, dtype=torch.int64)
+    faults = {
+        "size": lambda f: f[-1, :2].add_(1),
+        # the low word holds 0xFFFFFFFF - id (csrc/common/packed_key.h)
+        "key past the vocabulary": lambda f: f[-1, HEADER + 299].copy_(
+            (f[-1, HEADER + 299] & -(1 << 32)) | (0xFFFFFFFF - vocab - 3)
+        ),
+        "a row with no entry on any rank": lambda f: f[:, HEADER + 10].fill_(0),
+    }
+    for name, plant in faults.items():
+        bad = frames.clone()
+        plant(bad)
+        cpu, got = _merge_both(emu, bad, 300, 1, True, 0, temperature=t)
+        assert not bool(cpu[4]), name
+        _assert_same_merge(cpu, got, name)
+    for name, table, target in (("d2t length", d2t[:-1], 0), ("mapped past the target", d2t + vocab, vocab)):
+        cpu, got = _merge_both(emu, frames, 300, 1, True, 0, table, target, t)
+        assert not bool(cpu[4]), name
+        _assert_same_merge(cpu, got, name)
 
 
 def test_tma_configs_are_forced_only_twins():

@@ -75,7 +75,7 @@ def test_debug_set_after_a_first_call_takes_effect(monkeypatch):
     localargmax.lm_head_argmax(hidden, weight, group=gather)
     seen = []
     monkeypatch.setattr(
-        "localargmax.collective.check_step_consistency",
+        "localargmax.plan.check_step_consistency",
         lambda group, fields, names: seen.append(dict(zip(names, fields))),
     )
     localargmax.lm_head_argmax(hidden, weight, group=gather)

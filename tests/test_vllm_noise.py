@@ -230,7 +230,19 @@ B = 8
 TEMPS = [1.0, 0.5, 2.0, 0.7, 1.3, 0.05, 1.9999, 0.0]  # (0, 2] and one greedy row
 
 
-def _case(gen, drafting, spec_step=None, plant_ties=False):
+def _plant_nan(logits):
+    """NaN logits (vLLM's Sampler drops them; so must the sample under its
+    noise), whole ids (the tests run ``hidden = eye``, so a NaN weight entry
+    makes its id NaN in every row): one per 20,000-id span (every shard of the
+    tp2 / tp3 bounds below), greedy row 7's argmax, and every other id of
+    [100, 3000) (no block of vLLM's kernel all NaN: its interpreted
+    ``tl.max`` raises on an all-NaN slice)."""
+    logits[:, ::20_000] = float("nan")
+    logits[:, logits[7].argmax()] = float("nan")
+    logits[:, 100:3000:2] = float("nan")
+
+
+def _case(gen, drafting, spec_step=None, plant_ties=False, plant_nan=False):
     seed = torch.randint(-(2**62), 2**62, (B,), generator=gen)
     seed[0] = 12345
     pos = torch.randint(2**31 - 4, 2**33, (B,), generator=gen)
@@ -247,6 +259,8 @@ def _case(gen, drafting, spec_step=None, plant_ties=False):
             si = F32(F32(3.0) / F32(ti)) + F32(g[0].item())
             xj = F32((si - F32(g[1].item())) * F32(ti))  # x_j / T + g_j == s_i where that rounds back
             logits[b, i], logits[b, j] = 3.0, float(xj)
+    if plant_nan:
+        _plant_nan(logits)
     return {"logits": logits, "t": t, "seed": noise.seed, "pos": pos, "drafting": drafting, "noise": noise}
 
 
@@ -255,6 +269,7 @@ def vllm_run(tmp_path_factory):
     gen = torch.Generator().manual_seed(1957)
     probe = _draws(20_000, gen)
     cases = [_case(gen, False), _case(gen, True, spec_step=2), _case(gen, False, plant_ties=True)]
+    cases.append(_case(gen, False, plant_nan=True))  # case 3
     path = tmp_path_factory.mktemp("vllm_noise") / "in.pt"
     torch.save({"probe": probe, "cases": [{k: v for k, v in c.items() if k != "noise"} for c in cases]}, path)
     env = {**os.environ, **RANK_ENV}
@@ -294,8 +309,12 @@ def test_noise_against_vllm_triton(vllm_run, record_property):
 
 def _check_ids(ours, case, got, label):
     """ours: our sampled ids; vLLM's: got['sampled'], its noise got['g']. Our ids must be the argmax of our
-    own float32 scores exactly; vLLM's where both noises agree at its id and ours (else within ulps)."""
+    own float32 scores exactly; vLLM's where both noises agree at its id and ours (else within ulps).
+    NaN logits never win (vLLM's gumbel_sample drops them): they score as -inf here."""
     logits, t = case["logits"], case["t"]
+    assert not bool(logits.isnan()[torch.arange(B), ours].any()), f"{label}: a NaN logit was sampled"
+    assert not bool(logits.isnan()[torch.arange(B), got["sampled"]].any()), f"{label}: vLLM sampled a NaN logit"
+    logits = logits.masked_fill(logits.isnan(), -float("inf"))
     n = case["noise"]
     g_ours = vllm_gumbel_noise(n.seed[:, None].expand(B, V), n.pos[:, None].expand(B, V), torch.arange(V).expand(B, V))
     greedy = t == 0
@@ -324,7 +343,7 @@ def test_lm_head_sample_against_vllm_gumbel_sample(vllm_run):
         # planted ties (case 2, rows 0-3): the first id wins in both where the noise is the same at both ids
         # (_check_ids); where the two logs differ by an ulp at one of them, the other id may win in one
         differ = _check_ids(ids, case, got, f"case {ci}")
-        assert differ == 0 if ci < 2 else torch.equal(ids[4:], got["sampled"][4:])
+        assert differ == 0 if ci != 2 else torch.equal(ids[4:], got["sampled"][4:])
 
 
 @vllm_only
@@ -341,7 +360,7 @@ def test_sharded_merge_against_vllm(vllm_run, bounds):
             keys.append(shard_sample(eye, w, case["t"], 0, vocab_start=lo, num_valid=hi - lo, noise=case["noise"]))
         ids, _ = merge_keys(torch.stack(keys))
         differ = _check_ids(ids, case, got, f"case {ci} {bounds}")
-        assert differ == 0 if ci < 2 else torch.equal(ids[4:], got["sampled"][4:])
+        assert differ == 0 if ci != 2 else torch.equal(ids[4:], got["sampled"][4:])
         # the log-partition variant samples the same ids
         keys_lse = [
             shard_sample(eye, weight[lo:hi], case["t"], 0, vocab_start=lo, noise=case["noise"], log_partition=True)[0]
@@ -358,6 +377,11 @@ def _problem(gen, vocab_start, rows=300, batch=5):
     pos = torch.randint(2**31 - 2, 2**34, (batch,), generator=gen)
     weight = torch.randn(rows, batch, generator=gen)
     t = torch.tensor([1.0, 0.3, 2.0, 0.0, 1.5][:batch])
+    # NaN logits (dropped under vLLM's noise): at row 0's and greedy row 3's argmax, and every
+    # third id of row 4 (with hidden = eye, each NaN id is NaN in every row)
+    for b in (0, 3):
+        weight[weight[:, b].argmax(), b] = float("nan")
+    weight[2:-1:3, 4] = float("nan")
     return torch.eye(batch), weight, t, vllm_noise(seed, pos, drafting=True)
 
 
@@ -367,7 +391,8 @@ def _expected_keys(weight, t, noise, vocab_start):
     ids = torch.arange(vocab_start, vocab_start + rows)
     g = vllm_gumbel_noise(noise.seed[:, None].expand(batch, rows), noise.pos[:, None].expand(batch, rows),
                           ids.expand(batch, rows))  # fmt: skip
-    x = weight.T
+    # hidden = eye: a NaN weight entry makes its id NaN in every row; NaN never wins under vLLM's noise
+    x = weight.T.masked_fill(weight.isnan().any(dim=1)[None], -float("inf"))
     tt = torch.where(t > 0, t, 1.0)[:, None]
     score = torch.where((t > 0)[:, None], x / tt + g, x)
     return score.argmax(dim=1) + vocab_start, score.max(dim=1).values
@@ -412,7 +437,7 @@ def test_cuda_kernels_under_emulation(emu):
                                 noise_pos=noise.pos, log_partition=True)  # fmt: skip
         want_k, want_p = shard_sample(h, w, t, 0, vocab_start=vocab_start, noise=noise, log_partition=True)
         assert torch.equal(keys, want_k), path
-        assert torch.allclose(pairs, want_p, rtol=1e-5), path
+        assert torch.allclose(pairs, want_p, rtol=1e-5, equal_nan=True), path  # NaN ids: NaN sums
         for fused in ("simt", "mma"):
             with pytest.raises(ValueError, match="noise_seed.*'gemm'"):
                 emu.shard(h, w, None, vocab_start, None, path=fused, temperature=t, noise_seed=noise.seed,

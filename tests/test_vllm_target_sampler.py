@@ -152,6 +152,22 @@ def test_shard_logits_route_samples_vllms_tokens(res, case):
 
 
 @needs_vllm_034
+@pytest.mark.parametrize("where", ["one rank", "every rank", "one rank, no filters", "every rank, no filters"])
+def test_nan_logits_follow_vllms_sampler(res, where):
+    """Issue #67 item 2: vLLM's Sampler drops NaN logits and draws among the
+    finite ones (greedy rows too); the target sampler on the shards gives its
+    tokens on rows with NaN on one rank or on every rank, with top-k / min-p
+    rows (the shard-logits route) and without (the fused kernel under vLLM's
+    noise), never a NaN id."""
+    route = "target sampler: fused" if "no filters" in where else "target sampler: shard logits"
+    for step in res["nan"][where]:
+        assert step["routes"] == {route: 1}
+        assert step["got"] == step["want"]
+        nan_ids = {3, 40, 1001 - 2, 1001 // 2 + 1}
+        assert not nan_ids & {i for (i,) in step["want"]["ids"]}
+
+
+@needs_vllm_034
 def test_each_uncovered_feature_is_named(res):
     cov = res["coverage"]
     for name in (

@@ -110,9 +110,13 @@ LAM_HD int64_t winning_rank_of(const MergeFrames& a, int64_t b) {
   return w;
 }
 
-// Row b when the headers disagree on the layout: no id.
+// Row b when the headers disagree on the layout: no id, every output written (NaN).
 LAM_HD void unmerged_row(const MergeFrames& a, int64_t b) {
-  for (int64_t j = 0; j < a.k; ++j) a.ids[b * a.k + j] = -1, a.values[b * a.k + j] = NAN;
+  for (int64_t j = 0; j < a.k; ++j) {
+    a.ids[b * a.k + j] = -1, a.values[b * a.k + j] = NAN;
+    if (a.log_probs != nullptr) a.log_probs[b * a.k + j] = NAN;
+  }
+  if (a.log_odds != nullptr) a.log_odds[b] = NAN;
 }
 
 // Merges row b into the outputs; returns a MergeError (and in *bad the id it concerns).

@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "host_device.h"
+#include "packed_key.h"
 
 namespace localargmax {
 
@@ -109,5 +110,13 @@ LAM_HD double vllm_gumbel_noise64(uint64_t seed, uint64_t pos, uint64_t id) {
 // float32. Unlike gumbel_score (philox.h) it can overflow for tiny T, as
 // vLLM's does: then the row's finite logits all score +-inf and tie.
 LAM_HD float vllm_gumbel_score(float s, float t, float g) { return s / t + g; }
+
+// The packed key of a score under vLLM's noise, greedy rows (T == 0) included: vLLM's Sampler
+// (gumbel_sample's per-block tl.max and its combine) drops NaN and draws among the other logits, so
+// a NaN score takes -inf's key here: it never beats another entry, and a row of NaN alone gets its
+// smallest id. (Without vLLM's noise NaN wins, DESIGN.md rule 2, as vLLM's get_top_tokens.)
+LAM_HD uint64_t vllm_score_key(float score, uint64_t global_index) {
+  return pack_key(score != score ? -INFINITY : score, global_index);
+}
 
 }  // namespace localargmax

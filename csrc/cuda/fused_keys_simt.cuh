@@ -164,6 +164,7 @@ __device__ __forceinline__ unsigned long long key_of(float s, int64_t b, uint64_
     } else if (t > 0.0f)
       s = gumbel_score(s, t, gumbel_noise(out.seed, out.offset + static_cast<uint64_t>(b), global_index));
   }
+  if constexpr (VLLM_NOISE) return vllm_score_key(s, global_index);  // vLLM's Sampler drops NaN
   return pack_key(s, global_index);
 }
 

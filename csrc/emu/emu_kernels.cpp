@@ -9,6 +9,7 @@
 
 #include "../cuda/merge_keys_kernel.cuh"
 #include "../cuda/shard_launch.cuh"
+#include "../cuda/step_kernels.cuh"
 #include "simt_emu_runtime.h"
 
 namespace emu {
@@ -75,6 +76,8 @@ void name_all() {
   if constexpr (kAllDtypes) name_typed<__half>();
   emu::name_kernel(reinterpret_cast<const void*>(merge_keys_kernel), kernel_name<merge_keys_kernel>());
   emu::name_kernel(reinterpret_cast<const void*>(merge_partition_kernel), kernel_name<merge_partition_kernel>());
+  emu::name_kernel(reinterpret_cast<const void*>(frame_init_kernel), kernel_name<frame_init_kernel>());
+  emu::name_kernel(reinterpret_cast<const void*>(merge_frames_kernel), kernel_name<merge_frames_kernel>());
 }
 
 // The launch functor of shard_launch.cuh for the emulation (the
@@ -279,6 +282,50 @@ int lam_emu_merge_keys(const unsigned long long* keys, int64_t tp, int64_t batch
   const int64_t blocks = (batch + kMergeThreads - 1) / kMergeThreads;
   EmuLaunch{&ok}("merge_keys_kernel", merge_keys_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kMergeThreads),
                  keys, tp, batch, has_d2t != 0, d2t, draft_vocab, ids, values);
+  return ok ? 0 : 1;
+}
+
+// frame_init_kernel with shard_ops_cuda.cu's grid: a frame's header (size
+// words of n keys, with the pairs flag when pairs != 0, and vocab_end) and
+// its first zero_words keys zeroed.
+int lam_emu_frame_init(int64_t* frame, int64_t n, int pairs, int64_t vocab_end, int64_t zero_words) {
+  name_all();
+  bool ok = true;
+  const int64_t size = n + 1 + (pairs ? localargmax::kPairsFlag : 0);
+  const int64_t blocks = (std::max<int64_t>(zero_words, 1) + kStepThreads - 1) / kStepThreads;
+  EmuLaunch{&ok}("frame_init_kernel", frame_init_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kStepThreads),
+                 frame, size, vocab_end, zero_words);
+  return ok ? 0 : 1;
+}
+
+// merge_frames_kernel as merge_keys_cuda.cu launches it (one block): frames
+// [tp, stride] words; d2t / temperature / log_probs / log_odds may be null;
+// *valid receives the step's flag.
+int lam_emu_merge_frames(const unsigned long long* frames, int64_t tp, int64_t stride, int64_t batch, int64_t k,
+                         int pairs, int flipped, int mode, const int64_t* d2t, int64_t d2t_len, int64_t target_vocab,
+                         const float* temperature, int64_t* ids, float* values, float* log_probs, float* log_odds,
+                         bool* valid) {
+  name_all();
+  bool ok = true;
+  localargmax::MergeFrames a;
+  a.frames = reinterpret_cast<const uint64_t*>(frames);
+  a.tp = tp;
+  a.stride = stride;
+  a.batch = batch;
+  a.k = k;
+  a.pairs = pairs != 0;
+  a.flipped = flipped != 0;
+  a.mode = mode;
+  a.has_d2t = d2t != nullptr;
+  a.d2t = d2t;
+  a.d2t_len = d2t_len;
+  a.target_vocab = target_vocab;
+  a.temperature = temperature;
+  a.ids = ids;
+  a.values = values;
+  a.log_probs = log_probs;
+  a.log_odds = log_odds;
+  EmuLaunch{&ok}("merge_frames_kernel", merge_frames_kernel, dim3(1), dim3(kStepThreads), a, valid);
   return ok ? 0 : 1;
 }
 

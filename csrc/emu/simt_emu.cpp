@@ -150,6 +150,10 @@ struct State_ {
   Context scheduler;
   int nthreads = 0, live = 0, at_barrier = 0, barrier_line = -1;
   uint32_t epoch = 0;
+  // __syncthreads_and by the parity of the barrier's epoch: the predicates
+  // folded while threads arrive, and the result they read once released (the
+  // next barrier uses the other slot, so a fast thread cannot clobber it).
+  int barrier_and[2] = {1, 1};
   std::vector<WarpSync> warps;
   std::vector<MBarrier> mbarriers;  // this block's, by slot
   bool in_kernel = false;
@@ -291,6 +295,7 @@ bool run_block() {
   S.at_barrier = 0;
   S.barrier_line = -1;
   S.epoch = 0;
+  S.barrier_and[0] = S.barrier_and[1] = 1;
   for (WarpSync& w : S.warps) w = WarpSync{};
   S.mbarriers.clear();
   // Poison what the previous block touched (the rest still is): 0xA5A5... as
@@ -380,6 +385,14 @@ void syncthreads(int line) {
     return;
   }
   yield(State::kAtBarrier, line);
+}
+
+int syncthreads_and(int line, int predicate) {
+  const int slot = S.epoch & 1;
+  if (S.at_barrier == 0) S.barrier_and[slot] = 1;
+  S.barrier_and[slot] &= predicate != 0 ? 1 : 0;
+  syncthreads(line);
+  return S.barrier_and[slot];
 }
 
 namespace {

@@ -102,6 +102,9 @@ extern Launch g_launch;
 
 [[noreturn]] void fail(int line, const char* what);
 void syncthreads(int line);
+// __syncthreads_and: the barrier, returning 1 on every thread when every
+// thread's predicate was nonzero, else 0.
+int syncthreads_and(int line, int predicate);
 // Warp collective: every lane in `mask` deposits `value`, gets src_lane's value.
 uint64_t shfl(int line, unsigned int mask, uint64_t value, int src_lane);
 
@@ -182,6 +185,7 @@ inline V shfl_idx(int line, unsigned int mask, V v, int src, int width = 32) {
 #define blockDim (::emu::g_launch.block_dim)
 #define gridDim (::emu::g_launch.grid_dim)
 #define __syncthreads() ::emu::syncthreads(__LINE__)
+#define __syncthreads_and(p) ::emu::syncthreads_and(__LINE__, (p))
 #define __shfl_xor_sync(...) ::emu::shfl_xor(__LINE__, __VA_ARGS__)
 #define __shfl_sync(...) ::emu::shfl_idx(__LINE__, __VA_ARGS__)
 #define __trap() ::emu::fail(__LINE__, "__trap()")

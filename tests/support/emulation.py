@@ -83,6 +83,13 @@ _ENTRY_POINTS = {
         [_i32, _p, _i64, _i64, _i64, _p, _p, _i64, _i64, _i64, _p, _p, _u64, _u64] + [_i64, _p, _f32, _f32, _p],
     ),
     "lam_emu_merge_keys": (_i32, [_p, _i64, _i64, _i32, _p, _i64, _p, _p]),
+    "lam_emu_frame_init": (_i32, [_p, _i64, _i32, _i64, _i64]),  # frame, n, pairs, vocab_end, zero_words
+    # frames, tp, stride, batch, k, pairs, flipped, mode, d2t, d2t_len, target_vocab, temperature,
+    # ids, values, log_probs, log_odds, valid
+    "lam_emu_merge_frames": (
+        _i32,
+        [_p, _i64, _i64, _i64, _i64, _i32, _i32, _i32, _p, _i64, _i64, _p, _p, _p, _p, _p, _p],
+    ),
 }
 
 
@@ -525,6 +532,43 @@ class Emulator:
             )
         )
         return self._read(ids, (batch,), torch.int64), self._read(values, (batch,), torch.float32)
+
+    def frame_init(self, words: int, n: int, pairs: bool, vocab_end: int, zero_words: int) -> torch.Tensor:
+        """frame_init_kernel on a frame of ``words`` int64 words filled with
+        0xA5 bytes: the frame afterwards."""
+        self._reset(False, 1)
+        frame = self._alloc("frame", words * 8, fill=0xA5)
+        self._check(self.lib.lam_emu_frame_init(frame, n, int(pairs), vocab_end, zero_words))
+        return self._read(frame, (words,), torch.int64)
+
+    def merge_frames(self, frames, batch, k, pairs, mode, d2t, target_vocab, temperature, log_probs, log_odds,
+                     flipped=False):  # fmt: skip
+        """merge_frames_kernel over ``frames`` [tp, words], with the outputs
+        of ``torch.ops.localargmax.merge_frames`` (ids, values, log_probs,
+        log_odds, ok); outputs are 0xA5-filled before the launch."""
+        frames = frames.contiguous()
+        tp, stride = frames.shape
+        shape = (batch, k) if mode == 1 else (batch,)
+        n = batch * k
+        self._reset(False, 1)
+        fp = self._place("frames", frames)
+        dp = self._place("d2t", d2t.contiguous()) if d2t is not None else None
+        tpp = self._place("temperature", temperature.contiguous()) if temperature is not None else None
+        ids = self._alloc("ids", max(n, 1) * 8, fill=0xA5)
+        values = self._alloc("values", max(n, 1) * 4, fill=0xA5)
+        lp = self._alloc("log_probs", max(n, 1) * 4, fill=0xA5) if log_probs else None
+        lo = self._alloc("log_odds", max(batch, 1) * 4, fill=0xA5) if log_odds else None
+        valid = self._alloc("valid", 1, fill=0xA5)
+        self._check(
+            self.lib.lam_emu_merge_frames(
+                fp, tp, stride, batch, k, int(pairs), int(flipped), mode, dp, 0 if d2t is None else d2t.numel(),
+                target_vocab, tpp, ids, values, lp, lo, valid,
+            )
+        )  # fmt: skip
+        out = self._read(ids, shape, torch.int64), self._read(values, shape, torch.float32)
+        lp_out = self._read(lp, shape, torch.float32) if log_probs else torch.empty(0)
+        lo_out = self._read(lo, (batch,), torch.float32) if log_odds else torch.empty(0)
+        return (*out, lp_out, lo_out, bool(self._read(valid, (1,), torch.uint8)[0] != 0))
 
     def alloc_weight_view(
         self, rows: int, ldw: int, hidden_size: int, dtype: torch.dtype, fill: torch.Tensor

@@ -157,23 +157,40 @@ def _bound(op: str, fn, path: KernelPath):
     return call
 
 
+_OP_OF_KIND = {"argmax": "shard_argmax", "topk": "shard_topk", "sample": "shard_sample"}
+
+
+def _bound_plan(plan_cls, path: KernelPath):
+    """``StepPlan`` with its ``path=`` defaulting to ``path`` (as the op of the plan's kind)."""
+
+    class Bound(plan_cls):
+        def __init__(self, weight, **kwargs):
+            if isinstance(weight, torch.Tensor) and weight.dim() == 2:
+                op = _OP_OF_KIND.get(kwargs.get("kind", "argmax"), "shard_argmax")
+                kwargs.setdefault("path", path_keyword(path, op, weight.shape[-1], weight.dtype))
+            super().__init__(weight, **kwargs)
+
+    return Bound
+
+
 @contextlib.contextmanager
 def use_path(path: KernelPath) -> Iterator[KernelPath]:
-    """Run the ops called inside the block on ``path``: binds the ops'
-    ``path=`` keyword (:func:`path_keyword`) in every localargmax module that
-    imported them (``localargmax``, ``ops``, the steps in ``step`` and
-    ``sampling``, ...), for the block."""
+    """Run the ops and plans made inside the block on ``path``: binds the
+    ops' and ``StepPlan``'s ``path=`` keyword (:func:`path_keyword`) in every
+    localargmax module that imported them (``localargmax``, ``ops``,
+    ``plan``, the steps in ``step`` and ``sampling``, ...), for the block."""
     import localargmax.ops as ops
+    import localargmax.plan as plan
     import localargmax.sampling  # noqa: F401  (imported so its names are bound too)
 
+    holders = [m for n, m in list(sys.modules.items()) if n.split(".")[0] == "localargmax"]
     with contextlib.ExitStack() as stack:
-        for op in _OPS:
-            fn = getattr(ops, op)
-            bound = _bound(op, fn, path)
-            holders = [m for n, m in list(sys.modules.items()) if n.split(".")[0] == "localargmax"]
+        for name, fn, bound in [(op, getattr(ops, op), _bound(op, getattr(ops, op), path)) for op in _OPS] + [
+            ("StepPlan", plan.StepPlan, _bound_plan(plan.StepPlan, path))
+        ]:
             for module in holders:
-                if getattr(module, op, None) is fn:
-                    stack.enter_context(mock.patch.object(module, op, bound))
+                if getattr(module, name, None) is fn:
+                    stack.enter_context(mock.patch.object(module, name, bound))
         yield path
 
 

@@ -376,26 +376,26 @@ def _bytes_case(plugin, gen):
     """Bytes one rank sends per step: vLLM's collectives vs our one exchange."""
     from vllm.distributed.parallel_state import GroupCoordinator
 
-    import localargmax.collective as collective
+    from localargmax.plan import StepPlan
 
     sent = {"vllm": 0, "ours": 0, "ours_wire": 0}
-    orig_gather, orig_exchange = GroupCoordinator.all_gather, collective.exchange_keys
+    orig_gather, orig_exchange = GroupCoordinator.all_gather, StepPlan._exchange
     inside = [False]  # in our exchange: its coordinator all-gather is "ours_wire" (padded to 16 bytes)
 
     def count_gather(self, input_, dim=-1):
         sent["ours_wire" if inside[0] else "vllm"] += input_.numel() * input_.element_size()
         return orig_gather(self, input_, dim)
 
-    def count_exchange(keys, group=None, reduce="all_gather"):
-        sent["ours"] += keys.numel() * keys.element_size()
+    def count_exchange(plan, frame, *args):
+        sent["ours"] += frame.numel() * frame.element_size()
         inside[0] = True
         try:
-            return orig_exchange(keys, group, reduce)
+            return orig_exchange(plan, frame, *args)
         finally:
             inside[0] = False
 
     rows = []
-    GroupCoordinator.all_gather, collective.exchange_keys = count_gather, count_exchange
+    GroupCoordinator.all_gather, StepPlan._exchange = count_gather, count_exchange
     try:
         for dtype in (torch.float32, torch.bfloat16):
             full = torch.randn(1000, 32, generator=gen).to(dtype)
@@ -422,7 +422,7 @@ def _bytes_case(plugin, gen):
                         }
                     )
     finally:
-        GroupCoordinator.all_gather, collective.exchange_keys = orig_gather, orig_exchange
+        GroupCoordinator.all_gather, StepPlan._exchange = orig_gather, orig_exchange
     return rows
 
 

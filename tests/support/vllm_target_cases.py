@@ -339,6 +339,49 @@ def _exact_logits_case(ts, cfg, gen, dtype, fp64=False, filters=False, steps=2):
     return out
 
 
+NAN_ROWS = (  # (temperature, top_k, min_p) per request: greedy and random rows, unfiltered and filtered
+    (0.0, 0, 0.0),
+    (1.0, 0, 0.0),
+    (0.7, 0, 0.0),
+    (1.0, 5, 0.0),
+    (1.0, 0, 0.1),
+)
+
+
+def _nan_case(ts, cfg, gen, steps=2):
+    """vLLM's NaN rule in its Sampler (gumbel_sample drops NaN and draws among
+    the finite logits): a head with NaN rows on the first rank's shard alone,
+    then on every rank's, through vLLM's Sampler on the gathered logits and
+    the target sampler on the shards (issue #67 item 2); with filters (the
+    shard-logits route) and without (the fused route)."""
+    patch_interpreted_tl_range()
+    out = {}
+    for where in ("one rank", "every rank", "one rank, no filters", "every rank, no filters"):
+        rows = NAN_ROWS[:3] if "no filters" in where else NAN_ROWS  # no filters: the fused route
+        full = _fine_problem(gen)
+        full[[3, 40]] = float("nan")  # rank 0's shard at every TP size here
+        if where.startswith("every rank"):
+            full[[VOCAB - 2, VOCAB // 2 + 1]] = float("nan")
+        head, lp = _gathering_head(full)
+        sampler = _sampler(cfg, VOCAB)
+        rng = _rng(gen)
+        slots = [int(s) for s in rng.permutation(MAX_REQS)[: len(rows) * 2]]
+        for i, slot in enumerate(slots):
+            t, k, mp = rows[i % len(rows)]
+            params = {"temperature": t, "min_p": mp, "seed": int(rng.integers(-(2**63), 2**63 - 1))}
+            _add(sampler, slot, **params, **({"top_k": k} if k else {}))
+        steps_out = []
+        for _ in range(steps):
+            batch = _step_batch(rng, slots)
+            hidden = torch.randint(-7, 8, (len(slots), HIDDEN), generator=gen).float()
+            assert ts.covered(batch, sampler) is True
+            want = _out(sampler(hidden @ full.T, batch))
+            got, routes = _sample_routes(ts, hidden, head, lp, batch, sampler)
+            steps_out.append({"want": want, "got": got, "routes": routes})
+        out[where] = steps_out
+    return out
+
+
 def _coverage_cases(ts, cfg):
     """``covered`` for each feature alone on one random request (among covered ones)."""
     features = {
@@ -435,6 +478,7 @@ def worker(rank: int, world_size: int, seed: int):
         "fp16": _exact_logits_case(ts, cfg, gen, torch.float16),
         "fp64 noise": _exact_logits_case(ts, cfg, gen, torch.float32, fp64=True),
     }
+    out["nan"] = _nan_case(ts, cfg, gen)
     out["coverage"] = _coverage_cases(ts, cfg)
     out["runner"] = _runner_cases(plugin, ts, cfg, head, lp, full, gen)
     out["warnings"] = [m for _, m in warnings.records]

@@ -32,7 +32,9 @@ token can differ at a near-tie of that size). Both decide the filters in
 float64 (DESIGN.md, "Filtered sampling": their float32 boundaries, exact
 ties at the boundary). A step with filters reads on the host whether a row
 needs the gather fallback (one device sync per such step). NaN logits are
-not reproduced (vLLM's per-block max drops them; ours lets a NaN win).
+dropped as vLLM's ``gumbel_sample`` drops them (greedy rows too): a row
+draws among its other logits (the draft side's steps keep DESIGN.md's rule,
+NaN wins, which is vLLM's ``get_top_tokens``).
 """
 
 from __future__ import annotations
@@ -188,9 +190,9 @@ def sample_on_shards(hidden_states, lm_head, lp, input_batch, sampler, group=Non
     all-gather, None at TP 1). The step must be covered (:func:`uncovered_reason`).
 
     Two routes, counted in ``stats()``: ``"target sampler: fused"``, the
-    fused op on the shard (float32 heads without logprobs or
-    ``use_fp64_gumbel``), and ``"target sampler: shard logits"`` for the
-    other covered steps: vLLM's own ``LogitsProcessor`` on the shard
+    fused op on the shard (float32 heads without filters, logprobs or
+    ``use_fp64_gumbel``; vLLM's noise makes its kernel drop NaN), and
+    ``"target sampler: shard logits"`` for the other covered steps: vLLM's own ``LogitsProcessor`` on the shard
     (``skip_gather``: the bits vLLM gathers, rounded to the model dtype as
     vLLM's are), then vLLM's score per id and one ``(score, id)`` pair per
     row exchanged (:func:`shard_logits_sample`), or with filters the
@@ -224,14 +226,22 @@ def sample_on_shards(hidden_states, lm_head, lp, input_batch, sampler, group=Non
             "min_p": states.min_p.gpu[mapping].to(torch.float32),
         }
     local = None
-    if dims is not None or sampler.use_fp64_gumbel or lm_head.weight.dtype != torch.float32:
+    if filtered or dims is not None or sampler.use_fp64_gumbel or lm_head.weight.dtype != torch.float32:
         STATS["target sampler: shard logits"] += 1
         local = lp(lm_head, hidden, skip_gather=True)[:, :num_valid]  # vLLM's own shard logits, padding cut
         if filtered:  # (never with use_fp64_gumbel: uncovered_reason)
             sampled = filtered_sample(
-                hidden, lm_head.weight, temperature=temperature, seed=0, noise=noise, vocab_start=start,
-                num_valid=num_valid, group=group, shard_logits=local, **filters,
-            )  # fmt: skip
+                hidden,
+                lm_head.weight,
+                temperature=temperature,
+                seed=0,
+                noise=noise,
+                vocab_start=start,
+                num_valid=num_valid,
+                group=group,
+                shard_logits=local.masked_fill(local.isnan(), -math.inf),  # NaN dropped, as vLLM's gumbel_sample
+                **filters,
+            )
         else:
             sampled = shard_logits_sample(local, start, temperature, noise, group, fp64=sampler.use_fp64_gumbel)
     else:
@@ -299,15 +309,15 @@ def shard_logits_sample(local, start, temperature, noise, group, *, fp64=False):
     Returns:
         ``[B]`` int64 global ids on every rank: per row the largest
         ``fl(x / T) + g`` (``x`` at ``T = 0``), float32 or (``fp64``)
-        float64 as vLLM's ``gumbel_noised_argmax``; ties to the smaller id
-        and the first NaN winning, as vLLM's combine kernel intends (its
-        per-block max drops NaN, so NaN rows can differ) and
-        ``torch.argmax``). One ``(score, id)`` float64 pair per row per rank
-        crosses the exchange."""
+        float64 as vLLM's ``gumbel_noised_argmax``; ties to the smaller id;
+        NaN logits dropped, as vLLM's ``gumbel_sample`` drops them (a row of
+        NaN and ``-inf`` alone: its smallest id). One ``(score, id)``
+        float64 pair per row per rank crosses the exchange."""
     from ...vllm_gumbel import vllm_gumbel_noise
 
     batch, n = local.shape
     x = local.to(torch.float32)
+    x = x.masked_fill(x.isnan(), -math.inf)  # vLLM's gumbel_sample: NaN never wins
     random = temperature != 0.0
     y = torch.where(random[:, None], x / torch.where(random, temperature, 1.0)[:, None], x)
     if fp64:
@@ -317,15 +327,13 @@ def shard_logits_sample(local, start, temperature, noise, group, *, fp64=False):
         g = vllm_gumbel_noise(noise.seed[:, None], noise.pos[:, None], ids, fp64=fp64)
         y = torch.where(random[:, None], y + g, y)
     if n:
-        best = torch.argmax(y, dim=1)  # the first NaN, else the first maximum
+        best = torch.argmax(y, dim=1)  # the first maximum (no NaN: x has none, nor has the noise)
         pair = torch.stack([y.gather(1, best[:, None])[:, 0].to(torch.float64), (best + start).to(torch.float64)], 1)
     else:  # an empty shard: never the winner
         pair = torch.tensor([-math.inf, math.inf], dtype=torch.float64, device=x.device).expand(batch, 2)
     gathered = _gather_rows(pair, group, start)  # [tp, B, 2]
     score, gid = gathered[..., 0], gathered[..., 1]
-    nan = score.isnan()
-    top = torch.where(nan, -math.inf, score).max(dim=0).values
-    wins = torch.where(nan.any(dim=0), nan, score == top) & (gid < math.inf)
+    wins = (score == score.max(dim=0).values) & (gid < math.inf)
     return torch.where(wins, gid, math.inf).min(dim=0).values.to(torch.int64)
 
 
@@ -346,50 +354,57 @@ def shard_logprobs(local, start, sampled, num_logprobs, group, *, logits_mode=Fa
     Returns:
         ``LogprobsTensors(ids [B, 1 + num_logprobs] int64 (the sampled id,
         then the top ids by logit, ties to the smaller id), logprobs [B, 1 +
-        num_logprobs] float32 (``x - logsumexp(x)`` in float64, rounded
-        once; vLLM computes it in float32), ranks [B] int64 (the number of
-        ids whose logit is ``>= x[sampled]``), None)``. The top ids follow
-        the packed key's order (a NaN first, ties to the smaller id);
-        ``torch.topk``'s order among ties is unspecified."""
+        num_logprobs] float32 (``(x - max) - log Σ exp(x - max)``, vLLM's order of
+        operations, in float64, rounded once; vLLM computes it in float32), ranks
+        [B] int64 (the number of ids whose logit is ``>= x[sampled]``),
+        None)``. The top ids follow the packed key's order (a NaN first, ties
+        to the smaller id; ``torch.topk``'s order among ties is unspecified);
+        they travel as packed keys, so a shard with fewer than
+        ``num_logprobs`` entries sends key 0 (below every real key, ``-inf``
+        included), never a fake id. A shard row that is all ``-inf`` adds
+        nothing; every rank all ``-inf``: every log-probability NaN (as
+        ``torch.log_softmax``); a NaN logit anywhere: NaN."""
     from vllm.v1.outputs import LogprobsTensors
 
-    from ...packed_key import SIGN_FLIP, key_index
+    from ...ops import decode_keys
+    from ...packed_key import SIGN_FLIP
     from ...sampling import pack_keys
 
     batch, n = local.shape
     x = local.to(torch.float32)
     dev = x.device
     m = min(num_logprobs, n)
-    # per row: [max, sum exp(x - max), owns the sampled id, x[sampled], top m values, their ids, padding]
-    stats = torch.full((batch, 4 + 2 * num_logprobs), -math.inf, dtype=torch.float64, device=dev)
-    stats[:, 1:3] = 0.0
+    # per row: [max, sum exp(x - max), owns the sampled id, x[sampled], the top m packed keys as their bits (key 0:
+    # no entry, below every real key)]
+    stats = torch.zeros((batch, 4 + num_logprobs), dtype=torch.float64, device=dev)
+    stats[:, 0] = -math.inf
+    stats[:, 3] = -math.inf
     if n:
         xd = x.to(torch.float64)
-        row_max = xd.max(dim=1).values
+        row_max = xd.max(dim=1).values  # NaN anywhere: NaN
         stats[:, 0] = row_max
-        stats[:, 1] = torch.exp(xd - row_max[:, None]).sum(dim=1)
+        # an all -inf shard row adds 0 (exp(-inf - -inf) would be NaN); NaN and +inf propagate as in log_softmax
+        stats[:, 1] = torch.exp(xd - torch.where(row_max == -math.inf, 0.0, row_max)[:, None]).sum(dim=1)
         own = (sampled >= start) & (sampled < start + n)
         stats[:, 2] = own.to(torch.float64)
         stats[:, 3] = torch.where(own, xd.gather(1, (sampled - start).clamp(0, n - 1)[:, None])[:, 0], -math.inf)
         if m:  # the packed-key order: NaN first, then larger values, ties to the smaller id
             ids = torch.arange(start, start + n, device=dev).expand(batch, n)
-            top = key_index((pack_keys(x, ids) ^ SIGN_FLIP).topk(m, dim=1).values ^ SIGN_FLIP)
-            stats[:, 4 : 4 + m] = xd.gather(1, top - start)
-            stats[:, 4 + num_logprobs : 4 + num_logprobs + m] = top.to(torch.float64)
+            keys = (pack_keys(x, ids) ^ SIGN_FLIP).topk(m, dim=1).values ^ SIGN_FLIP
+            stats[:, 4 : 4 + m] = keys.view(torch.float64)
     g = _gather_rows(stats, group, start)  # [tp, B, W]
     total_max = g[..., 0].max(dim=0).values
-    finite = total_max > -math.inf
-    scale = torch.exp(g[..., 0] - torch.where(finite, total_max, 0.0))
-    lse = torch.where(finite, total_max, 0.0) + torch.log((g[..., 1] * scale).sum(dim=0))
+    ref = torch.where(total_max == -math.inf, 0.0, total_max)  # every rank all -inf: the sum is 0
+    log_sum = torch.log((g[..., 1] * torch.exp(g[..., 0] - ref)).sum(dim=0))  # log sum exp(x - max)
     x_sampled = torch.where(g[..., 2] == 1.0, g[..., 3], -math.inf).amax(dim=0)  # the owner's (keeps -0.0)
     tp = g.shape[0]
-    cand_v = g[..., 4 : 4 + num_logprobs].permute(1, 0, 2).reshape(batch, tp * num_logprobs)
-    cand_i = g[..., 4 + num_logprobs :].permute(1, 0, 2).reshape(batch, tp * num_logprobs)
-    order = torch.sort(cand_v, dim=1, descending=True, stable=True).indices[:, :num_logprobs]  # rank order = id order
-    top_v, top_i = cand_v.gather(1, order), cand_i.gather(1, order)
-    ids = torch.cat([sampled[:, None], top_i.to(torch.int64)], dim=1)
-    values = torch.cat([x_sampled[:, None], top_v], dim=1)
-    scores = values if logits_mode else values - lse[:, None]
+    cand = g[..., 4:].contiguous().view(torch.int64).permute(1, 0, 2).reshape(batch, tp * num_logprobs)
+    top = (cand ^ SIGN_FLIP).topk(num_logprobs, dim=1).values ^ SIGN_FLIP if num_logprobs else cand[:, :0]
+    top_i, top_v = decode_keys(torch.where(top == 0, _NO_ENTRY_STANDIN, top))  # no key 0 with num_logprobs <= vocab
+    ids = torch.cat([sampled[:, None], top_i], dim=1)
+    values = torch.cat([x_sampled[:, None], top_v.to(torch.float64)], dim=1)
+    # vLLM's order of operations, (x - max) - log sum exp(x - max): a tie at |max| ~ 3e38 keeps its log 2
+    scores = values if logits_mode else (values - total_max[:, None]) - log_sum[:, None]
     count = ((x >= x_sampled[:, None].to(torch.float32)).sum(dim=1) if n else torch.zeros(batch, device=dev)).double()
     ranks = _gather_rows(count[:, None], group, start)[..., 0].sum(dim=0).to(torch.int64)
     return LogprobsTensors(
@@ -398,6 +413,11 @@ def shard_logprobs(local, start, sampled, num_logprobs, group, *, logits_mode=Fa
         selected_token_ranks=ranks,
         cu_num_generated_tokens=None,
     )
+
+
+_NO_ENTRY_STANDIN = 0x007FFFFFFFFFFFFF
+"""A decodable key (-inf at id 0) in place of key 0 before decode_keys (never returned: ``num_logprobs`` is at
+most the vocabulary, checked before this route is taken)."""
 
 
 def model_head(model, hidden_states):
