@@ -339,6 +339,28 @@ def filtered_table(docs: list) -> str:
     )
 
 
+def host_time_table(docs) -> str:
+    """``localargmax-bench --host-time``: µs per call (median, min-max), over the bare op, ops dispatched."""
+    lines = []
+    for d in docs:
+        lines += [
+            "| batch | method | µs/call (median) | min-max | over the bare op (µs) | ops (host) | ops (device path) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in d["rows"]:
+            lines.append(
+                f"| {r['batch']} | {r['method']} | {r['us_per_call']:.2f} | {r['us_min']:.2f}-{r['us_max']:.2f} | "
+                f"{r['over_fused_op_us']:.2f} | {r['ops_host_path']} | {r['ops_device_path']} |"
+            )
+        env = d["env"]
+        lines += [
+            "",
+            f"From `{d['path']}`, written by `{d['command']}` ({env['cpu']}, {env['cpu_count']} CPUs, torch "
+            f"{env['torch']}, load {env['loadavg'][0]}). " + " ".join(d.get("verdicts", [])),
+        ]
+    return "\n".join(lines)
+
+
 def render(readme: str) -> str:
     """``readme`` with every marked table rendered again from its JSON files."""
 
@@ -366,6 +388,8 @@ def render(readme: str) -> str:
             body = "\n\n".join(markdown(d) for d in docs)
         elif "bands" in docs[0]:
             body = log_odds_table(docs)
+        elif "us_per_call" in docs[0]["rows"][0]:
+            body = host_time_table(docs)
         elif "speedup_vs_first" in docs[0]["rows"][0]:
             body = paths_table(docs)
         else:
