@@ -226,38 +226,19 @@ def sample_on_shards(hidden_states, lm_head, lp, input_batch, sampler, group=Non
             "min_p": states.min_p.gpu[mapping].to(torch.float32),
         }
     local = None
+    step = {"temperature": temperature, "seed": 0, "noise": noise, "vocab_start": start, "num_valid": num_valid}
+    step["group"] = group
     if filtered or dims is not None or sampler.use_fp64_gumbel or lm_head.weight.dtype != torch.float32:
         STATS["target sampler: shard logits"] += 1
         local = lp(lm_head, hidden, skip_gather=True)[:, :num_valid]  # vLLM's own shard logits, padding cut
-        if filtered:  # (never with use_fp64_gumbel: uncovered_reason)
-            sampled = filtered_sample(
-                hidden,
-                lm_head.weight,
-                temperature=temperature,
-                seed=0,
-                noise=noise,
-                vocab_start=start,
-                num_valid=num_valid,
-                group=group,
-                shard_logits=local.masked_fill(local.isnan(), -math.inf),  # NaN dropped, as vLLM's gumbel_sample
-                **filters,
-            )
+        if filtered:  # (never with use_fp64_gumbel: uncovered_reason); NaN dropped, as vLLM's gumbel_sample
+            dropped = local.masked_fill(local.isnan(), -math.inf)
+            sampled = filtered_sample(hidden, lm_head.weight, shard_logits=dropped, **step, **filters)
         else:
             sampled = shard_logits_sample(local, start, temperature, noise, group, fp64=sampler.use_fp64_gumbel)
-    else:
+    else:  # unfiltered (filtered steps take the shard logits above)
         STATS["target sampler: fused"] += 1
-        sampled = lm_head_sample(
-            hidden,
-            lm_head.weight,
-            temperature=temperature,
-            seed=0,
-            noise=noise,
-            vocab_start=start,
-            num_valid=num_valid,
-            group=group,
-            **filters,
-            **logits.transform_kwargs(lp),
-        ).to(torch.int64)
+        sampled = lm_head_sample(hidden, lm_head.weight, **step, **logits.transform_kwargs(lp)).to(torch.int64)
     logprobs_tensors = None
     if dims is not None:
         logprobs_tensors = shard_logprobs(
