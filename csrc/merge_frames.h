@@ -89,4 +89,30 @@ inline MergeFrames merge_frames_args(const at::Tensor& frames, int64_t batch, in
   return a;
 }
 
+// localargmax::log_probs_from_pairs: values [B] or [B, k] float32, pairs [tp, B, 2] float32, temperature [B]
+// float32 or none, one device. Returns the output (values' shape, float32).
+inline at::Tensor log_probs_from_pairs_output(const at::Tensor& values, const at::Tensor& pairs,
+                                              const std::optional<at::Tensor>& temperature) {
+  TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat && pairs.scalar_type() == at::kFloat,
+                   "log_probs_from_pairs: values and pairs must be float32, got ", values.scalar_type(), " and ",
+                   pairs.scalar_type());
+  TORCH_CHECK_VALUE(values.dim() == 1 || values.dim() == 2,
+                    "log_probs_from_pairs: values must be [B] or [B, k], got shape ", values.sizes());
+  const int64_t batch = values.size(0);
+  TORCH_CHECK_VALUE(pairs.dim() == 3 && pairs.size(0) >= 1 && pairs.size(1) == batch && pairs.size(2) == 2,
+                    "log_probs_from_pairs: pairs must be [tp >= 1, B=", batch, ", 2] (rank-major (ref, others)), got "
+                    "shape ", pairs.sizes());
+  TORCH_CHECK_VALUE(pairs.device() == values.device(), "log_probs_from_pairs: pairs must be on values' device (",
+                    values.device(), "), got ", pairs.device());
+  if (temperature.has_value()) {
+    TORCH_CHECK_TYPE(temperature->scalar_type() == at::kFloat, "log_probs_from_pairs: temperature must be float32, "
+                     "got ", temperature->scalar_type());
+    TORCH_CHECK_VALUE(temperature->dim() == 1 && temperature->size(0) == batch,
+                      "log_probs_from_pairs: temperature must be [B=", batch, "], got shape ", temperature->sizes());
+    TORCH_CHECK_VALUE(temperature->device() == values.device(), "log_probs_from_pairs: temperature must be on "
+                      "values' device (", values.device(), "), got ", temperature->device());
+  }
+  return at::empty(values.sizes(), values.options());
+}
+
 }  // namespace localargmax

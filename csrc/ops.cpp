@@ -54,6 +54,9 @@ TORCH_LIBRARY(localargmax, m) {
   m.def("merge_frames(Tensor frames, SymInt batch, int k, bool pairs, int mode, Tensor? d2t, int target_vocab, "
         "Tensor? temperature, bool log_probs, bool log_odds, bool sign_flipped, bool raise_errors) -> "
         "(Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // values [B] or [B, k] float32, pairs [tp, B, 2] float32, temperature [B] float32? -> log-probabilities (values'
+  // shape): the step's merge's arithmetic (common/step_merge.h, row_partition), for steps that merge in Python.
+  m.def("log_probs_from_pairs(Tensor values, Tensor pairs, Tensor? temperature) -> Tensor");
   // The samplers' Gumbel noise (common/philox.h) at (seed, rows[i], ids[i]): rows (uint64 bits) and ids (>= 0)
   // int64 of one shape -> float32 of that shape. CPU only (on CUDA, localargmax.sampling evaluates it in torch).
   m.def("gumbel_noise(int seed, Tensor rows, Tensor ids) -> Tensor");
@@ -68,6 +71,7 @@ TORCH_LIBRARY(localargmax, m) {
 TORCH_LIBRARY_IMPL(localargmax, Autograd, m) {
   m.impl("step_frame", torch::autograd::autogradNotImplementedFallback());
   m.impl("merge_frames", torch::autograd::autogradNotImplementedFallback());
+  m.impl("log_probs_from_pairs", torch::autograd::autogradNotImplementedFallback());
 }
 
 namespace localargmax::cpu {

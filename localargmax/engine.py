@@ -274,23 +274,18 @@ def log_probs_from_pairs(
             rows with ``T == 0`` (greedy) and ``None`` use 1.
 
     Returns:
-        float32 log-probabilities, the shape of ``values``: NaN for a row with
-        a NaN logit anywhere (as ``torch.log_softmax``), NaN for a ``+inf``
-        value and ``-inf`` beside one, NaN for an all ``-inf`` row.
+        float32 log-probabilities, the shape of ``values``, on its device:
+        NaN for a row with a NaN logit anywhere (as ``torch.log_softmax``),
+        NaN for a ``+inf`` value and ``-inf`` beside one, NaN for an all
+        ``-inf`` row. The same bits as the planned step's merge (one
+        implementation, ``localargmax::log_probs_from_pairs``, C++ / CUDA).
+
+    Raises:
+        TypeError: ``values``, ``pairs`` or ``temperature`` not float32.
+        ValueError: ``pairs`` not ``[tp >= 1, B, 2]``, ``temperature`` not
+            ``[B]``, or a tensor on another device than ``values``.
     """
-    ref, others = pairs[..., 0], pairs[..., 1]
-    top = ref.max(dim=0).values  # NaN anywhere -> NaN
-    t = None if temperature is None else torch.where(temperature > 0, temperature, 1.0)
-    total = torch.zeros_like(top)
-    for r in range(pairs.shape[0]):  # a fixed order: the same bits on every rank
-        d = ref[r] - top if t is None else (ref[r] - top) / t
-        own = others[r] + (ref[r] > -math.inf).to(others.dtype)  # the rank's best entry counts 1 (0 if -inf)
-        total = total + own * torch.where(ref[r] == top, 1.0, torch.exp(d))
-    if values.dim() == 2:
-        top, total = top[:, None], total[:, None]
-        t = None if t is None else t[:, None]
-    d = values - top if t is None else (values - top) / t
-    return d - torch.log(total)
+    return torch.ops.localargmax.log_probs_from_pairs.default(values, pairs, temperature)
 
 
 def log_odds_from_pairs(keys: torch.Tensor, pairs: torch.Tensor, temperature: torch.Tensor | None = None):

@@ -467,6 +467,23 @@ def _merge_frames_fake(
     )
 
 
+@torch.library.register_fake("localargmax::log_probs_from_pairs")
+def _log_probs_from_pairs_fake(values, pairs, temperature):
+    if values.dtype != torch.float32 or pairs.dtype != torch.float32:
+        raise TypeError(f"log_probs_from_pairs: values and pairs must be float32, got {values.dtype} and {pairs.dtype}")
+    if values.dim() not in (1, 2) or pairs.dim() != 3 or pairs.shape[1] != values.shape[0] or pairs.shape[2] != 2:
+        raise ValueError(
+            f"log_probs_from_pairs: values must be [B] or [B, k] and pairs [tp >= 1, B, 2], got shapes "
+            f"{tuple(values.shape)} and {tuple(pairs.shape)}"
+        )
+    for name, t in (("pairs", pairs), ("temperature", temperature)):
+        if t is not None and t.device != values.device:
+            raise ValueError(
+                f"log_probs_from_pairs: {name} must be on values' device ({values.device}), got {t.device}"
+            )
+    return values.new_empty(values.shape)
+
+
 # Autograd: the ops are not differentiable (argmax, top-k and sampling have no
 # useful gradient; the log-partition pairs are a forward-only by-product).
 # Registered at the Autograd key so that torch does not fall back to passing
@@ -476,8 +493,9 @@ FUSED_OPS = (
     "merge_keys", "gumbel_noise", "vllm_gumbel_noise",
 )  # fmt: skip
 
-STEP_OPS = ("step_frame", "merge_frames")
-"""The planned step's ops (localargmax/plan.py): their autograd kernel is C++'s fallback (csrc/ops.cpp: a
+STEP_OPS = ("step_frame", "merge_frames", "log_probs_from_pairs")
+"""The planned step's ops (localargmax/plan.py) and the log-probabilities of its merge for steps that merge in
+Python (engine.log_probs_from_pairs): their autograd kernel is C++'s fallback (csrc/ops.cpp: a
 backward raises "derivative for localargmax::<op> is not implemented"), no Python on every call."""
 
 

@@ -76,7 +76,13 @@ def _instantiations():
             names += [f"shard_argmax_mma_pipe_kernel<{t}, {_template(m)}>" for m in MMA_CONFIGS.values()]
             names.append(f"logits_to_keys_kernel<{t}>")
             names.append(f"logits_to_keys_kernel<{t}, true>")
-    return names + ["merge_keys_kernel", "merge_partition_kernel", "frame_init_kernel", "merge_frames_kernel"]
+    return names + [
+        "merge_keys_kernel",
+        "merge_partition_kernel",
+        "frame_init_kernel",
+        "merge_frames_kernel",
+        "log_probs_from_pairs_kernel",
+    ]
 
 
 def test_every_instantiation_the_launchers_pick_runs(emu, gen):
@@ -121,6 +127,7 @@ def test_every_instantiation_the_launchers_pick_runs(emu, gen):
     emu.merge_keys(keys)
     emu.frame_init(8, 4, False, 5, 4)
     emu.merge_frames(keys, 1, 1, False, 0, None, 0, None, False, False)
+    emu.log_probs_from_pairs(torch.zeros(1), torch.zeros(1, 1, 2), None)
     assert set(_instantiations()) == set(emu.launched), set(_instantiations()) ^ set(emu.launched)
 
 
@@ -474,3 +481,24 @@ def test_invalid_temperature_rows_get_key_0(emu, gen, path, dtype):
     for row in (0, 4, 5):  # the valid rows: the CPU's draw for batch row `row` (Philox subsequence offset + row)
         want = cpu_keys(h[row : row + 1], w, b, 0, 130, temperature=temperature[row : row + 1], seed=9, offset=2 + row)
         assert got[row] == want[0], row
+
+
+@pytest.mark.parametrize("tp", [1, 3, 8])
+def test_log_probs_from_pairs_kernel_equals_the_cpu_op(emu, gen, tp):
+    """log_probs_from_pairs_kernel (one thread per row) against the CPU op:
+    the same bits at batch 0, 1, 255, 257 (a partial second block), [B] and
+    [B, k] values, with and without temperatures, planted -inf / +inf / NaN
+    refs and tied refs."""
+    for batch in (0, 1, 255, 257):
+        pairs = torch.stack([torch.randn(tp, batch, generator=gen) * 20, torch.rand(tp, batch, generator=gen) * 50], -1)
+        if batch > 4:
+            pairs[0, 0, 0], pairs[-1, 1, 0], pairs[0, 2, 0] = -math.inf, math.nan, math.inf
+            pairs[:, 3, 0] = pairs[0, 3, 0]
+        t = torch.rand(batch, generator=gen) * 2
+        t[::3] = 0.0
+        values = pairs[..., 0].max(dim=0).values - torch.rand(batch, generator=gen)
+        for v in (values, torch.stack([values, values - 3.0], dim=1)):
+            for temperature in (None, t):
+                want = ops.log_probs_from_pairs(v, pairs, temperature)
+                got = emu.log_probs_from_pairs(v, pairs, temperature)
+                assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (tp, batch, got, want)

@@ -32,6 +32,7 @@ def _calls(h, w):
         "vllm_gumbel_noise": (ops.vllm_gumbel_noise(*(torch.arange(h.shape[0]),) * 3),),
         "step_frame": (ops.step_frame(h, w, b, 0, w.shape[0], 2, 1, t, 1, 0, 1.0, 0.0, True, True, False),),
         "merge_frames": ops.merge_frames(frame, h.shape[0], 1, True, 2, None, 0, t, True, False, False, True),
+        "log_probs_from_pairs": (ops.log_probs_from_pairs(h[:, 0], torch.stack([h[:, :2]] * 2), t),),
     }
 
 

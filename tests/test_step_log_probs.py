@@ -214,3 +214,83 @@ def test_log_probs_under_torch_compile_fullgraph(gen, backend):
     want = step(hidden, weight)
     for (gi, gl), (wi, wl) in zip(got, want):
         assert torch.equal(gi, wi) and torch.allclose(gl, wl, atol=1e-6, rtol=0)
+
+
+# ----------------------------------------------------------------------------- log_probs_from_pairs
+
+
+@pytest.mark.parametrize("tp", [1, 2, 3, 4])
+def test_log_probs_from_pairs_are_the_steps_merge_bits(gen, tp):
+    """log_probs_from_pairs (the steps that merge in Python: the filtered
+    sampler's rows) against merge_frames (the planned step) on the same
+    frames: the same bits at every batch size (a vectorised exp and a scalar
+    one differ in the last bit, so a torch formula would not hold: issue 67's
+    CI failure), every temperature, a rank all -inf, a NaN row, refs tied
+    across ranks; [B, k] values too. And the float64 log_softmax of the full
+    logits within the documented bound."""
+    for batch in (1, 3, 16, 17, 33, 70):
+        vocab = int(torch.randint(100, 400, (1,), generator=gen))
+        hidden, weight, _ = random_problem(gen, batch, vocab, 24)
+        hidden = hidden * 3
+        shards = make_shards(weight, None, tp, 64, hidden=hidden)
+        outs = [
+            localargmax.shard_argmax(hidden, w, vocab_start=s.vocab_start, num_valid=s.num_valid, log_partition=True)
+            for w, _, s in shards
+        ]
+        keys = [k for k, _ in outs]
+        pairs = torch.stack([p for _, p in outs])
+        if tp > 1:
+            pairs[0, 0] = torch.tensor([-math.inf, 0.0])  # row 0: rank 0 all -inf
+            pairs[1, -1, 0] = pairs[0, -1, 0]  # last row: refs tied across ranks
+        if batch > 2:
+            pairs[-1, 1, 0] = math.nan  # row 1: a NaN logit on the last rank
+        t = torch.rand(batch, generator=gen) * 3
+        t[::4] = 0.0
+        frames = stack_frames(list(zip(keys, pairs)), [(s.vocab_start, s.num_valid) for _, _, s in shards])
+        for temperature in (None, t):
+            _, values, want, _, _ = torch.ops.localargmax.merge_frames.default(
+                frames, batch, 1, True, 0, None, 0, temperature, True, False, False, False
+            )
+            got = localargmax.log_probs_from_pairs(values, pairs, temperature)
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (batch, tp, got, want)
+            wide = torch.stack([values, values - 1.5, values * 0.5], dim=1)
+            got_k = localargmax.log_probs_from_pairs(wide, pairs, temperature)
+            assert torch.equal(got_k[:, 0].view(torch.int32), want.view(torch.int32))
+            assert torch.equal(got_k[:, 1].isnan(), want.isnan())
+        clean = torch.stack(  # the pairs at the rows' temperatures, nothing planted: the float64 reference
+            [
+                localargmax.shard_argmax(
+                    hidden, w, vocab_start=s.vocab_start, num_valid=s.num_valid, log_partition=True, temperature=t
+                )[1]
+                for w, _, s in shards
+            ]
+        )
+        _, values = localargmax.merge_keys(torch.stack(keys))
+        got = localargmax.log_probs_from_pairs(values, clean, t)
+        scaled = ref_logits(hidden, weight) / torch.where(t > 0, t, 1.0).double()[:, None]
+        ref = values.double() / torch.where(t > 0, t, 1.0).double() - torch.logsumexp(scaled, dim=1)
+        tol = log_prob_tolerance(hidden, weight, None, 1.0, None, t, tp=tp)
+        err = float((got.double() - ref).abs().max())
+        assert err <= tol, f"batch {batch}, tp {tp}: log-prob error {err:.3g} > {tol:.3g}"
+
+
+def test_log_probs_from_pairs_bad_input(gen):
+    """Wrong dtypes, shapes and devices raise naming the argument; opcheck."""
+    values, pairs, t = torch.randn(4, generator=gen), torch.randn(2, 4, 2, generator=gen), torch.ones(4)
+    pairs[..., 1] = pairs[..., 1].abs() * 10  # others >= 0: a finite log S (opcheck compares without NaN)
+    cases = [
+        ((values.double(), pairs, t), TypeError, "values and pairs must be float32"),
+        ((values, pairs.half(), t), TypeError, "values and pairs must be float32"),
+        ((values, pairs, t.double()), TypeError, "temperature must be float32"),
+        ((values[None, None], pairs, t), ValueError, "values must be [B] or [B, k]"),
+        ((values, pairs[:, :3], t), ValueError, "pairs must be [tp >= 1, B=4, 2]"),
+        ((values, pairs[:0], t), ValueError, "pairs must be [tp >= 1, B=4, 2]"),
+        ((values, pairs, t[:3]), ValueError, "temperature must be [B=4]"),
+        ((values, pairs.to("meta"), t), ValueError, "pairs must be on values' device"),
+    ]
+    for args, exc, match in cases:
+        with pytest.raises(exc, match=re.escape(match)):
+            localargmax.log_probs_from_pairs(*args)
+    for args in [(values, pairs, t), (values, pairs, None), (values[:0], pairs[:, :0], t[:0]),
+                 (torch.randn(4, 3, generator=gen), pairs, t)]:  # fmt: skip
+        torch.library.opcheck(torch.ops.localargmax.log_probs_from_pairs.default, args)

@@ -99,6 +99,48 @@ LAM_HD bool finite_float(float x) { return x - x == 0.0f; }
 LAM_HD float merge_exp(float x) { return expf(x); }
 LAM_HD float merge_log(float x) { return logf(x); }
 
+// Row b's pairs in the ranks' frames (free functions, never members: LAM_HD is static per translation unit).
+struct FramePairs {
+  const MergeFrames& a;
+  int64_t b;
+};
+LAM_HD float ref_of(const FramePairs& p, int64_t r) { return pair_ref(p.a, r, p.b); }
+LAM_HD float others_of(const FramePairs& p, int64_t r) { return pair_others(p.a, r, p.b); }
+
+// Row b's pairs in a [tp, batch, 2] float32 tensor.
+struct TensorPairs {
+  const float* pairs;
+  int64_t batch, b;
+};
+LAM_HD float ref_of(const TensorPairs& p, int64_t r) { return p.pairs[(r * p.batch + p.b) * 2]; }
+LAM_HD float others_of(const TensorPairs& p, int64_t r) { return p.pairs[(r * p.batch + p.b) * 2 + 1]; }
+
+// A row's log-partition over the ranks' (ref, others) pairs (DESIGN.md, "Log-probabilities"): A = max_r ref_r
+// (NaN anywhere: NaN) and log S, S = sum_r (others_r + [ref_r > -inf]) * (ref_r == A ? 1 : exp((ref_r - A) / t)),
+// ranks in order 0, 1, ... Pairs: ref_of(p, r), others_of(p, r). The step's merge and the op
+// localargmax::log_probs_from_pairs both call it: a log-probability is the same bits whichever computes it.
+struct RowPartition {
+  float top, log_total;
+};
+
+template <class Pairs>
+LAM_HD RowPartition row_partition(const Pairs& p, int64_t tp, float t) {
+  float top = -INFINITY, total = 0.0f;
+  for (int64_t r = 0; r < tp; ++r) {
+    const float ref = ref_of(p, r);
+    top = (ref != ref || top != top) ? NAN : (ref > top ? ref : top);
+  }
+  for (int64_t r = 0; r < tp; ++r) {
+    const float ref = ref_of(p, r);
+    const float own = others_of(p, r) + (ref > -INFINITY ? 1.0f : 0.0f);
+    total = total + own * (ref == top ? 1.0f : merge_exp((ref - top) / t));
+  }
+  return {top, merge_log(total)};
+}
+
+// The log-probability of the transformed logit x: (x - A) / t - log S.
+LAM_HD float log_prob_of(float x, const RowPartition& lp, float t) { return (x - lp.top) / t - lp.log_total; }
+
 // The row's rank whose key wins (the first of equal keys: the smallest rank).
 LAM_HD int64_t winning_rank_of(const MergeFrames& a, int64_t b) {
   uint64_t best = row_key(a, 0, b, 0);
@@ -134,20 +176,7 @@ LAM_HD int merge_row(const MergeFrames& a, int64_t b, int64_t vocab_total, uint8
     }
   for (int64_t r = 0; r < a.tp && a.mode == kStepTopk; ++r) pos[r] = 0;
   const float t = a.temperature != nullptr && a.temperature[b] > 0.0f ? a.temperature[b] : 1.0f;
-  // log-partition: A = max_r ref_r (NaN anywhere: NaN), S = sum_r (others_r + [ref_r > -inf]) * factor_r
-  float top = -INFINITY, total = 0.0f;
-  if (a.log_probs != nullptr) {
-    for (int64_t r = 0; r < a.tp; ++r) {
-      const float ref = pair_ref(a, r, b);
-      top = (ref != ref || top != top) ? NAN : (ref > top ? ref : top);
-    }
-    for (int64_t r = 0; r < a.tp; ++r) {
-      const float ref = pair_ref(a, r, b);
-      const float own = pair_others(a, r, b) + (ref > -INFINITY ? 1.0f : 0.0f);
-      total = total + own * (ref == top ? 1.0f : merge_exp((ref - top) / t));
-    }
-  }
-  const float log_total = a.log_probs != nullptr ? merge_log(total) : 0.0f;
+  const RowPartition lp = a.log_probs != nullptr ? row_partition(FramePairs{a, b}, a.tp, t) : RowPartition{0.0f, 0.0f};
   const int64_t winner = a.mode == kStepTopk ? 0 : winning_rank_of(a, b);
   for (int64_t j = 0; j < a.k; ++j) {
     uint64_t best = kNoEntryKey;
@@ -186,7 +215,7 @@ LAM_HD int merge_row(const MergeFrames& a, int64_t b, int64_t vocab_total, uint8
     if (a.log_probs != nullptr) {
       // the sampled entry's x is the winning rank's ref (its key carries the noised score)
       const float x = a.mode == kStepSample ? pair_ref(a, winner, b) : value;
-      a.log_probs[slot] = (x - top) / t - log_total;
+      a.log_probs[slot] = log_prob_of(x, lp, t);
     }
   }
   if (a.log_odds != nullptr) {

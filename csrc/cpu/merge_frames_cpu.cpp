@@ -109,7 +109,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_fra
   return {out.ids, out.values, out.log_probs, out.log_odds, out.ok};
 }
 
-TORCH_LIBRARY_IMPL(localargmax, CPU, m) { m.impl("merge_frames", &merge_frames_cpu); }
+// localargmax::log_probs_from_pairs on the CPU: row_partition and log_prob_of (common/step_merge.h), the
+// step's merge's own arithmetic.
+at::Tensor log_probs_from_pairs_cpu(const at::Tensor& values_in, const at::Tensor& pairs_in,
+                                    const std::optional<at::Tensor>& temperature_in) {
+  at::Tensor out = log_probs_from_pairs_output(values_in, pairs_in, temperature_in);
+  const at::Tensor values = values_in.contiguous(), pairs = pairs_in.contiguous();
+  const at::Tensor temperature = temperature_in.has_value() ? temperature_in->contiguous() : at::Tensor();
+  const int64_t batch = values.size(0), k = values.dim() == 2 ? values.size(1) : 1, tp = pairs.size(0);
+  const float* v = values.data_ptr<float>();
+  const float* t = temperature.defined() ? temperature.data_ptr<float>() : nullptr;
+  float* o = out.data_ptr<float>();
+  for (int64_t b = 0; b < batch; ++b) {
+    const float tb = t != nullptr && t[b] > 0.0f ? t[b] : 1.0f;
+    const RowPartition lp = row_partition(TensorPairs{pairs.data_ptr<float>(), batch, b}, tp, tb);
+    for (int64_t j = 0; j < k; ++j) o[b * k + j] = log_prob_of(v[b * k + j], lp, tb);
+  }
+  return out;
+}
+
+TORCH_LIBRARY_IMPL(localargmax, CPU, m) {
+  m.impl("merge_frames", &merge_frames_cpu);
+  m.impl("log_probs_from_pairs", &log_probs_from_pairs_cpu);
+}
 
 }  // namespace cpu
 }  // namespace localargmax

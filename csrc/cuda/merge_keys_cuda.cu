@@ -63,12 +63,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_fra
   return {out.ids, out.values, out.log_probs, out.log_odds, out.ok};
 }
 
+// localargmax::log_probs_from_pairs: one launch of log_probs_from_pairs_kernel (step_kernels.cuh).
+at::Tensor log_probs_from_pairs_cuda(const at::Tensor& values_in, const at::Tensor& pairs_in,
+                                     const std::optional<at::Tensor>& temperature_in) {
+  at::Tensor out = log_probs_from_pairs_output(values_in, pairs_in, temperature_in);
+  const int64_t batch = values_in.size(0);
+  if (batch == 0 || out.numel() == 0) return out;
+  const c10::cuda::CUDAGuard guard(values_in.device());
+  const at::Tensor values = values_in.contiguous(), pairs = pairs_in.contiguous();
+  const at::Tensor temperature = temperature_in.has_value() ? temperature_in->contiguous() : at::Tensor();
+  const int64_t blocks = (batch + kStepThreads - 1) / kStepThreads;
+  log_probs_from_pairs_kernel<<<static_cast<unsigned>(blocks), kStepThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      values.data_ptr<float>(), pairs.data_ptr<float>(),
+      temperature.defined() ? temperature.data_ptr<float>() : nullptr, pairs.size(0), batch,
+      values.dim() == 2 ? values.size(1) : 1, out.data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
 }  // namespace
 }  // namespace cuda
 
 TORCH_LIBRARY_IMPL(localargmax, CUDA, m) {
   m.impl("merge_keys", &cuda::merge_keys_cuda);
   m.impl("merge_frames", &cuda::merge_frames_cuda);
+  m.impl("log_probs_from_pairs", &cuda::log_probs_from_pairs_cuda);
 }
 
 }  // namespace localargmax

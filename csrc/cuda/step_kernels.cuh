@@ -45,6 +45,18 @@ __global__ void __launch_bounds__(kStepThreads) merge_frames_kernel(MergeFrames 
   if (threadIdx.x == 0) *ok = all_ok != 0;
 }
 
+// log_probs_from_pairs: one thread per row (common/step_merge.h's row_partition, as merge_frames_kernel).
+__global__ void __launch_bounds__(kStepThreads)
+    log_probs_from_pairs_kernel(const float* __restrict__ values, const float* __restrict__ pairs,
+                                const float* __restrict__ temperature, int64_t tp, int64_t batch, int64_t k,
+                                float* __restrict__ out) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= batch) return;
+  const float t = temperature != nullptr && temperature[b] > 0.0f ? temperature[b] : 1.0f;
+  const RowPartition lp = row_partition(TensorPairs{pairs, batch, b}, tp, t);
+  for (int64_t j = 0; j < k; ++j) out[b * k + j] = log_prob_of(values[b * k + j], lp, t);
+}
+
 }  // namespace
 }  // namespace cuda
 }  // namespace localargmax

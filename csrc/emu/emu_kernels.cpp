@@ -78,6 +78,8 @@ void name_all() {
   emu::name_kernel(reinterpret_cast<const void*>(merge_partition_kernel), kernel_name<merge_partition_kernel>());
   emu::name_kernel(reinterpret_cast<const void*>(frame_init_kernel), kernel_name<frame_init_kernel>());
   emu::name_kernel(reinterpret_cast<const void*>(merge_frames_kernel), kernel_name<merge_frames_kernel>());
+  emu::name_kernel(reinterpret_cast<const void*>(log_probs_from_pairs_kernel),
+                   kernel_name<log_probs_from_pairs_kernel>());
 }
 
 // The launch functor of shard_launch.cuh for the emulation (the
@@ -326,6 +328,19 @@ int lam_emu_merge_frames(const unsigned long long* frames, int64_t tp, int64_t s
   a.log_probs = log_probs;
   a.log_odds = log_odds;
   EmuLaunch{&ok}("merge_frames_kernel", merge_frames_kernel, dim3(1), dim3(kStepThreads), a, valid);
+  return ok ? 0 : 1;
+}
+
+// log_probs_from_pairs_kernel as merge_keys_cuda.cu launches it: values [batch, k], pairs [tp, batch, 2],
+// temperature [batch] or null, out [batch, k].
+int lam_emu_log_probs_from_pairs(const float* values, const float* pairs, const float* temperature, int64_t tp,
+                                 int64_t batch, int64_t k, float* out) {
+  name_all();
+  bool ok = true;
+  if (batch == 0 || k == 0) return 0;  // the launcher launches nothing
+  const int64_t blocks = (batch + kStepThreads - 1) / kStepThreads;
+  EmuLaunch{&ok}("log_probs_from_pairs_kernel", log_probs_from_pairs_kernel, dim3(static_cast<unsigned>(blocks)),
+                 dim3(kStepThreads), values, pairs, temperature, tp, batch, k, out);
   return ok ? 0 : 1;
 }
 

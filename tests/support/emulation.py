@@ -90,6 +90,7 @@ _ENTRY_POINTS = {
         _i32,
         [_p, _i64, _i64, _i64, _i64, _i32, _i32, _i32, _p, _i64, _i64, _p, _p, _p, _p, _p, _p],
     ),
+    "lam_emu_log_probs_from_pairs": (_i32, [_p, _p, _p, _i64, _i64, _i64, _p]),  # values, pairs, t, tp, batch, k, out
 }
 
 
@@ -569,6 +570,19 @@ class Emulator:
         lp_out = self._read(lp, shape, torch.float32) if log_probs else torch.empty(0)
         lo_out = self._read(lo, (batch,), torch.float32) if log_odds else torch.empty(0)
         return (*out, lp_out, lo_out, bool(self._read(valid, (1,), torch.uint8)[0] != 0))
+
+    def log_probs_from_pairs(self, values, pairs, temperature):
+        """log_probs_from_pairs_kernel: values [B] or [B, k], pairs [tp, B, 2],
+        temperature [B] or None (float32) -> the log-probabilities (values'
+        shape); the output is 0xA5-filled before the launch."""
+        batch, k = values.shape[0], values.shape[1] if values.dim() == 2 else 1
+        self._reset(False, 1)
+        vp = self._place("values", values.contiguous())
+        pp = self._place("pairs", pairs.contiguous().view(pairs.shape[0], -1))
+        tpp = self._place("temperature", temperature.contiguous()) if temperature is not None else None
+        out = self._alloc("log_probs", max(batch * k, 1) * 4, fill=0xA5)
+        self._check(self.lib.lam_emu_log_probs_from_pairs(vp, pp, tpp, pairs.shape[0], batch, k, out))
+        return self._read(out, tuple(values.shape), torch.float32)
 
     def alloc_weight_view(
         self, rows: int, ldw: int, hidden_size: int, dtype: torch.dtype, fill: torch.Tensor
