@@ -246,3 +246,64 @@ def test_vllm_noise_samples_vllms_id(case):
     assert not bool(bad.any()), f"rows {bad.nonzero()[:, 0].tolist()}: ours {ids[bad]} vLLM {theirs[bad]}"
     assert int(clear.sum()) >= 0.7 * B, f"only {int(clear.sum())} rows compared"
     assert int((ids[clear] != y[clear].argmax(dim=1)).sum()) > 0.2 * B  # sampled, not the argmax
+
+
+# --- top-p alone on widely spread logits (issue 67 item 3) ---
+
+SPREAD = torch.tensor([40.0, 40.0, 60.0, 25.0, 3.0, 5.0, 40.0, 3.0])
+"""Per row: the spread (std) of the logits. From 25 up, vLLM's monolithic Triton top-p underflows (below)."""
+CPU_TILE = 256
+"""The Triton kernel's BLOCK_SIZE on the CPU (topk_topp_triton.py: 256 on CPU, 8192 on CUDA)."""
+
+
+def _triton_top_p_underflows(y, tile=CPU_TILE):
+    """The condition of docs/vllm.md: vLLM's standalone top-p (the monolithic kernel) estimates the row's maximum
+    as ``avg + 10 std`` of its first tile's finite logits and sums ``exp(x - estimate)`` in float32; when every
+    logit lies more than 103.98 below it, each term is 0 (float32 ``exp`` underflows), the probabilities are
+    0 / 0 and the kernel masks nothing."""
+    first = y[:, :tile].double()
+    finite = first > -math.inf
+    n = finite.sum(dim=1)
+    avg = torch.where(finite, first, 0.0).sum(dim=1) / n
+    std = (torch.where(finite, first, 0.0).square().sum(dim=1) / n - avg.square()).clamp(min=0).sqrt()
+    return y.double().max(dim=1).values - (avg + 10 * std) < -103.98
+
+
+@pytest.fixture(scope="module")
+def spread(tmp_path_factory):
+    gen = torch.Generator().manual_seed(67)
+    rows = SPREAD.numel()
+    y = (torch.randn(rows, V, generator=gen, dtype=torch.float64) * SPREAD[:, None]).float()
+    k = torch.zeros(rows, dtype=torch.int64)  # top-p alone: top-k off (vLLM: V), min-p off
+    p = torch.tensor([0.5, 0.9, 0.3, 0.7, 0.5, 0.9, 0.99, 0.7])
+    mp = torch.zeros(rows)
+    got = _vllm_masks(tmp_path_factory.mktemp("spread"), y, k, p, mp)
+    _, ids, keep, _ = filter_sorted(y, torch.ones(rows), k, p.double(), mp.double())
+    ours = torch.zeros(rows, V, dtype=torch.bool).scatter_(1, ids, keep)
+    return y, k, p, mp, got, ours
+
+
+def test_top_p_alone_on_widely_spread_logits(spread):
+    """Rows with top-p alone whose logits spread widely (std 25-60 over 1999
+    ids): vLLM's Triton kernel keeps every id there (the underflow of
+    ``_triton_top_p_underflows``, the condition docs/vllm.md states), where
+    vLLM's PyTorch path and ours keep the exact nucleus; the step samples the
+    float64 reference's id on every row. On the narrow rows (std 3-5) the three
+    masks agree."""
+    import localargmax
+    from tests.test_filtered_sampling import reference
+
+    y, k, p, mp, got, ours = spread
+    under = _triton_top_p_underflows(y)
+    assert torch.equal(under, SPREAD >= 25), (under, SPREAD)  # the construction: the condition holds where meant
+    assert got["triton"] is not None, f"vLLM's Triton top-k/top-p kernel failed: {got['triton_error']}"
+    assert bool(got["triton"][under].all()), "vLLM's Triton top-p masked ids on a row where it underflows"
+    assert torch.equal(got["triton"][~under], ours[~under])
+    assert bool((ours[under].sum(dim=1) < V // 4).all())  # the nucleus is small: the difference is real
+    assert torch.equal(got["torch"], ours)  # vLLM's PyTorch fallback: a max-subtracted softmax, no underflow
+    t, seed = torch.ones(y.shape[0]), 12345
+    ids = localargmax.lm_head_sample(y, torch.eye(V), temperature=t, seed=seed, offset=3, top_k=k, top_p=p, min_p=mp)
+    want = reference(y.double(), t, k.tolist(), p, mp, seed, 3)
+    assert not any(near for _, near in want)
+    assert ids.tolist() == [i for i, _ in want]
+    assert bool(ours.gather(1, ids[:, None]).all())
