@@ -24,7 +24,7 @@ KNOWN_METHODS = set(METHODS) | set(BASELINES) | set(OUR_METHODS)  # (the legend'
 VERDICT = re.compile(
     r"(?P<shape>\S+) (?P<where>tp \d+|rows \d+) B=(?P<batch>\d+): fastest (?P<best>[\w-]+) \([\d.]+ us"
     r"(?:, agree (?P<agree>[\d.]+))?\)(?:; (?P<ours>[\w-]+) (?P<ratio>[\d.]+)x (?P<how>faster|slower) than "
-    r"(?P<rival>[\w-]+))?$"
+    r"(?P<rival>[\w-]+)|; (?P<noisy>[\w-]+) and (?P<noisy_rival>[\w-]+) within noise \(.*\))?$"
 )
 
 
@@ -147,3 +147,25 @@ def test_help_examples_write_no_tracked_file():
     assert outputs, "the examples write JSON somewhere"
     for path in outputs:
         assert path == "-" or (path not in tracked and not path.startswith("bench/results")), path
+
+
+def test_verdict_says_within_noise_where_the_notches_overlap():
+    """Rows with quartiles: a ratio only where the medians' notches
+    (median +- 1.57 IQR / sqrt(steps)) separate; else "within noise" and the
+    --steps that would separate a difference of that size (computed here)."""
+    import math
+
+    def row(method, median, q1, q3, steps=20):
+        return dict(method=method, shape="s", tp=2, batch=1, median_us=median, p25_us=q1, p75_us=q3, steps=steps)
+
+    clear = report.verdicts([row("fused", 10.0, 9.5, 10.5), row("full-gather", 14.0, 13.5, 14.5)], False)
+    assert clear == ["s tp 2 B=1: fastest fused (10.0 us); fused 1.40x faster than full-gather"]
+    noisy = report.verdicts([row("fused", 10.0, 6.0, 16.0), row("full-gather", 12.0, 8.0, 18.0)], False)
+    m = VERDICT.match(noisy[0])
+    assert m and (m["noisy"], m["noisy_rival"], m["ratio"]) == ("fused", "full-gather", None), noisy
+    width = 2 * 1.57 * 10.0 / math.sqrt(20)  # the two half-widths: separated once |difference| exceeds their sum
+    assert f"about --steps {math.ceil(20 * (width / 2.0) ** 2)} " in noisy[0], noisy
+    same = report.verdicts([row("fused", 10.0, 6.0, 16.0), row("full-gather", 10.0, 8.0, 18.0)], False)
+    assert "within noise" in same[0] and "--steps" not in same[0]
+    old = report.verdicts([dict(row("fused", 10.0, 6, 16), p25_us=None), row("full-gather", 12.0, 8.0, 18.0)], False)
+    assert old[0].endswith("fused 1.20x faster than full-gather")  # JSON without quartiles: the ratio, as before

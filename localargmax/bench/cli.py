@@ -141,7 +141,11 @@ columns (the first line of each is the legend printed under the table):
 
 Under the table, after its legend: one verdict line per shape and batch, the
 fastest method and fused against full-gather (--kernel-only: fused-kernel
-against the op's first torch baseline), as a ratio of their medians.
+against the op's first torch baseline), as a ratio of their medians where
+their notches (median +- 1.57 IQR / sqrt(steps)) separate, else "within noise"
+with about how many --steps would separate them. The methods run interleaved
+(step i of each before step i + 1 of any), so load reaches them alike; JSON
+rows carry p25_us / p75_us beside median_us.
 
 --kernel-only: the local step alone in one process (no ranks) for --op argmax,
 topk or sample, on the rank-0 shard of each --tp (comma list, default 1; e.g.

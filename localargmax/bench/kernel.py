@@ -457,6 +457,8 @@ def _row(method, batch, times, nbytes, common) -> dict:
         steps=len(times),
         timing=getattr(times, "timing", "host"),
         median_us=median,
+        p25_us=float(np.percentile(times_us, 25)) if len(times) else None,
+        p75_us=float(np.percentile(times_us, 75)) if len(times) else None,
         p90_us=float(np.percentile(times_us, 90)) if len(times) else None,
         weight_bytes=nbytes,
         gbps=nbytes / (median * 1e-6) / 1e9 if median else None,

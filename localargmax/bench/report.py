@@ -4,6 +4,7 @@ the JSON file ``{"env": {...}, "rows": [...], "command": "..."}``."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import shlex
@@ -446,9 +447,43 @@ def cpu_legend(rows: list[dict], features: dict, path) -> str | None:
     return line
 
 
+NOTCH = 1.57
+"""A median's notch is ``median ± NOTCH · IQR / √steps`` (McGill, Tukey and Larsen's box-plot notch, about a 95%
+interval for the median): two medians whose notches overlap are not told apart."""
+
+
+def notch(row: dict) -> tuple[float, float] | None:
+    """The row's median notch in µs, or None for a row without quartiles (JSON of older runs)."""
+    q1, q3, n = row.get("p25_us"), row.get("p75_us"), row.get("steps")
+    if q1 is None or q3 is None or not n:
+        return None
+    half = NOTCH * (q3 - q1) / math.sqrt(n)
+    return row["median_us"] - half, row["median_us"] + half
+
+
+def compare(ours: dict, rival: dict) -> str:
+    """``ours`` against ``rival`` as a verdict clause: the ratio of the medians where their notches separate
+    (or a row has no quartiles), else "within noise" and about how many steps would tell a difference of
+    this size apart (the notches narrow as 1 / √steps)."""
+    a, b = ours["median_us"], rival["median_us"]
+    na, nb = notch(ours), notch(rival)
+    if na is not None and nb is not None and na[0] <= nb[1] and nb[0] <= na[1]:
+        line = f"{ours['method']} and {rival['method']} within noise ({a:.1f} vs {b:.1f} us, notches overlap"
+        width = (na[1] - na[0] + nb[1] - nb[0]) / 2
+        if a != b:
+            steps = max(ours["steps"], rival["steps"])
+            need = math.ceil(steps * (width / abs(a - b)) ** 2)
+            line += f"; about --steps {need} on a machine this loaded would separate them"
+        return line + ")"
+    ratio = b / a
+    how = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+    return f"{ours['method']} {how} than {rival['method']}"
+
+
 def verdicts(rows: list[dict], kernel_only: bool) -> list[str]:
     """One line per (shape, tp, batch): the fastest method (its median, and its
-    agreement when below 1), then ours against the rival: fused against
+    agreement when below 1), then ours against the rival (:func:`compare`:
+    a ratio only where the medians' notches separate): fused against
     full-gather; --kernel-only: fused-kernel against the op's first torch
     baseline present. Yardsticks and skipped rows take no part."""
     from .rival import OP_BASELINES
@@ -472,11 +507,7 @@ def verdicts(rows: list[dict], kernel_only: bool) -> list[str]:
         else:
             ours, rival = "fused", "full-gather"
         if ours in by_method and rival in by_method:
-            ratio = by_method[rival]["median_us"] / by_method[ours]["median_us"]
-            if ratio >= 1:
-                line += f"; {ours} {ratio:.2f}x faster than {rival}"
-            else:
-                line += f"; {ours} {1 / ratio:.2f}x slower than {rival}"
+            line += "; " + compare(by_method[ours], by_method[rival])
         lines.append(line)
     return lines
 

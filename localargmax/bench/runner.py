@@ -312,9 +312,8 @@ def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[
                 need = fallback_rows_dist(
                     hidden, weight, layout, group, cfg.temperature, *values, cfg.seed, SAMPLE_OFFSET
                 ).cpu()
+            steps = {}
             for method in cfg.methods:
-                if bar is not None:
-                    bar.set_description(f"{shape.name} B={batch} {method}")
                 if method == "unfused-local" and tp * layout.rows > FLOAT32_EXACT_INDEX_LIMIT:
                     if rank == 0:
                         print(
@@ -325,7 +324,7 @@ def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[
                         bar.update(cfg.warmup + cfg.steps)
                     continue
                 generator = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.op == "sample" else None
-                step = make_step(
+                steps[method] = make_step(
                     method,
                     hidden,
                     weight,
@@ -339,17 +338,25 @@ def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[
                     generator,
                     filters,
                 )
-                times = []
-                for i in range(cfg.warmup + cfg.steps):
+            # Interleaved: step i of every method before step i + 1 of any, so a change of load on the
+            # machine (another job starting, a frequency change) reaches every method alike.
+            timings = {method: [] for method in steps}
+            last = {}
+            if bar is not None:
+                bar.set_description(f"{shape.name} B={batch}")
+            for i in range(cfg.warmup + cfg.steps):
+                for method, step in steps.items():
                     barrier()
                     start = time.perf_counter()
-                    ids = step()
+                    last[method] = step()
                     sync()
                     elapsed = time.perf_counter() - start
                     if i >= cfg.warmup:
-                        times.append(elapsed)
+                        timings[method].append(elapsed)
                     if bar is not None:
                         bar.update(1)
+            for method in steps:
+                times, ids = timings[method], last[method]
                 ids = ids.contiguous()
                 gathered = [torch.empty_like(ids) for _ in range(tp)]
                 dist.all_gather(gathered, ids)
@@ -376,6 +383,8 @@ def benchmark_rank(rank: int, local_rank: int, cfg: RunConfig, shapes: Sequence[
                     device=cfg.device,
                     steps=cfg.steps,
                     median_us=float(np.median(times_us)),
+                    p25_us=float(np.percentile(times_us, 25)),
+                    p75_us=float(np.percentile(times_us, 75)),
                     p90_us=float(np.percentile(times_us, 90)),
                     bytes_sent_per_rank=sent,
                     bytes_recv_per_rank=recv,
