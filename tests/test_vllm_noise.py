@@ -117,7 +117,8 @@ def test_noise_against_python_murmur3():
     assert np.array_equal(ours64.numpy().view(np.uint64), want64.view(np.uint64))
     # the torch formula (CUDA tensors' path): the same hash and uniform; its float32 log is torch's
     u_t = vg.torch_gumbel32(h)
-    assert torch.allclose(u_t, ours, rtol=0, atol=2e-6)
+    ulps = (u_t.double() - ours.double()).abs() / (ours.abs().clamp(min=1.0).double() * 2.0**-23)
+    assert float(ulps.max()) <= 2.0, float(ulps.max())  # DESIGN.md, "vLLM's noise": 1 ulp of max(|g|, 1) measured
 
 
 def test_noise_argument_errors():

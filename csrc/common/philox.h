@@ -8,7 +8,10 @@
 //   counter = (v lo, v hi, row lo, row hi)
 // i.e. cuRAND's subsequence = row, 128-bit block = v; the first output word
 // x gives u = (x + 0.5) / 2^32 in (0, 1), and g = -log(-log(u)) (in double,
-// rounded to float). The noise depends on the global index only, never on the
+// then converted to float: the double logs' absolute error, about 2^-52, is
+// below half a float ulp wherever |g| >= 2^-27 or so; nearer 0 (u near 1/e)
+// the float is that double's rounding, not the exact value's). The noise is
+// the same bits in every kernel (one function). It depends on the global index only, never on the
 // shard, so the sampled token is the same for every TP layout.
 #pragma once
 
@@ -50,8 +53,8 @@ LAM_HD void philox4x32_10(uint32_t (&ctr)[4], uint32_t k0, uint32_t k1) {
 }
 
 // The noise of Philox's first output word x: u = (x + 0.5) / 2^32,
-// -log(-log(u)) in double, rounded to float. Nondecreasing in x up to the
-// double logs' last-bit error (far below a float ulp).
+// -log(-log(u)) in double, converted to float (see above near g = 0).
+// Nondecreasing in x up to the double logs' last-bit error (far below a float ulp).
 LAM_HD float gumbel_of_word(uint32_t x) {
   const double u = (static_cast<double>(x) + 0.5) * (1.0 / 4294967296.0);
   return static_cast<float>(-log(-log(u)));
