@@ -3,7 +3,11 @@
 path this CPU has, the paths interleaved within each round so that other load
 on the machine falls on all of them alike; median over rounds x steps. The
 name ``torch`` in --paths times torch's matmul + max over the shard (the
-benchmark CLI's torch-matmul-max row) in the same rounds. Each row also has
+benchmark CLI's torch-matmul-max row) in the same rounds, ``onednn-prepacked``
+oneDNN's linear on a weight reordered once (``torch.ops.mkldnn._reorder_linear_weight``,
+what a CPU engine packs at load) + max. bf16 rows also report the fraction of the
+core's measured vdpbf16ps peak (``_fma_peak("avx512_bf16")``, where the CPU has it), and
+every row its GB/s and fraction of the same rounds' stream read of the weight (an int64 sum). Each row also has
 its GFLOP/s (2·B·rows·H per call, at the median) and that as a fraction of
 the core's measured FMA peak, also at the fastest call (``_at_min``: on a
 shared machine the median includes time the core ran other work): a tight
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -37,6 +42,10 @@ import localargmax
 from localargmax.bench.report import cpu_paths_available, env_info
 
 SHAPES = {"draft": (75968, 1024), "qwen3": (75968, 4096), "minilm": (15261, 384)}
+
+
+IDS_ONLY = {"torch", "onednn-prepacked"}
+"""Rows that give ids, not keys (compared by id)."""
 
 
 def op_call(op: str, hidden: torch.Tensor, weight: torch.Tensor, path: str):
@@ -141,11 +150,28 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(0)
     weight = (torch.randn(args.rows, args.hidden, generator=gen) / args.hidden**0.5).to(dtype)
     peak_isa = "avx512" if "avx512" in cpu_paths_available() else "avx2" if "avx2" in cpu_paths_available() else None
+    dp_isa = "avx512_bf16" if args.dtype == "bfloat16" and "avx512_bf16" in cpu_paths_available() else None
     peaks: list[float] = []
+    dp_peaks: list[float] = []
+    streams: list[float] = []
+    words = weight.view(torch.int64) if weight.numel() * weight.element_size() % 8 == 0 else None
 
     def measure_peak():
         if peak_isa is not None:  # ~10 ms, 4 tries, the fastest
             peaks.append(max(localargmax._C._fma_peak(peak_isa, 100_000) for _ in range(4)) / 1e9)
+        if dp_isa is not None:
+            dp_peaks.append(max(localargmax._C._fma_peak(dp_isa, 100_000) for _ in range(4)) / 1e9)
+        if words is not None:  # the weight's stream read: an int64 sum, fastest of 3
+            best = math.inf
+            for _ in range(3):
+                t0 = time.perf_counter()
+                words.sum()
+                best = min(best, time.perf_counter() - t0)
+            streams.append(weight.numel() * weight.element_size() / best / 1e9)
+
+    packed = {}
+    if "onednn-prepacked" in (args.paths or ""):  # oneDNN's weight reordered once per batch size, as vLLM's CPU linear
+        packed = {int(b): torch.ops.mkldnn._reorder_linear_weight(weight, int(b)) for b in args.batch.split(",")}
 
     rows = []
     for batch in (int(b) for b in args.batch.split(",")):
@@ -154,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         def call(p):
             if p == "torch":  # ids (not keys): compared by id below
                 return torch.matmul(hidden, weight.T).max(dim=1).indices
+            if p == "onednn-prepacked":
+                logits = torch.ops.mkldnn._linear_pointwise(hidden, packed[batch], None, "none", [], "")
+                return logits.max(dim=1).indices
             return localargmax.shard_argmax(hidden, weight, path=p)
 
         keys = {p: call(p) for p in paths}  # warm-up, and the ids
@@ -166,12 +195,15 @@ def main(argv: list[str] | None = None) -> int:
                     call(p)
                     times[p].append(time.perf_counter() - t0)
         peak = statistics.median(peaks) if peaks else None
+        dp_peak = statistics.median(dp_peaks) if dp_peaks else None
+        stream = statistics.median(streams) if streams else None
+        nbytes = weight.numel() * weight.element_size()
         flops = 2.0 * batch * args.rows * args.hidden
         base = statistics.median(times[paths[0]])
         for p in paths:
             med = statistics.median(times[p])
-            if "torch" in (p, paths[0]):  # torch gives ids: compare the ids
-                a, b = (keys[q] if q == "torch" else localargmax.decode_keys(keys[q])[0] for q in (p, paths[0]))
+            if {p, paths[0]} & IDS_ONLY:  # torch gives ids: compare the ids
+                a, b = (keys[q] if q in IDS_ONLY else localargmax.decode_keys(keys[q])[0] for q in (p, paths[0]))
                 same = bool(torch.equal(a, b))
             else:
                 same = bool(torch.equal(keys[p], keys[paths[0]]))
@@ -190,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
                     gflops=flops / med / 1e9,
                     fraction_of_fma_peak=flops / med / 1e9 / peak if peak else None,
                     fraction_of_fma_peak_at_min=flops / min(times[p]) / 1e9 / peak if peak else None,
+                    fraction_of_dp_peak=flops / med / 1e9 / dp_peak if dp_peak else None,
+                    gbps=nbytes / med / 1e9,
+                    fraction_of_stream=nbytes / med / 1e9 / stream if stream else None,
                 )
             )
             frac = (
@@ -197,8 +232,12 @@ def main(argv: list[str] | None = None) -> int:
                 if peak
                 else ""
             )
+            if dp_peak:
+                frac += f"  {flops / med / 1e9 / dp_peak:4.2f} of the dp peak"
+            if stream:
+                frac += f"  {nbytes / med / 1e9:5.1f} GB/s = {nbytes / med / 1e9 / stream:4.2f} of stream"
             print(
-                f"B={batch:4} {p:12} median {med * 1e3:9.2f} ms  x{base / med:5.2f} vs {paths[0]}  keys equal: {same}"
+                f"B={batch:4} {p:16} median {med * 1e3:9.2f} ms  x{base / med:5.2f} vs {paths[0]}  keys equal: {same}"
                 f"  {flops / med / 1e9:6.1f} GFLOP/s{frac}"
             )
     if args.json:
@@ -209,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                 fma_peak_isa=peak_isa,
                 fma_peak_gflops=statistics.median(peaks) if peaks else None,
                 fma_peak_samples_gflops=peaks,
+                dp_peak_isa=dp_isa,
+                dp_peak_gflops=statistics.median(dp_peaks) if dp_peaks else None,
+                stream_gbps=statistics.median(streams) if streams else None,
                 load_average=list(os.getloadavg()),
             ),
             rows=rows,

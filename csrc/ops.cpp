@@ -201,7 +201,8 @@ static PyObject* py_brgemm_block(PyObject*, PyObject* args) {
 }
 
 // localargmax._C._fma_peak(isa, iters) -> float: float32 FLOP/s of a tight
-// FMA loop ("avx512": zmm, "avx2": ymm; cpu/shard_argmax_tiles.h), for
+// FMA loop ("avx512": zmm, "avx2": ymm; "avx512_bf16": vdpbf16ps, two FLOPs per
+// bf16 product; cpu/shard_argmax_tiles.h), for
 // bench/cpu_paths.py's fraction of peak; ValueError where the CPU lacks it.
 static PyObject* py_fma_peak(PyObject*, PyObject* args) {
   const char* isa = nullptr;
@@ -212,7 +213,9 @@ static PyObject* py_fma_peak(PyObject*, PyObject* args) {
     return PyFloat_FromDouble(localargmax::cpu::fma_peak_avx512(iters));
   if (name == "avx2" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
     return PyFloat_FromDouble(localargmax::cpu::fma_peak_avx2(iters));
-  PyErr_Format(PyExc_ValueError, "_fma_peak: '%s' is not an FMA ISA this CPU has (avx512, avx2)", isa);
+  if (name == "avx512_bf16" && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw"))
+    return PyFloat_FromDouble(localargmax::cpu::dpbf16_peak(iters));
+  PyErr_Format(PyExc_ValueError, "_fma_peak: '%s' is not an FMA ISA this CPU has (avx512, avx2, avx512_bf16)", isa);
   return nullptr;
 }
 

@@ -71,7 +71,8 @@ def shard_argmax(
         bias: ``[rows]`` float32 or weight-dtype bias, or None.
         path: the kernel: ``"auto"`` (default); on CPU ``"avx512"``, ``"avx2"``
             or ``"generic"`` (bit-identical; auto takes the first the CPU has),
-            ``"avx512_bf16"`` (bf16 through vdpbf16ps: other bits, opt-in) or
+            ``"avx512_bf16"`` (bf16 through vdpbf16ps: other bits; auto takes it
+            for bf16 on AVX-512-BF16 CPUs without AMX) or
             ``"brgemm"`` (ATen's oneDNN brgemm: other bits; auto takes it for
             bf16 / fp16 on AMX) (DESIGN.md "CPU paths"; a path the CPU lacks
             is a ValueError naming the missing features); on CUDA ``"mma"`` (tensor cores; bf16 /

@@ -52,8 +52,10 @@ def kernel_path(
         ``"brgemm"`` for bf16 / fp16 weights where the CPU runs them on AMX
         tiles (``amx_tile`` with ``amx_bf16`` / ``amx_fp16``; its keys are
         not bit-identical to generic's and subnormal inputs are flushed),
-        else the first of ``"avx512"``, ``"avx2"``, ``"generic"`` the CPU
-        has (bit-identical to generic, subnormals kept). CUDA: ``"simt"``,
+        else ``"avx512_bf16"`` for bf16 weights where the CPU has
+        ``avx512bw`` and ``avx512_bf16`` (vdpbf16ps: other bits, subnormals
+        flushed), else the first of ``"avx512"``, ``"avx2"``, ``"generic"``
+        the CPU has (bit-identical to generic, subnormals kept). CUDA: ``"simt"``,
         ``"mma"`` or ``"gemm"``: what the C++ ``auto`` picks, which is
         ``"simt"`` for float32 weights (and for top-k, every dtype) and,
         for bf16 / fp16, ``"gemm"`` from batch 17 (shards up to ``2**21``

@@ -89,10 +89,11 @@ def test_choice_from_fake_features(flags, auto, have):
 @pytest.mark.parametrize(
     ("flags", "bf16", "fp16"),
     [
-        (EPYC_ZEN4, "avx512", "avx512"),  # this machine's kind: no AMX, auto as before
+        (EPYC_ZEN4, "avx512_bf16", "avx512"),  # this machine's kind: bf16 at vdpbf16ps, no AMX
         (XEON_SPR, "brgemm", "avx512"),  # AMX-BF16, no AMX-FP16
         (XEON_SPR + " amx_fp16", "brgemm", "brgemm"),  # Granite Rapids
-        (EPYC_ZEN4 + " amx_bf16", "avx512", "avx512"),  # no amx_tile (the OS did not enable the tiles)
+        (EPYC_ZEN4 + " amx_bf16", "avx512_bf16", "avx512"),  # no amx_tile (the OS did not enable the tiles)
+        ("avx2 fma f16c avx512f avx512_bf16", "avx512", "avx512"),  # no avx512bw: not the avx512_bf16 build
         ("amx_tile amx_bf16 amx_fp16", "brgemm", "brgemm"),
         (EPYC_AVX2, "avx2", "avx2"),
     ],
@@ -100,8 +101,9 @@ def test_choice_from_fake_features(flags, auto, have):
 def test_auto_takes_brgemm_where_it_runs_natively(flags, bf16, fp16):
     """auto by dtype: brgemm for bfloat16 / float16 weights where the AMX
     tiles run them (ATen's could_pack: amx_tile + amx_bf16 / amx_fp16), else
-    the bit-exact choice; float32 never (no AMX float32); a pure function of
-    the features and the dtype."""
+    avx512_bf16 for bfloat16 where the CPU has what it needs, else the
+    bit-exact choice; float32 never (no AMX float32); a pure function of the
+    features and the dtype."""
     assert _C._cpu_path("auto", flags, "bfloat16") == bf16
     assert _C._cpu_path("auto", flags, "float16") == fp16
     assert _C._cpu_path("auto", flags, "float32") == _C._cpu_path("auto", flags) != "brgemm"

@@ -83,7 +83,17 @@ def test_filtered_batches_sample_vllms_tokens(res):
     """top-k / top-p / min-p rows (with greedy, unfiltered and gather-fallback
     rows) sample vLLM's tokens (issue #57 item 2)."""
     for step in res["filtered"]:
-        assert step["got"] == step["want"], step["filters"]
+        # rows with an exact tie at the filters' boundary may differ (docs/vllm.md); the rest are vLLM's ids
+        same = {k: v for k, v in step["got"].items() if k != "ids"} == {
+            k: v for k, v in step["want"].items() if k != "ids"
+        }
+        assert same, step["filters"]
+        for b, tie in enumerate(step["tie_at_boundary"]):
+            if not tie:
+                assert step["got"]["ids"][b] == step["want"]["ids"][b], (b, step["filters"][b])
+    assert sum(not t for step in res["filtered"] for t in step["tie_at_boundary"]) >= 0.9 * sum(
+        len(step["tie_at_boundary"]) for step in res["filtered"]
+    )
     ids = [row for step in res["filtered"] for row in step["want"]["ids"]]
     assert len({i for (i,) in ids}) > len(ids) // 2  # the rows do sample
 
@@ -163,7 +173,8 @@ def test_nan_logits_follow_vllms_sampler(res, where):
     for step in res["nan"][where]:
         assert step["routes"] == {route: 1}
         assert step["got"] == step["want"]
-        nan_ids = {3, 40, 1001 - 2, 1001 // 2 + 1}
+        nan_ids = set(step["nan_ids"])  # ids 3 and 40; on every rank also two ids of the last ranks' shards
+        assert {3, 40} <= nan_ids and len(nan_ids) == (4 if where.startswith("every rank") else 2)
         assert not nan_ids & {i for (i,) in step["want"]["ids"]}
 
 

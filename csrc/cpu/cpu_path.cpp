@@ -107,6 +107,11 @@ std::string choose_cpu_path(const std::string& path, const CpuFeatures& features
   const auto& specs = path_specs();
   if (path == "auto") {
     if (brgemm_native(features, dtype)) return "brgemm";
+    // bf16 weights at the CPU's bf16 dot products (vdpbf16ps) where it has them (DESIGN.md, "auto")
+    if (dtype == WeightDtype::kBFloat16) {
+      for (const CpuPathSpec& spec : specs)
+        if (std::string(spec.name) == "avx512_bf16" && missing(spec, features).empty()) return spec.name;
+    }
     for (auto spec = specs.rbegin(); spec != specs.rend(); ++spec)
       if (spec->bit_exact && missing(*spec, features).empty()) return spec->name;
   }

@@ -141,6 +141,7 @@ bool scalar_epilogue();
 // steps of 24 zmm / 12 ymm independent FMAs.
 double fma_peak_avx512(int64_t iters);
 double fma_peak_avx2(int64_t iters);
+double dpbf16_peak(int64_t iters);  // vdpbf16ps FLOP/s (the avx512_bf16 build)
 
 }  // namespace cpu
 }  // namespace localargmax

@@ -73,7 +73,7 @@ def cpu_auto_paths_by_dtype(flags: str | None = None) -> dict:
     """``{dtype: path}``: the CPU path ``path="auto"`` runs for weights of
     each dtype on this CPU, or on one with ``flags`` (/proc/cpuinfo's
     space-separated names) (:func:`localargmax.kernel_path`; auto picks per dtype: brgemm for bf16 / fp16 where it is
-    native, e.g. AMX)."""
+    native, e.g. AMX; avx512_bf16 for bf16 on AVX-512-BF16 CPUs without AMX)."""
     from ..paths import kernel_path
 
     dtypes = (torch.float32, torch.bfloat16, torch.float16)

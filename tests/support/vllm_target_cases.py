@@ -226,7 +226,8 @@ def _filtered_case(ts, cfg, gen, steps=3):
         assert verdict is True, verdict
         want = _out(sampler(hidden @ full.T, batch))
         got = _out(ts.sample_on_shards(hidden, head, lp, batch, sampler))
-        out.append({"want": want, "got": got, "filters": FILTERS})
+        tie = _tie_at_boundary(hidden @ full.T, FILTERS)  # where vLLM's top-p may keep a tied id ours drops
+        out.append({"want": want, "got": got, "filters": FILTERS, "tie_at_boundary": tie})
     return out
 
 
@@ -314,6 +315,7 @@ def _exact_logits_case(ts, cfg, gen, dtype, fp64=False, filters=False, steps=2):
     if filters:
         patch_interpreted_tl_range()
     full = torch.randn(VOCAB, HIDDEN, generator=gen).to(dtype)
+    full[VOCAB - 1] = full[0]  # row 0 of every step (below) ties ids 0 and VOCAB - 1 at its top: a tie every run
     head, lp = _gathering_head(full, scale=0.75, soft_cap=20.0)
     sampler = _sampler(cfg, VOCAB, use_fp64_gumbel=fp64)
     rng = _rng(gen)
@@ -328,6 +330,7 @@ def _exact_logits_case(ts, cfg, gen, dtype, fp64=False, filters=False, steps=2):
     for _ in range(steps):
         batch = _step_batch(rng, slots)
         hidden = (torch.randn(len(slots), HIDDEN, generator=gen) * 2).to(dtype)
+        hidden[0] = (2 * full[0].float()).to(dtype)  # ids 0 and VOCAB - 1 score ~2 |w_0|^2, far above the rest
         assert ts.covered(batch, sampler) is True
         logits = lp(head, hidden)
         top2 = torch.topk(logits.float(), 2, dim=1).values
@@ -377,7 +380,8 @@ def _nan_case(ts, cfg, gen, steps=2):
             assert ts.covered(batch, sampler) is True
             want = _out(sampler(hidden @ full.T, batch))
             got, routes = _sample_routes(ts, hidden, head, lp, batch, sampler)
-            steps_out.append({"want": want, "got": got, "routes": routes})
+            nan_ids = full.isnan().any(dim=1).nonzero()[:, 0].tolist()  # the ids this case made NaN
+            steps_out.append({"want": want, "got": got, "routes": routes, "nan_ids": nan_ids})
         out[where] = steps_out
     return out
 

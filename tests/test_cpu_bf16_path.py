@@ -1,0 +1,96 @@
+"""The avx512_bf16 CPU path (auto's for bf16 weights on AVX-512-BF16 CPUs
+without AMX; DESIGN.md, "CPU paths"): its blockings (16 rows at one batch
+row, 8 x 2 below 4, 4 x 4 above, single rows and a batch tail) give one
+logit the same bits wherever it sits, and agree with float64 within the
+float32 bound on the hard cases: ties across the pair boundary (elements
+2i and 2i + 1), NaN in either half of a pair, odd H, subnormals (flushed:
+an absolute H * 2**-126 more), ids past 2**24. Skips, naming the missing
+features, on a CPU without it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import localargmax
+from tests.support.paths import cpu_path_unavailable
+from tests.support.problems import integer_problem
+from tests.support.reference import check_against_reference, ref_argmax
+
+PATH = "avx512_bf16"
+
+pytestmark = pytest.mark.skipif(cpu_path_unavailable(PATH) is not None, reason=str(cpu_path_unavailable(PATH)))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32) if t.is_floating_point() else t
+
+
+@pytest.mark.parametrize("hsize", [1, 31, 32, 33, 64, 100, 1024])
+def test_every_blocking_gives_one_logit_the_same_bits(gen, hsize):
+    """Batch 1 (16-row passes), 2 and 3 (8 x 2), 4 to 23 (4 x 4 with tails),
+    alone or permuted, 53 rows (row tails of every pass): each batch row's
+    keys, top-k and log-partition pairs are the same bits in every batch."""
+    rows = 53
+    hidden = torch.randn(23, hsize, generator=gen).bfloat16()
+    weight = torch.randn(rows, hsize, generator=gen).bfloat16()
+    weight[7] = weight[40]  # an exact tie across passes
+    bias = torch.randn(rows, generator=gen)
+
+    def run(h):
+        kw = dict(bias=bias, num_valid=rows - 2, vocab_start=2**24 + 5, path=PATH)
+        return (
+            localargmax.shard_argmax(h, weight, **kw),
+            localargmax.shard_topk(h, weight, 4, **kw),
+            *localargmax.shard_argmax(h, weight, log_partition=True, **kw),
+        )
+
+    whole = run(hidden)
+    assert localargmax.kernel_path(torch.bfloat16, "cpu", PATH) == PATH
+    for batch in (1, 2, 3, 4, 5, 8, 17):
+        for start in range(0, 23 - batch + 1, 7):
+            part = run(hidden[start : start + batch])
+            for a, b in zip(part, whole):
+                assert torch.equal(_bits(a), _bits(b[start : start + batch])), (hsize, batch, start)
+    perm = torch.randperm(23, generator=gen)
+    for a, b in zip(run(hidden[perm].contiguous()), whole):
+        assert torch.equal(_bits(a), _bits(b[perm]))
+    ids, _ = localargmax.decode_keys(whole[0])
+    assert bool((ids >= 2**24 + 5).all())  # ids past 2**24 decode exactly
+    # the tied rows 7 and 40 (bias aside) give the same dot product, in different passes
+    tied = localargmax.decode_keys(localargmax.shard_topk(hidden, weight[[7, 40]], 2, path=PATH))[1]
+    assert torch.equal(_bits(tied[:, 0]), _bits(tied[:, 1]))
+
+
+@pytest.mark.parametrize("batch", [1, 3, 6, 16])
+def test_hard_cases_against_float64(gen, batch):
+    """Random problems (odd H, uneven rows) within the float32 bound of the
+    float64 argmax; exact integer problems with ties across the pair
+    boundary, NaN in the even or the odd half of a pair (the NaN row wins,
+    rule 2), subnormal weights beside normal ones: exactly the reference."""
+    for hsize, rows in ((33, 70), (64, 129), (1, 20), (1023, 300)):
+        hidden = torch.randn(batch, hsize, generator=gen).bfloat16()
+        weight = torch.randn(rows, hsize, generator=gen).bfloat16()
+        ids, _ = localargmax.decode_keys(localargmax.shard_argmax(hidden, weight, path=PATH))
+        check_against_reference(ids, hidden, weight, min_clear_fraction=0.8, context=f"H={hsize}")
+        hidden, weight, _ = integer_problem(gen, batch, rows, hsize, torch.bfloat16)
+        if hsize >= 2:
+            # rows 3 and 4 hold the same products with the pair's halves swapped: an exact tie
+            weight[4] = weight[3]
+            weight[4, 0], weight[4, 1] = weight[3, 1], weight[3, 0]
+            hidden[:, 1] = hidden[:, 0]
+        got = localargmax.decode_keys(localargmax.shard_argmax(hidden, weight, path=PATH))[0]
+        assert torch.equal(got, ref_argmax(hidden, weight)), (hsize, rows)
+        for half in (0, 1):  # NaN in either half of a pair
+            if hsize < 2:
+                continue
+            w = weight.clone()
+            w[rows // 2, half] = math.nan
+            got = localargmax.decode_keys(localargmax.shard_argmax(hidden, w, path=PATH))[0]
+            assert got.tolist() == [rows // 2] * batch, (hsize, half)
+        w = weight.clone()  # subnormal weights beside normal ones: flushed to zero (vdpbf16ps' DAZ)
+        w[1::3, 0] = 1e-39
+        got = localargmax.decode_keys(localargmax.shard_argmax(hidden, w, path=PATH))[0]
+        assert torch.equal(got, ref_argmax(hidden, torch.where(w.abs() < 1e-38, 0.0, w))), (hsize, "subnormal")
