@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 KNOWN_METHODS = set(METHODS) | set(BASELINES) | set(OUR_METHODS)  # (the legend's formulas name the yardsticks)
 VERDICT = re.compile(
     r"(?P<shape>\S+) (?P<where>tp \d+|rows \d+) B=(?P<batch>\d+): fastest (?P<best>[\w-]+) \([\d.]+ us"
-    r"(?:, agree (?P<agree>[\d.]+))?\)(?:; (?P<ours>[\w-]+) (?P<ratio>[\d.]+)x (?P<how>faster|slower) than "
+    r"(?:, agree (?P<agree>[\d.]+))?(?:; within noise of (?P<close>[\w, -]+))?\)"
+    r"(?:; (?P<ours>[\w-]+) (?P<ratio>[\d.]+)x (?P<how>faster|slower) than "
     r"(?P<rival>[\w-]+)|; (?P<noisy>[\w-]+) and (?P<noisy_rival>[\w-]+) within noise \(.*\))?$"
 )
 
@@ -160,9 +161,11 @@ def test_verdict_says_within_noise_where_the_notches_overlap():
 
     clear = report.verdicts([row("fused", 10.0, 9.5, 10.5), row("full-gather", 14.0, 13.5, 14.5)], False)
     assert clear == ["s tp 2 B=1: fastest fused (10.0 us); fused 1.40x faster than full-gather"]
+    assert VERDICT.match(clear[0])["close"] is None
     noisy = report.verdicts([row("fused", 10.0, 6.0, 16.0), row("full-gather", 12.0, 8.0, 18.0)], False)
     m = VERDICT.match(noisy[0])
     assert m and (m["noisy"], m["noisy_rival"], m["ratio"]) == ("fused", "full-gather", None), noisy
+    assert m["close"] == "full-gather"  # the fastest is named with the methods within noise of it
     width = 2 * 1.57 * 10.0 / math.sqrt(20)  # the two half-widths: separated once |difference| exceeds their sum
     assert f"about --steps {math.ceil(20 * (width / 2.0) ** 2)} " in noisy[0], noisy
     same = report.verdicts([row("fused", 10.0, 6.0, 16.0), row("full-gather", 10.0, 8.0, 18.0)], False)

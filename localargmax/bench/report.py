@@ -461,13 +461,19 @@ def notch(row: dict) -> tuple[float, float] | None:
     return row["median_us"] - half, row["median_us"] + half
 
 
+def _overlap(a: dict, b: dict) -> bool:
+    """Whether two rows' median notches overlap (False where either has no quartiles)."""
+    na, nb = notch(a), notch(b)
+    return na is not None and nb is not None and na[0] <= nb[1] and nb[0] <= na[1]
+
+
 def compare(ours: dict, rival: dict) -> str:
     """``ours`` against ``rival`` as a verdict clause: the ratio of the medians where their notches separate
     (or a row has no quartiles), else "within noise" and about how many steps would tell a difference of
     this size apart (the notches narrow as 1 / √steps)."""
     a, b = ours["median_us"], rival["median_us"]
     na, nb = notch(ours), notch(rival)
-    if na is not None and nb is not None and na[0] <= nb[1] and nb[0] <= na[1]:
+    if _overlap(ours, rival):
         line = f"{ours['method']} and {rival['method']} within noise ({a:.1f} vs {b:.1f} us, notches overlap"
         width = (na[1] - na[0] + nb[1] - nb[0]) / 2
         if a != b:
@@ -481,8 +487,8 @@ def compare(ours: dict, rival: dict) -> str:
 
 
 def verdicts(rows: list[dict], kernel_only: bool) -> list[str]:
-    """One line per (shape, tp, batch): the fastest method (its median, and its
-    agreement when below 1), then ours against the rival (:func:`compare`:
+    """One line per (shape, tp, batch): the fastest method (its median, its
+    agreement when below 1, and the methods within noise of it), then ours against the rival (:func:`compare`:
     a ratio only where the medians' notches separate): fused against
     full-gather; --kernel-only: fused-kernel against the op's first torch
     baseline present. Yardsticks and skipped rows take no part."""
@@ -499,7 +505,9 @@ def verdicts(rows: list[dict], kernel_only: bool) -> list[str]:
         best = min(group, key=lambda r: r["median_us"])
         line = f"{shape} {where} B={batch}: fastest {best['method']} ({format_cell(best['median_us'])} us"
         agree = best.get("agree")
-        line += f", agree {agree:.3f})" if agree is not None and agree < 1 else ")"
+        line += f", agree {agree:.3f}" if agree is not None and agree < 1 else ""
+        close = [r["method"] for r in group if r is not best and _overlap(best, r)]
+        line += f"; within noise of {', '.join(close)})" if close else ")"
         if kernel_only:
             ours = "fused-kernel"
             rivals = OP_BASELINES.get(group[0].get("op", "argmax"), ())
