@@ -259,13 +259,21 @@ def paths_table(docs: list) -> str:
         for r in doc["rows"]:
             cells.setdefault((r["dtype"], r["path"], r["batch"]), []).append(r)
     peak = "fraction_of_fma_peak" in docs[0]["rows"][0]  # bench/cpu_paths.py measures the core's FMA peak too
+    dp = docs[0]["rows"][0].get("fraction_of_dp_peak") is not None  # and, for bf16, its vdpbf16ps peak and stream
     head = "| dtype | path | batch | median_us | vs first path | keys = first path's |"
-    lines = [head + (" GFLOP/s | of the FMA peak |" if peak else ""), "|---" * (6 + 2 * peak) + "|"]
+    head += " GFLOP/s | of the FMA peak |" if peak else ""
+    head += " of the vdpbf16ps peak | GB/s | of the stream read |" if dp else ""
+    lines = [head, "|---" * (6 + 2 * peak + 3 * dp) + "|"]
     for (dtype, path, batch), rows in cells.items():
         us = _cell([r["median_us"] for r in rows]).split(" ")[0]
         extra = ""
         if peak:
             extra = f" {_cell([r['gflops'] for r in rows])} | {_cell([r['fraction_of_fma_peak'] for r in rows])} |"
+        if dp:
+            extra += (
+                f" {_cell([r['fraction_of_dp_peak'] for r in rows])} | {_cell([r['gbps'] for r in rows])} "
+                f"| {_cell([r['fraction_of_stream'] for r in rows])} |"
+            )
         lines.append(
             f"| {dtype} | {path} | {batch} | {us} | {_cell([r['speedup_vs_first'] for r in rows])} "
             f"| {'yes' if all(r['keys_equal_first'] for r in rows) else 'no'} |" + extra

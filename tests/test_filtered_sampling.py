@@ -630,10 +630,17 @@ def test_chi_square_per_filter(seed, kind):
     y = (hidden[0].double() @ weight.double().T) / 0.9
     keep = _kept_set(y, args.get("top_k", 0), args.get("top_p", 1.0), args.get("min_p", 0.0))
     prob = torch.softmax(y[keep], 0)
-    assert keep.numel() >= 3 and float(prob.min()) * n >= 5, "a degenerate problem for the chi-square test"
     counts = torch.bincount(ids, minlength=vocab)
     assert int(counts.sum()) == int(counts[keep].sum()), "an id outside the allowed set was sampled"
-    stat = scipy_stats.chisquare(counts[keep].double().numpy(), (prob * n).numpy())
+    # ids expected fewer than 5 times are pooled into one bin (the chi-square approximation's rule), so that
+    # no seed draws a problem the test cannot judge (a flat row under min-p keeps ~180 ids of ~0.1% each)
+    expected, observed = prob * n, counts[keep].double()
+    small = expected < 5
+    if bool(small.any()):
+        expected = torch.cat([expected[~small], expected[small].sum()[None]])
+        observed = torch.cat([observed[~small], observed[small].sum()[None]])
+    assert expected.numel() >= 3 and float(expected.min()) >= 5, ("a degenerate problem", kind, expected)
+    stat = scipy_stats.chisquare(observed.numpy(), expected.numpy())
     assert stat.pvalue > 1e-4, (kind, stat)
 
 
