@@ -369,6 +369,32 @@ def host_time_table(docs) -> str:
     return "\n".join(lines)
 
 
+def emu_passes_table(docs) -> str:
+    """``python -m bench.emu_bytes``: auto's CUDA route per op and batch, its weight passes, logits written."""
+    lines = []
+    for d in docs:
+        ops = list(dict.fromkeys(r["op"] for r in d["rows"]))
+        batches = list(dict.fromkeys(r["batch"] for r in d["rows"]))
+        cell = {(r["op"], r["batch"]): r for r in d["rows"]}
+        lines += ["| batch | " + " | ".join(ops) + " |", "|---|" + "---|" * len(ops)]
+        for b in batches:
+            row = []
+            for op in ops:
+                r = cell[(op, b)]
+                tail = f", {r['logits_written_bytes'] / 2**20:.1f} MiB of logits" if r["logits_written_bytes"] else ""
+                row.append(f"{r['route']}: {r['weight_passes']:g} pass{'es' if r['weight_passes'] != 1 else ''}{tail}")
+            lines.append(f"| {b} | " + " | ".join(row) + " |")
+        shard, emulated = d["shard"], d["emulated_shard"]
+        lines += [
+            "",
+            f"From `{d['path']}`, written by `{d['command']}` ({d['cpu']}): the shard {shard['rows']} x "
+            f"{shard['hidden']} {shard['dtype']}, routes for {d['device_model']['sm_count']} SMs; passes counted in "
+            f"the emulation on a {emulated['rows']} x {emulated['hidden']} cut (gemm, cuBLAS, not emulated: one read, "
+            "its logits written). Counted, not timed.",
+        ]
+    return "\n".join(lines)
+
+
 def render(readme: str) -> str:
     """``readme`` with every marked table rendered again from its JSON files."""
 
@@ -394,6 +420,8 @@ def render(readme: str) -> str:
             from bench.vllm_engine import markdown
 
             body = "\n\n".join(markdown(d) for d in docs)
+        elif docs[0].get("kind") == "emu_weight_passes":
+            body = emu_passes_table(docs)
         elif "bands" in docs[0]:
             body = log_odds_table(docs)
         elif "us_per_call" in docs[0]["rows"][0]:

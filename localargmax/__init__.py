@@ -28,19 +28,8 @@ Public API:
 The semantics and the key format are fixed in DESIGN.md.
 """
 
-import torch as _torch
-
-_REBUILD = "rebuild it from the checkout against the torch now installed: pip install --no-build-isolation -e ."
-try:
-    from . import _C
-except ImportError as _e:  # e.g. an undefined symbol: torch changed under the built extension
-    raise ImportError(f"localargmax._C failed to load ({_e}); {_REBUILD}") from _e
-if getattr(_C, "TORCH_VERSION", None) != _torch.__version__:
-    raise ImportError(
-        f"localargmax._C was built against torch {getattr(_C, 'TORCH_VERSION', '(unknown: an older build)')} but torch "
-        f"{_torch.__version__} is loaded (a C++ extension runs only on the torch it was compiled against); {_REBUILD}"
-    )
-
+from ._ext import WITH_CUDA
+from ._validation import VllmNoise
 from .collective import LOCAL_SHARD, exchange_keys, payload_length
 from .d2t import build_d2t, draft_to_target_ids, validate_d2t
 from .layout import VocabShard, check_layouts, shard_vocab
@@ -48,12 +37,8 @@ from .lm_head import LocalArgmaxMixin, VocabParallelLMHead
 from .ops import MAX_GLOBAL_INDEX, MAX_TOPK, decode_keys, merge_keys, shard_argmax, shard_sample, shard_topk
 from .paths import kernel_path
 from .plan import StepPlan
-from .sampling import lm_head_sample
-from .step import lm_head_argmax, lm_head_topk, log_odds_from_pairs, log_probs_from_pairs
-from .vllm_gumbel import VllmNoise, vllm_gumbel_noise, vllm_noise
-
-WITH_CUDA: bool = bool(_C.WITH_CUDA)
-"""Whether this build compiled the CUDA kernels."""
+from .sampling import lm_head_sample, log_odds_from_pairs, log_probs_from_pairs, vllm_gumbel_noise, vllm_noise
+from .step import lm_head_argmax, lm_head_topk
 
 __version__ = "0.1.0"
 

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import _C
+from ._ext import _C
 from .packed_key import MAX_GLOBAL_INDEX
 
 MAX_TOPK = 64
@@ -438,3 +438,50 @@ def check_transform_args(scale, soft_cap, scale_name: str = "scale") -> None:
 def check_op_transform_args(scale, soft_cap) -> None:
     """As :func:`check_transform_args`, for the raw ops' ``soft_cap`` (0 = none)."""
     check_transform_args(scale, None if soft_cap == 0 else soft_cap)
+
+
+class VllmNoise(NamedTuple):
+    """vLLM's noise for a batch: per row the hash's seed and position, as
+    vLLM's kernel hashes them (the draft salt and the speculative step
+    already folded in; build it with :func:`localargmax.vllm_noise`).
+
+    Attributes:
+        seed: ``[B]`` int64, vLLM's ``seeds[req_state_idx]`` (mixed with
+            the speculative step where vLLM mixes it).
+        pos: ``[B]`` int64, vLLM's ``pos`` (plus ``DRAFT_SALT`` when
+            drafting). Only its low 32 bits enter the hash, as in vLLM.
+    """
+
+    seed: torch.Tensor
+    pos: torch.Tensor
+
+
+def int64_rows(value, name: str, like: torch.Tensor | None = None) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"{name} must be an int64 tensor [B], got {type(value).__name__}")
+    if value.dtype != torch.int64:
+        raise ValueError(f"{name} must be int64, got {value.dtype}")
+    if value.dim() != 1:
+        raise ValueError(f"{name} must be 1-D [B], got shape {tuple(value.shape)}")
+    if like is not None:
+        if value.shape != like.shape:
+            raise ValueError(f"{name} must have the seed's shape {tuple(like.shape)}, got {tuple(value.shape)}")
+        if value.device != like.device:
+            raise ValueError(f"{name} is on {value.device} but seed is on {like.device}")
+    return value
+
+
+def check_noise(noise, hidden: torch.Tensor) -> VllmNoise:
+    """``noise`` for a batch of ``hidden``'s rows: a :class:`VllmNoise` of
+    ``[B]`` int64 tensors on ``hidden``'s device (ValueError naming the
+    field otherwise)."""
+    if not isinstance(noise, VllmNoise):
+        raise ValueError(f"noise must be None or a VllmNoise (localargmax.vllm_noise(seed, pos)), got {noise!r}")
+    batch = hidden.shape[0]
+    for name, t in (("noise.seed", noise.seed), ("noise.pos", noise.pos)):
+        int64_rows(t, name)
+        if t.shape[0] != batch:
+            raise ValueError(f"{name} must be [B={batch}], got shape {tuple(t.shape)}")
+        if t.device != hidden.device:
+            raise ValueError(f"{name} is on {t.device} but hidden is on {hidden.device}")
+    return noise

@@ -24,7 +24,8 @@ from typing import NamedTuple
 
 import torch
 
-from . import _C, envs
+from . import envs
+from ._ext import _C
 from ._validation import MMA_CONFIGS
 
 SCHEMA = "localargmax.dispatch_table/3"

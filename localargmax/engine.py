@@ -1,25 +1,25 @@
-"""The engine the steps share (:mod:`localargmax.step`'s argmax and top-k,
-:mod:`localargmax.sampling`'s sampling): one rank's step in the order every
-step takes it (:func:`run_step`: the argument checks, the rank's fused op,
-the checked exchange), the checked merge (:func:`merge_checked`), the
-winning rank of an exchange, the log-probabilities and log-odds from the
-ranks' log-partition pairs, and the local logits of the paths that need
-them (the baselines, the module) and their gather (the filtered step's
-fallback, :func:`gather_logits`). The group goes one way: a step hands it to
-:func:`run_step` (and the fallback to :func:`gather_logits`), which hand it to
-:mod:`localargmax.collective`; :func:`localargmax.collective.check_group`
-checks it at the step's first exchange, before any use."""
+"""The engine the steps share (:mod:`localargmax.step`'s argmax and top-k
+through :class:`localargmax.StepPlan`, :mod:`localargmax.sampling`'s filtered
+step): the fields the ranks compare before an exchange (:func:`step_fields`),
+the checked exchange (:func:`exchange_checked`, an :class:`Exchange`), the
+checked merge (:func:`merge_checked`), the winning rank of an exchange, and
+the local logits of the paths that need them (the baselines, the module) and
+their gather (the filtered step's fallback, :func:`gather_logits`). The group
+goes one way: a step hands it to :func:`exchange_checked` (and the fallback to
+:func:`gather_logits`), which hand it to :mod:`localargmax.collective`;
+:func:`localargmax.collective.check_group` checks it at the step's first
+exchange, before any use."""
 
 from __future__ import annotations
 
 import hashlib
-import math
 import struct
+from typing import NamedTuple
 
 import torch
 
 from . import envs
-from ._validation import check_d2t_arg, check_transform_args, host_checks
+from ._validation import host_checks
 from .collective import (
     HEADER_LEN,
     PAIRS_FLAG,
@@ -36,17 +36,19 @@ from .packed_key import INDEX_MASK, SIGN_FLIP, key_index
 PAYLOAD_INPUTS = ("batch size", "k", "return_log_probs", "return_log_odds", "reduce")
 """The inputs that change what a rank sends in a step's exchange (its size or
 its collective): with ``LOCALARGMAX_DEBUG=1`` every step compares them, and
-the shapes the merge assumes (:func:`_step_fields`), across the ranks
+the shapes the merge assumes (:func:`step_fields`), across the ranks
 before the key exchange (which cannot survive ranks that disagree on its size)."""
 
 
-def _step_fields(hidden, weight, d2t, k: int, reduce: str, log_probs: bool, log_odds: bool = False) -> dict[str, int]:
+def step_fields(hidden, weight, d2t, k: int, reduce: str, log_probs: bool, log_odds: bool = False, debug=None):
     """What every rank must agree on before the exchange, as ints: each of
     :data:`PAYLOAD_INPUTS` (``reduce`` named with its codes), then the hidden
-    size, shard rows and d2t length."""
+    size, shard rows and d2t length, then the caller's own per-step ``debug``
+    fields (name: an int, None (0) or a ``[B]`` per-row tensor, compared by
+    its :func:`fingerprint`)."""
     shape = lambda t, d: t.shape[d] if isinstance(t, torch.Tensor) and t.dim() == 2 else -1  # noqa: E731
     reduce_name = f"reduce ({', '.join(f'{i} = {m}' for i, m in enumerate(REDUCE_MODES))})"
-    return {
+    fields = {
         "batch size": shape(hidden, 0),
         "k": k,
         "return_log_probs": int(bool(log_probs)),
@@ -56,46 +58,9 @@ def _step_fields(hidden, weight, d2t, k: int, reduce: str, log_probs: bool, log_
         "shard rows": shape(weight, 0),
         "d2t length": d2t.shape[0] if isinstance(d2t, torch.Tensor) else -1,
     }
-
-
-def run_step(
-    op, op_args, hidden, weight, *, vocab_start, num_valid, bias, d2t, group, reduce, log_probs, scale, soft_cap, k=1,
-    op_kw=None, odds=False, sampling=False, vocab_total=False, debug=None,
-):  # fmt: skip
-    """One rank's step up to the merge, shared by the ``lm_head_*`` ops:
-    the argument checks, ``op(hidden, weight, *op_args, ...)`` (the rank's
-    fused kernel, with its log-partition pairs for the log-probabilities
-    ``log_probs`` or the log-odds ``odds``), ``d2t`` checked, the checked exchange.
-    ``sampling``: the transform (``scale``, ``soft_cap``) changes the ids, so it
-    is taken without ``log_probs`` too (the op's ``_lse`` variant runs; its pairs
-    stay home). Returns ``(keys, gathered keys, gathered pairs or None,
-    ok)``, and ``vocab_total`` after them when asked (see
-    :func:`exchange_checked`). ``debug``: the caller's own per-step fields
-    (name: an int, None (0) or a ``[B]`` per-row tensor, compared by its
-    :func:`fingerprint`), compared across the ranks with the step's
-    (:data:`PAYLOAD_INPUTS`, the shapes) under ``LOCALARGMAX_DEBUG=1``: a
-    sampling step's seed, offset, fallback, temperature and filters (each
-    rank decides the fallback rows from them; ranks that disagree would
-    meet in different collectives, or return other ids)."""
-    _check_log_probs_args(log_probs, scale, soft_cap, reduce, odds, sampling)
-    kw = {"vocab_start": vocab_start, "num_valid": num_valid, "bias": bias, "scale": scale, "soft_cap": soft_cap}
-    kw.update(op_kw or {})
-    send_pairs = log_probs or odds  # either needs the pairs
-    lse = send_pairs or scale != 1.0 or soft_cap is not None  # (only sampling passes a transform without pairs)
-    out = op(hidden, weight, *op_args, log_partition=lse, **kw)
-    keys, pairs = out if lse else (out, None)
-    if d2t is not None:
-        check_d2t_arg(d2t, keys.device)
-    fields = None
-    if envs.LOCALARGMAX_DEBUG:
-        fields = _step_fields(hidden, weight, d2t, k, reduce, log_probs, odds)
-        for name, v in (debug or {}).items():
-            fields[name] = 0 if v is None else fingerprint(v) if isinstance(v, torch.Tensor) else v
-    end = _vocab_end(weight, vocab_start, num_valid)
-    body, got_pairs, ok, total = exchange_checked(
-        keys, group, reduce, end, d2t, pairs if send_pairs else None, vocab_start=vocab_start, debug=fields
-    )  # the group checked after the op has checked its arguments
-    return (keys, body, got_pairs, ok, total) if vocab_total else (keys, body, got_pairs, ok)
+    for name, v in (debug or {}).items():
+        fields[name] = 0 if v is None else fingerprint(v) if isinstance(v, torch.Tensor) else v
+    return fields
 
 
 def fingerprint(values: torch.Tensor) -> int:
@@ -110,6 +75,19 @@ def fingerprint(values: torch.Tensor) -> int:
     else:
         data = struct.pack(f"<{len(vals)}q", *vals)
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
+
+
+class Exchange(NamedTuple):
+    """What a step's checked exchange returns (:func:`exchange_checked`)."""
+
+    keys: torch.Tensor
+    """``[tp, *keys.shape]`` int64: every rank's keys, rank-major."""
+    pairs: torch.Tensor | None
+    """``[tp, B, 2]`` float32 log-partition pairs, or None when none were sent."""
+    ok: torch.Tensor | None
+    """On a device: the checks' verdict as a bool tensor for :func:`merge_checked`; on the host None (they raised)."""
+    vocab_total: int | torch.Tensor
+    """The end of the valid vocabulary over all ranks (an int on the host, an int64 tensor on a device)."""
 
 
 def exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: int, d2t, pairs=None, *,
@@ -128,11 +106,11 @@ def exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: i
       outside the vocabulary);
     * ``d2t``, if given, has one entry per draft id: exactly ``vocab_total``.
 
-    Returns ``(keys [tp, *keys.shape], pairs [tp, B, 2] float32 or None,
-    ok, vocab_total)``: on the host (CPU, eager) the checks raise ValueError
-    at once, ``ok`` is None and ``vocab_total`` an int; on a device (or under
-    torch.compile) ``ok`` is a bool tensor for :func:`merge_checked` (no host
-    synchronisation) and ``vocab_total`` an int64 tensor.
+    Returns an :class:`Exchange` ``(keys, pairs, ok, vocab_total)``: on the
+    host (CPU, eager) the checks raise ValueError at once, ``ok`` is None and
+    ``vocab_total`` an int; on a device (or under torch.compile) ``ok`` is a
+    bool tensor for :func:`merge_checked` (no host synchronisation) and
+    ``vocab_total`` an int64 tensor.
     """
     if pairs is not None and reduce != "all_gather":
         raise ValueError(
@@ -153,7 +131,7 @@ def exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: i
         ok = (sizes == size).all() & (neg_sizes == -size).all() & ~out_of_range.any()
         if d2t is not None:
             ok = ok & (vocab_total == d2t.shape[0])
-        return body, got_pairs, ok, vocab_total
+        return Exchange(body, got_pairs, ok, vocab_total)
     # On the host: the headers as Python ints (one read), few tensor ops.
     header = header.tolist()
     if any(h[0] != size or h[1] != -size for h in header):
@@ -188,7 +166,7 @@ def exchange_checked(keys: torch.Tensor, group: Group, reduce: str, vocab_end: i
             f"[0, {vocab_total}): d2t must be 1-D [draft_vocab_size={vocab_total}], one entry per draft id, as "
             'localargmax.validate_d2t requires (DESIGN.md, "d2t")'
         )
-    return body, got_pairs, None, vocab_total
+    return Exchange(body, got_pairs, None, vocab_total)
 
 
 def merge_checked(keys: torch.Tensor, d2t, ok):
@@ -239,7 +217,7 @@ def local_logits(hidden, weight, bias=None, num_valid=None, *, dtype=None, scale
 
 def gather_logits(hidden, weight, *, vocab_start, num_valid, bias, group: Group, scale, soft_cap) -> torch.Tensor:
     """``[n, vocab]`` float32 logits of the rows ``hidden [n, H]`` over every
-    rank (the filtered step's fallback, after :func:`run_step` has checked the
+    rank (the filtered step's fallback, after its exchange has checked the
     group): this shard's :func:`local_logits` (transformed), gathered by
     :func:`localargmax.collective.exchange_logits`; NaN outside the valid
     vocabulary (the gaps between shards)."""
@@ -250,104 +228,7 @@ def gather_logits(hidden, weight, *, vocab_start, num_valid, bias, group: Group,
     return exchange_logits(logits, group, vocab_start=vocab_start, num_valid=nv, debug=debug)
 
 
-def log_probs_from_pairs(
-    values: torch.Tensor, pairs: torch.Tensor, temperature: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Log-probabilities of transformed logits ``values`` from every rank's
-    log-partition pair (DESIGN.md, "Log-probabilities"): with
-    ``A = max_r ref_r`` and ``S = sum_r (others_r + [ref_r > -inf]) * exp((ref_r - A) / T)``
-    (ranks in order 0, 1, ..., float32; a rank whose ``ref`` equals ``A``
-    counts with factor 1, so ``+inf`` and all ``-inf`` rows stay exact), the
-    result is ``(value - A) / T - log(S)``, i.e. ``value / T - logsumexp(x / T)``
-    over the ranks' full unpadded vocabulary.
-
-    Example::
-
-        keys, pairs = shard_argmax(hidden, weight, log_partition=True)
-        _, values = decode_keys(keys)
-        log_probs = log_probs_from_pairs(values, pairs[None])  # one rank: [1, B, 2]
-
-    Args:
-        values: ``[B]`` or ``[B, k]`` float32 transformed logits.
-        pairs: ``[tp, B, 2]`` float32 ``(ref, others)`` pairs, rank-major.
-        temperature: optional ``[B]`` float32; rows with ``T > 0`` use ``T``,
-            rows with ``T == 0`` (greedy) and ``None`` use 1.
-
-    Returns:
-        float32 log-probabilities, the shape of ``values``, on its device:
-        NaN for a row with a NaN logit anywhere (as ``torch.log_softmax``),
-        NaN for a ``+inf`` value and ``-inf`` beside one, NaN for an all
-        ``-inf`` row. The same bits as the planned step's merge (one
-        implementation, ``localargmax::log_probs_from_pairs``, C++ / CUDA).
-
-    Raises:
-        TypeError: ``values``, ``pairs`` or ``temperature`` not float32.
-        ValueError: ``pairs`` not ``[tp >= 1, B, 2]``, ``temperature`` not
-            ``[B]``, or a tensor on another device than ``values``.
-    """
-    return torch.ops.localargmax.log_probs_from_pairs.default(values, pairs, temperature)
-
-
-def log_odds_from_pairs(keys: torch.Tensor, pairs: torch.Tensor, temperature: torch.Tensor | None = None):
-    """The argmax's log-odds from every rank's keys and log-partition pairs
-    (DESIGN.md, "Log-odds"): ``-log Σ_{z ≠ argmax} exp((x_z - x_max) / T)``
-    over the ranks' full unpadded vocabulary, with the winning rank ``w``
-    (the largest key) adding its ``others`` and every other rank ``r`` its
-    ``others_r + 1`` (0 for an empty or all ``-inf`` shard) times
-    ``exp((ref_r - ref_w) / T)`` (1 when equal), in rank order, float32. No
-    ``total - 1``: a confident row keeps its digits.
-
-    Example::
-
-        keys, pairs = shard_argmax(hidden, weight, log_partition=True, temperature=t)
-        log_odds = log_odds_from_pairs(keys[None], pairs[None], t)  # one rank
-
-    Args:
-        keys: ``[tp, B]`` int64 packed keys (each rank's argmax), rank-major.
-        pairs: ``[tp, B, 2]`` float32 ``(ref, others)`` pairs computed at ``temperature``.
-        temperature: optional ``[B]`` float32 (rows with ``T <= 0``, and
-            ``None``, use 1); the one the pairs were computed at.
-
-    Returns:
-        ``[B]`` float32: ``<= 0`` where the maximum is tied, ``+inf`` where
-        every other entry is ``-inf`` (or the vocabulary has one id), NaN for
-        a row whose maximum is NaN, ``+inf`` or ``-inf`` (a NaN logit
-        anywhere, an all ``-inf`` row).
-    """
-    ref, others = pairs[..., 0], pairs[..., 1]
-    winner = winning_rank(keys)  # the argmax's rank
-    top = ref.gather(0, winner)[0]
-    t = None if temperature is None else torch.where(temperature > 0, temperature, 1.0)
-    total = torch.zeros_like(top)
-    ranks = torch.arange(pairs.shape[0], device=keys.device)
-    for r in range(pairs.shape[0]):  # a fixed order: the same bits on every rank
-        d = ref[r] - top if t is None else (ref[r] - top) / t
-        own = others[r] + ((ref[r] > -math.inf) & (ranks[r] != winner[0])).to(others.dtype)
-        total = total + own * torch.where(ref[r] == top, 1.0, torch.exp(d))
-    return torch.where(top.isfinite(), -torch.log(total), math.nan)
-
-
-def _vocab_end(weight, vocab_start: int, num_valid: int | None) -> int:
+def vocab_end(weight, vocab_start: int, num_valid: int | None) -> int:
     """End of this shard's valid ids; 0 for an empty shard (it holds none)."""
     valid = weight.shape[0] if num_valid is None else num_valid
     return vocab_start + valid if valid else 0
-
-
-def _check_log_probs_args(return_log_probs, logit_scale, soft_cap, reduce, return_log_odds=False, sampling=False):
-    """The log-probability keywords. A transform without log-probabilities
-    (or log-odds) is refused where it cannot change the ids (argmax, top-k);
-    ``sampling`` takes it: it changes ``softmax(x / T)``, so the samples."""
-    if not isinstance(return_log_probs, bool):
-        raise TypeError(f"return_log_probs must be a bool, got {type(return_log_probs).__name__}")
-    check_transform_args(logit_scale, soft_cap, "logit_scale")
-    transform = logit_scale != 1.0 or soft_cap is not None
-    if transform and not (return_log_probs or return_log_odds or sampling):
-        raise ValueError(
-            f"logit_scale={logit_scale!r} and soft_cap={soft_cap!r} apply to the log-probabilities (and log-odds) "
-            "only: pass return_log_probs=True (a positive scale and a soft-cap do not change the argmax or top-k ids)"
-        )
-    for name, wanted in (("return_log_probs", return_log_probs), ("return_log_odds", return_log_odds)):
-        if wanted and reduce != "all_gather":
-            raise ValueError(
-                f"{name}=True needs every rank's log-partition pair: use reduce='all_gather', got {reduce!r}"
-            )

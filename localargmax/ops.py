@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from . import (
-    _C,  # noqa: F401  (loads the library: registers torch.ops.localargmax)
-    dispatch,
-)
+from . import _ext, dispatch  # noqa: F401  (_ext loads the library: registers torch.ops.localargmax)
 from ._validation import (
     MAX_TOPK,
+    VllmNoise,
     _check_tensor,
     check_merge_keys_args,
+    check_noise,
     check_op_transform_args,
     check_path_arg,
     check_sample_args,
@@ -33,7 +32,6 @@ from ._validation import (
     mma_config_path,
 )
 from .packed_key import MAX_GLOBAL_INDEX
-from .vllm_gumbel import VllmNoise, check_noise
 
 __all__ = ["MAX_GLOBAL_INDEX", "MAX_TOPK", "decode_keys", "merge_keys", "shard_argmax", "shard_sample", "shard_topk"]
 
@@ -496,7 +494,7 @@ FUSED_OPS = (
 
 STEP_OPS = ("step_frame", "merge_frames", "log_probs_from_pairs")
 """The planned step's ops (localargmax/plan.py) and the log-probabilities of its merge for steps that merge in
-Python (engine.log_probs_from_pairs): their autograd kernel is C++'s fallback (csrc/ops.cpp: a
+Python (sampling.logprobs.log_probs_from_pairs): their autograd kernel is C++'s fallback (csrc/ops.cpp: a
 backward raises "derivative for localargmax::<op> is not implemented"), no Python on every call."""
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _C
+from ._ext import _C
 from ._validation import check_path_arg
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}

@@ -16,16 +16,13 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from . import (
-    _C,  # noqa: F401  (registers torch.ops.localargmax)
-    _validation,
-    envs,
-)
+from . import _ext, _validation, envs  # noqa: F401  (_ext registers torch.ops.localargmax)
 from ._validation import (
     LOG_ODDS_TEMPERATURE,
     TEMPERATURE,
     check_d2t_arg,
     check_hidden_arg,
+    check_noise,
     check_path_arg,
     check_seed_offset,
     check_topk_arg,
@@ -41,7 +38,6 @@ from .collective import (
     exchange_keys,
     require_cupy_nccl,
 )
-from .vllm_gumbel import check_noise
 
 STEP_KINDS = ("argmax", "topk", "sample")
 """What a plan computes: the greedy ids, the top-k ids, or Gumbel-max samples."""
@@ -275,11 +271,10 @@ class StepPlan:
         callable) after the collective; this rank's alone at world size 1."""
         group = self.group
         if debug is not None:
-            from .engine import _step_fields
+            from .engine import step_fields
 
-            fields = _step_fields(hidden, self.weight, self.d2t, self.k, self.reduce, self.return_log_probs,
-                                  self.return_log_odds)  # fmt: skip
-            fields.update({n: 0 if v is None else _fingerprint(v) for n, v in debug.items()})
+            fields = step_fields(hidden, self.weight, self.d2t, self.k, self.reduce, self.return_log_probs,
+                                 self.return_log_odds, debug)  # fmt: skip
             check_step_consistency(group, list(fields.values()), list(fields))
         if self._world == 1:
             return frame
@@ -377,9 +372,3 @@ def _world_size(group: Group, weight: torch.Tensor) -> int | None:
         "group must be None, localargmax.LOCAL_SHARD, a torch.distributed.ProcessGroup, a "
         f"cupy.cuda.nccl.NcclCommunicator or a callable all_gather(keys [B]) -> [tp, B], got {type(group).__name__}"
     )
-
-
-def _fingerprint(v):
-    from .engine import fingerprint
-
-    return fingerprint(v) if isinstance(v, torch.Tensor) else v

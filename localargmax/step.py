@@ -7,10 +7,9 @@ from __future__ import annotations
 import torch
 
 from .collective import Group
-from .engine import log_odds_from_pairs, log_probs_from_pairs
 from .plan import StepPlan
 
-__all__ = ["lm_head_argmax", "lm_head_topk", "log_odds_from_pairs", "log_probs_from_pairs"]
+__all__ = ["lm_head_argmax", "lm_head_topk"]
 
 
 def lm_head_argmax(

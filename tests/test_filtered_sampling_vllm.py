@@ -197,7 +197,7 @@ def test_one_exchange_allowed_set_matches(case, monkeypatch):
     row's HEAD largest ids (hidden = the logits, weight = I: the same float32
     logits), compared with vLLM's mask there on the rows away from near-ties."""
     import localargmax
-    from localargmax import sampling
+    from localargmax.sampling import filters
 
     y, k, p, mp, tie, ties, got, ours, near, kth, compared = case
     # Rows with every filter off (top_k 0, top_p 1, min_p 0) are sampled by the kernels' own noise (the
@@ -206,7 +206,7 @@ def test_one_exchange_allowed_set_matches(case, monkeypatch):
     compared = compared & ~off
     assert bool(got["torch"][off].all()), "vLLM restricts a row with every filter off"
     target = torch.zeros(B, dtype=torch.int64)
-    monkeypatch.setattr(sampling, "gumbel_noise", lambda seed, rows, ids: (ids == target[rows]).float() * 1e6)
+    monkeypatch.setattr(filters, "gumbel_noise", lambda seed, rows, ids: (ids == target[rows]).float() * 1e6)
     head = y.argsort(dim=1, descending=True, stable=True)[:, :HEAD]
     allowed = torch.zeros(B, HEAD, dtype=torch.bool)
     eye = torch.eye(V)

@@ -92,10 +92,10 @@ def test_keys_match_python_model(gen, vocab_start):
 
 @pytest.mark.parametrize("vocab_start", [0, 77777, 2**31, 2**32 - 2])
 def test_sampling_pack_keys_is_the_kernels(gen, vocab_start):
-    """sampling.pack_keys (the filtered step's keys from given shard logits)
+    """packed_key.pack_keys (the filtered step's keys from given shard logits)
     gives the fused kernel's key for every value: specials (NaN, -0.0,
     +-inf, denormals), random bits, duplicates, and ids up to the largest."""
-    from localargmax.sampling import pack_keys
+    from localargmax.packed_key import pack_keys
 
     x = special_and_random_floats(gen, 4000)
     keys = localargmax.shard_argmax(x.view(-1, 1), torch.ones((1, 1)), vocab_start=vocab_start, num_valid=1)

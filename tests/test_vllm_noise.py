@@ -28,7 +28,7 @@ import torch
 
 import localargmax
 from localargmax import merge_keys, shard_sample, vllm_gumbel_noise, vllm_noise
-from localargmax import vllm_gumbel as vg
+from localargmax.sampling import noise as vg
 from tests.support.paths import cpu_path_unavailable, cuda_only
 from tests.support.vllm_common import NO_TRITON_REASON, RANK_ENV, vllm_cpu_build
 

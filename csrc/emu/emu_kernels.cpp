@@ -309,24 +309,9 @@ int lam_emu_merge_frames(const unsigned long long* frames, int64_t tp, int64_t s
                          bool* valid) {
   name_all();
   bool ok = true;
-  localargmax::MergeFrames a;
-  a.frames = reinterpret_cast<const uint64_t*>(frames);
-  a.tp = tp;
-  a.stride = stride;
-  a.batch = batch;
-  a.k = k;
-  a.pairs = pairs != 0;
-  a.flipped = flipped != 0;
-  a.mode = mode;
-  a.has_d2t = d2t != nullptr;
-  a.d2t = d2t;
-  a.d2t_len = d2t_len;
-  a.target_vocab = target_vocab;
-  a.temperature = temperature;
-  a.ids = ids;
-  a.values = values;
-  a.log_probs = log_probs;
-  a.log_odds = log_odds;
+  const localargmax::MergeFrames a{reinterpret_cast<const uint64_t*>(frames), tp, stride, batch, k, pairs != 0,
+                                    flipped != 0, mode, d2t != nullptr, d2t, d2t_len, target_vocab, temperature,
+                                    ids, values, log_probs, log_odds};  // the fields in MergeFrames' order
   EmuLaunch{&ok}("merge_frames_kernel", merge_frames_kernel, dim3(1), dim3(kStepThreads), a, valid);
   return ok ? 0 : 1;
 }

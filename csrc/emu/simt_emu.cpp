@@ -120,6 +120,7 @@ struct Tensor {
   char* base;
   size_t bytes;
   bool writable;
+  uint64_t loaded = 0;  // bytes the kernels requested from it (every global load, cp.async and TMA source)
 };
 
 struct Shadow {  // per shared byte, for this block
@@ -796,7 +797,7 @@ static void check_shared(size_t off, size_t n, bool write) {
 static void check_global(uintptr_t a, size_t n, bool write) {
   const Tensor* below = nullptr;
   const Tensor* above = nullptr;
-  for (const Tensor& t : S.tensors) {
+  for (Tensor& t : S.tensors) {
     const uintptr_t lo = reinterpret_cast<uintptr_t>(t.base);
     if (a >= lo && a + n <= lo + t.bytes) {
       if (S.programmatic && !S.fibers[g_thread->tid].dependency_waited && t.name != "weight")
@@ -806,6 +807,7 @@ static void check_global(uintptr_t a, size_t n, bool write) {
       if (write && !t.writable)
         abort_block(format("%s: store of %zu bytes into read-only tensor '%s' at byte offset %zu", where().c_str(), n,
                            t.name.c_str(), static_cast<size_t>(a - lo)));
+      if (!write) t.loaded += n;
       return;
     }
     if (lo <= a && (below == nullptr || lo > reinterpret_cast<uintptr_t>(below->base))) below = &t;
@@ -843,7 +845,7 @@ void* arena_alloc(const char* name, size_t bytes, size_t align_offset, bool writ
   char* slot = S.arena + kArenaSlot * (S.tensors.size() + 1);  // slot 0 stays a gap
   const size_t span = (bytes + align_offset + 4095) / 4096 * 4096;
   if (span && mprotect(slot, span, PROT_READ | PROT_WRITE) != 0) return nullptr;
-  S.tensors.push_back(Tensor{name, slot + align_offset, bytes, writable});
+  S.tensors.push_back(Tensor{name, slot + align_offset, bytes, writable, 0});
   return slot + align_offset;
 }
 
@@ -937,6 +939,14 @@ bool launch(const char* kernel, void (*entry)(void*), void* closure, dim3 grid, 
   return true;
 }
 
+// Bytes the kernels loaded from the tensors named `name` since they were allocated.
+uint64_t bytes_loaded(const char* name) {
+  uint64_t n = 0;
+  for (const Tensor& t : S.tensors)
+    if (t.name == name) n += t.loaded;
+  return n;
+}
+
 void stats(uint64_t out[4]) {
   out[0] = S.blocks_run;
   out[1] = S.barriers;
@@ -1007,4 +1017,5 @@ void lam_emu_reset(int scramble, uint64_t seed) {
 const char* lam_emu_last_error() { return emu::last_error(); }
 const char* lam_emu_launched() { return emu::g_launched.c_str(); }
 void lam_emu_stats(uint64_t* out) { emu::stats(out); }
+uint64_t lam_emu_bytes_loaded(const char* name) { return emu::bytes_loaded(name); }
 }

@@ -83,7 +83,7 @@ def cpu_auto_paths_by_dtype(flags: str | None = None) -> dict:
 def cpu_paths_available() -> list[str]:
     """The named CPU paths (generic, avx2, avx512, avx512_bf16) this CPU can
     run: those the op's own choice (``localargmax._C._cpu_path``) accepts."""
-    from .. import _C
+    from .._ext import _C
     from .._validation import CPU_PATHS
 
     have = []

@@ -133,7 +133,7 @@ def vllm_gumbel_logits_sample(hidden: torch.Tensor, weight: torch.Tensor, temper
     in the weight dtype (vLLM's lm_head), ``fl(x / T) + g`` in float32 with
     vLLM's noise (:func:`localargmax.vllm_gumbel_noise` at the shard's ids),
     the first maximum; ``temperature`` ``[B]`` float32 (``0``: greedy)."""
-    from ..vllm_gumbel import vllm_gumbel_noise
+    from ..sampling.noise import vllm_gumbel_noise
 
     x = (hidden @ weight.T).float()
     random = temperature != 0

@@ -56,6 +56,7 @@ _ENTRY_POINTS = {
     "lam_emu_last_error": (ctypes.c_char_p, []),
     "lam_emu_launched": (ctypes.c_char_p, []),
     "lam_emu_stats": (None, [ctypes.POINTER(_u64)]),
+    "lam_emu_bytes_loaded": (_u64, [ctypes.c_char_p]),  # bytes the kernels loaded from the tensors of that name
     "lam_emu_smem_probe": (_i32, [_i32, _i32, _i32, _i32]),  # static_bytes, dynamic_bytes, raw, opt_in
     "lam_emu_launch_features": (_i32, [_i32, _i32, _i32]),  # ptx_version, binary_version, device_major
     # dtype, path, topk_mode, hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size, num_valid,
@@ -598,6 +599,12 @@ class Emulator:
         for r in range(rows):
             ctypes.memmove(ptr + r * ldw * es, fill[r].data_ptr(), hidden_size * es)
         return PlacedWeight(ptr, rows, hidden_size, ldw, dtype)
+
+    def bytes_loaded(self, name: str = "weight") -> int:
+        """Bytes the launches since the last reset loaded from the tensors
+        named ``name`` (every global load, cp.async and TMA source: what the
+        kernels request, before any cache; the emulation cannot time)."""
+        return int(self.lib.lam_emu_bytes_loaded(name.encode()))
 
     def stats(self) -> dict:
         out = (ctypes.c_uint64 * 4)()

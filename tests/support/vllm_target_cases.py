@@ -204,6 +204,17 @@ FILTERS = (  # (temperature, top_k, top_p, min_p); vLLM's off: top_k 0 (vocab_si
 )
 
 
+def _covered_steps(ts, sampler, gen, rng, slots, steps):
+    """``steps`` batches of the requests in ``slots``, each with random integer
+    hidden states, each asserted covered by the target sampler."""
+    for _ in range(steps):
+        batch = _step_batch(rng, slots)
+        hidden = torch.randint(-7, 8, (len(slots), HIDDEN), generator=gen).float()
+        verdict = ts.covered(batch, sampler)
+        assert verdict is True, verdict
+        yield batch, hidden
+
+
 def _filtered_case(ts, cfg, gen, steps=3):
     """Mixed batches with top-k / top-p / min-p (and greedy, unfiltered and
     fallback rows) through vLLM's Sampler (its min-p and top-k / top-p
@@ -219,11 +230,7 @@ def _filtered_case(ts, cfg, gen, steps=3):
         params = {"temperature": t, "top_p": p, "min_p": mp, "seed": int(rng.integers(-(2**63), 2**63 - 1))}
         _add(sampler, slot, **params, **({"top_k": k} if k else {}))
     out = []
-    for _ in range(steps):
-        batch = _step_batch(rng, slots)
-        hidden = torch.randint(-7, 8, (len(slots), HIDDEN), generator=gen).float()
-        verdict = ts.covered(batch, sampler)
-        assert verdict is True, verdict
+    for batch, hidden in _covered_steps(ts, sampler, gen, rng, slots, steps):
         want = _out(sampler(hidden @ full.T, batch))
         got = _out(ts.sample_on_shards(hidden, head, lp, batch, sampler))
         tie = _tie_at_boundary(hidden @ full.T, FILTERS)  # where vLLM's top-p may keep a tied id ours drops
@@ -271,11 +278,7 @@ def _logprob_case(ts, cfg, gen, mode, filters=False, steps=2):
         params = {"temperature": t, "logprobs": n, "top_p": p, "seed": int(rng.integers(-(2**63), 2**63 - 1))}
         _add(sampler, slot, **params, **({"top_k": k} if k else {}))
     out = []
-    for _ in range(steps):
-        batch = _step_batch(rng, slots)
-        hidden = torch.randint(-7, 8, (len(slots), HIDDEN), generator=gen).float()
-        verdict = ts.covered(batch, sampler)
-        assert verdict is True, verdict
+    for batch, hidden in _covered_steps(ts, sampler, gen, rng, slots, steps):
         logits = lp(head, hidden)  # vLLM's gathered logits (exact here: _fine_problem)
         want = _out(sampler(logits, batch))
         got, routes = _sample_routes(ts, hidden, head, lp, batch, sampler)

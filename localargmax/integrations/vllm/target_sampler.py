@@ -44,7 +44,7 @@ import math
 import torch
 
 from . import logits, patching
-from .counters import STATS, logger
+from .counters import STATS, fallback
 
 RAW_LOGPROBS_MODES = ("raw_logprobs", "raw_logits")
 """vLLM's ``logprobs_mode`` values the target sampler serves (logprobs of the raw logits)."""
@@ -70,17 +70,6 @@ def uninstall() -> None:
 
 def active() -> bool:
     return patching.patched("target")
-
-
-def _fallback(reason: str) -> None:
-    key = "target sampler: vLLM's path: " + reason
-    if key not in STATS:
-        logger.warning(
-            "localargmax: vLLM's own target sampling runs for steps with %s (logged once per reason; "
-            "localargmax.integrations.vllm.stats() counts the steps)",
-            reason,
-        )
-    STATS[key] += 1
 
 
 def uncovered_reason(input_batch, sampler, grammar_output=None) -> str | None:
@@ -204,7 +193,7 @@ def sample_on_shards(hidden_states, lm_head, lp, input_batch, sampler, group=Non
     from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
     from ...sampling import filtered_sample, lm_head_sample
-    from ...vllm_gumbel import vllm_noise
+    from ...sampling.noise import vllm_noise
 
     rows = input_batch.logits_indices
     hidden = hidden_states[rows]
@@ -294,7 +283,7 @@ def shard_logits_sample(local, start, temperature, noise, group, *, fp64=False):
         NaN logits dropped, as vLLM's ``gumbel_sample`` drops them (a row of
         NaN and ``-inf`` alone: its smallest id). One ``(score, id)``
         float64 pair per row per rank crosses the exchange."""
-    from ...vllm_gumbel import vllm_gumbel_noise
+    from ...sampling.noise import vllm_gumbel_noise
 
     batch, n = local.shape
     x = local.to(torch.float32)
@@ -348,8 +337,8 @@ def shard_logprobs(local, start, sampled, num_logprobs, group, *, logits_mode=Fa
     from vllm.v1.outputs import LogprobsTensors
 
     from ...ops import decode_keys
-    from ...packed_key import SIGN_FLIP
-    from ...sampling import pack_keys
+    from ...packed_key import NO_ENTRY_STANDIN, pack_keys, top_keys
+    from ...sampling.logprobs import log_prob_of, merge_partitions, shard_partition
 
     batch, n = local.shape
     x = local.to(torch.float32)
@@ -362,30 +351,25 @@ def shard_logprobs(local, start, sampled, num_logprobs, group, *, logits_mode=Fa
     stats[:, 3] = -math.inf
     if n:
         xd = x.to(torch.float64)
-        row_max = xd.max(dim=1).values  # NaN anywhere: NaN
-        stats[:, 0] = row_max
-        # an all -inf shard row adds 0 (exp(-inf - -inf) would be NaN); NaN and +inf propagate as in log_softmax
-        stats[:, 1] = torch.exp(xd - torch.where(row_max == -math.inf, 0.0, row_max)[:, None]).sum(dim=1)
+        stats[:, 0], stats[:, 1] = shard_partition(xd)  # an all -inf shard row adds 0; NaN and +inf propagate
         own = (sampled >= start) & (sampled < start + n)
         stats[:, 2] = own.to(torch.float64)
         stats[:, 3] = torch.where(own, xd.gather(1, (sampled - start).clamp(0, n - 1)[:, None])[:, 0], -math.inf)
         if m:  # the packed-key order: NaN first, then larger values, ties to the smaller id
             ids = torch.arange(start, start + n, device=dev).expand(batch, n)
-            keys = (pack_keys(x, ids) ^ SIGN_FLIP).topk(m, dim=1).values ^ SIGN_FLIP
+            keys = top_keys(pack_keys(x, ids), m, dim=1)
             stats[:, 4 : 4 + m] = keys.view(torch.float64)
     g = _gather_rows(stats, group, start)  # [tp, B, W]
-    total_max = g[..., 0].max(dim=0).values
-    ref = torch.where(total_max == -math.inf, 0.0, total_max)  # every rank all -inf: the sum is 0
-    log_sum = torch.log((g[..., 1] * torch.exp(g[..., 0] - ref)).sum(dim=0))  # log sum exp(x - max)
+    total_max, total = merge_partitions(g[..., 0], g[..., 1])  # every rank all -inf: the sum is 0
     x_sampled = torch.where(g[..., 2] == 1.0, g[..., 3], -math.inf).amax(dim=0)  # the owner's (keeps -0.0)
     tp = g.shape[0]
     cand = g[..., 4:].contiguous().view(torch.int64).permute(1, 0, 2).reshape(batch, tp * num_logprobs)
-    top = (cand ^ SIGN_FLIP).topk(num_logprobs, dim=1).values ^ SIGN_FLIP if num_logprobs else cand[:, :0]
-    top_i, top_v = decode_keys(torch.where(top == 0, _NO_ENTRY_STANDIN, top))  # no key 0 with num_logprobs <= vocab
+    top = top_keys(cand, num_logprobs, dim=1) if num_logprobs else cand[:, :0]
+    top_i, top_v = decode_keys(torch.where(top == 0, NO_ENTRY_STANDIN, top))  # no key 0 with num_logprobs <= vocab
     ids = torch.cat([sampled[:, None], top_i], dim=1)
     values = torch.cat([x_sampled[:, None], top_v.to(torch.float64)], dim=1)
     # vLLM's order of operations, (x - max) - log sum exp(x - max): a tie at |max| ~ 3e38 keeps its log 2
-    scores = values if logits_mode else (values - total_max[:, None]) - log_sum[:, None]
+    scores = values if logits_mode else log_prob_of(values, total_max[:, None], total[:, None])
     count = ((x >= x_sampled[:, None].to(torch.float32)).sum(dim=1) if n else torch.zeros(batch, device=dev)).double()
     ranks = _gather_rows(count[:, None], group, start)[..., 0].sum(dim=0).to(torch.int64)
     return LogprobsTensors(
@@ -394,11 +378,6 @@ def shard_logprobs(local, start, sampled, num_logprobs, group, *, logits_mode=Fa
         selected_token_ranks=ranks,
         cu_num_generated_tokens=None,
     )
-
-
-_NO_ENTRY_STANDIN = 0x007FFFFFFFFFFFFF
-"""A decodable key (-inf at id 0) in place of key 0 before decode_keys (never returned: ``num_logprobs`` is at
-most the vocabulary, checked before this route is taken)."""
 
 
 def model_head(model, hidden_states):
@@ -479,7 +458,7 @@ def sample(self, hidden_states, input_batch, grammar_output):
     """``GPUModelRunner.sample``: the fused step for a covered step, vLLM's otherwise."""
     heads, reason = runner_reason(self, hidden_states, input_batch, grammar_output)
     if heads is None:
-        _fallback(reason)
+        fallback(reason, key="target sampler: vLLM's path: ", what="target sampling", unit="steps")
         from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
         return patching.original(GPUModelRunner, "sample")(self, hidden_states, input_batch, grammar_output)

@@ -1,23 +1,28 @@
-"""vLLM 0.34's Gumbel noise for the sampling ops (DESIGN.md, "vLLM's noise").
+"""The sampling steps' noise, both kinds, as pure functions of their inputs:
 
-vLLM's ``gumbel_sample`` (``vllm/v1/worker/gpu/sample/gumbel.py``) draws its
-noise as a pure function of (request seed, position, global token id):
-``murmur3_hash32`` -> ``murmur3_uniform32`` -> ``g = -log(-log1p(-u))`` (a
-degree-8 series below ``u = 0.25``), and samples ``argmax_v fl(x_v / T) + g``
-in float32. Passing ``noise=vllm_noise(seed, pos)`` to
-:func:`localargmax.lm_head_sample` or :func:`localargmax.shard_sample` makes
-the fused kernels use that noise and score instead
-of the tp-invariant Philox noise, so the sample is the one vLLM draws from
-the full logits (bit for bit up to the float32 ``log`` and division of the
-platform: DESIGN.md says where they can differ). With the filtered sampler's
-top-k / top-p / min-p: that score over the allowed set, ties to the smaller id.
+- the tp-invariant Philox noise of ``shard_sample`` / :func:`lm_head_sample`
+  (:func:`gumbel_noise`: Philox 4x32-10 at counter ``(id, row)``, DESIGN.md,
+  "Sampling");
+- vLLM 0.34's noise (DESIGN.md, "vLLM's noise"): vLLM's ``gumbel_sample``
+  (``vllm/v1/worker/gpu/sample/gumbel.py``) draws it as a pure function of
+  (request seed, position, global token id): ``murmur3_hash32`` ->
+  ``murmur3_uniform32`` -> ``g = -log(-log1p(-u))`` (a degree-8 series below
+  ``u = 0.25``), and samples ``argmax_v fl(x_v / T) + g`` in float32. Passing
+  ``noise=vllm_noise(seed, pos)`` to :func:`localargmax.lm_head_sample` or
+  :func:`localargmax.shard_sample` makes the fused kernels use that noise and
+  score, so the sample is the one vLLM draws from the full logits (bit for bit
+  up to the float32 ``log`` and division of the platform: DESIGN.md says where
+  they can differ). With the filtered sampler's top-k / top-p / min-p: that
+  score over the allowed set, ties to the smaller id.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import math
 
 import torch
+
+from .._validation import VllmNoise, check_seed_offset, int64_rows
 
 DRAFT_SALT = 1 << 30
 """vLLM's ``_DRAFT_NOISE_SALT``: added to the position when drafting (``is_drafting=True``)."""
@@ -27,36 +32,11 @@ UNIFORM64_DOMAIN = 0x9E3779B9
 
 _MASK32 = 0xFFFFFFFF
 
-
-class VllmNoise(NamedTuple):
-    """vLLM's noise for a batch: per row the hash's seed and position, as
-    vLLM's kernel hashes them (the draft salt and the speculative step
-    already folded in; build it with :func:`vllm_noise`).
-
-    Attributes:
-        seed: ``[B]`` int64, vLLM's ``seeds[req_state_idx]`` (mixed with
-            the speculative step where vLLM mixes it).
-        pos: ``[B]`` int64, vLLM's ``pos`` (plus ``DRAFT_SALT`` when
-            drafting). Only its low 32 bits enter the hash, as in vLLM.
-    """
-
-    seed: torch.Tensor
-    pos: torch.Tensor
-
-
-def _int64_rows(value, name: str, like: torch.Tensor | None = None) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise ValueError(f"{name} must be an int64 tensor [B], got {type(value).__name__}")
-    if value.dtype != torch.int64:
-        raise ValueError(f"{name} must be int64, got {value.dtype}")
-    if value.dim() != 1:
-        raise ValueError(f"{name} must be 1-D [B], got shape {tuple(value.shape)}")
-    if like is not None:
-        if value.shape != like.shape:
-            raise ValueError(f"{name} must have the seed's shape {tuple(like.shape)}, got {tuple(value.shape)}")
-        if value.device != like.device:
-            raise ValueError(f"{name} is on {value.device} but seed is on {like.device}")
-    return value
+_M0, _M1, _W0, _W1, _MASK = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85, 0xFFFFFFFF
+G_MAX = -math.log(-math.log((2.0**32 - 0.5) / 2.0**32))
+"""The largest Gumbel noise the 32-bit Philox word can give (u = (2**32 - 0.5) / 2**32): about 22.87 (33 ln 2)."""
+G_BOUND = G_MAX + 1e-5
+"""Above every float32 noise value (``float32(G_MAX)`` is within 1e-6 of it)."""
 
 
 def vllm_noise(seed: torch.Tensor, pos: torch.Tensor, *, drafting: bool = False, spec_step=None) -> VllmNoise:
@@ -86,8 +66,8 @@ def vllm_noise(seed: torch.Tensor, pos: torch.Tensor, *, drafting: bool = False,
             speculative tokens; a negative or larger one would wrap the
             shifted seed silently), or ``drafting`` not a bool.
     """
-    seed = _int64_rows(seed, "seed")
-    pos = _int64_rows(pos, "pos", seed)
+    seed = int64_rows(seed, "seed")
+    pos = int64_rows(pos, "pos", seed)
     if not isinstance(drafting, bool):
         raise ValueError(f"drafting must be a bool, got {drafting!r}")
     if drafting:
@@ -96,7 +76,7 @@ def vllm_noise(seed: torch.Tensor, pos: torch.Tensor, *, drafting: bool = False,
         if isinstance(spec_step, bool) or not isinstance(spec_step, (int, torch.Tensor)):
             raise ValueError(f"spec_step must be an int or an int64 tensor [B], got {spec_step!r}")
         if isinstance(spec_step, torch.Tensor):
-            spec_step = _int64_rows(spec_step, "spec_step", seed)
+            spec_step = int64_rows(spec_step, "spec_step", seed)
             low, high = (spec_step.min().item(), spec_step.max().item()) if spec_step.numel() else (0, 0)
         else:
             low = high = spec_step
@@ -105,22 +85,6 @@ def vllm_noise(seed: torch.Tensor, pos: torch.Tensor, *, drafting: bool = False,
             raise ValueError(f"spec_step must be in [0, 2**31) (vLLM's speculative step), got {bad}")
         seed = seed ^ (torch.as_tensor(spec_step, dtype=torch.int64, device=seed.device) << 32)
     return VllmNoise(seed, pos)
-
-
-def check_noise(noise, hidden: torch.Tensor) -> VllmNoise:
-    """``noise`` for a batch of ``hidden``'s rows: a :class:`VllmNoise` of
-    ``[B]`` int64 tensors on ``hidden``'s device (ValueError naming the
-    field otherwise)."""
-    if not isinstance(noise, VllmNoise):
-        raise ValueError(f"noise must be None or a VllmNoise (localargmax.vllm_noise(seed, pos)), got {noise!r}")
-    batch = hidden.shape[0]
-    for name, t in (("noise.seed", noise.seed), ("noise.pos", noise.pos)):
-        _int64_rows(t, name)
-        if t.shape[0] != batch:
-            raise ValueError(f"{name} must be [B={batch}], got shape {tuple(t.shape)}")
-        if t.device != hidden.device:
-            raise ValueError(f"{name} is on {t.device} but hidden is on {hidden.device}")
-    return noise
 
 
 def vllm_gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, ids: torch.Tensor, *, fp64: bool = False) -> torch.Tensor:
@@ -215,3 +179,73 @@ def torch_gumbel32(r: torch.Tensor) -> torch.Tensor:
     series = -u * p
     direct = torch.log(torch.clamp(1.0 - u, min=5.960464477539063e-08))
     return -torch.log(-torch.where(u < 0.25, series, direct))
+
+
+def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """High and low 32 bits of ``a * b`` for ``a`` and ``b`` in [0, 2**32),
+    from 16-bit halves of ``a`` so no int64 product overflows (9 tensor ops,
+    in place where a temporary allows)."""
+    p_lo, p_hi = b * (a & 0xFFFF), b * (a >> 16)  # < 2**48 each
+    hi = (p_lo >> 16).add_(p_hi).bitwise_right_shift_(16)
+    lo = (p_hi & 0xFFFF).bitwise_left_shift_(16).add_(p_lo).bitwise_and_(_MASK)
+    return hi, lo
+
+
+def _philox(seed: int, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Philox 4x32-10's first output word at counter ``(id, row)``, key ``seed`` (int64, < 2**32)."""
+    c0, c1, c2, c3 = ids & _MASK, ids >> 32, rows & _MASK, (rows >> 32) & _MASK  # rows: uint64 bits
+    k0, k1 = seed & _MASK, (seed >> 32) & _MASK
+    for _ in range(9):
+        hi0, lo0 = _mulhilo(_M0, c0)
+        hi1, lo1 = _mulhilo(_M1, c2)
+        c0, c1, c2, c3 = hi1.bitwise_xor_(c1).bitwise_xor_(k0), lo1, hi0.bitwise_xor_(c3).bitwise_xor_(k1), lo0
+        k0, k1 = (k0 + _W0) & _MASK, (k1 + _W1) & _MASK
+    return _mulhilo(_M1, c2)[0].bitwise_xor_(c1).bitwise_xor_(k0)  # round 10: only x0 is used
+
+
+def gumbel_noise(seed: int, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The Gumbel noise of the sampling kernels at any (row, global id):
+    Philox 4x32-10 with key ``seed`` and counter ``(id, row)``, ``u = (x0 +
+    0.5) / 2**32``, ``g = float32(-log(-log(u)))`` (``gumbel_noise`` in
+    csrc/common/philox.h). On the CPU the op ``localargmax::gumbel_noise``
+    runs that function itself; on other devices it is evaluated in int64
+    tensor arithmetic (one graph under torch.compile).
+
+    Args:
+        seed: int, ``0 <= seed < 2**63``.
+        rows: int64 Philox subsequences ``offset + b``, read as uint64 (the
+            kernels' ``offset + b`` past ``2**63 - 1`` is the int64 that
+            wraps to negative), broadcastable with ``ids``.
+        ids: int64 global (draft) vocabulary ids ``>= 0``, on the device of ``rows``.
+
+    Returns:
+        float32 noise of the broadcast shape, on their device. On the CPU
+        bit-identical to the kernels'; elsewhere too, but where ``log`` of
+        float64 differs by an ulp across libraries and that ulp crosses a
+        float32 rounding boundary (about 2**-28 of values).
+
+    Raises:
+        ValueError: a seed out of range, shapes that do not broadcast,
+            tensors on two devices; on the CPU a negative id.
+        TypeError: rows or ids not int64.
+    """
+    check_seed_offset(seed, 0)
+    if not isinstance(rows, torch.Tensor) or not isinstance(ids, torch.Tensor):
+        raise TypeError(f"rows and ids must be int64 tensors, got {type(rows).__name__} and {type(ids).__name__}")
+    if rows.dtype != torch.int64 or ids.dtype != torch.int64:
+        raise TypeError(f"rows and ids must be int64, got {rows.dtype} and {ids.dtype}")
+    if rows.device != ids.device:
+        raise ValueError(f"rows and ids must be on one device, got {rows.device} and {ids.device}")
+    try:
+        rows, ids = torch.broadcast_tensors(rows, ids)
+    except RuntimeError as e:
+        raise ValueError(f"rows {tuple(rows.shape)} and ids {tuple(ids.shape)} must broadcast: {e}") from None
+    if rows.device.type == "cpu":
+        return torch.ops.localargmax.gumbel_noise(seed, rows.contiguous(), ids.contiguous())
+    return _gumbel(_philox(seed, rows, ids))
+
+
+def _gumbel(x0: torch.Tensor) -> torch.Tensor:
+    """float32(-log(-log((x0 + 0.5) / 2**32))) of the int64 Philox words ``x0``, in float64."""
+    u = x0.to(torch.float64).add_(0.5).mul_(1.0 / 2.0**32)
+    return u.log_().neg_().log_().neg_().to(torch.float32)
