@@ -29,10 +29,11 @@ import sys
 import torch
 
 from localargmax._ext import _C
-from localargmax.bench.report import cpu_name
+from localargmax.bench.report import cpu_name, write_output
 from tests.support.emulation import DEFAULT_SM_COUNT, DEFAULT_SMEM_LIMIT, Emulator, build
 
 OPS = ("argmax", "topk8", "sample", "lse")
+"""The ops counted: the emulator's ``weight_passes`` names, top-k at k 8."""
 BATCHES = (1, 2, 4, 8, 16, 17, 32, 64, 128, 256)
 
 
@@ -42,19 +43,6 @@ def route(emu: Emulator, op: str, batch: int, rows: int, hidden: int, half: bool
     if path != "mma":
         return path
     return "mma/" + emu.mma_config(hidden, rows, batch, DEFAULT_SM_COUNT, DEFAULT_SMEM_LIMIT)
-
-
-def count_passes(emu: Emulator, op: str, path: str, batch: int, weight: torch.Tensor, gen) -> float:
-    """The weight bytes ``path`` requests for ``op`` at ``batch``, over the shard's bytes."""
-    hidden = torch.randn(batch, weight.shape[1], generator=gen).to(weight.dtype)
-    kw = {
-        "argmax": {},
-        "topk8": {"k": 8},
-        "sample": {"temperature": torch.full((batch,), 0.8)},
-        "lse": {"log_partition": True},
-    }[op]
-    emu.shard(hidden, weight, path=path, **kw)
-    return emu.bytes_loaded("weight") / (weight.numel() * weight.element_size())
 
 
 def main(argv=None) -> int:
@@ -88,7 +76,8 @@ def main(argv=None) -> int:
             if path == "gemm":
                 passes, logits = 1.0, batch * rows * 4
             else:
-                passes, logits = count_passes(emu, op, path, batch, weight, gen), 0
+                hidden_states = torch.randn(batch, args.hidden, generator=gen).to(dtype)
+                passes, logits = emu.weight_passes(op.removesuffix("8"), hidden_states, weight, path, k=8), 0
             out.append({"op": op, "batch": batch, "route": path, "weight_passes": passes,
                         "logits_written_bytes": logits, "emulated": path != "gemm"})  # fmt: skip
             written = f"{logits / 2**20:.1f} MiB" if logits else "-"
@@ -106,9 +95,7 @@ def main(argv=None) -> int:
             "device_model": {"sm_count": DEFAULT_SM_COUNT, "smem_limit": DEFAULT_SMEM_LIMIT},
             "rows": out,
         }
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
+        write_output(args.json, json.dumps(doc, indent=1) + "\n")
     return 0
 
 

@@ -576,30 +576,12 @@ def make_config(args, command: list[str]):
 
         batches = [1, 4] if smoke else list(DEFAULT_KERNEL_BATCHES) if args.kernel_only else [1, 8, 64]
     dtype = args.dtype or ("bfloat16" if synthetic else "float32")
+    as_given = ("device", "seed", "timeout", "log_probs", "top_k", "top_p", "min_p", "cpu_path")  # flags as they are
     cfg = RunConfig(
-        tp=tp,
-        device=args.device,
-        dtype=dtype,
-        batches=batches,
-        methods=methods,
-        steps=steps,
-        warmup=warmup,
-        threads=threads,
-        json_path=args.json,
-        command=command,
-        progress=not args.no_progress,
-        op=op,
-        k=k,
-        temperature=temperature,
-        seed=args.seed,
-        timeout=args.timeout,
-        log_probs=args.log_probs,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        cpu_path=args.cpu_path,
-        noise=noise,
-    )
+        tp=tp, dtype=dtype, batches=batches, methods=methods, steps=steps, warmup=warmup, threads=threads,
+        json_path=args.json, command=command, progress=not args.no_progress, op=op, k=k, temperature=temperature,
+        noise=noise, **{name: getattr(args, name) for name in as_given},
+    )  # fmt: skip
     draft_vocab = 8192 if args.draft_vocab is None else args.draft_vocab
     if draft_vocab < 0:
         raise UsageError("--draft-vocab must be >= 0")

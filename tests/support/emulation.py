@@ -600,6 +600,19 @@ class Emulator:
             ctypes.memmove(ptr + r * ldw * es, fill[r].data_ptr(), hidden_size * es)
         return PlacedWeight(ptr, rows, hidden_size, ldw, dtype)
 
+    def weight_passes(self, op: str, hidden: torch.Tensor, weight: torch.Tensor, path: str, k: int = 4) -> float:
+        """Run ``op`` ("argmax", "topk" with ``k``, "sample" at temperature
+        0.8, "lse": the log-partition) through ``path`` and return the weight
+        bytes it requested over the shard's bytes (1.0: one pass)."""
+        kw = {
+            "argmax": {},
+            "topk": {"k": k},
+            "sample": {"temperature": torch.full((hidden.shape[0],), 0.8)},
+            "lse": {"log_partition": True},
+        }[op]
+        self.shard(hidden, weight, path=path, **kw)
+        return self.bytes_loaded("weight") / (weight.numel() * weight.element_size())
+
     def bytes_loaded(self, name: str = "weight") -> int:
         """Bytes the launches since the last reset loaded from the tensors
         named ``name`` (every global load, cp.async and TMA source: what the
