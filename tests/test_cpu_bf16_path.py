@@ -1,7 +1,8 @@
 """The avx512_bf16 CPU path (auto's for bf16 weights on AVX-512-BF16 CPUs
-without AMX; DESIGN.md, "CPU paths"): its blockings (16 rows at one batch
-row, 8 x 2 below 4, 4 x 4 above, single rows and a batch tail) give one
-logit the same bits wherever it sits, and agree with float64 within the
+without AMX; DESIGN.md, "CPU paths"): its blockings (4 rows x 4 batch rows,
+batch tails of 2 and 1 rows, single weight rows; one pass over all of k, or
+k in blocks of 2048 with the batch in chunks of 64 rows) give one logit the
+same bits wherever it sits, with rows in place or strided, and agree with float64 within the
 float32 bound on the hard cases: ties across the pair boundary (elements
 2i and 2i + 1), NaN in either half of a pair, odd H, subnormals (flushed:
 an absolute H * 2**-126 more), ids past 2**24. Skips, naming the missing
@@ -30,9 +31,10 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("hsize", [1, 31, 32, 33, 64, 100, 1024])
 def test_every_blocking_gives_one_logit_the_same_bits(gen, hsize):
-    """Batch 1 (16-row passes), 2 and 3 (8 x 2), 4 to 23 (4 x 4 with tails),
-    alone or permuted, 53 rows (row tails of every pass): each batch row's
-    keys, top-k and log-partition pairs are the same bits in every batch."""
+    """Batch 1, 2, 4 (one pass) and 3, 5, 8, 17 (several, k in blocks),
+    alone or permuted, 53 rows (a row tail), the weight contiguous or a
+    strided view (ldw > H): each batch row's keys, top-k and log-partition
+    pairs are the same bits in every batch."""
     rows = 53
     hidden = torch.randn(23, hsize, generator=gen).bfloat16()
     weight = torch.randn(rows, hsize, generator=gen).bfloat16()
@@ -49,6 +51,12 @@ def test_every_blocking_gives_one_logit_the_same_bits(gen, hsize):
 
     whole = run(hidden)
     assert localargmax.kernel_path(torch.bfloat16, "cpu", PATH) == PATH
+    wide = torch.randn(rows, hsize + 40, generator=gen).bfloat16()
+    wide[:, :hsize] = weight
+    strided, weight = weight, wide[:, :hsize]  # the same rows, ldw = H + 40
+    for a, b in zip(run(hidden), whole):
+        assert torch.equal(_bits(a), _bits(b)), hsize
+    weight = strided
     for batch in (1, 2, 3, 4, 5, 8, 17):
         for start in range(0, 23 - batch + 1, 7):
             part = run(hidden[start : start + batch])
@@ -62,6 +70,32 @@ def test_every_blocking_gives_one_logit_the_same_bits(gen, hsize):
     # the tied rows 7 and 40 (bias aside) give the same dot product, in different passes
     tied = localargmax.decode_keys(localargmax.shard_topk(hidden, weight[[7, 40]], 2, path=PATH))[1]
     assert torch.equal(_bits(tied[:, 0]), _bits(tied[:, 1]))
+
+
+def test_k_blocks_and_batch_chunks_give_one_logit_the_same_bits(gen):
+    """H 4133 (two blocks of 2048 and a k tail) and batches past one chunk of
+    64 rows (70 and 131): each batch row's keys, top-k and log-partition
+    pairs are the bits of that row alone (one pass over all of k), and the
+    argmax agrees with float64 within the float32 bound."""
+    hsize, rows = 4133, 9
+    hidden = torch.randn(131, hsize, generator=gen).bfloat16()
+    weight = torch.randn(rows, hsize, generator=gen).bfloat16()
+
+    def run(h):
+        kw = dict(num_valid=rows - 1, path=PATH)
+        return (
+            localargmax.shard_argmax(h, weight, **kw),
+            localargmax.shard_topk(h, weight, 3, **kw),
+            *localargmax.shard_argmax(h, weight, log_partition=True, **kw),
+        )
+
+    for batch in (70, 131):
+        whole = run(hidden[:batch])
+        for b in (0, 3, 63, 64, 69, batch - 1):
+            for a, c in zip(run(hidden[b : b + 1]), whole):
+                assert torch.equal(_bits(a), _bits(c[b : b + 1])), (batch, b)
+        ids, _ = localargmax.decode_keys(whole[0])
+        check_against_reference(ids, hidden[:batch], weight[: rows - 1], min_clear_fraction=0.8, context="k blocks")
 
 
 @pytest.mark.parametrize("batch", [1, 3, 6, 16])
