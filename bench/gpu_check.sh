@@ -48,7 +48,8 @@
 #                        matmul+max, the whole step, the device-to-device copy; and
 #                        sampling on the full Qwen3 head (B 1..256) beside FlashSampling's
 #                        baselines and published H200 ratios (second, so it always runs); then
-#                        one TP-8 rank's target sampling with vLLM's noise (--noise vllm, B 1/16/64)
+#                        one TP-8 rank's target sampling with vLLM's noise (--noise vllm, B 1/16/64),
+#                        and top-8 on the Qwen3 TP-8 shard (B 1..256)
 #   7 tests     <= 45 s  the GPU pytest files, the ones that failed in the 2026-12-04 rerun first
 #                        (the planned step's capture, test_step.py, test_shard_argmax_cuda.py), 30 s per test (pytest-timeout if there,
 #                        else bench/pytest_alarm.py), junit XML with the seeds
@@ -249,15 +250,18 @@ step_smoke() {
 }
 
 # label model rows batches [op] (rows: the rank-0 shard, shard_vocab(V, 0, tp, pad_to=64).rows;
-# op: argmax unless named; sample-vllm: --op sample --noise vllm). qwen3_sample: FlashSampling's
+# op: argmax unless named; sample-vllm: --op sample --noise vllm; topk8: --op topk --k 8). qwen3_sample: FlashSampling's
 # side-by-side cells: the full Qwen3 head (its published H200 table is for tp 1) against Gumbel-max
 # on cuBLAS logits and compiled softmax + multinomial, each row with the published ratio beside ours.
 # qwen3_target_tp8: one TP-8 rank's local work of the target's sampler with vLLM's noise (issue #57):
 # the fused op (gemm path) against vllm-gumbel-logits (vLLM's gumbel_sample on the shard's logits);
 # the exchange is not timed on one GPU (bench.predict_cli --target-sampling predicts it).
+# qwen3_topk8_tp8: tree drafting's top-8 (issue #69: auto runs simt for every top-k, a weight pass
+# per 8 batch rows) against torch's matmul + topk.
 BENCH_SHAPES="qwen3_tp8:qwen3:18992:1,8,32,64,96,128,256,1024
 qwen3_sample:qwen3:151936:1,16,64,128,256:sample
 qwen3_target_tp8:qwen3:18992:1,16,64:sample-vllm
+qwen3_topk8_tp8:qwen3:18992:1,8,16,32,64,128,256:topk8
 llama3_tp8:llama3:16032:1,8,32,64,96,128,256,1024
 deepseek_v3_tp8:deepseek-v3:16160:1,8,32,64,96,128,256,1024
 qwen3_tp1:qwen3:151936:1,8,32,64,96,128,256"
@@ -294,6 +298,7 @@ step_bench() {
     op=${op:-argmax}
     local noise=""
     [[ $op == sample-vllm ]] && { op=sample; noise="--noise vllm"; }
+    [[ $op == topk8 ]] && { op=topk; noise="--k 8"; }
     if (( DRY )); then
       extra="--smoke --rows 2048 --batch 1,8"
       [[ $op == sample ]] && extra+=" --no-compile"  # torch.compile of the baselines takes minutes on 2 cores

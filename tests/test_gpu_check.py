@@ -83,7 +83,7 @@ def test_dry_run_walks_every_step_and_a_timed_out_step_leaves_the_others_files(t
     proc, wall = _dry_run(
         out,
         GPU_CHECK_BUDGET_S=budget,
-        GPU_CHECK_BENCH="qwen3_tp8 qwen3_sample qwen3_target_tp8",
+        GPU_CHECK_BENCH="qwen3_tp8 qwen3_sample qwen3_target_tp8 qwen3_topk8_tp8",
         GPU_CHECK_TESTS=str(hung),
         GPU_CHECK_TEST_TIMEOUT=2,
         GPU_CHECK_CAP_TESTS=9,
@@ -113,6 +113,7 @@ def test_dry_run_walks_every_step_and_a_timed_out_step_leaves_the_others_files(t
         rows = json.load(tar.extractfile("bench/bench_qwen3_tp8.json"))["rows"]
         sample_rows = json.load(tar.extractfile("bench/bench_qwen3_sample.json"))["rows"]
         target_rows = json.load(tar.extractfile("bench/bench_qwen3_target_tp8.json"))["rows"]
+        topk_rows = json.load(tar.extractfile("bench/bench_qwen3_topk8_tp8.json"))["rows"]
         smoke = json.load(tar.extractfile("bench/smoke.json"))
         # the tune sub-step ran first in the bench step: on the CPU it says it cannot tune and leaves the
         # model's table (a GPU run leaves dispatch_table_measured.json + tune.json there)
@@ -143,6 +144,9 @@ def test_dry_run_walks_every_step_and_a_timed_out_step_leaves_the_others_files(t
     assert [r["batch"] for r in ours] == [1, 8] and all(r["noise"] == "vllm" and r["agree_vllm"] == 1.0 for r in ours)
     target = (out / "summary.txt").read_text().split("target sampling with vLLM's noise")[1].splitlines()
     assert [line.split()[:2] for line in target[2:4]] == [["qwen3_target_tp8", "1"], ["qwen3_target_tp8", "8"]]
+    # tree drafting's top-8 row (issue #69): the fused top-k beside torch's, the reference's ids in order
+    fused = [r for r in topk_rows if r["op"] == "topk" and r["method"] == "fused-kernel"]
+    assert [r["batch"] for r in fused] == [1, 8] and all(r["k"] == 8 and r["agree"] == 1.0 for r in fused), fused
 
 
 def test_dry_run_with_its_budget_spent_skips_steps_and_still_leaves_every_file(tmp_path):
