@@ -296,9 +296,9 @@ step_bench() {
     (( left < 5 )) && { echo "bench $label: skipped, bench budget spent"; continue; }
     per=$(( left < 90 ? left : 90 ))
     op=${op:-argmax}
-    local noise=""
-    [[ $op == sample-vllm ]] && { op=sample; noise="--noise vllm"; }
-    [[ $op == topk8 ]] && { op=topk; noise="--k 8"; }
+    local op_args=""
+    [[ $op == sample-vllm ]] && { op=sample; op_args="--noise vllm"; }
+    [[ $op == topk8 ]] && { op=topk; op_args="--k 8"; }
     if (( DRY )); then
       extra="--smoke --rows 2048 --batch 1,8"
       [[ $op == sample ]] && extra+=" --no-compile"  # torch.compile of the baselines takes minutes on 2 cores
@@ -307,7 +307,7 @@ step_bench() {
     fi
     echo "-- bench $label ($model, $rows rows, $op; cap ${per}s)"
     timeout -s TERM -k 5 "$per" "$PY" -m localargmax.bench --kernel-only --device "$DEVICE" --model "$model" --dtype bfloat16 \
-      --op "$op" $noise $extra --max-seconds 2 --no-progress --json "$WORK/bench/bench_$label.json" 2>&1 | grep -v '^  [a-z-]* B=[0-9]* \.\.\.$'
+      --op "$op" $op_args $extra --max-seconds 2 --no-progress --json "$WORK/bench/bench_$label.json" 2>&1 | grep -v '^  [a-z-]* B=[0-9]* \.\.\.$'
     rc=${PIPESTATUS[0]}
     (( rc == 0 )) || { echo "bench $label: FAILED or TIMEOUT (exit $rc)"; status=1; }
     tar -czf "$WORK/bench.tar.gz" -C "$WORK" bench && cp "$WORK/bench.tar.gz" "$OUTDIR/bench.tar.gz"

@@ -31,7 +31,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("hsize", [1, 31, 32, 33, 64, 100, 1024])
 def test_every_blocking_gives_one_logit_the_same_bits(gen, hsize):
-    """Batch 1, 2, 4 (one pass) and 3, 5, 8, 17 (several, k in blocks),
+    """Batch 1, 2, 4 (one pass) and 3, 5, 8, 17 (several passes),
     alone or permuted, 53 rows (a row tail), the weight contiguous or a
     strided view (ldw > H): each batch row's keys, top-k and log-partition
     pairs are the same bits in every batch."""
