@@ -267,10 +267,10 @@ def cpp_auto_path(batch: int, gemm_min_batch: int | None = None) -> str:
 # the build.
 DEFAULT_REGISTERS = {
     **{f"mma/{m.name}": m.regs90 for m in MMA_CONFIGS.values()},
-    "simt(nb=1)": 54,
-    "simt(nb=2)": 48,
-    "simt(nb=4)": 47,
-    "simt(nb=8)": 62,
+    "simt(nb=1)": 69,
+    "simt(nb=2)": 56,
+    "simt(nb=4)": 54,
+    "simt(nb=8)": 77,
 }
 
 

@@ -60,13 +60,34 @@ LAM_HD float gumbel_of_word(uint32_t x) {
   return static_cast<float>(-log(-log(u)));
 }
 
-// Standard Gumbel noise for (seed, row, global vocabulary index).
-LAM_HD float gumbel_noise(uint64_t seed, uint64_t row, uint64_t index) {
+// Philox's first output word for (seed, row, global vocabulary index).
+LAM_HD uint32_t gumbel_word(uint64_t seed, uint64_t row, uint64_t index) {
   uint32_t ctr[4] = {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
                      static_cast<uint32_t>(row), static_cast<uint32_t>(row >> 32)};
   philox4x32_10(ctr, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-  return gumbel_of_word(ctr[0]);
+  return ctr[0];
 }
+
+// Standard Gumbel noise for (seed, row, global vocabulary index).
+LAM_HD float gumbel_noise(uint64_t seed, uint64_t row, uint64_t index) {
+  return gumbel_of_word(gumbel_word(seed, row, index));
+}
+
+// The noise screen's bounds (DESIGN.md, "The noise screen"), in float
+// arithmetic, no double logs: gumbel_estimate(x) is within
+// gumbel_slack(gumbel_estimate(x)) of gumbel_of_word(x). -log(u) comes from
+// logf of u where u <= 1/2 and from log1pf of -(1 - u) above (1 - u =
+// (~x + 0.5) / 2^32 is exact before its float rounding), so it carries a
+// relative error of a few float ulps; -logf of it then an absolute error of
+// a few ulps of max(1, |g|), under 2^-18 in all. The slack, 2^-12 (1 + |g|),
+// is 64 times that (tests/test_emulation_screen.py checks the bounds on 2^22
+// words and the extremes).
+LAM_HD float gumbel_estimate(uint32_t x) {
+  const float a = x < 0x80000000u ? -logf((static_cast<float>(x) + 0.5f) * 0x1p-32f)
+                                  : -log1pf(-(static_cast<float>(~x) + 0.5f) * 0x1p-32f);
+  return -logf(a);
+}
+LAM_HD float gumbel_slack(float g) { return 0x1p-12f * (1.0f + fabsf(g)); }
 
 // A temperature the samplers accept: finite and >= 0 (0 = greedy). NaN, a
 // negative or an infinite T has no distribution behind it (T = inf would give

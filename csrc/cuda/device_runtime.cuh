@@ -13,3 +13,11 @@
 #else
 #include "../emu/simt_emu.h"
 #endif
+
+// LAM_EMU_COUNT(kNoiseWords / kNoiseLogs): a counter of the emulation
+// (emu::Count); nothing under nvcc.
+#if defined(__CUDACC__)
+#define LAM_EMU_COUNT(what) ((void)0)
+#else
+#define LAM_EMU_COUNT(what) ::emu::count(::emu::Count::what)
+#endif

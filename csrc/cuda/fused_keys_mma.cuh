@@ -36,7 +36,9 @@ __device__ __forceinline__ unsigned int word_of(const uint4& v, int i) {
 }
 
 // Epilogue of a warp's MT x NT tiles of float32 logits: bias, temperature and
-// Gumbel noise (key_of), then for each n-tile nt in turn emit(nt, j, state)
+// Gumbel noise (key_of; sampling without the log-partition through the noise
+// screen, screened_sample_key, its floor per batch column the max of keys[b]
+// and of the 8 lanes' sample_key_floor), then for each n-tile nt in turn emit(nt, j, state)
 // with the best key over the warp's rows for batch row b0 + 8 nt + 2t + j
 // (state.best_key), the same in every lane with that thread-in-group t
 // (xor-shuffles over the 8 lanes of each t); one n-tile's states live at a
@@ -77,6 +79,45 @@ __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], in
         if (b < batch) t_sum[j] = partition_temperature(b, out);
       }
     }
+    // Sampling without the log-partition: the noise screen. Its floor per
+    // batch column j: keys[b] and the 8 lanes' sample_key_floor (each
+    // logit's noise estimate kept for the keys). Not in the configs of more
+    // than 16 tiles a warp (n8_r256, n8_r192: with it sm_100 put their
+    // accumulators on the stack); they key every logit.
+    constexpr bool kScreen = MT * NT <= 16;
+    const bool screen = kScreen && !lse && out.temperature != nullptr;
+    unsigned long long floor[2] = {kNoEntryKey, kNoEntryKey};
+    float t_noise[2] = {0.0f, 0.0f};
+    float noise[kScreen ? MT : 1][4];
+    if (screen) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int64_t b = b0 + 8 * nt + mma_c_col(lane, j);
+        if (b < batch) {
+          floor[j] = key_so_far(out.keys, b);
+          t_noise[j] = noise_temperature(b, out);
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < (kScreen ? MT : 0); ++mt) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int row = row_base + 16 * mt + mma_c_row(lane, r);
+          const int64_t b = b0 + 8 * nt + mma_c_col(lane, r);
+          noise[mt][r] = 0.0f;
+          if (row >= num_valid || b >= batch || t_noise[r % 2] == 0.0f) continue;
+          const float s = has_bias ? __fadd_rn(acc[mt][nt][r], bias[mt][r]) : acc[mt][nt][r];
+          const uint64_t global_index = static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(row);
+          noise[mt][r] = noise_estimate(b, global_index, out);
+          floor[r % 2] = max_key(floor[r % 2], sample_key_floor(s, t_noise[r % 2], noise[mt][r], global_index));
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int offset = 4; offset < 32; offset *= 2)
+          floor[j] = max_key(floor[j], __shfl_xor_sync(0xFFFFFFFFu, floor[j], offset));
+    }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -88,7 +129,15 @@ __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], in
         if (has_bias) s = __fadd_rn(s, bias[mt][r]);
         if (lse) s = transform_logit(s, out.scale, out.soft_cap);
         const uint64_t global_index = static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(row);
-        const unsigned long long key = key_of(s, b, global_index, out);
+        unsigned long long key;
+        if constexpr (kScreen) {
+          key = screen && t_noise[r % 2] > 0.0f
+                    ? screened_sample_key(s, t_noise[r % 2], noise[mt][r], b, global_index, out,
+                                          max_key(floor[r % 2], best[r % 2].best_key))
+                    : key_of(s, b, global_index, out);
+        } else {
+          key = key_of(s, b, global_index, out);
+        }
         if (lse) {
           partition_add(best[r % 2], s, key, t_sum[r % 2]);
         } else if (key > best[r % 2].best_key) {

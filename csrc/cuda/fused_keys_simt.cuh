@@ -168,6 +168,52 @@ __device__ __forceinline__ unsigned long long key_of(float s, int64_t b, uint64_
   return pack_key(s, global_index);
 }
 
+// Sampling's noise screen (DESIGN.md, "The noise screen"). A Philox sampling
+// row's key needs gumbel_of_word's double logs; a logit whose key cannot
+// reach `floor` — a key the batch row's best is known to reach: a key already
+// taken in the row, keys[b] as other blocks left it, or a sample_key_floor
+// of the row — never wins, so it may get kNoEntryKey instead and the row's
+// best (the sample) stays key_of's. noise_estimate draws the logit's Philox
+// word and estimates its noise in float (gumbel_estimate, within
+// gumbel_slack); screened_sample_key takes the logs only where the estimate
+// plus the slack can reach the floor (redrawing the word), for a row of
+// temperature t > 0 (valid_temperature). The gemm path's vLLM noise takes
+// key_of.
+__device__ __forceinline__ float noise_estimate(int64_t b, uint64_t global_index, const ShardReduce& out) {
+  LAM_EMU_COUNT(kNoiseWords);
+  return gumbel_estimate(gumbel_word(out.seed, out.offset + static_cast<uint64_t>(b), global_index));
+}
+__device__ __forceinline__ unsigned long long sample_key_floor(float s, float t, float g, uint64_t global_index) {
+  return pack_key(gumbel_score(s, t, g - gumbel_slack(g)), global_index);
+}
+__device__ __forceinline__ unsigned long long screened_sample_key(float s, float t, float g, int64_t b,
+                                                                  uint64_t global_index, const ShardReduce& out,
+                                                                  unsigned long long floor) {
+  if (pack_key(gumbel_score(s, t, g + gumbel_slack(g)), global_index) < floor) return kNoEntryKey;
+  LAM_EMU_COUNT(kNoiseLogs);
+  return pack_key(gumbel_score(s, t, gumbel_noise(out.seed, out.offset + static_cast<uint64_t>(b), global_index)),
+                  global_index);
+}
+// A sampling row's temperature when its keys take noise (valid, > 0), else 0.
+__device__ __forceinline__ float noise_temperature(int64_t b, const ShardReduce& out) {
+  if (out.temperature == nullptr) return 0.0f;
+  const float t = out.temperature[b];
+  return valid_temperature(t) && t > 0.0f ? t : 0.0f;
+}
+// The max of a key over the warp (xor butterfly: every lane gets it).
+__device__ __forceinline__ unsigned long long warp_max_key(unsigned long long key) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) key = max_key(key, __shfl_xor_sync(0xFFFFFFFFu, key, offset));
+  return key;
+}
+
+// keys[b] as the other blocks have left it so far (a volatile load: not
+// cached in L1, so the atomicMax of other blocks shows): a floor for the
+// screen.
+__device__ __forceinline__ unsigned long long key_so_far(const unsigned long long* keys, int64_t b) {
+  return *reinterpret_cast<const volatile unsigned long long*>(keys + b);
+}
+
 // The temperature of batch row b's log-partition: out.partition_temperature's
 // T where T > 0, else 1 (argmax, top-k, greedy rows, no temperature).
 __device__ __forceinline__ float partition_temperature(int64_t b, const ShardReduce& out) {
@@ -228,11 +274,18 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const int row_end = min(row_begin + kRowsPerBlock, static_cast<int>(num_valid));
   const int64_t num_batch_chunks = (batch + NB - 1) / NB;
 
+  // Sampling (keys, no log-partition): the noise screen. Lane i keeps the
+  // logits of the warp's i-th row (`kept`); after its rows the warp keys them
+  // at once, one lane a row, the floor of batch row j the max of keys[b] and
+  // of the lanes' sample_key_floor.
+  static_assert(kRowsPerBlock / kWarps <= 32, "a lane per row of the warp");
+  const bool screen = !TOPK && !LSE && out.temperature != nullptr;
   for (int64_t chunk = blockIdx.y; chunk < num_batch_chunks; chunk += gridDim.y) {
     const int64_t b0 = chunk * NB;
     unsigned long long best[NB];
 #pragma unroll
     for (int j = 0; j < NB; ++j) best[j] = kNoEntryKey;
+    float kept[NB] = {};
     PartitionState part[LSE ? NB : 1];
     if constexpr (LSE) {
 #pragma unroll
@@ -243,7 +296,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       __syncthreads();
     }
 
-    for (int row = row_begin + warp; row < row_end; row += kWarps) {
+    for (int row = row_begin + warp, it = 0; row < row_end; row += kWarps, ++it) {
       float acc[NB];
 #pragma unroll
       for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
@@ -279,7 +332,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
         for (int offset = 16; offset > 0; offset /= 2) s = __fadd_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, offset));
         if (bias_f != nullptr) s = __fadd_rn(s, bias_f[row]);
         if (bias_t != nullptr) s = __fadd_rn(s, to_float(bias_t[row]));
-        if (b0 + j < batch) {
+        if (screen) {
+          if (lane == it) kept[j] = s;
+        } else if (b0 + j < batch) {
           if constexpr (LSE) s = transform_logit(s, out.scale, out.soft_cap);
           const unsigned long long key = key_of(s, b0 + j, global_index, out);
           // every lane holds the same s (butterfly): the warp's rows, in ascending order
@@ -290,6 +345,27 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
             best[j] = key;
           }
         }
+      }
+    }
+    if (screen) {
+      const int row = row_begin + warp + lane * kWarps;  // lane's row of the warp (lanes 0-7)
+      const bool mine = row < row_end;
+      const uint64_t global_index = static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(row);
+#pragma unroll
+      for (int j = 0; j < NB; ++j) {
+        if (b0 + j >= batch) continue;
+        const float t = noise_temperature(b0 + j, out);
+        unsigned long long key = kNoEntryKey;
+        if (t == 0.0f) {  // greedy or an invalid temperature: key_of
+          if (mine) key = key_of(kept[j], b0 + j, global_index, out);
+        } else {
+          const float g = mine ? noise_estimate(b0 + j, global_index, out) : 0.0f;
+          const unsigned long long floor =
+              max_key(warp_max_key(mine ? sample_key_floor(kept[j], t, g, global_index) : kNoEntryKey),
+                      key_so_far(out.keys, b0 + j));
+          if (mine) key = screened_sample_key(kept[j], t, g, b0 + j, global_index, out, floor);
+        }
+        best[j] = warp_max_key(key);
       }
     }
     if constexpr (LSE) {

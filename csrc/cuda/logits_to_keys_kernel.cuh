@@ -21,12 +21,6 @@ constexpr int kKeysThreads = 256;
 constexpr int kKeysPerThread = 16;
 constexpr int kKeysColumnsPerBlock = kKeysThreads * kKeysPerThread;
 
-__device__ __forceinline__ unsigned long long warp_max_key(unsigned long long key) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) key = max_key(key, __shfl_xor_sync(0xFFFFFFFFu, key, offset));
-  return key;
-}
-
 // A PartitionState across the warp: xor butterfly, the same bits on every
 // lane (partition_merge(a, b) and (b, a) add the same two terms).
 __device__ __forceinline__ PartitionState warp_merge_partition(PartitionState s, float t) {
@@ -43,7 +37,8 @@ __device__ __forceinline__ PartitionState warp_merge_partition(PartitionState s,
 // grid.x: column blocks of kKeysColumnsPerBlock logits; grid.y walks the
 // batch rows of this chunk (grid-stride, y <= 65535). logits: [rows, ldl],
 // batch rows b0 .. b0 + rows - 1 of p (for out.keys, temperatures and the
-// Philox subsequence); p's hidden and weight are not read. LSE: also the
+// Philox subsequence); p's hidden and weight are not read. Philox sampling
+// (no LSE) goes through the noise screen (screened_sample_key). LSE: also the
 // block's log-partition state per batch row (out.block_partition
 // [gridDim.x, batch]): each thread's columns in ascending order, the warp's
 // threads by butterfly, the block's warps in order.
@@ -65,17 +60,43 @@ __global__ void __launch_bounds__(kKeysThreads)
     unsigned long long best = kNoEntryKey;
     PartitionState part = partition_init();
     const float t = LSE ? partition_temperature(b, out) : 1.0f;
-#pragma unroll 4
+    const auto logit = [&](int64_t col) {
+      float s = row[col];
+      if (bias_f != nullptr) s = __fadd_rn(s, bias_f[col]);
+      if (bias_t != nullptr) s = __fadd_rn(s, to_float(bias_t[col]));
+      return s;
+    };
+    // Philox sampling without the log-partition: the noise screen, its floor
+    // the max of keys[b] and of the warp's sample_key_floor (a first pass,
+    // which keeps each logit's noise estimate).
+    const float t_noise = !LSE && out.noise_seed == nullptr ? noise_temperature(b, out) : 0.0f;
+    unsigned long long floor = kNoEntryKey;
+    float noise[kKeysPerThread];
+    if (t_noise > 0.0f) {
+      floor = key_so_far(out.keys, b);
+#pragma unroll
+      for (int i = 0; i < kKeysPerThread; ++i) {
+        const int64_t col = col0 + i * kKeysThreads + static_cast<int64_t>(threadIdx.x);
+        noise[i] = 0.0f;
+        if (col < num_valid) {
+          const uint64_t global_index = static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(col);
+          noise[i] = noise_estimate(b, global_index, out);
+          floor = max_key(floor, sample_key_floor(logit(col), t_noise, noise[i], global_index));
+        }
+      }
+      floor = warp_max_key(floor);
+    }
+#pragma unroll
     for (int i = 0; i < kKeysPerThread; ++i) {
       const int64_t col = col0 + i * kKeysThreads + static_cast<int64_t>(threadIdx.x);
       if (col < num_valid) {
-        float s = row[col];
-        if (bias_f != nullptr) s = __fadd_rn(s, bias_f[col]);
-        if (bias_t != nullptr) s = __fadd_rn(s, to_float(bias_t[col]));
+        float s = logit(col);
         if constexpr (LSE) s = transform_logit(s, out.scale, out.soft_cap);
         const uint64_t global_index = static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(col);
         const unsigned long long key =
-            out.noise_seed != nullptr ? key_of<true>(s, b, global_index, out) : key_of(s, b, global_index, out);
+            out.noise_seed != nullptr ? key_of<true>(s, b, global_index, out)
+            : t_noise > 0.0f ? screened_sample_key(s, t_noise, noise[i], b, global_index, out, max_key(floor, best))
+                             : key_of(s, b, global_index, out);
         if constexpr (LSE) partition_add(part, s, key, t);
         best = max_key(best, key);
       }

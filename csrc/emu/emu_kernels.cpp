@@ -360,4 +360,21 @@ int lam_emu_smem_probe(int static_bytes, int dynamic_bytes, int raw, int opt_in)
              : 1;
 }
 
+// The noise screen's float bounds (common/philox.h) on the n words x =
+// first + i * stride (mod 2^32): the largest |gumbel_estimate(x) -
+// gumbel_of_word(x)| / gumbel_slack(gumbel_estimate(x)) (below 1: the
+// bounds hold), and in *max_noise the largest gumbel_of_word(x).
+double lam_emu_noise_bounds(uint32_t first, uint32_t stride, uint64_t n, float* max_noise) {
+  double worst = 0.0;
+  float top = -INFINITY;
+  uint32_t x = first;
+  for (uint64_t i = 0; i < n; ++i, x += stride) {
+    const float exact = localargmax::gumbel_of_word(x), g = localargmax::gumbel_estimate(x);
+    worst = std::fmax(worst, std::fabs(static_cast<double>(g) - exact) / localargmax::gumbel_slack(g));
+    top = std::fmax(top, exact);
+  }
+  *max_noise = top;
+  return worst;
+}
+
 }  // extern "C"

@@ -168,6 +168,7 @@ struct State_ {
   size_t dynamic_bytes = 0;
   size_t touched_lo = SIZE_MAX, touched_hi = 0;  // shared indices accessed since the last reset
   uint64_t blocks_run = 0, barriers = 0, collectives = 0;
+  uint64_t noise_words = 0, noise_logs = 0;  // count(): since the last reset
 };
 State_ S;
 
@@ -862,6 +863,7 @@ void arena_reset() {
 void configure(bool scramble, uint64_t seed) {
   S.scramble = scramble;
   S.rng.seed(seed);
+  S.noise_words = S.noise_logs = 0;
 }
 
 const char* last_error() { return S.error.c_str(); }
@@ -947,11 +949,15 @@ uint64_t bytes_loaded(const char* name) {
   return n;
 }
 
-void stats(uint64_t out[4]) {
+void count(Count what) { ++(what == Count::kNoiseWords ? S.noise_words : S.noise_logs); }
+
+void stats(uint64_t out[6]) {
   out[0] = S.blocks_run;
   out[1] = S.barriers;
   out[2] = S.collectives;
   out[3] = shared_bytes();
+  out[4] = S.noise_words;
+  out[5] = S.noise_logs;
 }
 
 }  // namespace emu

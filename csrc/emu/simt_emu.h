@@ -108,6 +108,12 @@ int syncthreads_and(int line, int predicate);
 // Warp collective: every lane in `mask` deposits `value`, gets src_lane's value.
 uint64_t shfl(int line, unsigned int mask, uint64_t value, int src_lane);
 
+// Counters of the sampling noise screen (LAM_EMU_COUNT, device_runtime.cuh):
+// kNoiseWords, logits whose Philox word was drawn; kNoiseLogs, logits that
+// took gumbel_of_word's double logs. Read through lam_emu_stats.
+enum class Count { kNoiseWords, kNoiseLogs };
+void count(Count what);
+
 enum class MmaInput { kBFloat16, kFloat16 };
 void mma_m16n8k16(MmaInput input, float (&c)[4], unsigned int a0, unsigned int a1, unsigned int a2, unsigned int a3,
                   unsigned int b0, unsigned int b1, int line = __builtin_LINE());

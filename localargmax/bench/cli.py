@@ -129,10 +129,10 @@ columns (the first line of each is the legend printed under the table):
   GB/s                {gbps}.
   of_stream           {of_stream}.
                       The stream-read row is the bandwidth bound of the same
-                      run: on CPU the faster of two torch reads of the same
-                      bytes (int64 sum on all threads, float32 mv with a ones
-                      vector; JSON stream_method), on CUDA a device-to-device
-                      copy counted as read + write bytes.
+                      run: the faster of two torch reads of the same bytes
+                      (an int64 sum, and on CPU a float32 mv with a ones
+                      vector, on CUDA a float32 sum at the weight's dtype;
+                      JSON stream_method).
   vs_torch            {vs_torch};
                       --op topk: {vs_torch_topk}.
   agree_vllm          {agree_vllm}: with vLLM's noise both score the same
@@ -173,7 +173,8 @@ no forced mma / gemm rows). Rows:
                       route; the fused rows then draw vLLM's noise)
   yardsticks          gemm-peak (large square GEMM of the dtype: TFLOP/s),
                       stream-read (read-only pass over the shard's bytes: int64
-                      sum; on CPU the faster of that and a float32 mv),
+                      sum, or on CPU a float32 mv, on CUDA a sum at the dtype,
+                      whichever is faster),
                       d2d-copy (copy of the shard, read + write bytes counted)
   columns             GB/s = weight bytes / median; of_stream = GB/s over
                       stream-read's; of_roof (fraction_of_roofline) =

@@ -19,8 +19,9 @@ Rows per shard and batch (``method``):
 
 Yardsticks (``batch`` null): ``gemm-peak`` (the run's large square GEMM in
 the dtype: ``tflops``), and per shard ``stream-read`` (a read-only pass over
-the same weight bytes: ``w.view(int64).sum()``; on CPU the faster of that and
-a float32 ``mv`` with a ones vector, ``stream_method`` names it) and
+the same weight bytes: the fastest of ``w.view(int64).sum()`` and, on CUDA,
+``w.sum(dtype=float32)`` at the weight's dtype, on CPU a float32 ``mv`` with a
+ones vector; ``stream_method`` names it) and
 ``d2d-copy`` (``dst.copy_(w)``, ``weight_bytes`` counts read + write). Both
 are measured before and after the kernel rows and the faster is kept (other
 work on a shared machine otherwise makes one measurement a poor bound).
@@ -236,7 +237,9 @@ def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, 
     # Yardsticks: a read-only stream over the same bytes, and a copy (read + write).
     ones = torch.ones(as_float32_matrix(weight).shape[1], dtype=torch.float32, device=device)
     read_fns = {"int64-sum": lambda w: as_int64_flat(w).sum()}
-    if not cuda:  # torch's int64 sum and float32 mv differ a lot on CPU: keep the faster
+    if cuda:  # the weight's own dtype too (16-byte loads of bf16 / fp16; the int64 sum alone flattered, #69)
+        read_fns["dtype-sum"] = lambda w: w.sum(dtype=torch.float32)
+    else:  # torch's int64 sum and float32 mv differ a lot on CPU: keep the faster
         read_fns["float32-mv"] = lambda w: torch.mv(as_float32_matrix(w), ones)
     copy_dst = torch.empty_like(weight)
 

@@ -92,6 +92,8 @@ _ENTRY_POINTS = {
         [_p, _i64, _i64, _i64, _i64, _i32, _i32, _i32, _p, _i64, _i64, _p, _p, _p, _p, _p, _p],
     ),
     "lam_emu_log_probs_from_pairs": (_i32, [_p, _p, _p, _i64, _i64, _i64, _p]),  # values, pairs, t, tp, batch, k, out
+    # first word, stride, count, out: max noise -> worst |estimate - exact| / slack (the noise screen's bounds)
+    "lam_emu_noise_bounds": (ctypes.c_double, [ctypes.c_uint32, ctypes.c_uint32, _u64, ctypes.POINTER(_f32)]),
 }
 
 
@@ -613,6 +615,14 @@ class Emulator:
         self.shard(hidden, weight, path=path, **kw)
         return self.bytes_loaded("weight") / (weight.numel() * weight.element_size())
 
+    def noise_bounds(self, first: int, stride: int, n: int) -> tuple[float, float]:
+        """The sampling noise screen's float estimate against the exact noise on
+        the ``n`` Philox words ``first + i * stride`` (mod 2**32): (the largest
+        error over the slack, below 1 where the bounds hold; the largest noise)."""
+        top = ctypes.c_float()
+        worst = self.lib.lam_emu_noise_bounds(first, stride, n, ctypes.byref(top))
+        return float(worst), top.value
+
     def bytes_loaded(self, name: str = "weight") -> int:
         """Bytes the launches since the last reset loaded from the tensors
         named ``name`` (every global load, cp.async and TMA source: what the
@@ -620,6 +630,11 @@ class Emulator:
         return int(self.lib.lam_emu_bytes_loaded(name.encode()))
 
     def stats(self) -> dict:
-        out = (ctypes.c_uint64 * 4)()
+        """Counts: blocks run, barriers, warp collectives (since the library
+        loaded), the shared bytes of the kernel unit, and the sampling noise
+        screen's logits that drew a Philox word / took the double logs (since
+        the last launch's reset)."""
+        out = (ctypes.c_uint64 * 6)()
         self.lib.lam_emu_stats(out)
-        return {"blocks": out[0], "barriers": out[1], "collectives": out[2], "shared_bytes": out[3]}
+        keys = ("blocks", "barriers", "collectives", "shared_bytes", "noise_words", "noise_logs")
+        return dict(zip(keys, out))
