@@ -6,7 +6,8 @@ name ``torch`` in --paths times torch's matmul + max over the shard (the
 benchmark CLI's torch-matmul-max row) in the same rounds, ``onednn-prepacked``
 oneDNN's linear on a weight reordered once (``torch.ops.mkldnn._reorder_linear_weight``,
 what a CPU engine packs at load) + max. bf16 rows also report the fraction of the
-core's measured vdpbf16ps peak (``_fma_peak("avx512_bf16")``, where the CPU has it), and
+core's measured vdpbf16ps peak (``_fma_peak("avx512_bf16")``, where the CPU has it; on AMX
+CPUs also of oneDNN's own 1024^3 GEMM, which stands for the AMX peak), and
 every row its GB/s and fraction of the same rounds' stream read of the weight (an int64 sum). Each row also has
 its GFLOP/s (2·B·rows·H per call, at the median) and that as a fraction of
 the core's measured FMA peak, also at the fastest call (``_at_min``: on a
@@ -151,8 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     weight = (torch.randn(args.rows, args.hidden, generator=gen) / args.hidden**0.5).to(dtype)
     peak_isa = "avx512" if "avx512" in cpu_paths_available() else "avx2" if "avx2" in cpu_paths_available() else None
     dp_isa = "avx512_bf16" if args.dtype == "bfloat16" and "avx512_bf16" in cpu_paths_available() else None
+    # AMX (bf16 / fp16 where brgemm runs on the tiles): no hand-written probe (DESIGN.md, "No hand-written AMX
+    # path"); oneDNN's own GEMM of 1024 x 1024 x 1024 stands for the peak: what oneDNN reaches on the tiles
+    amx = args.dtype != "float32" and localargmax._C._brgemm_mode(args.dtype) == "amx"
+    amx_square = torch.randn(1024, 1024, generator=torch.Generator().manual_seed(1)).to(dtype) if amx else None
     peaks: list[float] = []
     dp_peaks: list[float] = []
+    amx_peaks: list[float] = []
     streams: list[float] = []
     words = weight.view(torch.int64) if weight.numel() * weight.element_size() % 8 == 0 else None
 
@@ -161,6 +167,13 @@ def main(argv: list[str] | None = None) -> int:
             peaks.append(max(localargmax._C._fma_peak(peak_isa, 100_000) for _ in range(4)) / 1e9)
         if dp_isa is not None:
             dp_peaks.append(max(localargmax._C._fma_peak(dp_isa, 100_000) for _ in range(4)) / 1e9)
+        if amx_square is not None:  # fastest of 4
+            best = math.inf
+            for _ in range(4):
+                t0 = time.perf_counter()
+                torch.matmul(amx_square, amx_square)
+                best = min(best, time.perf_counter() - t0)
+            amx_peaks.append(2 * 1024**3 / best / 1e9)
         if words is not None:  # the weight's stream read: an int64 sum, fastest of 3
             best = math.inf
             for _ in range(3):
@@ -196,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                     times[p].append(time.perf_counter() - t0)
         peak = statistics.median(peaks) if peaks else None
         dp_peak = statistics.median(dp_peaks) if dp_peaks else None
+        amx_peak = statistics.median(amx_peaks) if amx_peaks else None
         stream = statistics.median(streams) if streams else None
         nbytes = weight.numel() * weight.element_size()
         flops = 2.0 * batch * args.rows * args.hidden
@@ -223,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                     fraction_of_fma_peak=flops / med / 1e9 / peak if peak else None,
                     fraction_of_fma_peak_at_min=flops / min(times[p]) / 1e9 / peak if peak else None,
                     fraction_of_dp_peak=flops / med / 1e9 / dp_peak if dp_peak else None,
+                    fraction_of_amx_gemm=flops / med / 1e9 / amx_peak if amx_peak else None,
                     gbps=nbytes / med / 1e9,
                     fraction_of_stream=nbytes / med / 1e9 / stream if stream else None,
                 )
@@ -234,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             if dp_peak:
                 frac += f"  {flops / med / 1e9 / dp_peak:4.2f} of the dp peak"
+            if amx_peak:
+                frac += f"  {flops / med / 1e9 / amx_peak:4.2f} of the AMX GEMM"
             if stream:
                 frac += f"  {nbytes / med / 1e9:5.1f} GB/s = {nbytes / med / 1e9 / stream:4.2f} of stream"
             print(
@@ -250,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
                 fma_peak_samples_gflops=peaks,
                 dp_peak_isa=dp_isa,
                 dp_peak_gflops=statistics.median(dp_peaks) if dp_peaks else None,
+                amx_gemm_gflops=statistics.median(amx_peaks) if amx_peaks else None,
+                amx_gemm="oneDNN's GEMM 1024^3 in this dtype on these threads, fastest of 4 a round (for AMX's peak)"
+                if amx_peaks
+                else None,
                 stream_gbps=statistics.median(streams) if streams else None,
                 load_average=list(os.getloadavg()),
             ),

@@ -263,7 +263,9 @@ def paths_table(docs: list) -> str:
     head = "| dtype | path | batch | median_us | vs first path | keys = first path's |"
     head += " GFLOP/s | of the FMA peak |" if peak else ""
     head += " of the vdpbf16ps peak | GB/s | of the stream read |" if dp else ""
-    lines = [head, "|---" * (6 + 2 * peak + 3 * dp) + "|"]
+    amx = docs[0]["rows"][0].get("fraction_of_amx_gemm") is not None  # AMX CPUs: of oneDNN's square GEMM
+    head += " of the AMX GEMM |" if amx else ""
+    lines = [head, "|---" * (6 + 2 * peak + 3 * dp + amx) + "|"]
     for (dtype, path, batch), rows in cells.items():
         us = _cell([r["median_us"] for r in rows]).split(" ")[0]
         extra = ""
@@ -274,6 +276,8 @@ def paths_table(docs: list) -> str:
                 f" {_cell([r['fraction_of_dp_peak'] for r in rows])} | {_cell([r['gbps'] for r in rows])} "
                 f"| {_cell([r['fraction_of_stream'] for r in rows])} |"
             )
+        if amx:
+            extra += f" {_cell([r['fraction_of_amx_gemm'] for r in rows])} |"
         lines.append(
             f"| {dtype} | {path} | {batch} | {us} | {_cell([r['speedup_vs_first'] for r in rows])} "
             f"| {'yes' if all(r['keys_equal_first'] for r in rows) else 'no'} |" + extra
