@@ -19,6 +19,7 @@ from tests.support.emulation_cases import EVERY_PATH_AND_CONFIG, assert_keys_equ
 
 pytestmark = pytest.mark.skipif(not emulation.have_compiler(), reason="g++ / objcopy not found")
 
+
 def test_float_noise_bounds_hold_on_every_kind_of_word(emu):
     """gumbel_estimate(x) is within a small part of gumbel_slack of
     gumbel_of_word(x): on 4.2 million words spread over the range and on
