@@ -116,11 +116,12 @@ def test_brgemm_blocks_do_not_change_a_rows_bits(gen, dtype):
 
 
 def test_brgemm_block_rule():
-    """The rule (csrc/cpu/shard_argmax_brgemm.h): on AMX one 16 x 64 block at
-    every batch size; elsewhere 16 batch columns up to 16 rows, else 32, by 64
-    weight rows; a forced block outside 16 / 32 / 64 is a ValueError."""
+    """The rule (csrc/cpu/shard_argmax_brgemm.h): on AMX 32 x 16 up to 16
+    batch rows, 16 x 32 up to 32, else 16 x 64; elsewhere 16 batch columns up
+    to 16 rows, else 32, by 64 weight rows; a forced block outside 16 / 32 /
+    64 is a ValueError."""
     for batch in (1, 15, 16, 17, 32, 33, 64, 65, 1000):
-        assert _C._brgemm_block(batch, True) == (16, 64)
+        assert _C._brgemm_block(batch, True) == ((32, 16) if batch <= 16 else (16, 32) if batch <= 32 else (16, 64))
         assert _C._brgemm_block(batch, False) == (64, 16 if batch <= 16 else 32)
     for bad in ((8, 16), (16, 128), (0, 16), (64, 0)):
         with pytest.raises(ValueError, match="16, 32 or 64"):
@@ -128,9 +129,9 @@ def test_brgemm_block_rule():
     for bad in ([16, 16], (16,), (16, 16, 16)):
         with pytest.raises(TypeError, match="force must be"):
             _C._brgemm_block(1, False, bad)
-    with forced_block(32, 16):
-        assert _C._brgemm_block(1, True) == (32, 16)  # the block in force
-    assert _C._brgemm_block(1, True) == (16, 64)
+    with forced_block(64, 64):
+        assert _C._brgemm_block(1, True) == (64, 64)  # the block in force
+    assert _C._brgemm_block(1, True) == (32, 16)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

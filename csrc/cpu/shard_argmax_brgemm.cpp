@@ -43,7 +43,7 @@ std::atomic<int64_t> g_forced_block{0};  // set_brgemm_block (tests only): m * 2
 }  // namespace
 
 BrgemmBlock brgemm_block(int64_t batch, bool amx) {
-  if (amx) return {16, 64};
+  if (amx) return batch <= 16 ? BrgemmBlock{32, 16} : batch <= 32 ? BrgemmBlock{16, 32} : BrgemmBlock{16, 64};
   return {kTileRows, batch <= 16 ? int64_t{16} : int64_t{32}};
 }
 

@@ -46,10 +46,11 @@ struct BrgemmBlock {
   int64_t m, n;
 };
 // The block a call of `batch` rows takes (DESIGN.md, "CPU paths"): on AMX
-// (brgemm_mode "amx") 16 x 64 at every batch size (a tile's weight rows read
-// once for up to 64 batch rows); elsewhere 64 x 16 up to 16 batch rows, else
-// 64 x 32 (measured fastest on the EPYC). Every block gives a (row, batch
-// row) the same bits there (tests/test_cpu_brgemm.py).
+// (brgemm_mode "amx") 32 x 16 up to 16 batch rows, 16 x 32 up to 32, else
+// 16 x 64 (the fewest zero columns; measured on an AMX Xeon); elsewhere
+// 64 x 16 up to 16 batch rows, else 64 x 32 (measured fastest on the EPYC).
+// Every block gives a (row, batch row) the same bits
+// (tests/test_cpu_brgemm.py).
 BrgemmBlock brgemm_block(int64_t batch, bool amx);
 // brgemm_block, or the block set_brgemm_block forced.
 BrgemmBlock brgemm_block_in_use(int64_t batch, bool amx);
