@@ -275,14 +275,18 @@ def sanitize(args) -> int:
     localargmax.merge_keys(keys)
     skip = {x for x in (args.skip or "").split(",") if x}
     if dev == "cuda":
-        # the configs the driver meets least: a TMA twin (mbarriers, bulk tensor copies) and one past
-        # 48 KiB of static + dynamic shared memory (the opt-in); refused on a device that cannot take them
-        for path in ("mma/n1_r64_tma", "mma/n4_r128"):
+        # the configs the driver meets least: a TMA twin (mbarriers, bulk tensor copies), one past
+        # 48 KiB of static + dynamic shared memory (the opt-in), and the warps along the batch (issue #69:
+        # B 135 runs its second warp column; argmax and sample); refused on a device that cannot take them
+        wide = h.repeat(15, 1)
+        for path, hb in (("mma/n1_r64_tma", h), ("mma/n4_r128", h), ("mma/n16_r64_w2", wide)):
             if path in skip:
                 print(f"sanitize: {path} skipped (it failed its first call in the configs step)", flush=True)
                 continue
             try:
-                localargmax.shard_argmax(h, w, num_valid=2999, **localargmax._validation.op_kwargs(path))
+                kw = localargmax._validation.op_kwargs(path)
+                localargmax.shard_argmax(hb, w, num_valid=2999, **kw)
+                localargmax.shard_sample(hb, w, torch.ones(hb.shape[0], device=dev), 1, 0, num_valid=2999, **kw)
             except ValueError as e:
                 print(f"sanitize: {path} refused on this device: {e}", flush=True)
         torch.cuda.synchronize()

@@ -54,8 +54,8 @@
 #                        (the planned step's capture, test_step.py, test_shard_argmax_cuda.py), 30 s per test (pytest-timeout if there,
 #                        else bench/pytest_alarm.py), junit XML with the seeds
 #   8 memcheck  <= 100 s compute-sanitizer memcheck of bench/gpu_check.py sanitize
-#                        (caching allocator off; one TMA and one > 48 KiB config among its
-#                        calls), then racecheck: each tool gets at least 45 s
+#                        (caching allocator off; one TMA, one > 48 KiB config and n16_r64_w2
+#                        at B 135 among its calls), then racecheck: each tool gets at least 45 s
 #   then the one-screen summary (summary.txt, and the end of the console output).
 #
 # Files under the output folder, at most 8 (the device tool brings back 8), each

@@ -289,9 +289,9 @@ class Registers:
 
 # <T, NT .. MINB, TMA>: one build per config (a cp.async one also runs the log-partition); a build from
 # before that (<..., TMA, LSE>: two bools) is not read, its LSE builds are not the argmax's registers
-_PIPE_NAME = re.compile(r"shard_argmax_mma_pipe_kernelI(?:13__nv_bfloat16|6__half)((?:Li\d+E){7})Lb([01])E(?=EEv)")
+_PIPE_NAME = re.compile(r"shard_argmax_mma_pipe_kernelI(?:13__nv_bfloat16|6__half)((?:Li\d+E){8})Lb([01])E(?=EEv)")
 _SIMT_NAME = re.compile(r"shard_argmax_kernelI13__nv_bfloat16Li(\d+)ELi8ELb0ELb0E")  # <T, NB, kVec, TOPK, LSE>: argmax
-_MMA_BY_TEMPLATE = {(tuple(m[1:8]), m.tma): m.name for m in MMA_CONFIGS.values()}  # (NT .. MINB, TMA)
+_MMA_BY_TEMPLATE = {(tuple(m[1:9]), m.tma): m.name for m in MMA_CONFIGS.values()}  # (NT .. MINB, TMA)
 
 
 def parse_registers(text: str, arch: str = "sm_90") -> dict:
@@ -497,31 +497,31 @@ PIPE_TMA_STEP_INSTRUCTIONS = 4
 
 
 def _pipe_geometry(spec: DeviceSpec, m: MmaConfig, rows: int, hidden: int, batch: int, elem: int) -> Geometry:
-    """shard_argmax_mma_pipe_kernel (every config): a CTA owns ``m.rows`` weight rows and ``8 NT`` batch rows
-    (further rows: more passes, grid y); ST stages of KC chunks of (rows + 8 NT) x 64 bytes; the
+    """shard_argmax_mma_pipe_kernel (every config): a CTA owns ``m.rows`` weight rows and ``8 NT WN`` batch
+    rows (further rows: more passes, grid y); ST stages of KC chunks of (rows + 8 NT WN) x 64 bytes; the
     weight of ST - 1 steps in flight; SK warp groups split each step's chunks (partials added through
     shared memory at the end: no extra CTAs); launched with PDL (sm_90+), after the keys' zero fill."""
-    tiles, passes = -(-rows // m.rows), -(-batch // (8 * m.nt))
+    tiles, passes = -(-rows // m.rows), -(-batch // m.batch_rows)
     warps = m.threads // 32
     chunks = -(-hidden // 32)
     steps = -(-chunks // m.kc)
     tma = m.tma  # the weight by bulk tensor copy: only the hidden rows by cp.async
-    copies = ((0 if tma else m.rows) + 8 * m.nt) * 64 * m.kc / 16 / 32  # warp-wide 16-byte cp.async per step
+    copies = ((0 if tma else m.rows) + m.batch_rows) * 64 * m.kc / 16 / 32  # warp-wide 16-byte cp.async per step
     per_chunk = m.mt * m.nt * 2 + 2 * m.mt + m.nt  # per computing warp: mma + shared loads
     per_step = copies * PIPE_COPY_INSTRUCTIONS + warps * PIPE_STEP_INSTRUCTIONS
     if tma:
         per_step += m.kc * PIPE_TMA_BOX_INSTRUCTIONS + warps * PIPE_TMA_STEP_INSTRUCTIONS
-    instructions = chunks * m.wm * per_chunk + steps * per_step
+    instructions = chunks * m.wm * m.wn * per_chunk + steps * per_step
     return Geometry(
         ctas=tiles * passes,
         threads=m.threads,
         smem=m.smem,
         cta_bytes=rows * hidden * elem / tiles,
-        cta_l2_bytes=min(8 * m.nt, batch) * hidden * elem,
+        cta_l2_bytes=min(m.batch_rows, batch) * hidden * elem,
         cta_in_flight=(m.st - 1) * m.kc * m.rows * 32 * elem,
         cta_serial_s=0.0,
         cta_instructions=instructions,
-        cta_flops=2.0 * m.rows * 8 * m.nt * hidden,
+        cta_flops=2.0 * m.rows * m.batch_rows * hidden,
         passes=passes,
         fixed_s=spec.launch_s * 0.25 + spec.zero_fill_s,
     )

@@ -244,17 +244,18 @@ static PyObject* py_cpu_paths(PyObject*, PyObject*) {
 }
 
 // localargmax._C._mma_configs() -> tuple of tuples: the tensor-core kernel's
-// named configs (cuda/mma_configs.h), in table order: (name, nt, mt, wm, sk,
-// kc, st, minb, tma, regs90, rows, threads, static_smem, dynamic_smem).
+// named configs (cuda/mma_configs.h), in table order: (name, nt, mt, wm, wn,
+// sk, kc, st, minb, tma, regs90, rows, threads, static_smem, dynamic_smem,
+// batch_rows).
 static PyObject* py_mma_configs(PyObject*, PyObject*) {
   using localargmax::cuda::kMmaConfigs;
   PyObject* rows = PyTuple_New(localargmax::cuda::kNumMmaConfigs);
   if (rows == nullptr) return nullptr;
   for (int i = 0; i < localargmax::cuda::kNumMmaConfigs; ++i) {
     const auto& c = kMmaConfigs[i];
-    PyObject* row = Py_BuildValue("(siiiiiiiOiiiii)", c.name, c.nt, c.mt, c.wm, c.sk, c.kc, c.st, c.minb,
+    PyObject* row = Py_BuildValue("(siiiiiiiiOiiiiii)", c.name, c.nt, c.mt, c.wm, c.wn, c.sk, c.kc, c.st, c.minb,
                                   c.tma ? Py_True : Py_False, c.regs90, c.rows(), c.threads(), c.static_smem(),
-                                  c.dynamic_smem());
+                                  c.dynamic_smem(), c.batch_rows());
     if (row == nullptr) {
       Py_DECREF(rows);
       return nullptr;

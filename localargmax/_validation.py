@@ -40,8 +40,10 @@ PATHS = {"cpu": ("auto", *CPU_PATHS), "cuda": ("auto", "simt", "mma", "gemm")}
 
 class MmaConfig(NamedTuple):
     """One named config of the tensor-core kernel (csrc/cuda/mma_configs.h,
-    read from ``_C._mma_configs()``): ``nt`` n-tiles of 8 batch rows per pass,
-    ``rows`` = ``wm * mt * 16`` weight rows per block, ``wm * sk`` warps
+    read from ``_C._mma_configs()``): ``nt`` n-tiles of 8 batch rows per warp,
+    ``wn`` warps along the batch sharing each weight stage (``batch_rows`` =
+    ``8 * nt * wn`` batch rows per pass: one read of the weight each),
+    ``rows`` = ``wm * mt * 16`` weight rows per block, ``wm * wn * sk`` warps
     (``sk``-way split-K), ``kc`` 32-element chunks per stage (= float32 partial
     sums per logit: configs of equal ``kc`` give the same bits), ``st`` stages,
     ``minb`` the launch bounds' blocks per SM, ``tma`` weight tiles by bulk
@@ -53,6 +55,7 @@ class MmaConfig(NamedTuple):
     nt: int
     mt: int
     wm: int
+    wn: int
     sk: int
     kc: int
     st: int
@@ -63,6 +66,7 @@ class MmaConfig(NamedTuple):
     threads: int
     static_smem: int
     dynamic_smem: int
+    batch_rows: int
 
     @property
     def smem(self) -> int:

@@ -227,7 +227,7 @@ def test_todays_variants_follow_the_launcher_boundaries():
     assert pm.cpp_mma_config(18992, 64, smem_limit=96 * 1024) == "n8_r256"
     # the table's candidates: C++ auto's summation-order class at that batch
     assert pm.mma_candidates(1) == pm.mma_candidates(32) == ("n1_r64", "n2_r64", "n1_r64_sk2", "n2_r64_sk2", "n4_r128")
-    assert pm.mma_candidates(33) == pm.mma_candidates(1024) == ("n8_r256", "n8_r192", "n16_r64")
+    assert pm.mma_candidates(33) == pm.mma_candidates(1024) == ("n8_r256", "n8_r192", "n16_r64", "n16_r64_w2")
     # the TMA twins (sm_90+): timed by --tune, never a table's candidates
     assert pm.mma_tma_twins(1) == pm.mma_tma_twins(32) == ("n1_r64_tma", "n2_r64_tma", "n4_r128_tma")
     assert pm.mma_tma_twins(33) == pm.mma_tma_twins(1024) == ("n8_r256_tma", "n8_r192_tma")
@@ -242,23 +242,24 @@ def test_the_model_reads_the_c_table():
     from localargmax import _C
 
     rows = _C._mma_configs()
-    assert [r[0] for r in rows] == list(pm.MMA_CONFIGS) and len(rows) == 13
+    assert [r[0] for r in rows] == list(pm.MMA_CONFIGS) and len(rows) == 14
     assert {k: v for k, v in pm.DEFAULT_REGISTERS.items() if k.startswith("mma/")} == {
-        f"mma/{r[0]}": r[9] for r in rows
+        f"mma/{r[0]}": r[10] for r in rows
     }
     for m in pm.MMA_CONFIGS.values():
-        assert m.rows == 16 * m.wm * m.mt and m.threads == 32 * m.wm * m.sk, m
-        assert m.dynamic_smem == m.st * m.kc * (m.rows + 8 * m.nt) * 64 + (8 * m.st if m.tma else 0), m
-        assert m.static_smem == 8 * 8 * m.nt * m.wm and m.smem <= 227 * 1024, m
+        assert m.rows == 16 * m.wm * m.mt and m.threads == 32 * m.wm * m.wn * m.sk, m
+        assert m.batch_rows == 8 * m.nt * m.wn <= m.threads, m
+        assert m.dynamic_smem == m.st * m.kc * (m.rows + m.batch_rows) * 64 + (8 * m.st if m.tma else 0), m
+        assert m.static_smem == 8 * m.batch_rows * m.wm and m.smem <= 227 * 1024, m
 
 
 # --- registers from the build ----------------------------------------------------------------------------
 
 _PIPE = "_ZN11localargmax4cuda12_GLOBAL__N_128shard_argmax_mma_pipe_kernelI{}EEvPKT_lS6_lS6_PKfliilNS0_11ShardReduceE15WeightTensorMap"  # noqa: E501
-MMA1 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi1ELi2ELi4ELi6ELb0E")  # n1_r64 <T, NT .. MINB, TMA>
-MMA8_HALF = _PIPE.format("6__halfLi8ELi4ELi4ELi1ELi1ELi4ELi2ELb0E")  # n8_r256, fp16
-PIPE7 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi2ELi2ELi4ELi4ELb0E")  # n1_r64_sk2
-TMA1 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi1ELi2ELi4ELi6ELb1E")  # n1_r64_tma
+MMA1 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi1ELi1ELi2ELi4ELi6ELb0E")  # n1_r64 <T, NT, MT, WM, WN .. MINB, TMA>
+MMA8_HALF = _PIPE.format("6__halfLi8ELi4ELi4ELi1ELi1ELi1ELi4ELi2ELb0E")  # n8_r256, fp16
+PIPE7 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi1ELi2ELi2ELi4ELi4ELb0E")  # n1_r64_sk2
+TMA1 = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi1ELi1ELi2ELi4ELi6ELb1E")  # n1_r64_tma
 SIMT1 = "_ZN11localargmax4cuda12_GLOBAL__N_119shard_argmax_kernelI13__nv_bfloat16Li1ELi8ELb0ELb0EEEvNS0_18ShardArgmaxProblemIT_EE"  # noqa: E501
 SIMT1_TOPK = SIMT1.replace("Lb0ELb0E", "Lb1ELb0E")  # <T, NB, kVec, TOPK, LSE>
 SIMT1_LSE = SIMT1.replace("Lb0ELb0E", "Lb0ELb1E")  # the log-partition build: not argmax's registers
@@ -296,7 +297,7 @@ def test_parse_registers_from_cuobjdump_keeps_the_arch_and_argmax_kernels():
 
 
 def test_parse_registers_skips_a_build_with_separate_log_partition_kernels():
-    old = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi1ELi2ELi4ELi6ELb0ELb1E")  # <..., TMA, LSE>: an older build
+    old = _PIPE.format("13__nv_bfloat16Li1ELi2ELi2ELi1ELi1ELi2ELi4ELi6ELb0ELb1E")  # <..., TMA, LSE>: an older build
     assert pm.parse_registers(_fatbin("sm_90a", {old: 171}), "sm_90") == {}
 
 

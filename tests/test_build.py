@@ -183,21 +183,21 @@ def test_pipelined_mma_kernel_fits_its_blocks_per_sm():
     each config's registers and shared memory (sm_90a)."""
     out = _cuobjdump("--dump-resource-usage", "--gpu-architecture", "sm_90a")
     usage = re.findall(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
-    # mangled template arguments: ...ILi<NT>ELi<MT>ELi<WM>ELi<SK>ELi<KC>ELi<ST>ELi<MINB>ELb<TMA>EEEv...
-    by_template = {(tuple(m[1:8]), m.tma): m for m in MMA_CONFIGS.values()}
+    # mangled template arguments: ...ILi<NT>ELi<MT>ELi<WM>ELi<WN>ELi<SK>ELi<KC>ELi<ST>ELi<MINB>ELb<TMA>EEEv...
+    by_template = {(tuple(m[1:9]), m.tma): m for m in MMA_CONFIGS.values()}
     pipe = []
     for name, reg, stack, shared, local in usage:
         if "shard_argmax_mma_pipe_kernel" in name:
             shared = int(shared)
-            template = tuple(map(int, re.findall(r"Li(\d+)E", name)[-7:]))
+            template = tuple(map(int, re.findall(r"Li(\d+)E", name)[-8:]))
             tma = re.findall(r"Lb([01])E", name)[-1] == "1"
-            nt, mt, wm, sk, kc, st, minb = template
-            dynamic = st * kc * (wm * mt * 16 + 8 * nt) * 64 + (8 * st if tma else 0)  # + the TMA mbarriers
+            nt, mt, wm, wn, sk, kc, st, minb = template
+            dynamic = st * kc * (wm * mt * 16 + 8 * nt * wn) * 64 + (8 * st if tma else 0)  # + the TMA mbarriers
             m = by_template.get((template, tma))
             assert m is not None and m.dynamic_smem == dynamic, name
             assert m.static_smem == shared - 1024, name  # (the log-partition's warp states live in the stages)
             assert int(stack) == 0 and int(local) == 0, name  # no spills (also test_hot_kernels_use_no_local_memory)
-            pipe.append((f"mma/{m.name} {name}", int(reg), shared, dynamic, wm * sk * 32, minb))
+            pipe.append((f"mma/{m.name} {name}", int(reg), shared, dynamic, wm * wn * sk * 32, minb))
     # each config, for bf16 and fp16 (one build: a cp.async one also runs the log-partition)
     assert len(pipe) == 2 * len(MMA_CONFIGS), out[:2000]
     for name, reg, shared, dynamic, threads, minb in pipe:

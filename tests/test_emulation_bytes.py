@@ -3,8 +3,8 @@ yardstick, measurable without a GPU): the emulation counts every global load,
 cp.async and TMA source per tensor (tests/support/emulation.py,
 ``bytes_loaded``). A kernel reads the shard once per pass over the batch: the
 simt kernel takes 8 batch rows a pass (csrc/cuda/shard_launch.cuh,
-``launch_simt``), a tensor-core config ``8 * nt`` (its n-tiles,
-csrc/cuda/mma_configs.h), so the weight bytes requested are exactly
+``launch_simt``), a tensor-core config ``batch_rows`` = ``8 * nt * wn`` (its
+n-tiles times its warps along the batch, csrc/cuda/mma_configs.h), so the weight bytes requested are exactly
 ``ceil(B / rows_per_pass) * shard bytes``: every byte once a pass, none past
 the shard's rows (uneven rows, a hidden size off the 32-element chunk). The
 emulation cannot time; these counts are what a GPU run must confirm."""
@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from localargmax._validation import MMA_CONFIGS
+from tests.support.emulation_cases import assert_keys_equal, cpu_keys, decode, exact_problem
 
 SIMT_ROWS_PER_PASS = 8
 """launch_simt's widest batch tile (1, 2 and 4 rows below 8: one pass either way)."""
@@ -25,7 +26,7 @@ ROWS, BATCHES = 200, (1, 7, 8, 9, 16, 17, 33, 64)
 
 
 def _rows_per_pass(path: str) -> int:
-    return SIMT_ROWS_PER_PASS if path == "simt" else 8 * MMA_CONFIGS[path.removeprefix("mma/")].nt
+    return SIMT_ROWS_PER_PASS if path == "simt" else MMA_CONFIGS[path.removeprefix("mma/")].batch_rows
 
 
 def _paths(op: str) -> list[str]:
@@ -61,3 +62,54 @@ def test_the_count_is_per_launch_and_per_tensor(emu, gen):
     assert emu.bytes_loaded("weight") == first == ROWS * 64 * 2
     assert emu.bytes_loaded("hidden") >= 3 * 64 * 2  # every block reads the batch
     assert emu.bytes_loaded("no such tensor") == 0
+
+
+ONE_PASS = [name for name, m in MMA_CONFIGS.items() if m.batch_rows >= 256]
+"""The configs whose warps along the batch share each weight stage for 256 batch rows (n16_r64_w2: forced only,
+unmeasured on a GPU)."""
+
+
+@pytest.mark.parametrize("op", ["argmax", "sample", "lse"])
+def test_one_weight_read_at_every_batch_up_to_256(emu, gen, op):
+    """Issue #69's target, on the configs that take 256 batch rows a pass: the weight bytes requested are the
+    shard's bytes exactly at every batch 1-256 (B 257 takes a second pass), where n16_r64, the widest before,
+    reads it twice from B 129."""
+    assert ONE_PASS, "no config takes 256 batch rows a pass"
+    weight = torch.randn(ROWS, 72, generator=gen).bfloat16()
+    shard_bytes = weight.numel() * weight.element_size()
+    for path in [f"mma/{name}" for name in ONE_PASS]:
+        for batch in (1, 8, 9, 128, 129, 200, 255, 256, 257):
+            hidden = torch.randn(batch, 72, generator=gen).bfloat16()
+            emu.weight_passes(op, hidden, weight, path)
+            assert emu.bytes_loaded("weight") == (1 if batch <= 256 else 2) * shard_bytes, (op, path, batch)
+    hidden = torch.randn(200, 72, generator=gen).bfloat16()
+    emu.weight_passes(op, hidden, weight, "mma/n16_r64")
+    assert emu.bytes_loaded("weight") == 2 * shard_bytes
+
+
+@pytest.mark.parametrize("config", ONE_PASS)
+def test_one_pass_configs_on_the_hard_cases(emu, gen, config):
+    """The 256-row pass against the CPU kernel's keys (small integers: exact sums, so every order gives the
+    same bits) with the hard cases planted in the second warp column (batch rows 128-255): B 250 (not a
+    multiple of 8), a winning row copied into three blocks (ties across CTAs: the smallest index), a NaN
+    batch row, padding rows that would win, a shard of ids past 2**24, sampling rows and greedy rows mixed."""
+    path = f"mma/{config}"
+    batch, rows, hidden_size = 250, 260, 24
+    h, w, b = exact_problem(gen, batch, rows, hidden_size, torch.bfloat16, "f")
+    w[[200, 70, 140]] = 3.0  # equal rows in three 64-row blocks: every batch row ties them unless another wins
+    h[130:140] = 3.0  # these rows' best: the three equal rows (positive sums); index 70 wins
+    b[[200, 70, 140]] = 0.0
+    h[131, 5] = float("nan")  # every logit NaN: index 0 (DESIGN.md's NaN rule)
+    num_valid = 230
+    w[num_valid:] = 100.0  # padding past num_valid would win every row
+    b[num_valid:] = 1e4
+    vocab_start = (1 << 24) + 5
+    got = emu.shard(h, w, b, vocab_start, num_valid, path=path)
+    assert_keys_equal(got, cpu_keys(h, w, b, vocab_start, num_valid), f"{path} argmax")
+    ids = decode(got) - vocab_start
+    assert ids[130].item() == 70 and ids[131].item() == 0 and (ids < num_valid).all()
+    t = torch.rand(batch, generator=gen) + 0.3
+    t[::3] = 0.0  # greedy rows among the sampling ones
+    got = emu.shard(h, w, b, vocab_start, num_valid, path=path, temperature=t, seed=9, offset=4)
+    want = cpu_keys(h, w, b, vocab_start, num_valid, temperature=t, seed=9, offset=4)
+    assert_keys_equal(got, want, f"{path} sample")

@@ -181,8 +181,8 @@ MUTANTS = [
         "pipe_dynamic_smem_one_stage_short",
         r"past the launch's \d+ bytes of dynamic shared memory",
         "mma_configs.h",
-        "return st * kc * (rows() + 8 * nt) * 64 + (tma ? 8 * st : 0);",
-        "return (st - 1) * kc * (rows() + 8 * nt) * 64 + (tma ? 8 * st : 0);",
+        "return st * kc * (rows() + batch_rows()) * 64 + (tma ? 8 * st : 0);",
+        "return (st - 1) * kc * (rows() + batch_rows()) * 64 + (tma ? 8 * st : 0);",
     ),
     # the TMA variants' weight stages (bulk tensor copy + mbarrier)
     (

@@ -165,8 +165,10 @@ __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], in
 }
 
 // The pipelined tensor-core kernel. A block owns kRows = WM * MT * 16 weight
-// rows (WM warps along the rows, each MT m-tiles of 16) and 8 * NT batch rows
-// per pass (more batch rows: blockIdx.y, grid-stride). K goes in 32-element
+// rows (WM warps along the rows, each MT m-tiles of 16) and kBatchRows =
+// 8 * NT * WN batch rows per pass (WN warps along the batch, NT n-tiles each,
+// all multiplying the same weight stage: one read of the weight per pass;
+// more batch rows: blockIdx.y, grid-stride). K goes in 32-element
 // chunks; a pipeline step moves KC consecutive chunks of the weight tile and
 // of the hidden tile into one of ST shared-memory stages with cp.async
 // (16 bytes per thread and copy, zero-filled past the row and k tails), ST - 1
@@ -174,7 +176,7 @@ __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], in
 // in the register layout of common/mma_fragment.h (16 contiguous bytes per
 // lane and row: conflict-free, no ldmatrix needed).
 //
-// Split-K: the block has SK groups of WM warps; group ks multiplies chunk
+// Split-K: the block has SK groups of WM * WN warps; group ks multiplies chunk
 // slots c = a * SK + ks (a < KC / SK) of every step into its accumulator set
 // a. Chunk slot c of every step is one partial sum p_c (chunks c, c + KC,
 // c + 2 KC, ... in increasing k); the logit is (((p_0 + p_1) + p_2) ...) in
@@ -203,28 +205,30 @@ __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], in
 // rows stay on cp.async (the batch-row predicate). Same sums as the cp.async
 // twin: the copy mechanism changes, not the data or the order. weight_map is
 // unused (zeros) without TMA.
-template <typename T, int NT, int MT, int WM, int SK, int KC, int ST, int MINB, bool TMA = false>
-__global__ void __launch_bounds__(WM * SK * 32, MINB)
+template <typename T, int NT, int MT, int WM, int WN, int SK, int KC, int ST, int MINB, bool TMA = false>
+__global__ void __launch_bounds__(WM * WN * SK * 32, MINB)
     shard_argmax_mma_pipe_kernel(const T* __restrict__ hidden, int64_t ldh, const T* __restrict__ weight, int64_t ldw,
                                  const T* __restrict__ bias_t, const float* __restrict__ bias_f, int64_t batch,
                                  int hidden_size, int num_valid, int64_t vocab_start, ShardReduce out,
                                  const __grid_constant__ WeightTensorMap weight_map) {
-  constexpr int kThreads = WM * SK * 32;
-  constexpr int kRows = WM * MT * 16;       // weight rows of the tile
-  constexpr int kTileRows = kRows + 8 * NT;  // + hidden rows
-  constexpr int kAcc = KC / SK;             // accumulator sets per warp
-  static_assert(KC % SK == 0 && ST >= 2 && 8 * NT <= kThreads, "pipeline shape");
-  static_assert(KC * WM * MT * NT * 4 * 32 * 4 <= ST * KC * kTileRows * 64, "split-K partials fit in the stages");
+  constexpr int kThreads = WM * WN * SK * 32;
+  constexpr int kRows = WM * MT * 16;          // weight rows of the tile
+  constexpr int kBatchRows = 8 * NT * WN;      // batch rows of a pass
+  constexpr int kTileRows = kRows + kBatchRows;  // + hidden rows
+  constexpr int kAcc = KC / SK;                // accumulator sets per warp
+  static_assert(KC % SK == 0 && ST >= 2 && kBatchRows <= kThreads, "pipeline shape");
+  static_assert(SK == 1 || KC * WM * WN * MT * NT * 4 * 32 * 4 <= ST * KC * kTileRows * 64,
+                "split-K partials fit in the stages");
   static_assert(!TMA || (kRows <= 256 && ST <= 32), "TMA: a box dimension is at most 256; one parity bit per stage");
   // The split-K partials' bytes at the start of the stages (read in the
   // epilogue) and, after them, the log-partition's per-warp states
-  // [WM][8 NT] (written in the epilogue, merged by store_block_partition).
-  constexpr int kPartialBytes = SK > 1 ? KC * WM * MT * NT * 4 * 32 * 4 : 0;
+  // [WM][kBatchRows] (written in the epilogue, merged by store_block_partition).
+  constexpr int kPartialBytes = SK > 1 ? KC * WM * WN * MT * NT * 4 * 32 * 4 : 0;
   // The log-partition runs on the cp.async configs, when the launch passes
   // out.block_partition (the *_lse ops): one build per config carries both.
   constexpr bool kLse = !TMA;
   const bool lse = kLse && out.block_partition != nullptr;
-  static_assert(kPartialBytes + (kLse ? WM * 8 * NT * 16 : 0) <= ST * KC * kTileRows * 64,
+  static_assert(kPartialBytes + (kLse ? WM * kBatchRows * 16 : 0) <= ST * KC * kTileRows * 64,
                 "split-K partials and the log-partition states fit in the stages");
   // stages[st][c][r][q]: 16 bytes (k = 32 * chunk + 8 q ..) of tile row r
   // (weight rows, then hidden rows) of chunk slot c of the step in stage st,
@@ -239,17 +243,18 @@ __global__ void __launch_bounds__(WM * SK * 32, MINB)
   // the parity of the phase of stage st that the next wait waits for.
   unsigned long long* const weight_full = reinterpret_cast<unsigned long long*>(stages + ST);
   unsigned int weight_parity = 0;
-  __shared__ unsigned long long block_best[WM][NT * 8];
+  __shared__ unsigned long long block_best[WM][kBatchRows];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int g = lane / 4;
   const int t = lane % 4;
   const int wm = warp % WM;
-  const int ks = warp / WM;
+  const int wn = warp / WM % WN;  // this warp's batch rows of the pass: 8 NT wn ..
+  const int ks = warp / (WM * WN);
   const int tile_row0 = static_cast<int>(blockIdx.x) * kRows;
   const int row_base = tile_row0 + wm * MT * 16;
   const int num_steps = (hidden_size + KC * kMmaChunkK - 1) / (KC * kMmaChunkK);
-  const int64_t num_batch_chunks = (batch + NT * 8 - 1) / (NT * 8);
+  const int64_t num_batch_chunks = (batch + kBatchRows - 1) / kBatchRows;
   if constexpr (TMA) {
     if (threadIdx.x == 0) {
       // (shared addresses keep their offset's low bits in the generic window)
@@ -261,7 +266,7 @@ __global__ void __launch_bounds__(WM * SK * 32, MINB)
   }
 
   for (int64_t chunk = blockIdx.y; chunk < num_batch_chunks; chunk += gridDim.y) {
-    const int64_t b0 = chunk * NT * 8;
+    const int64_t b0 = chunk * kBatchRows;
     // Step `step` into stage `st`: the weight rows (cp.async, or TMA) / the hidden rows (cp.async).
     const auto load_weight = [&](int st, int step) {
       if constexpr (TMA) {
@@ -291,8 +296,8 @@ __global__ void __launch_bounds__(WM * SK * 32, MINB)
     };
     const auto load_hidden = [&](int st, int step) {
 #pragma unroll 1
-      for (int i = threadIdx.x; i < KC * NT * 8 * 4; i += kThreads) {
-        const int c = i / (NT * 8 * 4), r = i / 4 % (NT * 8), q = i % 4;
+      for (int i = threadIdx.x; i < KC * kBatchRows * 4; i += kThreads) {
+        const int c = i / (kBatchRows * 4), r = i / 4 % kBatchRows, q = i % 4;
         const int k = (step * KC + c) * kMmaChunkK + 8 * q;
         const int64_t b = b0 + r;
         const bool ok = k < hidden_size && b < batch;
@@ -335,7 +340,7 @@ __global__ void __launch_bounds__(WM * SK * 32, MINB)
           for (int h = 0; h < 2; ++h) w[mt][h] = stages[st][c][wm * MT * 16 + 16 * mt + 8 * h + g][t];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const uint4 hv = stages[st][c][kRows + 8 * nt + g][t];
+          const uint4 hv = stages[st][c][kRows + 8 * (NT * wn + nt) + g][t];
 #pragma unroll
           for (int s = 0; s < 2; ++s)
 #pragma unroll
@@ -356,12 +361,12 @@ __global__ void __launch_bounds__(WM * SK * 32, MINB)
 
     // logit = ((p_0 + p_1) + ...) + p_{KC-1}; p_c sits in group c % SK, set c / SK.
     float* part = reinterpret_cast<float*>(&stages[0][0][0][0]);
-    using WarpStates = PartitionState[WM][8 * NT];
+    using WarpStates = PartitionState[WM][kBatchRows];
     const auto warp_states = [&]() -> WarpStates& {
       return *reinterpret_cast<WarpStates*>(reinterpret_cast<char*>(stages) + kPartialBytes);
     };
     const auto part_at = [&](int c, int mt, int nt, int r) -> float& {
-      return part[((((c * WM + wm) * MT + mt) * NT + nt) * 4 + r) * 32 + lane];
+      return part[(((((c * WN + wn) * WM + wm) * MT + mt) * NT + nt) * 4 + r) * 32 + lane];
     };
     if (SK > 1) {
       if (ks != 0) {
@@ -390,12 +395,12 @@ __global__ void __launch_bounds__(WM * SK * 32, MINB)
               sum[mt][nt][r] =
                   __fadd_rn(sum[mt][nt][r], c % SK == 0 ? acc[c / SK][mt][nt][r] : part_at(c, mt, nt, r));
           }
-      warp_best_keys<T, MT, NT>(sum, row_base, b0, batch, num_valid, bias_t, bias_f, vocab_start, out, lse,
-                                     [&](int nt, int j, const PartitionState& state) {
-                                       if (g != 0) return;
-                                       block_best[wm][8 * nt + 2 * t + j] = state.best_key;
-                                       if (lse) warp_states()[wm][8 * nt + 2 * t + j] = state;
-                                     });
+      warp_best_keys<T, MT, NT>(sum, row_base, b0 + 8 * NT * wn, batch, num_valid, bias_t, bias_f, vocab_start,
+                                out, lse, [&](int nt, int j, const PartitionState& state) {
+                                  if (g != 0) return;
+                                  block_best[wm][8 * (NT * wn + nt) + 2 * t + j] = state.best_key;
+                                  if (lse) warp_states()[wm][8 * (NT * wn + nt) + 2 * t + j] = state;
+                                });
     }
     __syncthreads();
     // (block_best is written again only after the next batch chunk's barriers)

@@ -1,22 +1,24 @@
 // The tensor-core kernel's named configs: the one list of what the mma path
-// can launch (shard_argmax_mma_pipe_kernel<T, NT, MT, WM, SK, KC, ST, MINB,
-// TMA>, fused_keys_mma.cuh). Plain C++ (no CUDA, no torch): the
+// can launch (shard_argmax_mma_pipe_kernel<T, NT, MT, WM, WN, SK, KC, ST,
+// MINB, TMA>, fused_keys_mma.cuh). Plain C++ (no CUDA, no torch): the
 // launchers instantiate the rows (shard_launch.cuh), the host emulation
 // runs them, and ops.cpp exports them as _C._mma_configs() for Python (the
 // bandwidth model, the tuner, the tests read this table; nothing mirrors it).
 //
-// Fields: NT n-tiles of 8 batch rows per pass (batches past 8 NT run in more
-// passes, grid y, each streaming the weight again); rows = WM * MT * 16 weight
-// rows per block (WM warps along the rows, MT m-tiles of 16 each);
-// WM * SK warps (SK-way split-K inside the tile); KC 32-element k chunks per
+// Fields: NT n-tiles of 8 batch rows per warp; WN warps along the batch,
+// which share each weight stage: batch_rows = 8 NT WN batch rows per pass
+// (batches past it run in more passes, grid y, each streaming the weight
+// again); rows = WM * MT * 16 weight rows per block (WM warps along the rows,
+// MT m-tiles of 16 each); WM * WN * SK warps (SK-way split-K inside the tile); KC 32-element k chunks per
 // pipeline stage, which is also the number of float32 partial sums per logit
 // (the summation order: configs of equal KC give the same bits, DESIGN.md
 // rule 5); ST shared-memory stages; MINB the __launch_bounds__ minimum of
 // blocks per SM; TMA: the weight tiles come by bulk tensor copy on an
 // mbarrier per stage (sm_90+ only; same sums as the cp.async twin).
 //
-// Shared memory per block: dynamic ST * KC * (rows + 8 NT) * 64 bytes (+ 8 ST
-// for TMA's mbarriers) and the static block_best (WM * 8 NT * 8 bytes); the
+// Shared memory per block: dynamic ST * KC * (rows + batch_rows) * 64 bytes
+// (+ 8 ST for TMA's mbarriers) and the static block_best (WM * batch_rows * 8
+// bytes); the
 // sum must fit the device's opt-in limit (cudaDevAttrMaxSharedMemoryPerBlockOptin:
 // 227 KiB H100 / H200, 163 KiB A100, 99 KiB sm_86 / sm_89). REGS90: the
 // registers per thread ptxas gave the bf16 instantiation for sm_90a (nvcc
@@ -40,15 +42,15 @@ namespace cuda {
 
 struct MmaConfig {
   const char* name;
-  int nt, mt, wm, sk, kc, st, minb;
+  int nt, mt, wm, wn, sk, kc, st, minb;
   bool tma;
   int regs90;
 
   constexpr int rows() const { return wm * mt * 16; }
-  constexpr int threads() const { return wm * sk * 32; }
-  constexpr int batch_rows() const { return 8 * nt; }
-  constexpr int dynamic_smem() const { return st * kc * (rows() + 8 * nt) * 64 + (tma ? 8 * st : 0); }
-  constexpr int static_smem() const { return wm * 8 * nt * 8; }  // block_best
+  constexpr int threads() const { return wm * wn * sk * 32; }
+  constexpr int batch_rows() const { return 8 * nt * wn; }
+  constexpr int dynamic_smem() const { return st * kc * (rows() + batch_rows()) * 64 + (tma ? 8 * st : 0); }
+  constexpr int static_smem() const { return wm * batch_rows() * 8; }  // block_best
   constexpr int smem() const { return dynamic_smem() + static_smem(); }
 };
 
@@ -57,22 +59,24 @@ struct MmaConfig {
 // fields, so the same sums; the weight tiles by TMA, sm_90+: auto_takes_tma),
 // the twin's REGS90 last.
 #define LAM_MMA_CONFIGS(X, Y)                                  \
-  /* KC = 2, batch <= 32: name NT MT WM SK KC ST MINB REGS90 */ \
-  Y(n1_r64, 1, 2, 2, 1, 2, 4, 6, 120, 115)                      \
-  Y(n2_r64, 2, 2, 2, 1, 2, 4, 5, 140, 136)                      \
-  X(n1_r64_sk2, 1, 2, 2, 2, 2, 4, 4, 72)                        \
-  X(n2_r64_sk2, 2, 2, 2, 2, 2, 4, 4, 122)                       \
-  Y(n4_r128, 4, 2, 4, 1, 2, 3, 3, 168, 162)                     \
-  /* KC = 1, batch > 32 */                                     \
-  Y(n8_r256, 8, 4, 4, 1, 1, 4, 2, 244, 240)                     \
-  Y(n8_r192, 8, 3, 4, 1, 1, 6, 2, 210, 204)                     \
-  X(n16_r64, 16, 1, 4, 1, 1, 3, 4, 128)
+  /* KC = 2, batch <= 32: name NT MT WM WN SK KC ST MINB REGS90 */ \
+  Y(n1_r64, 1, 2, 2, 1, 1, 2, 4, 6, 120, 115)                      \
+  Y(n2_r64, 2, 2, 2, 1, 1, 2, 4, 5, 140, 136)                      \
+  X(n1_r64_sk2, 1, 2, 2, 1, 2, 2, 4, 4, 72)                        \
+  X(n2_r64_sk2, 2, 2, 2, 1, 2, 2, 4, 4, 122)                       \
+  Y(n4_r128, 4, 2, 4, 1, 1, 2, 3, 3, 168, 162)                     \
+  /* KC = 1, batch > 32 */                                        \
+  Y(n8_r256, 8, 4, 4, 1, 1, 1, 4, 2, 244, 240)                     \
+  Y(n8_r192, 8, 3, 4, 1, 1, 1, 6, 2, 210, 204)                     \
+  X(n16_r64, 16, 1, 4, 1, 1, 1, 3, 4, 128)                         \
+  /* KC = 1, forced only (unmeasured): 256 batch rows a pass */   \
+  X(n16_r64_w2, 16, 1, 4, 2, 1, 1, 3, 2, 128)
 
-#define LAM_MMA_CONFIG_ROW(NAME, NT, MT, WM, SK, KC, ST, MINB, REGS90) \
-  MmaConfig{#NAME, NT, MT, WM, SK, KC, ST, MINB, false, REGS90},
-#define LAM_MMA_CONFIG_TWINS(NAME, NT, MT, WM, SK, KC, ST, MINB, REGS90, TMA_REGS90) \
-  LAM_MMA_CONFIG_ROW(NAME, NT, MT, WM, SK, KC, ST, MINB, REGS90)                     \
-  MmaConfig{#NAME "_tma", NT, MT, WM, SK, KC, ST, MINB, true, TMA_REGS90},
+#define LAM_MMA_CONFIG_ROW(NAME, NT, MT, WM, WN, SK, KC, ST, MINB, REGS90) \
+  MmaConfig{#NAME, NT, MT, WM, WN, SK, KC, ST, MINB, false, REGS90},
+#define LAM_MMA_CONFIG_TWINS(NAME, NT, MT, WM, WN, SK, KC, ST, MINB, REGS90, TMA_REGS90) \
+  LAM_MMA_CONFIG_ROW(NAME, NT, MT, WM, WN, SK, KC, ST, MINB, REGS90)                     \
+  MmaConfig{#NAME "_tma", NT, MT, WM, WN, SK, KC, ST, MINB, true, TMA_REGS90},
 constexpr MmaConfig kMmaConfigs[] = {LAM_MMA_CONFIGS(LAM_MMA_CONFIG_ROW, LAM_MMA_CONFIG_TWINS)};
 #undef LAM_MMA_CONFIG_TWINS
 #undef LAM_MMA_CONFIG_ROW

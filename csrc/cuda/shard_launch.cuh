@@ -101,7 +101,7 @@ struct MmaKernel {
   static constexpr MmaConfig C = kMmaConfigs[I];
   template <typename T>
   static constexpr auto kernel() {
-    return shard_argmax_mma_pipe_kernel<T, C.nt, C.mt, C.wm, C.sk, C.kc, C.st, C.minb, C.tma>;
+    return shard_argmax_mma_pipe_kernel<T, C.nt, C.mt, C.wm, C.wn, C.sk, C.kc, C.st, C.minb, C.tma>;
   }
 };
 
