@@ -500,18 +500,21 @@ def _pipe_geometry(spec: DeviceSpec, m: MmaConfig, rows: int, hidden: int, batch
     """shard_argmax_mma_pipe_kernel (every config): a CTA owns ``m.rows`` weight rows and ``8 NT WN`` batch
     rows (further rows: more passes, grid y); ST stages of KC chunks of (rows + 8 NT WN) x 64 bytes; the
     weight of ST - 1 steps in flight; SK warp groups split each step's chunks (partials added through
-    shared memory at the end: no extra CTAs); launched with PDL (sm_90+), after the keys' zero fill."""
+    shared memory at the end: no extra CTAs); launched with PDL (sm_90+), after the keys' zero fill. Only the
+    n-tiles that hold a batch row are loaded and multiplied (``live``: those of a full pass, or of the one
+    pass a smaller batch takes)."""
     tiles, passes = -(-rows // m.rows), -(-batch // m.batch_rows)
+    live = min(m.nt * m.wn, -(-batch // 8))
     warps = m.threads // 32
     chunks = -(-hidden // 32)
     steps = -(-chunks // m.kc)
     tma = m.tma  # the weight by bulk tensor copy: only the hidden rows by cp.async
-    copies = ((0 if tma else m.rows) + m.batch_rows) * 64 * m.kc / 16 / 32  # warp-wide 16-byte cp.async per step
-    per_chunk = m.mt * m.nt * 2 + 2 * m.mt + m.nt  # per computing warp: mma + shared loads
+    copies = ((0 if tma else m.rows) + 8 * live) * 64 * m.kc / 16 / 32  # warp-wide 16-byte cp.async per step
+    per_chunk = m.mt * live * 2 + 2 * m.mt * m.wn + live  # per warp row (WN warps): mma + shared loads
     per_step = copies * PIPE_COPY_INSTRUCTIONS + warps * PIPE_STEP_INSTRUCTIONS
     if tma:
         per_step += m.kc * PIPE_TMA_BOX_INSTRUCTIONS + warps * PIPE_TMA_STEP_INSTRUCTIONS
-    instructions = chunks * m.wm * m.wn * per_chunk + steps * per_step
+    instructions = chunks * m.wm * per_chunk + steps * per_step
     return Geometry(
         ctas=tiles * passes,
         threads=m.threads,
@@ -521,7 +524,7 @@ def _pipe_geometry(spec: DeviceSpec, m: MmaConfig, rows: int, hidden: int, batch
         cta_in_flight=(m.st - 1) * m.kc * m.rows * 32 * elem,
         cta_serial_s=0.0,
         cta_instructions=instructions,
-        cta_flops=2.0 * m.rows * m.batch_rows * hidden,
+        cta_flops=2.0 * m.rows * 8 * live * hidden,
         passes=passes,
         fixed_s=spec.launch_s * 0.25 + spec.zero_fill_s,
     )

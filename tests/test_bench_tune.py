@@ -66,7 +66,8 @@ def test_tune_times_each_path_once_and_skips_slow_simt():
     tma_1, tma_64 = {"mma/n1_r64_tma", "mma/n2_r64_tma", "mma/n4_r128_tma"}, {"mma/n8_r256_tma", "mma/n8_r192_tma"}
     cands_1 = {"simt", "gemm", *(f"mma/{n}" for n in ("n1_r64", "n2_r64", "n1_r64_sk2", "n2_r64_sk2", "n4_r128"))}
     assert {p for p, _, _, b in want if b == 1} == cands_1 | tma_1
-    assert {p for p, _, _, b in want if b == 64} == {"gemm", "mma/n8_r256", "mma/n8_r192", "mma/n16_r64"} | tma_64
+    wide = {"mma/n8_r256", "mma/n8_r192", "mma/n16_r64", "mma/n16_r64_w2"}
+    assert {p for p, _, _, b in want if b == 64} == {"gemm", *wide} | tma_64
     assert not (tma_1 | tma_64) & {p for b in (1, 64) for p in tune.candidates(b)}
     got = {(m["path"] if m["config"] is None else f"mma/{m['config']}", m["batch"]) for m in doc["measurements"]}
     assert got == {(p, b) for p, _, _, b in gpu.calls}

@@ -113,3 +113,20 @@ def test_one_pass_configs_on_the_hard_cases(emu, gen, config):
     got = emu.shard(h, w, b, vocab_start, num_valid, path=path, temperature=t, seed=9, offset=4)
     want = cpu_keys(h, w, b, vocab_start, num_valid, temperature=t, seed=9, offset=4)
     assert_keys_equal(got, want, f"{path} sample")
+
+
+def test_only_the_batchs_n_tiles_are_multiplied(emu, gen):
+    """Every tensor-core config issues mma.sync for the n-tiles that hold a batch row only (8 batch rows
+    each): per block and pass, steps x KC chunk slots x WM x MT x 2 k-halves x ceil(the pass's batch rows
+    / 8) warp-wide m16n8k16 instructions, counted by the emulation: a config of 16 n-tiles a warp at
+    batch 9 multiplies 2 of them, not 16 (nor a second warp column at all)."""
+    rows, hidden_size = 200, 72
+    weight = torch.randn(rows, hidden_size, generator=gen).bfloat16()
+    for name, m in MMA_CONFIGS.items():
+        steps = math.ceil(math.ceil(hidden_size / 32) / m.kc)
+        for batch in sorted({1, 9, 17, m.batch_rows - 1, m.batch_rows + 3}):
+            hidden = torch.randn(batch, hidden_size, generator=gen).bfloat16()
+            emu.shard(hidden, weight, path=f"mma/{name}")
+            in_pass = [min(m.batch_rows, batch - b0) for b0 in range(0, batch, m.batch_rows)]
+            per_block = sum(steps * m.kc * m.wm * m.mt * 2 * math.ceil(n / 8) for n in in_pass)
+            assert emu.stats()["mma"] == math.ceil(rows / m.rows) * per_block, (name, batch)

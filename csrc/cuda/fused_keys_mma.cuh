@@ -267,6 +267,10 @@ __global__ void __launch_bounds__(WM * WN * SK * 32, MINB)
 
   for (int64_t chunk = blockIdx.y; chunk < num_batch_chunks; chunk += gridDim.y) {
     const int64_t b0 = chunk * kBatchRows;
+    // The pass's n-tiles that hold a batch row: only they are loaded and
+    // multiplied (an n-tile past the batch would add nothing but work).
+    const int64_t rows_left = (batch - b0 + 7) / 8 * 8;
+    const int live_rows = rows_left < kBatchRows ? static_cast<int>(rows_left) : kBatchRows;
     // Step `step` into stage `st`: the weight rows (cp.async, or TMA) / the hidden rows (cp.async).
     const auto load_weight = [&](int st, int step) {
       if constexpr (TMA) {
@@ -298,6 +302,7 @@ __global__ void __launch_bounds__(WM * WN * SK * 32, MINB)
 #pragma unroll 1
       for (int i = threadIdx.x; i < KC * kBatchRows * 4; i += kThreads) {
         const int c = i / (kBatchRows * 4), r = i / 4 % kBatchRows, q = i % 4;
+        if (r >= live_rows) continue;
         const int k = (step * KC + c) * kMmaChunkK + 8 * q;
         const int64_t b = b0 + r;
         const bool ok = k < hidden_size && b < batch;
@@ -340,6 +345,7 @@ __global__ void __launch_bounds__(WM * WN * SK * 32, MINB)
           for (int h = 0; h < 2; ++h) w[mt][h] = stages[st][c][wm * MT * 16 + 16 * mt + 8 * h + g][t];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
+          if (8 * (NT * wn + nt) >= live_rows) break;  // (warp-uniform)
           const uint4 hv = stages[st][c][kRows + 8 * (NT * wn + nt) + g][t];
 #pragma unroll
           for (int s = 0; s < 2; ++s)

@@ -169,6 +169,7 @@ struct State_ {
   size_t touched_lo = SIZE_MAX, touched_hi = 0;  // shared indices accessed since the last reset
   uint64_t blocks_run = 0, barriers = 0, collectives = 0;
   uint64_t noise_words = 0, noise_logs = 0;  // count(): since the last reset
+  uint64_t mma_ops = 0;                      // warp-wide mma.sync m16n8k16 since the last reset
 };
 State_ S;
 
@@ -470,6 +471,7 @@ void mma_m16n8k16(MmaInput input, float (&c)[4], unsigned int a0, unsigned int a
         std::memcpy(w.c[p][lane], c, sizeof(float) * 4);
       },
       [&](WarpSync& w, int p) {
+        ++S.mma_ops;
         double A[16][16], B[16][8], C[16][8];
         for (int l = 0; l < 32; ++l) {
           const int g = l >> 2, t = l % 4;
@@ -863,7 +865,7 @@ void arena_reset() {
 void configure(bool scramble, uint64_t seed) {
   S.scramble = scramble;
   S.rng.seed(seed);
-  S.noise_words = S.noise_logs = 0;
+  S.noise_words = S.noise_logs = S.mma_ops = 0;
 }
 
 const char* last_error() { return S.error.c_str(); }
@@ -951,13 +953,14 @@ uint64_t bytes_loaded(const char* name) {
 
 void count(Count what) { ++(what == Count::kNoiseWords ? S.noise_words : S.noise_logs); }
 
-void stats(uint64_t out[6]) {
+void stats(uint64_t out[7]) {
   out[0] = S.blocks_run;
   out[1] = S.barriers;
   out[2] = S.collectives;
   out[3] = shared_bytes();
   out[4] = S.noise_words;
   out[5] = S.noise_logs;
+  out[6] = S.mma_ops;
 }
 
 }  // namespace emu

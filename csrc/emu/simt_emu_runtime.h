@@ -30,6 +30,6 @@ size_t max_dynamic_shared(const void* fn);
 void reset_max_dynamic_shared();
 const char* last_error();
 uint64_t shared_size();
-void stats(uint64_t out[6]);
+void stats(uint64_t out[7]);
 
 }  // namespace emu

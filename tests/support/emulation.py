@@ -632,9 +632,10 @@ class Emulator:
     def stats(self) -> dict:
         """Counts: blocks run, barriers, warp collectives (since the library
         loaded), the shared bytes of the kernel unit, and the sampling noise
-        screen's logits that drew a Philox word / took the double logs (since
-        the last launch's reset)."""
-        out = (ctypes.c_uint64 * 6)()
+        screen's logits that drew a Philox word / took the double logs, and the
+        warp-wide mma.sync m16n8k16 instructions (these three since the last
+        launch's reset)."""
+        out = (ctypes.c_uint64 * 7)()
         self.lib.lam_emu_stats(out)
-        keys = ("blocks", "barriers", "collectives", "shared_bytes", "noise_words", "noise_logs")
+        keys = ("blocks", "barriers", "collectives", "shared_bytes", "noise_words", "noise_logs", "mma")
         return dict(zip(keys, out))
