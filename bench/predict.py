@@ -156,7 +156,7 @@ def twin_of(m: MmaConfig) -> str | None:
     """A TMA config's cp.async twin (the same fields but ``tma``: the same bits), else None."""
     if not m.tma:
         return None
-    return next(c.name for c in MMA_CONFIGS.values() if not c.tma and c[1:8] == m[1:8])
+    return next(c.name for c in MMA_CONFIGS.values() if not c.tma and c[1:9] == m[1:9])
 
 
 def cpp_mma_config(
@@ -481,7 +481,8 @@ def geometry(spec: DeviceSpec, v: Variant, rows: int, hidden: int, batch: int, e
 
 
 # Warp-instructions of the pipelined kernel, per warp and 32-element k chunk (fused_keys_mma.cuh):
-# MT x NT x 2 mma.sync (m16n8k16), 2 shared loads per m-tile and 1 per n-tile (16 bytes per lane and row),
+# MT x (live n-tiles) x 2 mma.sync (m16n8k16), 2 shared loads per m-tile and 1 per live n-tile (16 bytes per
+# lane and row; an n-tile is live when it holds a batch row),
 # and PIPE_COPY_INSTRUCTIONS per 16-byte cp.async a thread issues (address math, predicate, LDGSTS); plus
 # PIPE_STEP_INSTRUCTIONS per warp and pipeline step (wait, barrier, commit, loop). Estimates from the
 # kernel text, not from SASS.

@@ -113,6 +113,16 @@ def test_one_pass_configs_on_the_hard_cases(emu, gen, config):
     got = emu.shard(h, w, b, vocab_start, num_valid, path=path, temperature=t, seed=9, offset=4)
     want = cpu_keys(h, w, b, vocab_start, num_valid, temperature=t, seed=9, offset=4)
     assert_keys_equal(got, want, f"{path} sample")
+    # random floats (inexact sums): the bits of every KC = 1 config (rule 5), batch rows in both warp columns,
+    # a hidden row copied across them and a weight row copied into other blocks
+    h = torch.randn(batch, 264, generator=gen).bfloat16()
+    w = torch.randn(rows, 264, generator=gen).bfloat16()
+    h[200] = h[3]
+    w[[90, 250]] = w[17].clone()
+    got = emu.shard(h, w, None, 0, rows, path=path)
+    for other in (n for n, m in MMA_CONFIGS.items() if m.kc == MMA_CONFIGS[config].kc and n != config):
+        assert torch.equal(got, emu.shard(h, w, None, 0, rows, path=f"mma/{other}")), other
+    assert got[200] == got[3]
 
 
 def test_only_the_batchs_n_tiles_are_multiplied(emu, gen):

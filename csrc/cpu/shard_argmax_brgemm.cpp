@@ -6,8 +6,8 @@
 // float32 C; then emit_block, every path's epilogue, on the tile's
 // kTileRows x N block. M, N, K, lda, ldb and ldc are the same in every call
 // of one problem (the last partial tile is copied to a zero-padded
-// kTileRows x lda block); across problems N may differ (16 or 32 batch rows
-// off AMX), which gives a (row, batch row) the same bits: each C element is
+// kTileRows x lda block); across problems M and N may differ (brgemm_block:
+// by batch size), which gives a (row, batch row) the same bits: each C element is
 // one accumulation over K in oneDNN's order whatever M and N
 // (tests/test_cpu_brgemm.py forces every block and compares).
 // Where ATen takes a VNNI B for bf16 / fp16 (brgemm_mode: AMX tiles where
