@@ -274,7 +274,8 @@ def speculator_case(plugin, gen, cfg) -> dict:
                 s, bi = steps[b], (b // STEPS if mode == "per_row_step" else b)
                 rows.append(
                     {
-                        "f64": float(f64[b]), "gap": GAPS[slot], "t": TEMPERATURES[slot],
+                        "f64": float(f64[b]), "gap": GAPS[slot], "t": TEMPERATURES[slot], "scale": scale,
+                        "x_max": float(x[b].abs().max()),  # the row's largest float64 logit (before the transform)
                         "ours": [float(est.features[slot, s]), float(est.predictions[slot, s]),
                                  float(spec.draft_token_confidence_probs[bi, s])],
                         "vllm": [float(vllm_est.features[slot, s]), float(vllm_est.predictions[slot, s]),
