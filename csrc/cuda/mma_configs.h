@@ -9,8 +9,9 @@
 // which share each weight stage: batch_rows = 8 NT WN batch rows per pass
 // (batches past it run in more passes, grid y, each streaming the weight
 // again); rows = WM * MT * 16 weight rows per block (WM warps along the rows,
-// MT m-tiles of 16 each); WM * WN * SK warps (SK-way split-K inside the tile); KC 32-element k chunks per
-// pipeline stage, which is also the number of float32 partial sums per logit
+// MT m-tiles of 16 each); WM * WN * SK warps (SK-way split-K inside the
+// tile); KC 32-element k chunks per pipeline stage, which is also the number
+// of float32 partial sums per logit
 // (the summation order: configs of equal KC give the same bits, DESIGN.md
 // rule 5); ST shared-memory stages; MINB the __launch_bounds__ minimum of
 // blocks per SM; TMA: the weight tiles come by bulk tensor copy on an
@@ -18,8 +19,7 @@
 //
 // Shared memory per block: dynamic ST * KC * (rows + batch_rows) * 64 bytes
 // (+ 8 ST for TMA's mbarriers) and the static block_best (WM * batch_rows * 8
-// bytes); the
-// sum must fit the device's opt-in limit (cudaDevAttrMaxSharedMemoryPerBlockOptin:
+// bytes); the sum must fit the device's opt-in limit (cudaDevAttrMaxSharedMemoryPerBlockOptin:
 // 227 KiB H100 / H200, 163 KiB A100, 99 KiB sm_86 / sm_89). REGS90: the
 // registers per thread ptxas gave the bf16 instantiation for sm_90a (nvcc
 // 13.0), the bandwidth model's figure when it cannot read a CUDA build; a test
