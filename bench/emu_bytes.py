@@ -6,7 +6,7 @@ cannot time).
 
 For a shard shape (default: qwen3's lm_head at TP 8, 18992 x 4096 bf16) and
 each batch, the route is C++ ``auto``'s (``localargmax._C._choose_cuda_path``;
-top-k and float32 take ``simt``), the tensor-core config ``launch_mma``'s own
+float32 takes ``simt``, top-k ``mma``), the tensor-core config ``launch_mma``'s own
 choice for an H200 (132 SMs, 227 KiB of shared memory a block). The count runs
 that same path and config on a shard of the same kind cut to ``--rows`` x
 ``--hidden`` (a pass reads every weight byte once whatever the shape:
@@ -39,10 +39,11 @@ BATCHES = (1, 2, 4, 8, 16, 17, 32, 64, 128, 256)
 
 def route(emu: Emulator, op: str, batch: int, rows: int, hidden: int, half: bool) -> str:
     """``auto``'s path and config for one call: "simt", "gemm" or "mma/<config>"."""
-    path = _C._choose_cuda_path(half, op.startswith("topk"), True, batch, rows)
+    topk = op.startswith("topk")
+    path = _C._choose_cuda_path(half, topk, True, batch, rows)
     if path != "mma":
         return path
-    return "mma/" + emu.mma_config(hidden, rows, batch, DEFAULT_SM_COUNT, DEFAULT_SMEM_LIMIT)
+    return "mma/" + emu.mma_config(hidden, rows, batch, DEFAULT_SM_COUNT, DEFAULT_SMEM_LIMIT, topk)
 
 
 def main(argv=None) -> int:

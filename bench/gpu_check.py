@@ -266,6 +266,8 @@ def sanitize(args) -> int:
         localargmax.shard_argmax(h, w, num_valid=2999, path=path)
         localargmax.shard_argmax(h[:1, :4088], w[:, :4088], num_valid=3001, path=path)  # unaligned width
         localargmax.shard_sample(h, w, t, 1, 0, num_valid=2999, path=path)
+        if path != "gemm":  # (top-k has no gemm path)
+            localargmax.shard_topk(h, w, 8, num_valid=2999, path=path)
     localargmax.shard_argmax(h.repeat(15, 1), w, num_valid=2999)  # B = 135: the auto path's gemm side
     localargmax.shard_topk(h, w, 8, num_valid=2999)
     localargmax.shard_topk(h, w, 64)
@@ -277,7 +279,7 @@ def sanitize(args) -> int:
     if dev == "cuda":
         # the configs the driver meets least: a TMA twin (mbarriers, bulk tensor copies), one past
         # 48 KiB of static + dynamic shared memory (the opt-in), and the warps along the batch (issue #69:
-        # B 135 runs its second warp column; argmax and sample); refused on a device that cannot take them
+        # B 135 runs its second warp column; argmax, sample and top-k); refused on a device that cannot take them
         wide = h.repeat(15, 1)
         for path, hb in (("mma/n1_r64_tma", h), ("mma/n4_r128", h), ("mma/n16_r64_w2", wide)):
             if path in skip:
@@ -287,6 +289,7 @@ def sanitize(args) -> int:
                 kw = localargmax._validation.op_kwargs(path)
                 localargmax.shard_argmax(hb, w, num_valid=2999, **kw)
                 localargmax.shard_sample(hb, w, torch.ones(hb.shape[0], device=dev), 1, 0, num_valid=2999, **kw)
+                localargmax.shard_topk(hb, w, 8, num_valid=2999, **kw)
             except ValueError as e:
                 print(f"sanitize: {path} refused on this device: {e}", flush=True)
         torch.cuda.synchronize()

@@ -256,8 +256,9 @@ step_smoke() {
 # qwen3_target_tp8: one TP-8 rank's local work of the target's sampler with vLLM's noise (issue #57):
 # the fused op (gemm path) against vllm-gumbel-logits (vLLM's gumbel_sample on the shard's logits);
 # the exchange is not timed on one GPU (bench.predict_cli --target-sampling predicts it).
-# qwen3_topk8_tp8: tree drafting's top-8 (issue #69: auto runs simt for every top-k, a weight pass
-# per 8 batch rows) against torch's matmul + topk.
+# qwen3_topk8_tp8: tree drafting's top-8 (issue #69: auto runs the tensor-core kernel for bf16 top-k,
+# one weight pass up to 256 rows, PREDICTED; the forced fused-mma and fused-simt rows beside it) against
+# torch's matmul + topk.
 BENCH_SHAPES="qwen3_tp8:qwen3:18992:1,8,32,64,96,128,256,1024
 qwen3_sample:qwen3:151936:1,16,64,128,256:sample
 qwen3_target_tp8:qwen3:18992:1,16,64:sample-vllm

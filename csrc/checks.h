@@ -69,8 +69,6 @@ inline void check_transform_args(double scale, double soft_cap) {
                     "log-partition: scale and soft_cap must be finite in float32, got ", scale, " and ", soft_cap);
 }
 
-constexpr int64_t kMaxTopk = 64;
-
 inline void check_topk_arg(int64_t k) {
   TORCH_CHECK_VALUE(k >= 1 && k <= kMaxTopk, "shard_topk: k must be in [1, ", kMaxTopk, "], got ", k);
 }

@@ -246,16 +246,16 @@ static PyObject* py_cpu_paths(PyObject*, PyObject*) {
 // localargmax._C._mma_configs() -> tuple of tuples: the tensor-core kernel's
 // named configs (cuda/mma_configs.h), in table order: (name, nt, mt, wm, wn,
 // sk, kc, st, minb, tma, regs90, rows, threads, static_smem, dynamic_smem,
-// batch_rows).
+// batch_rows, topk).
 static PyObject* py_mma_configs(PyObject*, PyObject*) {
   using localargmax::cuda::kMmaConfigs;
   PyObject* rows = PyTuple_New(localargmax::cuda::kNumMmaConfigs);
   if (rows == nullptr) return nullptr;
   for (int i = 0; i < localargmax::cuda::kNumMmaConfigs; ++i) {
     const auto& c = kMmaConfigs[i];
-    PyObject* row = Py_BuildValue("(siiiiiiiiOiiiiii)", c.name, c.nt, c.mt, c.wm, c.wn, c.sk, c.kc, c.st, c.minb,
+    PyObject* row = Py_BuildValue("(siiiiiiiiOiiiiiiO)", c.name, c.nt, c.mt, c.wm, c.wn, c.sk, c.kc, c.st, c.minb,
                                   c.tma ? Py_True : Py_False, c.regs90, c.rows(), c.threads(), c.static_smem(),
-                                  c.dynamic_smem(), c.batch_rows());
+                                  c.dynamic_smem(), c.batch_rows(), c.topk() ? Py_True : Py_False);
     if (row == nullptr) {
       Py_DECREF(rows);
       return nullptr;
@@ -266,18 +266,18 @@ static PyObject* py_mma_configs(PyObject*, PyObject*) {
 }
 
 // localargmax._C._choose_mma_config(hidden_size, num_valid, batch, sm_count,
-// smem_limit, tma=False, log_partition=False) -> str: the config C++ auto runs
-// (cuda/mma_configs.h; tma: the launch runs sm_90 code on an sm_90+ device;
-// auto_takes_tma decides with log_partition, as run_mma does).
+// smem_limit, tma=False, log_partition=False, topk=False) -> str: the config
+// C++ auto runs (cuda/mma_configs.h; tma: the launch runs sm_90 code on an
+// sm_90+ device; auto_takes_tma decides with log_partition, as run_mma does).
 static PyObject* py_choose_mma_config(PyObject*, PyObject* args) {
   long long hidden_size = 0, num_valid = 0, batch = 0;
-  int sm_count = 0, smem_limit = 0, tma = 0, log_partition = 0;
-  if (!PyArg_ParseTuple(args, "LLLii|pp", &hidden_size, &num_valid, &batch, &sm_count, &smem_limit, &tma,
-                        &log_partition))
+  int sm_count = 0, smem_limit = 0, tma = 0, log_partition = 0, topk = 0;
+  if (!PyArg_ParseTuple(args, "LLLii|ppp", &hidden_size, &num_valid, &batch, &sm_count, &smem_limit, &tma,
+                        &log_partition, &topk))
     return nullptr;
   using localargmax::cuda::auto_takes_tma;
   const int i = localargmax::cuda::choose_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit,
-                                                     auto_takes_tma(tma != 0, log_partition != 0));
+                                                     auto_takes_tma(tma != 0, log_partition != 0), topk != 0);
   return PyUnicode_FromString(localargmax::cuda::kMmaConfigs[i].name);
 }
 
@@ -315,14 +315,14 @@ extern "C" PyObject* PyInit__C(void) {
       {"_cpu_paths", py_cpu_paths, METH_NOARGS,
        "_cpu_paths() -> the CPU paths: (name, needs, bit_exact, inner_loop) per path, in listing order."},
       {"_choose_mma_config", py_choose_mma_config, METH_VARARGS,
-       "_choose_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit, tma=False, log_partition=False) -> "
-       "the config C++ auto runs (tma: sm_90 code on an sm_90+ device)."},
+       "_choose_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit, tma=False, log_partition=False, "
+       "topk=False) -> the config C++ auto runs (tma: sm_90 code on an sm_90+ device)."},
       {"_choose_cuda_path", py_choose_cuda_path, METH_VARARGS,
        "_choose_cuda_path(half, topk, mma_takes, batch, rows) -> 'simt' / 'mma' / 'gemm': the path C++ auto takes "
        "on CUDA for a shard of `rows` weight rows (the log-partition ops alike)."},
       {"_mma_configs", py_mma_configs, METH_NOARGS,
-       "_mma_configs() -> the tensor-core kernel's named configs: (name, nt, mt, wm, sk, kc, st, minb, tma, regs90, "
-       "rows, threads, static_smem, dynamic_smem) per row."},
+       "_mma_configs() -> the tensor-core kernel's named configs: (name, nt, mt, wm, wn, sk, kc, st, minb, tma, "
+       "regs90, rows, threads, static_smem, dynamic_smem, batch_rows, topk) per row."},
       {nullptr, nullptr, 0, nullptr}};
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
   PyObject* module = PyModule_Create(&module_def);

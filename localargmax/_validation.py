@@ -49,7 +49,8 @@ class MmaConfig(NamedTuple):
     ``minb`` the launch bounds' blocks per SM, ``tma`` weight tiles by bulk
     tensor copy (sm_90+); ``regs90`` the registers per thread of its bf16
     sm_90a build (nvcc 13.0, the bandwidth model's fallback); shared memory
-    per block in bytes."""
+    per block in bytes; ``topk``: the config takes top-k (at most 16 mma
+    tiles a warp)."""
 
     name: str
     nt: int
@@ -67,6 +68,7 @@ class MmaConfig(NamedTuple):
     static_smem: int
     dynamic_smem: int
     batch_rows: int
+    topk: bool
 
     @property
     def smem(self) -> int:

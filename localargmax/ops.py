@@ -23,7 +23,6 @@ from ._validation import (
     check_merge_keys_args,
     check_noise,
     check_op_transform_args,
-    check_path_arg,
     check_sample_args,
     check_shard_argmax_args,
     check_temperature_arg,
@@ -182,6 +181,7 @@ def shard_topk(
     log_partition: bool = False,
     scale: float = 1.0,
     soft_cap: float | None = None,
+    _mma_config: str | None = None,
 ):
     """The shard's ``k`` best entries per row, as packed keys, fused like
     :func:`shard_argmax` (the logits are never materialized).
@@ -195,8 +195,9 @@ def shard_topk(
         hidden, weight, vocab_start, num_valid, bias: as in :func:`shard_argmax`.
         k: ``1 <= k <= 64``.
         path: ``"auto"``, CPU ``"generic"`` / ``"avx2"`` / ``"avx512"`` /
-            ``"avx512_bf16"`` / ``"brgemm"``, CUDA ``"simt"`` (top-k
-            has no tensor-core or gemm path).
+            ``"avx512_bf16"`` / ``"brgemm"``, CUDA ``"simt"`` or ``"mma"``
+            (top-k has no gemm path; CUDA ``auto`` runs ``"mma"`` for bf16 /
+            fp16 where the tensor-core kernel takes the inputs, else ``"simt"``).
         log_partition, scale, soft_cap: as in :func:`shard_argmax`.
 
     Returns:
@@ -207,13 +208,14 @@ def shard_topk(
         :func:`shard_argmax` (``ref`` is the value of ``keys[:, 0]``).
 
     Raises:
-        TypeError / ValueError as :func:`shard_argmax`, and for ``k`` outside ``[1, 64]``.
+        TypeError / ValueError as :func:`shard_argmax`, for ``k`` outside ``[1, 64]``, for ``path="gemm"``
+            and for a tensor-core config without top-k (``_mma_config``: ``n8_r256``, ``n8_r192``).
     """
     if num_valid is None:
         num_valid = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else 0
     check_shard_argmax_args(hidden, weight, bias, vocab_start, num_valid)
     check_topk_arg(k)
-    check_path_arg(path, weight.device)
+    path = mma_config_path(path, _mma_config, weight.device)  # (the private keyword: one config, by name)
     if _wants_partition(log_partition, scale, soft_cap):
         return torch.ops.localargmax.shard_topk_lse.default(
             hidden, weight, bias, vocab_start, num_valid, k, float(scale), float(soft_cap or 0.0), path

@@ -106,6 +106,7 @@ def test_hot_kernels_use_no_local_memory():
     families = [
         "shard_argmax_kernel",
         "shard_argmax_mma_pipe_kernel",
+        "shard_topk_mma_pipe_kernel",
         "logits_to_keys_kernel",
         "merge_keys_kernel",
         "merge_partition_kernel",
@@ -121,9 +122,10 @@ def test_mma_kernel_runs_on_tensor_cores():
     """The sm_90a code of the tensor-core kernel holds HMMA instructions (and
     the CUDA-core kernel none): mma.sync compiled to tensor-core instructions."""
     functions = re.split(r"\n\s*Function : ", _cuobjdump("--dump-sass", "--gpu-architecture", "sm_90a"))
-    mma = [f for f in functions if "shard_argmax_mma_pipe_kernel" in f.split("\n", 1)[0]]
+    mma = [f for f in functions if re.search(r"shard_(argmax|topk)_mma_pipe_kernel", f.split("\n", 1)[0])]
     simt = [f for f in functions if "shard_argmax_kernel" in f.split("\n", 1)[0]]
-    assert mma and all("HMMA" in f for f in mma), "a shard_argmax_mma_pipe_kernel instantiation has no HMMA instruction"
+    assert mma and all("HMMA" in f for f in mma), "a tensor-core kernel instantiation has no HMMA instruction"
+    assert any("shard_topk_mma_pipe_kernel" in f.split("\n", 1)[0] for f in mma), "no top-k tensor-core kernel"
     assert simt and not any("HMMA" in f for f in simt)
 
 

@@ -12,7 +12,15 @@ import localargmax  # noqa: F401  (registers torch.ops.localargmax)
 from localargmax._validation import MMA_CONFIGS
 from localargmax.reference import reference_logits
 from tests.support import emulation
-from tests.support.emulation_cases import EVERY_PATH_AND_CONFIG, assert_keys_equal, cpu_keys, decode, exact_problem, ops
+from tests.support.emulation_cases import (
+    EVERY_PATH_AND_CONFIG,
+    TOPK_PATHS,
+    assert_keys_equal,
+    cpu_keys,
+    decode,
+    exact_problem,
+    ops,
+)
 from tests.support.reference import check_against_reference, error_bound
 
 pytestmark = pytest.mark.skipif(not emulation.have_compiler(), reason="g++ / objcopy not found")
@@ -90,6 +98,39 @@ def test_ties_across_blocks_go_to_the_smallest_index(emu, gen, path, dtype, scra
     got = emu.shard(h, w, None, 0, rows, path=path, scramble=scramble, order_seed=int(gen.initial_seed()) % 1000)
     assert (decode(got) == 21).all(), decode(got)
     assert torch.equal(decode(got), decode(cpu_keys(h, w, None, 0, rows)))
+
+
+@pytest.mark.parametrize("path,dtype", TOPK_PATHS)
+def test_topk_hard_cases(emu, gen, path, dtype):
+    """Top-k on every path that takes it, against the CPU kernel's lists: batch 13 (not a multiple of 8),
+    a winning row copied into six blocks (the tie listed in index order), a NaN batch row, padding rows
+    that would win, ids past 2**24, k past the shard; with the log-partition the same lists and the
+    argmax's pairs; an empty shard and batch 0 give key-0 lists."""
+    batch, rows, k, start = 13, 400, 8, (1 << 24) + 5
+    h, w, b = exact_problem(gen, batch, rows, 16, dtype, "f" if dtype != torch.float32 else "t")
+    places = [349, 263, 130, 69, 37, 21]  # (349: the last valid row)
+    w[places] = 3.0
+    b[places] = 8.0
+    h[:4] = 3.0  # rows 0-3: the six copies tie at the top
+    h[5, 3] = float("nan")
+    num_valid = 350
+    w[num_valid:] = 8.0
+    b[num_valid:] = 1e4
+    want = cpu_keys(h, w, b, start, num_valid, k=k)
+    got = emu.shard(h, w, b, start, num_valid, path=path, k=k)
+    assert_keys_equal(got, want, f"{path} top-k")
+    assert (decode(got[:4, :6]) - start).tolist() == [sorted(places)] * 4  # equal keys: the smaller index first
+    assert (decode(got[got != 0]) - start < num_valid).all()
+    if not (path.startswith("mma/") and MMA_CONFIGS[path[4:]].tma):  # (TMA configs: no log-partition)
+        lse_keys, pairs = emu.shard(h, w, b, start, num_valid, path=path, k=k, log_partition=True)
+        assert_keys_equal(lse_keys, want, f"{path} top-k with the log-partition")
+        _, argmax_pairs = emu.shard(h, w, b, start, num_valid, path=path, log_partition=True)
+        torch.testing.assert_close(pairs, argmax_pairs, rtol=0, atol=0, equal_nan=True)  # (row 5: NaN)
+    wide = cpu_keys(h[:3, :], w[:5], b[:5], 0, 5, k=k)  # k past the shard: slots 5-7 key 0
+    assert_keys_equal(emu.shard(h[:3], w[:5], b[:5], 0, 5, path=path, k=k), wide, f"{path} k > rows")
+    assert (wide[:, 5:] == 0).all()
+    assert (emu.shard(h, w, b, 0, 0, path=path, k=k) == 0).all()
+    assert emu.shard(h[:0], w, b, 0, rows, path=path, k=k).shape == (0, k)
 
 
 @pytest.mark.parametrize("path,dtype", EVERY_PATH_AND_CONFIG)

@@ -244,13 +244,17 @@ def test_cuda_auto_takes_the_same_path_with_the_log_partition():
     """C++ auto's path (choose_cuda_path, the one function pick_path asks
     for the plain and the log-partition ops): the tensor cores for bf16 /
     fp16 argmax and sample below the gemm batch where the kernel takes the
-    inputs; gemm from it; simt for float32, top-k and inputs mma cannot take."""
+    inputs; gemm from it; top-k on the tensor cores at every batch (gemm has
+    none); simt for float32 and inputs mma cannot take."""
     for batch in (0, 1, 8, 9, 32, 33, 64, 65, 4096):
         want = "gemm" if batch >= localargmax.dispatch.CPP_GEMM_MIN_BATCH else "mma"
         assert _C._choose_cuda_path(True, False, True, batch, 151936) == want, batch
         assert _C._choose_cuda_path(True, False, False, batch, 151936) == ("simt" if want == "mma" else "gemm"), batch
         assert _C._choose_cuda_path(False, False, False, batch, 151936) == "simt"
-        assert _C._choose_cuda_path(True, True, True, batch, 151936) == "simt"
+        assert _C._choose_cuda_path(True, True, True, batch, 151936) == "mma"
+        assert _C._choose_cuda_path(True, True, True, batch, 2**21 + 1) == "mma"
+        assert _C._choose_cuda_path(True, True, False, batch, 151936) == "simt"
+        assert _C._choose_cuda_path(False, True, True, batch, 151936) == "simt"
 
 
 @pytest.mark.parametrize("batch", [1, 9, 17, 33, 64])

@@ -44,6 +44,13 @@ MUTANTS = [
         "candidates[i / NB][i % NB] = kNoEntryKey;\n",
     ),
     (
+        "mma_topk_missing_barrier",  # the lists read the candidates before every warp wrote its tile's keys
+        "shared race",
+        "fused_keys_mma.cuh",
+        "          cand[wn][local][c] = key;\n        }\n    }\n    __syncthreads();\n",
+        "          cand[wn][local][c] = key;\n        }\n    }\n",
+    ),
+    (
         "pipe_missing_barrier_before_the_fold",
         "shared race",
         "fused_keys_mma.cuh",
@@ -300,7 +307,11 @@ SLICE = [
     (suite.test_mma_argmax, dict(dtype=B16, batch=65, rows=130, hidden_size=24)),
     (suite.test_mma_argmax, dict(dtype=B16, batch=16, rows=300, hidden_size=40)),
     (suite.test_gemm_keys, dict(dtype=B16, batch=7, rows=300, hidden_size=40)),
-    (suite.test_simt_topk_in_torch_topk_order, dict(dtype=B16, batch=17, rows=200, hidden_size=16, k=64)),
+    (suite.test_topk_in_torch_topk_order, dict(path="simt", dtype=B16, batch=17, rows=200, hidden_size=16, k=64)),
+    (
+        suite.test_topk_in_torch_topk_order,
+        dict(path="mma/n16_r64_w2", dtype=B16, batch=17, rows=200, hidden_size=16, k=64),
+    ),
     (suite.test_sample_equals_cpu_draws, dict(path="simt", dtype=B16, batch=5, rows=300, hidden_size=40)),
     (suite.test_every_mma_config_against_the_cpu_kernel, dict(dtype=B16, path="mma/n1_r64")),
     (suite.test_every_mma_config_against_the_cpu_kernel, dict(dtype=B16, path="mma/n1_r64_sk2")),

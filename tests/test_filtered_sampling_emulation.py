@@ -1,6 +1,7 @@
 """Filtered sampling on the CUDA side, in the host emulation (tests/support/
 emulation.py): the emulated top-K + log-partition kernel (shard_topk_lse's
-CUDA-core path, the only top-k path on CUDA) of each shard feeds the filtered
+CUDA auto path: the tensor-core kernel for bf16, the CUDA-core one for
+float32) of each shard feeds the filtered
 decision (localargmax.sampling.decide_rows) as the exchange would; the ids, with
 the fallback rows recomputed as the gather does, are the float64
 reference's on every row but near-ties (tests/test_filtered_sampling.py)."""
@@ -26,9 +27,10 @@ def emulated_sample(emu, hidden, weight, tp, t, k, p, mp, seed, offset):
     ``need`` (not decided by the candidates) recomputed from the full float32
     logits."""
     keys, pairs, best = [], [], []
+    path = "simt" if weight.dtype == torch.float32 else "mma"  # (CUDA auto's top-k path)
     for w, _, s in make_shards(weight, None, tp, 64, hidden=hidden):
         kk, pp = emu.shard(
-            hidden, w, None, s.vocab_start, s.num_valid, path="simt", k=sampling.CANDIDATES, log_partition=True
+            hidden, w, None, s.vocab_start, s.num_valid, path=path, k=sampling.CANDIDATES, log_partition=True
         )
         keys.append(kk)
         pairs.append(pp)

@@ -21,6 +21,8 @@ namespace localargmax {
 constexpr uint64_t kMaxGlobalIndex = 0xFFFFFFFEull;
 constexpr uint64_t kNoEntryKey = 0;
 constexpr uint64_t kSignFlip = 0x8000000000000000ull;
+// The most keys a row keeps in top-k (shard_topk's k; the kernels' lists).
+constexpr int kMaxTopk = 64;
 
 // The bits of a float32 and back (__builtin_bit_cast: g++ and nvcc, host and
 // device, no memory round trip).

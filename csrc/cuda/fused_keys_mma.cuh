@@ -1,6 +1,6 @@
 // The tensor-core fused shard-argmax kernels (bf16 / fp16, sm_80+): one pass
 // over the weight shard with mma.sync m16n8k16 (float32 accumulators), the
-// argmax (or Gumbel-max sample) taken in the epilogue; logits never written.
+// argmax (or Gumbel-max sample, or top-k) taken in the epilogue; logits never written.
 // shard_launch.cuh picks one of its named configs (mma_configs.h),
 // DESIGN.md ("The tensor-core kernel") says why. Weight and hidden tiles
 // stream into ST shared-memory stages (cp.async, or the weight by TMA), ST - 1
@@ -12,7 +12,9 @@
 // (warp_best_keys): bias, temperature and Gumbel noise as in the CUDA-core
 // kernel, pack_key, max over the warp's rows by xor-shuffles, over the block's
 // warps in shared memory, then one 64-bit atomicMax per batch row and block
-// into keys zeroed on the same stream.
+// into keys zeroed on the same stream. Top-k (block_topk_lists): each
+// block's sorted list per batch row, merged on the host as the CUDA-core
+// kernel's.
 //
 // Requirements (checked by the launcher, which otherwise runs the CUDA-core
 // kernel): hidden_size % 8 == 0, row strides % 8 == 0, 16-byte aligned data.
@@ -24,6 +26,7 @@
 #include "../common/packed_key.h"
 #include "../common/philox.h"
 #include "device_runtime.cuh"
+#include "mma_configs.h"
 #include "mma_sync.cuh"
 #include "fused_keys_simt.cuh"
 
@@ -82,9 +85,8 @@ __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], in
     // Sampling without the log-partition: the noise screen. Its floor per
     // batch column j: keys[b] and the 8 lanes' sample_key_floor (each
     // logit's noise estimate kept for the keys). Not in the configs of more
-    // than 16 tiles a warp (n8_r256, n8_r192: with it sm_100 put their
-    // accumulators on the stack); they key every logit.
-    constexpr bool kScreen = MT * NT <= 16;
+    // than 16 tiles a warp (kMmaRoomyWarpTiles); they key every logit.
+    constexpr bool kScreen = MT * NT <= kMmaRoomyWarpTiles;
     const bool screen = kScreen && !lse && out.temperature != nullptr;
     unsigned long long floor[2] = {kNoEntryKey, kNoEntryKey};
     float t_noise[2] = {0.0f, 0.0f};
@@ -164,6 +166,78 @@ __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], in
   }
 }
 
+// Top-k (out.block_topk): the topk best keys of the block's kRows weight rows
+// per batch row of the pass, sorted descending, to out.block_topk[blockIdx.x][b]
+// (slots past the block's valid rows key 0), warp column by warp column: the
+// warps of split-K group 0 in column c key all their live n-tiles' logits
+// (bias, with lse the transform: the keys argmax would fold; top-k draws no
+// noise, so a key is its value's ordered bits over the row's index) into
+// cand[r][j] = the key's high word (weight row r of the block, batch row j
+// of the column: kRows x 8 NT words), a barrier, then thread j < 8 NT selects
+// batch row j's list by topk scans over the block's valid rows (the largest
+// key below the one found before: keys are distinct, so the list is exact
+// and sorted), a barrier. Each warp's sums die with its column's keys (the
+// selection holds a few registers; an insertion list held all 16 n-tiles'
+// sums across the log-partition's epilogue and spilled). `scratch`: the
+// stages (every split-K partial read before the first barrier here).
+template <typename T, int MT, int NT, int WM, int WN>
+__device__ __forceinline__ void block_topk_lists(const float (&sum)[MT][NT][4], bool mine, int wm, int wn,
+                                                 int tile_row0, int64_t b0, int64_t batch, int live_rows,
+                                                 int num_valid, const T* __restrict__ bias_t,
+                                                 const float* __restrict__ bias_f, int64_t vocab_start,
+                                                 const ShardReduce& out, bool lse, void* scratch) {
+  constexpr int kRows = WM * MT * 16;
+  constexpr int kColumnRows = 8 * NT;  // batch rows of a warp column
+  using Candidates = uint32_t[kRows][kColumnRows];
+  Candidates& cand = *static_cast<Candidates*>(scratch);
+  const int lane = threadIdx.x % 32;
+  const int rows = min(kRows, num_valid - tile_row0);  // the block's valid rows
+  __syncthreads();  // (the split-K partials read: the stages are free)
+#pragma unroll 1
+  for (int c = 0; c < WN; ++c) {
+    if (kColumnRows * c >= live_rows) break;  // (block-uniform: no batch row in this column or past it)
+    if (mine && wn == c) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        if (8 * (NT * wn + nt) >= live_rows) break;  // (warp-uniform)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int local = wm * MT * 16 + 16 * mt + mma_c_row(lane, r);
+            const int j = 8 * nt + mma_c_col(lane, r);
+            const int64_t b = b0 + kColumnRows * wn + j;
+            if (local >= rows || b >= batch) continue;
+            float s = sum[mt][nt][r];
+            if (bias_f != nullptr) s = __fadd_rn(s, bias_f[tile_row0 + local]);
+            if (bias_t != nullptr) s = __fadd_rn(s, to_float(bias_t[tile_row0 + local]));
+            if (lse) s = transform_logit(s, out.scale, out.soft_cap);
+            const uint64_t index = static_cast<uint64_t>(vocab_start) + static_cast<uint64_t>(tile_row0 + local);
+            cand[local][j] = static_cast<uint32_t>(key_of(s, b, index, out) >> 32);
+          }
+      }
+    }
+    __syncthreads();
+    const int j = threadIdx.x;
+    const int64_t b = b0 + kColumnRows * c + j;
+    if (j < kColumnRows && b < batch) {
+      unsigned long long* dst = out.block_topk + (static_cast<int64_t>(blockIdx.x) * batch + b) * out.topk;
+      const uint32_t low0 = 0xFFFFFFFFu - static_cast<uint32_t>(vocab_start + tile_row0);  // row 0's low word
+      unsigned long long bound = ~0ull;  // the list's last key so far (exclusive)
+      for (int k = 0; k < out.topk; ++k) {
+        unsigned long long best = kNoEntryKey;
+        for (int r = 0; r < rows; ++r) {
+          const unsigned long long key = (static_cast<unsigned long long>(cand[r][j]) << 32) | (low0 - r);
+          if (key < bound && key > best) best = key;
+        }
+        dst[k] = best;
+        bound = best;
+      }
+    }
+    __syncthreads();
+  }
+}
+
 // The pipelined tensor-core kernel. A block owns kRows = WM * MT * 16 weight
 // rows (WM warps along the rows, each MT m-tiles of 16) and kBatchRows =
 // 8 * NT * WN batch rows per pass (WN warps along the batch, NT n-tiles each,
@@ -205,12 +279,17 @@ __device__ __forceinline__ void warp_best_keys(const float (&acc)[MT][NT][4], in
 // rows stay on cp.async (the batch-row predicate). Same sums as the cp.async
 // twin: the copy mechanism changes, not the data or the order. weight_map is
 // unused (zeros) without TMA.
-template <typename T, int NT, int MT, int WM, int WN, int SK, int KC, int ST, int MINB, bool TMA = false>
-__global__ void __launch_bounds__(WM * WN * SK * 32, MINB)
-    shard_argmax_mma_pipe_kernel(const T* __restrict__ hidden, int64_t ldh, const T* __restrict__ weight, int64_t ldw,
-                                 const T* __restrict__ bias_t, const float* __restrict__ bias_f, int64_t batch,
-                                 int hidden_size, int num_valid, int64_t vocab_start, ShardReduce out,
-                                 const __grid_constant__ WeightTensorMap weight_map) {
+//
+// TOPK (the top-k kernel, shard_topk_mma_pipe_kernel; cp.async configs of at
+// most kMmaRoomyWarpTiles tiles a warp): block_topk_lists instead of the
+// argmax fold, the log-partition's states (with out.block_partition) after
+// it. Its own kernel: with top-k as a run-time branch the argmax kernels of
+// 16 n-tiles a warp, at their 128-register cap, spilled.
+template <typename T, int NT, int MT, int WM, int WN, int SK, int KC, int ST, bool TMA, bool TOPK>
+__device__ __forceinline__ void mma_pipe(const T* __restrict__ hidden, int64_t ldh, const T* __restrict__ weight,
+                                         int64_t ldw, const T* __restrict__ bias_t, const float* __restrict__ bias_f,
+                                         int64_t batch, int hidden_size, int num_valid, int64_t vocab_start,
+                                         const ShardReduce& out, const WeightTensorMap& weight_map) {
   constexpr int kThreads = WM * WN * SK * 32;
   constexpr int kRows = WM * MT * 16;          // weight rows of the tile
   constexpr int kBatchRows = 8 * NT * WN;      // batch rows of a pass
@@ -230,6 +309,10 @@ __global__ void __launch_bounds__(WM * WN * SK * 32, MINB)
   const bool lse = kLse && out.block_partition != nullptr;
   static_assert(kPartialBytes + (kLse ? WM * kBatchRows * 16 : 0) <= ST * KC * kTileRows * 64,
                 "split-K partials and the log-partition states fit in the stages");
+  // Top-k (block_topk_lists): its candidates in the stages after the k-loop.
+  constexpr bool topk = TOPK;
+  static_assert(!TOPK || (!TMA && MT * NT <= kMmaRoomyWarpTiles), "top-k: the cp.async configs with room for it");
+  static_assert(!TOPK || kRows * 8 * NT * 4 <= ST * KC * kTileRows * 64, "top-k's candidates fit in the stages");
   // stages[st][c][r][q]: 16 bytes (k = 32 * chunk + 8 q ..) of tile row r
   // (weight rows, then hidden rows) of chunk slot c of the step in stage st,
   // in the block's dynamic shared memory: the launch passes
@@ -387,8 +470,8 @@ __global__ void __launch_bounds__(WM * WN * SK * 32, MINB)
       }
       __syncthreads();
     }
+    float sum[MT][NT][4];  // (split-K group 0's)
     if (ks == 0) {
-      float sum[MT][NT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -401,20 +484,47 @@ __global__ void __launch_bounds__(WM * WN * SK * 32, MINB)
               sum[mt][nt][r] =
                   __fadd_rn(sum[mt][nt][r], c % SK == 0 ? acc[c / SK][mt][nt][r] : part_at(c, mt, nt, r));
           }
-      warp_best_keys<T, MT, NT>(sum, row_base, b0 + 8 * NT * wn, batch, num_valid, bias_t, bias_f, vocab_start,
-                                out, lse, [&](int nt, int j, const PartitionState& state) {
+    }
+    // Top-k first (its selection holds few registers beside the sums), then
+    // with the log-partition the states from the same sums (their stages
+    // region is free again when block_topk_lists returns).
+    if constexpr (TOPK)
+      block_topk_lists<T, MT, NT, WM, WN>(sum, ks == 0, wm, wn, tile_row0, b0, batch, live_rows, num_valid, bias_t,
+                                          bias_f, vocab_start, out, lse, stages);
+    if (ks == 0 && (!topk || lse))  // (top-k: the states only)
+      warp_best_keys<T, MT, NT>(sum, row_base, b0 + 8 * NT * wn, batch, num_valid, bias_t, bias_f, vocab_start, out,
+                                lse, [&](int nt, int j, const PartitionState& state) {
                                   if (g != 0) return;
                                   block_best[wm][8 * (NT * wn + nt) + 2 * t + j] = state.best_key;
                                   if (lse) warp_states()[wm][8 * (NT * wn + nt) + 2 * t + j] = state;
                                 });
-    }
     __syncthreads();
     // (block_best is written again only after the next batch chunk's barriers)
-    fold_block_best(block_best, b0, batch, out.keys);
+    if (!topk) fold_block_best(block_best, b0, batch, out.keys);
     // The warps' states merged in warp order into the block's (barriers
     // around it: the stages are refilled by the next batch chunk after it).
     if (lse) store_block_partition(warp_states(), b0, batch, out);
   }
+}
+
+// The kernels (mma_pipe's two builds): argmax / sample, and top-k.
+template <typename T, int NT, int MT, int WM, int WN, int SK, int KC, int ST, int MINB, bool TMA = false>
+__global__ void __launch_bounds__(WM * WN * SK * 32, MINB)
+    shard_argmax_mma_pipe_kernel(const T* __restrict__ hidden, int64_t ldh, const T* __restrict__ weight, int64_t ldw,
+                                 const T* __restrict__ bias_t, const float* __restrict__ bias_f, int64_t batch,
+                                 int hidden_size, int num_valid, int64_t vocab_start, ShardReduce out,
+                                 const __grid_constant__ WeightTensorMap weight_map) {
+  mma_pipe<T, NT, MT, WM, WN, SK, KC, ST, TMA, false>(hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size,
+                                                      num_valid, vocab_start, out, weight_map);
+}
+template <typename T, int NT, int MT, int WM, int WN, int SK, int KC, int ST, int MINB>
+__global__ void __launch_bounds__(WM * WN * SK * 32, MINB)
+    shard_topk_mma_pipe_kernel(const T* __restrict__ hidden, int64_t ldh, const T* __restrict__ weight, int64_t ldw,
+                               const T* __restrict__ bias_t, const float* __restrict__ bias_f, int64_t batch,
+                               int hidden_size, int num_valid, int64_t vocab_start, ShardReduce out,
+                               const __grid_constant__ WeightTensorMap weight_map) {
+  mma_pipe<T, NT, MT, WM, WN, SK, KC, ST, false, true>(hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size,
+                                                       num_valid, vocab_start, out, weight_map);
 }
 
 }  // namespace

@@ -73,7 +73,7 @@ __device__ __forceinline__ void fold_block_best(const unsigned long long (&block
 
 // The two structs below have external linkage (outside the anonymous
 // namespace) because the per-path translation units (shard_simt.cu,
-// shard_mma.cu, shard_gemm.cu) export functions that take them; everything else in the kernel headers stays
+// shard_mma.cu, shard_mma_topk.cu, shard_gemm.cu) export functions that take them; everything else in the kernel headers stays
 // local to its translation unit.
 
 // What the kernel reduces to (one launch, one mode); built with designated
@@ -82,7 +82,7 @@ __device__ __forceinline__ void fold_block_best(const unsigned long long (&block
 struct ShardReduce {
   unsigned long long* keys = nullptr;        // argmax / sample: [batch] keys, zeroed before the launch
   unsigned long long* block_topk = nullptr;  // top-k: [gridDim.x, batch, topk]
-  int topk = 1;                              // top-k: keys kept per row (1..64)
+  int topk = 1;                              // top-k: keys kept per row (1..kMaxTopk)
   const float* temperature = nullptr;        // sample: [batch]; T <= 0 rows are greedy
   uint64_t seed = 0;                         // sample: Philox key
   uint64_t offset = 0;                       // sample: Philox subsequence of batch row 0
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const ShardReduce& out = p.out;
   __shared__ unsigned long long block_best[kWarps][NB];
   __shared__ unsigned long long candidates[TOPK ? kRowsPerBlock : 1][NB];
-  __shared__ unsigned long long lists[TOPK ? NB : 1][TOPK ? 64 : 1];
+  __shared__ unsigned long long lists[TOPK ? NB : 1][TOPK ? kMaxTopk : 1];
   __shared__ PartitionState warp_partition[LSE ? kWarps : 1][LSE ? NB : 1];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;

@@ -26,10 +26,13 @@
 // compares them with the build (tests/test_bench_predict.py), and
 // tests/test_build.py checks every row for spills.
 //
+// topk: whether the config takes top-k (a cp.async row of at most
+// kMmaRoomyWarpTiles tiles a warp; see there): shard_topk_mma_pipe_kernel.
 // The rows auto chooses (choose_mma_config, below), by
 // batch: n1_r64 / n1_r64_sk2 (1-8), n2_r64 / n2_r64_sk2 (9-16; the sk2 twins
 // for grids of fewer than 4 blocks per SM), n4_r128 (17-32), n8_r256 /
-// n8_r192 (33-64), n16_r64 (65+ when the op runs mma there). Where the
+// n8_r192 (33-64; top-k n16_r64), n16_r64 (65+ when the op runs mma there;
+// top-k past 128: n16_r64_w2). Where the
 // launch can run them (auto_takes_tma: sm_90 code on an sm_90+ device, no
 // log-partition) auto takes the _tma twins at batch <= 32 instead (the same
 // sums); a measured dispatch table names only the cp.async rows.
@@ -40,6 +43,16 @@
 namespace localargmax {
 namespace cuda {
 
+// The most mma tiles (MT m-tiles x NT n-tiles) a warp may hold and still have
+// registers to spare for the epilogues that work per logit past the
+// accumulators: the sampling noise screen (a noise estimate per logit) and
+// top-k (every key to shared memory). n8_r256 / n8_r192 (32 / 24 tiles,
+// 194-254 registers) do not: with the screen sm_100 put their accumulators
+// on the stack; they key every logit and take no top-k (auto runs n16_r64
+// for top-k there: the same KC = 1 sums). (A variable, not a function: the
+// kernels read it in device code.)
+constexpr int kMmaRoomyWarpTiles = 16;
+
 struct MmaConfig {
   const char* name;
   int nt, mt, wm, wn, sk, kc, st, minb;
@@ -49,6 +62,11 @@ struct MmaConfig {
   constexpr int rows() const { return wm * mt * 16; }
   constexpr int threads() const { return wm * wn * sk * 32; }
   constexpr int batch_rows() const { return 8 * nt * wn; }
+  constexpr bool topk() const { return !tma && mt * nt <= kMmaRoomyWarpTiles; }  // (shard_topk_mma_pipe_kernel)
+  // The top-k kernel's __launch_bounds__ blocks per SM: half the row's (its
+  // selection beside the sums, and the log-partition's epilogue after it,
+  // spilled at the argmax kernel's register cap: n16_r64 at 128).
+  constexpr int topk_minb() const { return minb > 1 ? minb / 2 : 1; }
   constexpr int dynamic_smem() const { return st * kc * (rows() + batch_rows()) * 64 + (tma ? 8 * st : 0); }
   constexpr int static_smem() const { return wm * batch_rows() * 8; }  // block_best
   constexpr int smem() const { return dynamic_smem() + static_smem(); }
@@ -69,7 +87,7 @@ struct MmaConfig {
   Y(n8_r256, 8, 4, 4, 1, 1, 1, 4, 2, 254, 236)                     \
   Y(n8_r192, 8, 3, 4, 1, 1, 1, 6, 2, 214, 194)                     \
   X(n16_r64, 16, 1, 4, 1, 1, 1, 3, 4, 128)                         \
-  /* KC = 1, forced only (unmeasured): 256 batch rows a pass */   \
+  /* KC = 1, auto for top-k past 128 only (unmeasured): 256 batch rows a pass */ \
   X(n16_r64_w2, 16, 1, 4, 2, 1, 1, 3, 2, 128)
 
 #define LAM_MMA_CONFIG_ROW(NAME, NT, MT, WM, WN, SK, KC, ST, MINB, REGS90) \
@@ -154,7 +172,7 @@ constexpr int kDefaultSmCount = 132;
 constexpr bool auto_takes_tma(bool tma_code, bool log_partition) { return tma_code && !log_partition; }
 
 inline int choose_mma_config(int64_t hidden_size, int64_t num_valid, int64_t batch, int sm_count,
-                             int smem_limit = kDefaultSmemLimit, bool tma = false) {
+                             int smem_limit = kDefaultSmemLimit, bool tma = false, bool topk = false) {
   (void)hidden_size;  // (a dispatch table may use it; the pipeline takes any H % 8 == 0)
   constexpr int n1 = mma_config<mma_config_index("n1_r64")>(), n2 = mma_config<mma_config_index("n2_r64")>();
   constexpr int n1_tma = mma_config<mma_config_index("n1_r64_tma")>();
@@ -165,6 +183,7 @@ inline int choose_mma_config(int64_t hidden_size, int64_t num_valid, int64_t bat
   constexpr int n4 = mma_config<mma_config_index("n4_r128")>(), n16 = mma_config<mma_config_index("n16_r64")>();
   constexpr int n8_256 = mma_config<mma_config_index("n8_r256")>();
   constexpr int n8_192 = mma_config<mma_config_index("n8_r192")>();
+  constexpr int w2 = mma_config<mma_config_index("n16_r64_w2")>();
   static_assert(kMmaConfigs[n1].kc == 2 && kMmaConfigs[n2].kc == 2 && kMmaConfigs[n1_sk2].kc == 2 &&
                     kMmaConfigs[n2_sk2].kc == 2 && kMmaConfigs[n4].kc == 2 && kMmaConfigs[n1_tma].kc == 2 &&
                     kMmaConfigs[n2_tma].kc == 2 && kMmaConfigs[n4_tma].kc == 2,
@@ -175,7 +194,16 @@ inline int choose_mma_config(int64_t hidden_size, int64_t num_valid, int64_t bat
   // (4 warps per 64-row tile instead of 2, the same sums).
   const bool small_grid = (num_valid + 63) / 64 < 4 * static_cast<int64_t>(sm_count);
   const auto fits = [&](int i) { return mma_config_fits(i, smem_limit); };
-  if (batch > 64) return n16;
+  static_assert(kMmaConfigs[n1].topk() && kMmaConfigs[n2].topk() && kMmaConfigs[n1_sk2].topk() &&
+                    kMmaConfigs[n2_sk2].topk() && kMmaConfigs[n4].topk() && kMmaConfigs[n16].topk(),
+                "every row auto picks for top-k takes it");
+  if (topk) tma = false;  // (the top-k kernel is built for the cp.async rows only: the same sums)
+  static_assert(kMmaConfigs[w2].kc == 1 && kMmaConfigs[w2].topk(), "top-k past 128: KC = 1 sums");
+  // Top-k (PREDICTED, unmeasured: it has no gemm route to compare with):
+  // n16_r64 from 33 (n8_r256 / n8_r192 take none), n16_r64_w2 past 128
+  // batch rows (one weight pass up to 256 where n16_r64 takes two).
+  if (topk && batch > 128 && fits(w2)) return w2;
+  if (batch > 64 || (batch > 32 && topk)) return n16;
   if (batch > 32) {
     // 256-row tiles when they give every SM a block; fewer (the tp-8 shards:
     // 63-75 tiles on 132 SMs) leave the kernel bound by the active SMs'
@@ -218,15 +246,19 @@ constexpr int64_t kDefaultGemmMinBatch = 17;
 constexpr int64_t kGemmMaxRows = int64_t{1} << 21;
 
 // C++ auto (what path="auto" runs unless a measured dispatch table is set,
-// localargmax/dispatch.py): top-k and float32 on simt; bf16 / fp16 on gemm
-// from batch kDefaultGemmMinBatch on shards of at most kGemmMaxRows rows
-// (weight.shape[0]), else on mma where the tensor-core kernel takes the inputs
-// (mma_takes: sm_80+, hidden_size and row strides multiples of 8, 16-byte
-// aligned data), else simt. The log-partition ops take the same path as the
-// plain ones (it is not an input: every path computes it).
-// _C._choose_cuda_path exports it.
+// localargmax/dispatch.py): float32 on simt; bf16 / fp16 top-k on mma at
+// every batch where the tensor-core kernel takes the inputs (mma_takes:
+// sm_80+, hidden_size and row strides multiples of 8, 16-byte aligned data),
+// else simt — PREDICTED, not measured: the gemm path has no top-k, and simt
+// reads the weight once per 8 batch rows where the mma rows read it once per
+// batch_rows (tests/test_emulation_bytes.py); bf16 / fp16 argmax and sample on
+// gemm from batch kDefaultGemmMinBatch on shards of at most kGemmMaxRows rows
+// (weight.shape[0]), else on mma where it takes the inputs, else simt. The
+// log-partition ops take the same path as the plain ones (it is not an input:
+// every path computes it). _C._choose_cuda_path exports it.
 constexpr Path choose_cuda_path(bool half, bool topk, bool mma_takes, int64_t batch, int64_t rows) {
-  if (topk || !half) return Path::kSimt;
+  if (!half) return Path::kSimt;
+  if (topk) return mma_takes ? Path::kMma : Path::kSimt;
   if (batch >= kDefaultGemmMinBatch && rows <= kGemmMaxRows) return Path::kGemm;
   return mma_takes ? Path::kMma : Path::kSimt;
 }

@@ -99,9 +99,14 @@ void launch_simt(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_gr
 template <int I>
 struct MmaKernel {
   static constexpr MmaConfig C = kMmaConfigs[I];
-  template <typename T>
+  template <typename T, bool TOPK = false>
   static constexpr auto kernel() {
-    return shard_argmax_mma_pipe_kernel<T, C.nt, C.mt, C.wm, C.wn, C.sk, C.kc, C.st, C.minb, C.tma>;
+    if constexpr (TOPK) {
+      static_assert(C.topk(), "the top-k kernel exists for the rows that take top-k (MmaConfig::topk)");
+      return shard_topk_mma_pipe_kernel<T, C.nt, C.mt, C.wm, C.wn, C.sk, C.kc, C.st, C.topk_minb()>;
+    } else {
+      return shard_argmax_mma_pipe_kernel<T, C.nt, C.mt, C.wm, C.wn, C.sk, C.kc, C.st, C.minb, C.tma>;
+    }
   }
 };
 
@@ -177,10 +182,10 @@ WeightTiles weight_tiles(const ShardArgmaxProblem<T>& p, int rows) {
 // The kernel's last argument is the weight's tensor map: encoded by the
 // launch functor (launch.weight_map(tiles, dtype is bf16)) for the TMA rows,
 // zeros (unused) for the others.
-template <int I, typename T, typename Launch>
+template <int I, bool TOPK, typename T, typename Launch>
 void launch_mma_kernel(const ShardArgmaxProblem<T>& p, Launch&& launch, dim3 grid) {
   constexpr MmaConfig C = kMmaConfigs[I];
-  const auto kernel = MmaKernel<I>::template kernel<T>();
+  const auto kernel = MmaKernel<I>::template kernel<T, TOPK>();
   WeightTensorMap map{};
   if constexpr (C.tma)
     map = launch.weight_map(weight_tiles(p, C.rows()), std::is_same_v<T, __nv_bfloat16>,
@@ -192,21 +197,28 @@ void launch_mma_kernel(const ShardArgmaxProblem<T>& p, Launch&& launch, dim3 gri
 
 // Row I's grid for the problem; returns its blocks along x (the rows of
 // p.out.block_partition with the log-partition).
-template <int I, typename T, typename Launch>
+// TOPK: the top-k kernel (p.out.block_topk set), instantiated for the rows
+// that take top-k only.
+template <int I, bool TOPK, typename T, typename Launch>
 int64_t launch_mma_config(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_grid_y) {
   constexpr MmaConfig C = kMmaConfigs[I];
   const int64_t blocks = (p.num_valid + C.rows() - 1) / C.rows();
   const dim3 grid = grid_of(blocks, (p.batch + C.batch_rows() - 1) / C.batch_rows(), max_grid_y);
   if (p.out.block_partition != nullptr && !mma_config_takes_lse(I)) return 0;  // (run_mma refuses it first)
-  launch_mma_kernel<I>(p, launch, grid);
-  return blocks;
+  if ((p.out.block_topk != nullptr) != TOPK) return 0;                         // (the caller's mistake)
+  if constexpr (TOPK && !C.topk()) {
+    return 0;  // (also)
+  } else {
+    launch_mma_kernel<I, TOPK>(p, launch, grid);
+    return blocks;
+  }
 }
 
-template <typename T, typename Launch, int... I>
+template <bool TOPK, typename T, typename Launch, int... I>
 int64_t launch_mma_row(const ShardArgmaxProblem<T>& p, int config, Launch&& launch, int64_t max_grid_y,
                        std::integer_sequence<int, I...>) {
   int64_t blocks = 0;
-  ((config == I ? void(blocks = launch_mma_config<I>(p, launch, max_grid_y)) : void()), ...);
+  ((config == I ? void(blocks = launch_mma_config<I, TOPK>(p, launch, max_grid_y)) : void()), ...);
   return blocks;
 }
 
@@ -214,13 +226,16 @@ int64_t launch_mma_row(const ShardArgmaxProblem<T>& p, int config, Launch&& laun
 // row `config` of kMmaConfigs, or the auto choice when < 0, on a device of
 // sm_count SMs and smem_limit bytes of opt-in shared memory per block. The
 // caller checks that a forced row fits (mma_config_fits) and, with the
-// log-partition, takes it (mma_config_takes_lse). Returns the grid's blocks
-// along x (0: nothing launched).
-template <typename T, typename Launch>
+// log-partition or top-k, takes it (mma_config_takes_lse, MmaConfig::topk).
+// TOPK: the top-k kernels (for p.out.block_topk; shard_mma_topk.cu builds
+// them, shard_mma.cu the others). Returns the grid's blocks along x (0:
+// nothing launched).
+template <bool TOPK, typename T, typename Launch>
 int64_t launch_mma(const ShardArgmaxProblem<T>& p, Launch&& launch, int64_t max_grid_y = kMaxGridY,
                    int sm_count = kDefaultSmCount, int config = -1, int smem_limit = kDefaultSmemLimit) {
-  const int i = config >= 0 ? config : choose_mma_config(p.hidden_size, p.num_valid, p.batch, sm_count, smem_limit);
-  return launch_mma_row(p, i, launch, max_grid_y, std::make_integer_sequence<int, kNumMmaConfigs>{});
+  const int i =
+      config >= 0 ? config : choose_mma_config(p.hidden_size, p.num_valid, p.batch, sm_count, smem_limit, false, TOPK);
+  return launch_mma_row<TOPK>(p, i, launch, max_grid_y, std::make_integer_sequence<int, kNumMmaConfigs>{});
 }
 
 // Blocks (grid x) of logits_to_keys_kernel: one per kKeysColumnsPerBlock columns.

@@ -13,14 +13,15 @@
 // output is zeroed on the same stream first. Batch rows beyond NB are walked
 // by blockIdx.y in a grid-stride loop (grid y stays <= 65535).
 //
-// bf16 / fp16 argmax and sample have two more paths, chosen per call by
-// pick_path() from the ops' `path` argument ("auto" by default; the benchmark
-// forces each path to time them side by side):
-//   "mma"  the tensor-core fused kernel (fused_keys_mma.cuh, sm_80+);
-//   "gemm" for large batches: cuBLAS float32 logits for a chunk of batch rows,
-//          then logits_to_keys_kernel folds them into the same keys.
-// The kernel above ("simt") serves fp32, top-k, and shapes the mma kernel
-// does not take (hidden_size or strides not multiples of 8, unaligned data).
+// bf16 / fp16 have two more paths, chosen per call by pick_path() from the
+// ops' `path` argument ("auto" by default; the benchmark forces each path to
+// time them side by side):
+//   "mma"  the tensor-core fused kernel (fused_keys_mma.cuh, sm_80+; top-k too);
+//   "gemm" argmax and sample at large batches: cuBLAS float32 logits for a
+//          chunk of batch rows, then logits_to_keys_kernel folds them into the
+//          same keys.
+// The kernel above ("simt") serves fp32 and shapes the mma kernel does not
+// take (hidden_size or strides not multiples of 8, unaligned data).
 // This file holds the ops' entry points, builds the ShardArgmaxProblem and
 // picks the path; each path lives in its own translation unit
 // (shard_paths.h), where the torch-free shard_launch.cuh, which
@@ -114,7 +115,8 @@ PathChoice pick_path(const ShardArgmaxProblem<T>& p, const at::Tensor& weight, b
   }
   if (path == "simt") return {Path::kSimt, -1};
   if (path != "auto") {
-    TORCH_CHECK_VALUE(!topk_mode, "shard_topk: path='", path, "' does not exist for top-k; use 'auto' or 'simt'");
+    TORCH_CHECK_VALUE(!topk_mode || path != "gemm", "shard_topk: path='gemm' does not exist for top-k; use 'auto', "
+                      "'mma' or 'simt'");
     TORCH_CHECK_VALUE(half, "shard_argmax: path='", path, "' needs bfloat16 or float16 weights, got ",
                       weight.scalar_type());
   }
@@ -122,7 +124,7 @@ PathChoice pick_path(const ShardArgmaxProblem<T>& p, const at::Tensor& weight, b
                     kGemmMaxRows, " rows (cuBLAS failed on 2**31 - 1), got ", weight.size(0),
                     "; use 'mma' or 'simt'");
   if (path == "gemm") return {Path::kGemm, -1};
-  const bool mma = half && !topk_mode && mma_ok(p, weight);
+  const bool mma = half && mma_ok(p, weight);
   if (path != "auto") {  // "mma" or "mma/<name>"
     TORCH_CHECK_VALUE(mma, "shard_argmax: path='", path,
                       "' needs sm_80+, hidden_size and row strides multiples of 8 and 16-byte aligned hidden / "
@@ -155,7 +157,7 @@ int64_t launch_typed(const at::Tensor& hidden, const at::Tensor& weight, const B
       run_gemm(p, hidden, weight);
       return keys_blocks(p);
     }
-    if (chosen.path == Path::kMma) return run_mma(p, chosen.mma_config);
+    if (chosen.path == Path::kMma) return topk_mode ? run_mma_topk(p, chosen.mma_config) : run_mma(p, chosen.mma_config);
   }
   run_simt(p, topk_mode);
   return simt_blocks(p);
@@ -300,9 +302,12 @@ std::tuple<at::Tensor, at::Tensor> shard_op(const ShardOpArgs& a) {
     launch_merge_partition(partition, used, batch, sums_t, pairs.data_ptr<float>(), CudaLaunch{});
   }
   if (topk) {
+    // used: the blocks the chosen path wrote (simt: blocks; mma: one list per block of its config's rows)
+    TORCH_CHECK(used > 0 && used <= blocks, "shard_topk: ", used, " blocks of lists for ", blocks);
     const int64_t sign = static_cast<int64_t>(kSignFlip);  // signed order of key ^ sign == unsigned order of key
-    const at::Tensor flipped = block_topk.permute({1, 0, 2}).reshape({batch, blocks * a.k}).bitwise_xor(sign);
-    keys = std::get<0>(flipped.topk(std::min<int64_t>(a.k, blocks * a.k), 1, true, true)).bitwise_xor(sign);
+    const at::Tensor lists = block_topk.narrow(0, 0, used).permute({1, 0, 2}).reshape({batch, used * a.k});
+    keys = std::get<0>(lists.bitwise_xor(sign).topk(std::min<int64_t>(a.k, used * a.k), 1, true, true))
+               .bitwise_xor(sign);
     if (a.frame != nullptr) {
       if (keys.size(1) < a.k) a.frame->narrow(0, kFrameHeader, batch * a.k).zero_();
       a.frame->narrow(0, kFrameHeader, batch * a.k).view({batch, a.k}).narrow(1, 0, keys.size(1)).copy_(keys);

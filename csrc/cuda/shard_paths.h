@@ -3,6 +3,7 @@
 // architectures on 2 cores; split, the longest file takes under half that):
 //   shard_simt.cu  run_simt  the CUDA-core kernel (fused_keys_simt.cuh)
 //   shard_mma.cu   run_mma   the tensor-core kernel (fused_keys_mma.cuh; bf16 / fp16)
+//   shard_mma_topk.cu  run_mma_topk  its top-k kernel
 //   shard_gemm.cu  run_gemm  cuBLAS logits + logits_to_keys (bf16 / fp16)
 // Each takes argmax, sample and top-k (where it serves them) and the
 // log-partition alike (ShardReduce says which). shard_ops_cuda.cu holds the
@@ -27,6 +28,8 @@ void run_simt(const ShardArgmaxProblem<T>& p, bool topk_mode);
 // choice. Returns the grid's blocks along x (the rows of the log-partition states).
 template <typename T>
 int64_t run_mma(const ShardArgmaxProblem<T>& p, int config);
+template <typename T>
+int64_t run_mma_topk(const ShardArgmaxProblem<T>& p, int config);
 template <typename T>
 void run_gemm(const ShardArgmaxProblem<T>& p, const at::Tensor& hidden, const at::Tensor& weight);
 

@@ -128,11 +128,13 @@ int run_shard(int path, int topk_mode, const ShardArgmaxProblem<T>& p, int64_t m
     if constexpr (std::is_same_v<T, float>) {
       return 2;
     } else {
-      if (!mma_takes(p) || topk_mode) return 2;
+      if (!mma_takes(p)) return 2;
       if (config >= kNumMmaConfigs) return 4;
       if (config >= 0 && !mma_config_fits(config, smem_limit)) return 5;  // run_mma's ValueError
       if (config >= 0 && p.out.block_partition != nullptr && !mma_config_takes_lse(config)) return 6;  // (also)
-      used = launch_mma(p, EmuLaunch{&ok}, max_grid_y, sm_count, config, smem_limit);
+      if (config >= 0 && topk_mode && !kMmaConfigs[config].topk()) return 7;                          // (also)
+      used = topk_mode ? launch_mma<true>(p, EmuLaunch{&ok}, max_grid_y, sm_count, config, smem_limit)
+                       : launch_mma<false>(p, EmuLaunch{&ok}, max_grid_y, sm_count, config, smem_limit);
     }
   } else if (topk_mode) {
     launch_simt<T, true>(p, EmuLaunch{&ok}, max_grid_y);
@@ -177,19 +179,21 @@ void lam_emu_set_noise(const int64_t* seeds, const int64_t* pos) {
 // tensor-core ("mma"). Returns 0, 1 (a checked failure: lam_emu_last_error),
 // 2 (the mma kernel does not take this problem), 3 (dtype not built), 4
 // (no such mma config), 5 (the forced config's shared memory exceeds
-// smem_limit) or 6 (a forced TMA config with the log-partition). mma: config < 0 is launch_mma's choice for a device of
-// sm_count SMs and smem_limit bytes of opt-in shared memory per block, else
-// that row of kMmaConfigs (mma_configs.h).
+// smem_limit), 6 (a forced TMA config with the log-partition) or 7 (a forced config without top-k, top-k).
+// mma: config < 0 is launch_mma's choice for a device of sm_count SMs and
+// smem_limit bytes of opt-in shared memory per block, else that row of
+// kMmaConfigs (mma_configs.h). *blocks: the grid's blocks along x (the rows of
+// block_topk the launch wrote).
 int lam_emu_shard(int dtype, int path, int topk_mode, const void* hidden, int64_t ldh, const void* weight,
                   int64_t ldw, const void* bias_t, const float* bias_f, int64_t batch, int64_t hidden_size,
                   int64_t num_valid, int64_t vocab_start, unsigned long long* keys, unsigned long long* block_topk,
                   int topk, const float* temperature, uint64_t seed, uint64_t offset, int64_t max_grid_y,
-                  int sm_count, int config, int smem_limit) {
+                  int sm_count, int config, int smem_limit, int64_t* blocks) {
   name_all();
   const ShardReduce out{
       .keys = keys, .block_topk = block_topk, .topk = topk, .temperature = temperature, .seed = seed, .offset = offset};
 #define LAM_ARGS hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size, num_valid, vocab_start, out
-#define LAM_LAUNCH max_grid_y, sm_count, config, smem_limit
+#define LAM_LAUNCH max_grid_y, sm_count, config, smem_limit, blocks
   if (dtype == 1) return run_shard(path, topk_mode, problem<__nv_bfloat16>(LAM_ARGS), LAM_LAUNCH);
   if constexpr (kAllDtypes) {
     if (dtype == 0) return run_shard(path, topk_mode, problem<float>(LAM_ARGS), LAM_LAUNCH);
@@ -202,8 +206,9 @@ int lam_emu_shard(int dtype, int path, int topk_mode, const void* hidden, int64_
 
 // launch_mma's auto choice (a row of kMmaConfigs), the number of rows, and
 // row i's name (nullptr past the table), as the emulation compiled them.
-int lam_emu_mma_config(int64_t hidden_size, int64_t num_valid, int64_t batch, int sm_count, int smem_limit) {
-  return choose_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit);
+int lam_emu_mma_config(int64_t hidden_size, int64_t num_valid, int64_t batch, int sm_count, int smem_limit,
+                       int topk) {
+  return choose_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit, false, topk != 0);
 }
 int lam_emu_num_mma_configs() { return kNumMmaConfigs; }
 const char* lam_emu_mma_config_name(int i) { return i >= 0 && i < kNumMmaConfigs ? kMmaConfigs[i].name : nullptr; }

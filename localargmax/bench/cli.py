@@ -156,9 +156,9 @@ no forced mma / gemm rows). Rows:
   fused-kernel        the fused op (shard_argmax/shard_topk/shard_sample) on
                       the path it picks (JSON cuda_path); lm-head-step: the
                       whole lm_head_* step, world-size-1 group. On CUDA with
-                      bf16/fp16 (argmax, sample) also each forced path
-                      (the ops' path=...): fused-simt, fused-mma,
-                      gemm-keys (cuBLAS float32 logits, then keys)
+                      bf16/fp16 also each forced path (the ops' path=...):
+                      fused-simt, fused-mma, gemm-keys (cuBLAS float32
+                      logits, then keys; argmax and sample)
   baselines           argmax: torch-matmul-max; topk: torch-matmul-topk;
                       sample (FlashSampling's baselines): gumbel-logits (torch
                       matmul -> logits -> Gumbel-max argmax(l/T + g), noise

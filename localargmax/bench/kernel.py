@@ -8,9 +8,9 @@ Rows per shard and batch (``method``):
   logits never written, on the path it picks itself: ``cuda_path`` "auto");
   ``lm-head-step`` (the whole ``lm_head_*`` step in a world-size-1 process
   group, NCCL on CUDA, gloo on CPU; world size 1 skips the collective itself);
-  on CUDA with bf16 / fp16 (argmax, sample) the fused op forced onto each of
-  its paths (the op's ``path`` argument): ``fused-simt`` (batch <= 8 only), ``fused-mma``,
-  ``gemm-keys`` (cuBLAS float32 logits + keys kernel);
+  on CUDA with bf16 / fp16 the fused op forced onto each of its paths (the
+  op's ``path`` argument): ``fused-simt`` (batch <= 8 only), ``fused-mma``,
+  ``gemm-keys`` (cuBLAS float32 logits + keys kernel; argmax and sample only);
 * baselines (``localargmax.bench.rival``): argmax ``torch-matmul-max``; topk
   ``torch-matmul-topk``; sample ``gumbel-logits`` (matmul -> logits ->
   Gumbel-max, compiled), ``compiled-multinomial`` (matmul + softmax +
@@ -329,15 +329,18 @@ def _shard_rows(cfg, shape, tp, rows, budget_s, samplers, device, dtype, group, 
                     False,
                 ),
             ]
-        if cuda and dtype in (torch.bfloat16, torch.float16) and cfg.op != "topk" and not lp:
+        if cuda and dtype in (torch.bfloat16, torch.float16) and not lp:
             forced = {
                 "argmax": lambda w, p: shard_argmax(hidden, w, path=p),
+                "topk": lambda w, p: shard_topk(hidden, w, cfg.k, path=p),
                 "sample": lambda w, p: shard_sample(hidden, w, temps, cfg.seed, SAMPLE_OFFSET, path=p, **noise_kw),
             }[cfg.op]
             methods += [
                 (name, lambda w, p=path: forced(w, p), path, True)
                 for path, name in CUDA_PATH_METHODS.items()
-                if (path != "simt" or batch <= SIMT_MAX_BATCH) and (path == "gemm" or cfg.noise != "vllm")
+                if (path != "simt" or batch <= SIMT_MAX_BATCH)
+                and (path == "gemm" or cfg.noise != "vllm")
+                and (path != "gemm" or cfg.op != "topk")  # (top-k has no gemm path)
             ]
         for method, fn, path, keys in methods:
             print(f"  {method} tp={tp} B={batch} ...", file=sys.stderr)

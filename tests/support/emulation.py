@@ -60,13 +60,14 @@ _ENTRY_POINTS = {
     "lam_emu_smem_probe": (_i32, [_i32, _i32, _i32, _i32]),  # static_bytes, dynamic_bytes, raw, opt_in
     "lam_emu_launch_features": (_i32, [_i32, _i32, _i32]),  # ptx_version, binary_version, device_major
     # dtype, path, topk_mode, hidden, ldh, weight, ldw, bias_t, bias_f, batch, hidden_size, num_valid,
-    # vocab_start, keys, block_topk, topk, temperature, seed, offset, max_grid_y, sm_count, config, smem_limit
+    # vocab_start, keys, block_topk, topk, temperature, seed, offset, max_grid_y, sm_count, config, smem_limit,
+    # blocks (int64 out)
     "lam_emu_shard": (
         _i32,
         [_i32, _i32, _i32, _p, _i64, _p, _i64, _p, _p, *[_i64] * 4, _p, _p, _i32, _p, _u64, _u64]
-        + [_i64, _i32, _i32, _i32],
+        + [_i64, _i32, _i32, _i32, ctypes.POINTER(_i64)],
     ),
-    "lam_emu_mma_config": (_i32, [_i64, _i64, _i64, _i32, _i32]),
+    "lam_emu_mma_config": (_i32, [_i64, _i64, _i64, _i32, _i32, _i32]),  # ..., smem_limit, topk
     "lam_emu_num_mma_configs": (_i32, []),
     "lam_emu_mma_config_name": (ctypes.c_char_p, [_i32]),
     # ... as lam_emu_shard, then states, scale, soft_cap, partition_temperature, blocks (int64 out)
@@ -309,6 +310,8 @@ class Emulator:
             raise ValueError("the forced mma config's shared memory exceeds the device's limit")
         if rc == 6:
             raise ValueError("log_partition: the forced mma config (TMA) has no log-partition")
+        if rc == 7:
+            raise ValueError("shard_topk: the forced mma config has no top-k")
         if rc != 0:
             raise EmuError(self.lib.lam_emu_last_error().decode())
 
@@ -401,6 +404,7 @@ class Emulator:
         else:
             keys = self._alloc("keys", batch * 8)  # zeroed on the stream
             block_topk = None
+        used = ctypes.c_int64(-1)
         self._check(
             self.lib.lam_emu_shard(
                 dtype,
@@ -426,13 +430,20 @@ class Emulator:
                 sm_count,
                 row,
                 smem_limit,
+                ctypes.byref(used),
             )
         )
         if not topk:
             return self._read(keys, (batch,), torch.int64)
-        # shard_topk_cuda's host step: torch.topk over the blocks' lists
-        lists = self._read(block_topk, (blocks_x, batch, k), torch.int64)
-        flipped = lists.permute(1, 0, 2).reshape(batch, blocks_x * k) ^ SIGN
+        return self._merge_lists(block_topk, blocks_x, used.value, batch, k)
+
+    def _merge_lists(self, block_topk, blocks_x, used, batch, k):
+        """shard_op's host step for top-k: torch.topk over the lists of the
+        ``used`` blocks the launch wrote (of the ``blocks_x`` allocated, the rest
+        left as at::empty left them)."""
+        assert 0 < used <= blocks_x, (used, blocks_x)  # (shard_ops_cuda.cu's check)
+        lists = self._read(block_topk, (blocks_x, batch, k), torch.int64)[:used]
+        flipped = lists.permute(1, 0, 2).reshape(batch, used * k) ^ SIGN
         return flipped.topk(k, 1, True, True).values ^ SIGN
 
     def mma_config(
@@ -442,9 +453,11 @@ class Emulator:
         batch: int,
         sm_count: int = DEFAULT_SM_COUNT,
         smem_limit: int = DEFAULT_SMEM_LIMIT,
+        topk: bool = False,
     ) -> str:
-        """launch_mma's auto choice (choose_mma_config): a config's name."""
-        return self.mma_configs[self.lib.lam_emu_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit)]
+        """launch_mma's auto choice (choose_mma_config; topk: for shard_topk): a config's name."""
+        row = self.lib.lam_emu_mma_config(hidden_size, num_valid, batch, sm_count, smem_limit, int(topk))
+        return self.mma_configs[row]
 
     def _config_row(self, config, smem_limit, log_partition) -> int:
         """The row of a forced config (-1: none; past the table: rc 4), after
@@ -516,9 +529,7 @@ class Emulator:
         out_pairs = self._read(pairs, (batch, 2), torch.float32)
         if not topk:
             return self._read(keys, (batch,), torch.int64), out_pairs
-        lists = self._read(block_topk, (blocks_x, batch, k), torch.int64)
-        flipped = lists.permute(1, 0, 2).reshape(batch, blocks_x * k) ^ SIGN
-        return flipped.topk(k, 1, True, True).values ^ SIGN, out_pairs
+        return self._merge_lists(block_topk, blocks_x, used.value, batch, k), out_pairs
 
     def merge_keys(self, keys: torch.Tensor, d2t: torch.Tensor | None = None):
         keys = (keys.unsqueeze(0) if keys.dim() == 1 else keys).contiguous()

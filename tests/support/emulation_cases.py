@@ -30,6 +30,14 @@ EVERY_PATH_AND_CONFIG = [
 ]
 
 
+# The paths that take top-k: simt, mma auto and every config with room for it (MmaConfig.topk).
+TOPK_PATHS = [
+    *[("simt", dtype) for dtype in ALL],
+    *[("mma", dtype) for dtype in HALF],
+    *[(f"mma/{name}", HALF[i % 2]) for i, name in enumerate(n for n, m in MMA_CONFIGS.items() if m.topk)],
+]
+
+
 def exact_problem(gen, batch, rows, hidden_size, dtype, bias=None, lo=-3, hi=3):
     """Small integers: every dot product (and bias sum) is exact in float32,
     so every accumulation order gives the same bits. bias: None, "f" (float32

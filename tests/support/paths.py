@@ -134,12 +134,12 @@ _OPS = ("shard_argmax", "shard_topk", "shard_sample")
 def path_keyword(
     path: KernelPath, op: str = "shard_argmax", hidden_size: int | None = None, dtype: torch.dtype | None = None
 ) -> str:
-    """The ops' ``path=`` value that runs ``op`` on ``path``: top-k and
-    float32 weights have no mma / gemm path (they run on auto there), and a
-    hidden size the mma kernel does not take (not a multiple of 8) runs on
-    auto too (the refusals are tested on their own)."""
+    """The ops' ``path=`` value that runs ``op`` on ``path``: float32
+    weights have no mma / gemm path and top-k no gemm path (they run on auto
+    there), and a hidden size the mma kernel does not take (not a multiple of
+    8) runs on auto too (the refusals are tested on their own)."""
     kw = _KEYWORD[path.name]
-    if kw in ("mma", "gemm") and (op == "shard_topk" or dtype == torch.float32):
+    if (kw in ("mma", "gemm") and dtype == torch.float32) or (kw == "gemm" and op == "shard_topk"):
         return "auto"
     if kw == "mma" and hidden_size is not None and hidden_size % 8:
         return "auto"
