@@ -49,8 +49,8 @@ class MmaConfig(NamedTuple):
     ``minb`` the launch bounds' blocks per SM, ``tma`` weight tiles by bulk
     tensor copy (sm_90+); ``regs90`` the registers per thread of its bf16
     sm_90a build (nvcc 13.0, the bandwidth model's fallback); shared memory
-    per block in bytes; ``topk``: the config takes top-k (at most 16 mma
-    tiles a warp)."""
+    per block in bytes; ``topk``: the config takes top-k (a cp.async config
+    of at most 16 mma tiles a warp)."""
 
     name: str
     nt: int

@@ -209,7 +209,7 @@ def shard_topk(
 
     Raises:
         TypeError / ValueError as :func:`shard_argmax`, for ``k`` outside ``[1, 64]``, for ``path="gemm"``
-            and for a tensor-core config without top-k (``_mma_config``: ``n8_r256``, ``n8_r192``).
+            and for a tensor-core config without top-k (``_mma_config``: ``n8_r256``, ``n8_r192``, the ``_tma`` ones).
     """
     if num_valid is None:
         num_valid = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else 0

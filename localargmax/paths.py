@@ -20,6 +20,7 @@ def kernel_path(
     batch: int | None = None,
     rows: int | None = None,
     cpu_flags: str | None = None,
+    op: str = "argmax",
 ) -> str:
     """The kernel path the ops (``shard_argmax``, ``shard_topk``,
     ``shard_sample`` and the ``lm_head_*`` steps built on them) run for
@@ -45,6 +46,9 @@ def kernel_path(
             flags (a space-separated string, e.g. ``"avx2 fma f16c avx512f
             amx_tile amx_bf16"``) instead of the one running; None (the
             default) reads this CPU's features (CPUID, as the ops do).
+        op: ``"argmax"`` (default) or ``"sample"`` (the same paths), or
+            ``"topk"`` (CUDA: no gemm path; ``auto`` runs ``"mma"`` for bf16 /
+            fp16 at every batch).
 
     Returns:
         The path's name. CPU: one of ``"generic"``, ``"avx2"``,
@@ -57,9 +61,9 @@ def kernel_path(
         flushed), else the first of ``"avx512"``, ``"avx2"``, ``"generic"``
         the CPU has (bit-identical to generic, subnormals kept). CUDA: ``"simt"``,
         ``"mma"`` or ``"gemm"``: what the C++ ``auto`` picks, which is
-        ``"simt"`` for float32 weights (and for top-k, every dtype) and,
-        for bf16 / fp16, ``"gemm"`` from batch 17 (shards up to ``2**21``
-        rows) and ``"mma"`` otherwise;
+        ``"simt"`` for float32 weights and, for bf16 / fp16, ``"mma"`` for
+        top-k at every batch, for argmax and sample ``"gemm"`` from batch 17
+        (shards up to ``2**21`` rows) and ``"mma"`` otherwise;
         ``"mma"`` there assumes inputs the tensor-core kernel takes (sm_80+,
         ``H`` and row strides multiples of 8, 16-byte aligned data), other
         inputs run ``"simt"``. A measured dispatch table
@@ -74,8 +78,11 @@ def kernel_path(
             named CPU path the CPU lacks (the message names the features it
             needs and those missing, as the ops say it); ``"mma"`` /
             ``"gemm"`` with float32 weights, ``"gemm"`` with ``rows`` past
-            ``2**21``.
+            ``2**21`` or for top-k; ``op`` not one of the three.
     """
+    if op not in ("argmax", "topk", "sample"):
+        raise ValueError(f"op must be 'argmax', 'topk' or 'sample', got {op!r}")
+    topk = op == "topk"
     name = _DTYPE_NAMES.get(dtype) if isinstance(dtype, torch.dtype) else None
     if name is None:
         raise ValueError(f"dtype must be torch.float32, torch.bfloat16 or torch.float16, got {dtype!r}")
@@ -101,9 +108,13 @@ def kernel_path(
     if path != "auto":
         if path in ("mma", "gemm") and not half:
             raise ValueError(f"path={path!r} needs bfloat16 or float16 weights on CUDA, got {dtype}")
+        if path == "gemm" and topk:
+            raise ValueError("path='gemm' does not exist for top-k on CUDA; use 'auto', 'mma' or 'simt'")
         if path == "gemm" and rows is not None and _C._choose_cuda_path(True, False, True, 2**62, rows) != "gemm":
             raise ValueError(f"path='gemm' takes shards of at most 2**21 rows (cuBLAS), got rows={rows}")
         return path
+    if topk:
+        return _C._choose_cuda_path(half, True, True, batch or 0, rows or 0)
     if half and batch is None:
         raise ValueError(
             "on CUDA, auto's path for bfloat16 / float16 weights depends on the batch "

@@ -126,6 +126,9 @@ def test_topk_hard_cases(emu, gen, path, dtype):
         assert_keys_equal(lse_keys, want, f"{path} top-k with the log-partition")
         _, argmax_pairs = emu.shard(h, w, b, start, num_valid, path=path, log_partition=True)
         torch.testing.assert_close(pairs, argmax_pairs, rtol=0, atol=0, equal_nan=True)  # (row 5: NaN)
+    at_zero = emu.shard(h, w, b, 0, num_valid, path=path, k=k)  # row 5 all NaN from global index 0: key ~0 first
+    assert_keys_equal(at_zero, cpu_keys(h, w, b, 0, num_valid, k=k), f"{path} top-k from index 0")
+    assert decode(at_zero[5]).tolist() == list(range(k))
     wide = cpu_keys(h[:3, :], w[:5], b[:5], 0, 5, k=k)  # k past the shard: slots 5-7 key 0
     assert_keys_equal(emu.shard(h[:3], w[:5], b[:5], 0, 5, path=path, k=k), wide, f"{path} k > rows")
     assert (wide[:, 5:] == 0).all()

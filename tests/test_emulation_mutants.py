@@ -47,8 +47,8 @@ MUTANTS = [
         "mma_topk_missing_barrier",  # the lists read the candidates before every warp wrote its tile's keys
         "shared race",
         "fused_keys_mma.cuh",
-        "          cand[wn][local][c] = key;\n        }\n    }\n    __syncthreads();\n",
-        "          cand[wn][local][c] = key;\n        }\n    }\n",
+        "out) >> 32);\n          }\n      }\n    }\n    __syncthreads();\n",
+        "out) >> 32);\n          }\n      }\n    }\n",
     ),
     (
         "pipe_missing_barrier_before_the_fold",

@@ -102,6 +102,13 @@ def test_kernel_path_on_cuda():
             )
             assert localargmax.kernel_path(dtype, "cuda", batch=batch, rows=2**21 + 1) == "mma"
             assert _C._choose_cuda_path(True, False, False, batch, 2**21 + 1) == "simt"
+    for batch in (None, 1, 17, 256):  # top-k: mma at every batch for 16-bit weights (no batch needed), no gemm
+        assert localargmax.kernel_path(BF16, "cuda", batch=batch, op="topk") == "mma"
+        assert localargmax.kernel_path(F32, "cuda", batch=batch, op="topk") == "simt"
+    with pytest.raises(ValueError, match="gemm.*top-k"):
+        localargmax.kernel_path(BF16, "cuda", "gemm", op="topk")
+    with pytest.raises(ValueError, match="op must be"):
+        localargmax.kernel_path(BF16, "cuda", op="lse")
     assert localargmax.kernel_path(F32, "cuda") == "simt"  # float32: no batch needed
     for name in ("simt", "mma", "gemm"):
         assert localargmax.kernel_path(BF16, "cuda", name) == name

@@ -223,12 +223,14 @@ __device__ __forceinline__ void block_topk_lists(const float (&sum)[MT][NT][4], 
     if (j < kColumnRows && b < batch) {
       unsigned long long* dst = out.block_topk + (static_cast<int64_t>(blockIdx.x) * batch + b) * out.topk;
       const uint32_t low0 = 0xFFFFFFFFu - static_cast<uint32_t>(vocab_start + tile_row0);  // row 0's low word
-      unsigned long long bound = ~0ull;  // the list's last key so far (exclusive)
+      // bound: the list's last key so far (exclusive; the first scan has none:
+      // a NaN logit at global index 0 keys ~0)
+      unsigned long long bound = ~0ull;
       for (int k = 0; k < out.topk; ++k) {
         unsigned long long best = kNoEntryKey;
         for (int r = 0; r < rows; ++r) {
           const unsigned long long key = (static_cast<unsigned long long>(cand[r][j]) << 32) | (low0 - r);
-          if (key < bound && key > best) best = key;
+          if ((k == 0 || key < bound) && key > best) best = key;
         }
         dst[k] = best;
         bound = best;
