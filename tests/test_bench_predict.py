@@ -251,7 +251,7 @@ def test_the_model_reads_the_c_table():
         assert m.batch_rows == 8 * m.nt * m.wn <= m.threads, m
         assert m.dynamic_smem == m.st * m.kc * (m.rows + m.batch_rows) * 64 + (8 * m.st if m.tma else 0), m
         assert m.static_smem == 8 * m.batch_rows * m.wm and m.smem <= 227 * 1024, m
-        assert m.topk == (m.mt * m.nt <= 16), m  # kMmaRoomyWarpTiles
+        assert m.topk == (not m.tma and m.mt * m.nt <= 16), m  # MmaConfig::topk: cp.async, kMmaRoomyWarpTiles
 
 
 # --- registers from the build ----------------------------------------------------------------------------
