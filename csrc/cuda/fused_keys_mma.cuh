@@ -193,7 +193,7 @@ __device__ __forceinline__ void block_topk_lists(const float (&sum)[MT][NT][4], 
   const int lane = threadIdx.x % 32;
   const int rows = min(kRows, num_valid - tile_row0);  // the block's valid rows
   __syncthreads();  // (the split-K partials read: the stages are free)
-#pragma unroll 1
+#pragma unroll  // (rolled, n16_r64_w2's top-k spilled 1 KiB on sm_100 at 255 registers; unrolled 196, no spill)
   for (int c = 0; c < WN; ++c) {
     if (kColumnRows * c >= live_rows) break;  // (block-uniform: no batch row in this column or past it)
     if (mine && wn == c) {
