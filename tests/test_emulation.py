@@ -313,7 +313,7 @@ def test_host_and_cuda_builds_compile_the_same_kernel_text(emu):
         if re.match(r"[0-9a-f]+ ", ln) and lo <= int(ln.split()[0], 16) < hi and "lam_emu_shared" not in ln
     ]
     assert inside and all(
-        re.search(r"_kernel<.*>\(.*\)::(block_best|candidates|lists|warp_best|stages|warp_partition)$", ln)
+        re.search(r"(_kernel|mma_pipe)<.*>\(.*\)::(block_best|candidates|lists|warp_best|stages|warp_partition)$", ln)
         for ln in inside
     ), inside
 

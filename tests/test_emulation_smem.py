@@ -45,9 +45,9 @@ def test_within_48_kib_needs_no_opt_in(emu):
 
 
 def test_the_cuda_launcher_opts_in_by_the_same_rule():
-    """shard_mma.cuh's launcher and the emulation's call the one rule of
+    """shard_mma.h's launcher and the emulation's call the one rule of
     shard_launch.cuh; the launch passes the table's static bytes."""
-    cuda = (CSRC / "cuda" / "shard_mma.cuh").read_text()
+    cuda = (CSRC / "cuda" / "shard_mma.h").read_text()
     emu_src = (CSRC / "emu" / "emu_kernels.cpp").read_text()
     launch = (CSRC / "cuda" / "shard_launch.cuh").read_text()
     assert re.search(r"if \(needs_smem_opt_in\(smem\)\) allow_dynamic_smem\(", cuda)
@@ -76,7 +76,7 @@ def test_pdl_and_tma_follow_the_loaded_code_not_the_device(emu, ptx, binary, maj
 
 
 def test_the_cuda_launcher_takes_pdl_and_tma_from_the_kernel():
-    cuda = (CSRC / "cuda" / "shard_mma.cuh").read_text()
+    cuda = (CSRC / "cuda" / "shard_mma.h").read_text()
     assert "launch_features(attr.ptxVersion, attr.binaryVersion, major)" in cuda
     assert "kernel_features(reinterpret_cast<const void*>(kernel), device, major).pdl" in cuda
     assert "kernel_features(kernel, device, major).tma" in cuda

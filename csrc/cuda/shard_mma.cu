@@ -1,6 +1,6 @@
 // The tensor-core path of argmax / sample and their log-partition twins
-// (shard_mma.cuh; top-k: shard_mma_topk.cu). See shard_paths.h.
-#include "shard_mma.cuh"
+// (shard_mma.h; top-k: shard_mma_topk.cu). See shard_paths.h.
+#include "shard_mma.h"
 
 namespace localargmax {
 namespace cuda {

@@ -1,7 +1,7 @@
 // The tensor-core path of top-k and its log-partition twin
-// (shard_mma.cuh; the top-k kernels alone, built beside shard_mma.cu's). See
+// (shard_mma.h; the top-k kernels alone, built beside shard_mma.cu's). See
 // shard_paths.h.
-#include "shard_mma.cuh"
+#include "shard_mma.h"
 
 namespace localargmax {
 namespace cuda {
