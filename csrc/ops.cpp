@@ -170,18 +170,18 @@ static PyObject* py_scalar_epilogue(PyObject*, PyObject* arg) {
   return set_switch(arg, localargmax::cpu::scalar_epilogue, localargmax::cpu::set_scalar_epilogue);
 }
 
-// localargmax._C._brgemm_block(batch, amx, force=None) -> (m, n): the block
-// (weight rows x batch rows per cpublas::brgemm call) the brgemm path takes
-// for a call of `batch` rows with (amx) or without AMX: the rule, or the
+// localargmax._C._brgemm_block(batch, hidden_size, amx, force=None) -> (m, n):
+// the block (weight rows x batch rows per cpublas::brgemm call) the brgemm path
+// takes for a call of `batch` rows of `hidden_size` with (amx) or without AMX: the rule, or the
 // block forced. force=(m, n): tests only, every brgemm call then takes
 // m x n (16, 32 or 64 each; (0, 0): the rule again), process-wide;
 // TypeError for a force that is not a tuple of two ints, ValueError for
 // other values.
 static PyObject* py_brgemm_block(PyObject*, PyObject* args) {
-  long long batch = 0;
+  long long batch = 0, hidden_size = 0;
   int amx = 0;
   PyObject* force = Py_None;
-  if (!PyArg_ParseTuple(args, "Lp|O", &batch, &amx, &force)) return nullptr;
+  if (!PyArg_ParseTuple(args, "LLp|O", &batch, &hidden_size, &amx, &force)) return nullptr;
   if (force != Py_None) {
     long long m = 0, n = 0;
     if (!PyTuple_Check(force) || PyTuple_Size(force) != 2) {
@@ -196,7 +196,7 @@ static PyObject* py_brgemm_block(PyObject*, PyObject* args) {
       return nullptr;
     }
   }
-  const localargmax::cpu::BrgemmBlock b = localargmax::cpu::brgemm_block_in_use(batch, amx != 0);
+  const localargmax::cpu::BrgemmBlock b = localargmax::cpu::brgemm_block_in_use(batch, hidden_size, amx != 0);
   return Py_BuildValue("LL", static_cast<long long>(b.m), static_cast<long long>(b.n));
 }
 
@@ -309,7 +309,8 @@ extern "C" PyObject* PyInit__C(void) {
        "_scalar_epilogue(on) -> bool: tests only; True makes the CPU ops fold every logit through the scalar "
        "epilogue (no screen, no vectorised log-partition). Returns the previous setting."},
       {"_brgemm_block", py_brgemm_block, METH_VARARGS,
-       "_brgemm_block(batch, amx, force=None) -> (m, n): the brgemm path's block for `batch` rows; force=(m, n) "
+       "_brgemm_block(batch, hidden_size, amx, force=None) -> (m, n): the brgemm path's block for `batch` rows of "
+       "`hidden_size`; force=(m, n) "
        "(tests only) makes every call take m x n ((0, 0): the rule)."},
       {"_fma_peak", py_fma_peak, METH_VARARGS, "Float32 FLOP/s of a tight FMA loop (isa, iters)."},
       {"_cpu_paths", py_cpu_paths, METH_NOARGS,

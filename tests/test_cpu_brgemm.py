@@ -29,11 +29,11 @@ from tests.support.shard_argmax_common import DTYPE_IDS, DTYPES, dominant_paddin
 
 @contextlib.contextmanager
 def forced_block(m: int, n: int):
-    _C._brgemm_block(1, False, (m, n))
+    _C._brgemm_block(1, 64, False, (m, n))
     try:
         yield
     finally:
-        _C._brgemm_block(1, False, (0, 0))
+        _C._brgemm_block(1, 64, False, (0, 0))
 
 
 @contextlib.contextmanager
@@ -117,21 +117,25 @@ def test_brgemm_blocks_do_not_change_a_rows_bits(gen, dtype):
 
 def test_brgemm_block_rule():
     """The rule (csrc/cpu/shard_argmax_brgemm.h): on AMX 32 x 16 up to 16
-    batch rows, 16 x 32 up to 32, else 16 x 64; elsewhere 16 batch columns up
-    to 16 rows, else 32, by 64 weight rows; a forced block outside 16 / 32 /
-    64 is a ValueError."""
-    for batch in (1, 15, 16, 17, 32, 33, 64, 65, 1000):
-        assert _C._brgemm_block(batch, True) == ((32, 16) if batch <= 16 else (16, 32) if batch <= 32 else (16, 64))
-        assert _C._brgemm_block(batch, False) == (64, 16 if batch <= 16 else 32)
+    batch rows, else M x 32 up to 32 and M x 64 past, M = 64 weight rows at
+    H <= 1024 and 16 above; elsewhere 16 batch columns up to 16 rows, else
+    32, by 64 weight rows; a forced block outside 16 / 32 / 64 is a
+    ValueError."""
+    for hidden in (8, 1024, 1025, 4096):
+        m = 64 if hidden <= 1024 else 16
+        for batch in (1, 15, 16, 17, 32, 33, 64, 65, 1000):
+            want = (32, 16) if batch <= 16 else (m, 32) if batch <= 32 else (m, 64)
+            assert _C._brgemm_block(batch, hidden, True) == want, (batch, hidden)
+            assert _C._brgemm_block(batch, hidden, False) == (64, 16 if batch <= 16 else 32)
     for bad in ((8, 16), (16, 128), (0, 16), (64, 0)):
         with pytest.raises(ValueError, match="16, 32 or 64"):
-            _C._brgemm_block(1, False, bad)
+            _C._brgemm_block(1, 64, False, bad)
     for bad in ([16, 16], (16,), (16, 16, 16)):
         with pytest.raises(TypeError, match="force must be"):
-            _C._brgemm_block(1, False, bad)
+            _C._brgemm_block(1, 64, False, bad)
     with forced_block(64, 64):
-        assert _C._brgemm_block(1, True) == (64, 64)  # the block in force
-    assert _C._brgemm_block(1, True) == (32, 16)
+        assert _C._brgemm_block(1, 64, True) == (64, 64)  # the block in force
+    assert _C._brgemm_block(1, 64, True) == (32, 16)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

@@ -42,15 +42,19 @@ namespace {
 std::atomic<int64_t> g_forced_block{0};  // set_brgemm_block (tests only): m * 256 + n, 0 = the rule
 }  // namespace
 
-BrgemmBlock brgemm_block(int64_t batch, bool amx) {
-  if (amx) return batch <= 16 ? BrgemmBlock{32, 16} : batch <= 32 ? BrgemmBlock{16, 32} : BrgemmBlock{16, 64};
+BrgemmBlock brgemm_block(int64_t batch, int64_t hidden_size, bool amx) {
+  if (amx) {
+    if (batch <= 16) return {32, 16};
+    const int64_t m = hidden_size <= 1024 ? 64 : 16;  // short K: fewer, longer calls
+    return {m, batch <= 32 ? int64_t{32} : int64_t{64}};
+  }
   return {kTileRows, batch <= 16 ? int64_t{16} : int64_t{32}};
 }
 
-BrgemmBlock brgemm_block_in_use(int64_t batch, bool amx) {
+BrgemmBlock brgemm_block_in_use(int64_t batch, int64_t hidden_size, bool amx) {
   const int64_t forced = g_forced_block.load();
   if (forced != 0) return {forced / 256, forced % 256};
-  return brgemm_block(batch, amx);
+  return brgemm_block(batch, hidden_size, amx);
 }
 
 void set_brgemm_block(int64_t m, int64_t n) {
@@ -154,7 +158,7 @@ BrgemmOperands prepare_brgemm(const at::Tensor& hidden, const at::Tensor& weight
                               ShardArgmaxProblem& p, bool flag_free) {
   const int64_t batch = hidden.size(0), H = hidden.size(1);
   const at::ScalarType dtype = weight.scalar_type();
-  const BrgemmBlock block = brgemm_block_in_use(batch, std::string(brgemm_mode(dtype)) == "amx");
+  const BrgemmBlock block = brgemm_block_in_use(batch, H, std::string(brgemm_mode(dtype)) == "amx");
   p.brgemm_m = block.m;
   p.brgemm_n = block.n;
   const int64_t N = block.n;

@@ -45,16 +45,16 @@ const char* brgemm_mode(at::ScalarType dtype);
 struct BrgemmBlock {
   int64_t m, n;
 };
-// The block a call of `batch` rows takes (DESIGN.md, "CPU paths"): on AMX
-// (brgemm_mode "amx") 32 x 16 up to 16 batch rows, 16 x 32 up to 32, else
-// 16 x 64 (the fewest zero columns; measured on an AMX Xeon); elsewhere
-// 64 x 16 up to 16 batch rows, else 64 x 32 (measured fastest on the EPYC).
-// Every block gives a (row, batch row) the same bits
-// (tests/test_cpu_brgemm.py).
-BrgemmBlock brgemm_block(int64_t batch, bool amx);
+// The block a call of `batch` rows of `hidden_size` takes (DESIGN.md, "CPU
+// paths"): on AMX (brgemm_mode "amx") 32 x 16 up to 16 batch rows, else
+// M x 32 up to 32 and M x 64 past, M = 64 weight rows where H <= 1024 and 16
+// above (measured on an AMX Xeon); elsewhere 64 x 16 up to 16 batch rows,
+// else 64 x 32 (measured fastest on the EPYC). Every block gives a (row,
+// batch row) the same bits (tests/test_cpu_brgemm.py).
+BrgemmBlock brgemm_block(int64_t batch, int64_t hidden_size, bool amx);
 // brgemm_block, or the block set_brgemm_block forced.
-BrgemmBlock brgemm_block_in_use(int64_t batch, bool amx);
-// Tests only (localargmax._C._brgemm_block(batch, amx, force)): forces every
+BrgemmBlock brgemm_block_in_use(int64_t batch, int64_t hidden_size, bool amx);
+// Tests only (localargmax._C._brgemm_block(batch, hidden_size, amx, force)): forces every
 // brgemm call's block to m x n (16, 32 or 64 each; 0, 0: the rule again);
 // process-wide. ValueError for any other m, n.
 void set_brgemm_block(int64_t m, int64_t n);
