@@ -169,10 +169,13 @@ def test_random_floats_against_the_float64_reference(emu, gen, path, dtype):
     for batch, rows, hidden_size in ((3, 300, 4104), (20, 129, 40)):
         h = torch.randn(batch, hidden_size, generator=gen).to(dtype)
         w = torch.randn(rows, hidden_size, generator=gen).to(dtype)
+        # row 0 gets a planted winner (logit |h_0|^2 ~ H, others ~N(0, H)): at H 4104 the float32 bound makes
+        # ~5.4% of random rows near-ties (4000 seeds), all 3 for ~1.6e-4 of seeds in each of the 12 configs
+        w[rows // 2] = h[0]
         got = emu.shard(h, w, None, 0, rows, path=path)
         ids, values = localargmax.decode_keys(got)
         logits, err = reference_logits(h, w), error_bound(h, w)  # the float32 error bound of every entry
-        # clear rows give the float64 id, near-ties lie within the bound (3 rows: at least one clear)
+        # clear rows give the float64 id, near-ties lie within the bound (3 rows: the planted one clear)
         check_against_reference(ids, h, w, min_clear_fraction=0.6, reference=(logits, err), context=path)
         rows, best = torch.arange(batch), logits.argmax(1)
         assert ((values.double() - logits[rows, ids]).abs() <= err[rows, ids]).all()
