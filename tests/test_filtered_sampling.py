@@ -447,25 +447,19 @@ def test_chi_square_per_filter(seed, kind):
     gen = torch.Generator().manual_seed(seed)
     n, vocab = 3000, 200
     args = {"top_k": {"top_k": 12}, "top_p": {"top_p": 0.8}, "min_p": {"min_p": 0.05}}[kind]
-
-    def expected_bins(y, keep):
-        # ids expected fewer than 5 times are pooled into one bin (the chi-square approximation's rule); a
-        # flat row under min-p keeps ~180 ids of ~0.1% each
-        expected = torch.softmax(y[keep], 0) * n
-        small = expected < 5
-        if bool(small.any()):
-            expected = torch.cat([expected[~small], expected[small].sum()[None]])
-        return expected, small
-
-    # The problem is drawn again (same generator) until the test can judge it: >= 3 bins, each expected >= 5.
-    # A peaked row keeps 1-2 ids, or its pooled bin sums below 5, for ~1% of draws under min-p; which draw is
-    # taken depends on the data alone, never on the sampled ids.
+    # The problem is drawn again (same generator) until the test can judge it: >= 3 bins, each expected >= 5,
+    # ids expected fewer than 5 times pooled into one bin (the chi-square approximation's rule; a flat row
+    # under min-p keeps ~180 ids of ~0.1% each). A peaked row keeps 1-2 ids, or its pooled bin sums below 5,
+    # for ~1% of draws under min-p; which draw is taken depends on the data alone, never on the sampled ids.
     for _ in range(50):
         weight = torch.randn(vocab, 16, generator=gen) / 4
         hidden = torch.randn(1, 16, generator=gen).expand(n, 16).contiguous() * 1.5
         y = (hidden[0].double() @ weight.double().T) / 0.9
         keep = _kept_set(y, args.get("top_k", 0), args.get("top_p", 1.0), args.get("min_p", 0.0))
-        expected, small = expected_bins(y, keep)
+        expected = torch.softmax(y[keep], 0) * n
+        small = expected < 5
+        if bool(small.any()):
+            expected = torch.cat([expected[~small], expected[small].sum()[None]])
         if expected.numel() >= 3 and float(expected.min()) >= 5:
             break
     else:
