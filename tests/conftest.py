@@ -19,10 +19,15 @@ import tempfile
 # The suite writes only to temporary folders (and never installs anything: see
 # pytest_sessionfinish): no bytecode beside the sources, and torch.compile's
 # inductor / triton caches in a folder of this run's, removed at exit. Set
-# before torch is imported; spawned ranks and subprocesses inherit them.
+# before torch is imported; spawned ranks and subprocesses inherit them (and the
+# folder: a spawned process that imports this file reuses its parent's, which the
+# parent removes; a process of its own would leave one behind, as spawned ranks
+# end without running atexit).
 sys.dont_write_bytecode = True
-_CACHE = tempfile.mkdtemp(prefix="localargmax-test-cache-")
-atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+_CACHE = os.environ.get("LOCALARGMAX_TEST_CACHE", "")
+if not os.path.isdir(_CACHE):
+    _CACHE = os.environ["LOCALARGMAX_TEST_CACHE"] = tempfile.mkdtemp(prefix="localargmax-test-cache-")
+    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 for _var, _sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
     os.environ[_var] = os.path.join(_CACHE, _sub)
 os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
