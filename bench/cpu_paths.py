@@ -25,6 +25,10 @@ instead: each call with the epilogue (emit_block) and with the tiles alone
 interleaved; the epilogue's share is 1 - tiles / with, at the medians (and at
 the fastest calls). ``--shape draft`` / ``qwen3`` / ``minilm`` name the
 issue's shards (75968 x 1024, 75968 x 4096, 15261 x 384) for --rows / --hidden.
+``--brgemm-blocks 64x64x1,64x64x4`` times ``path="brgemm"`` argmax under the rule's
+block and each block named (M weight rows x N batch rows, in STEP calls of every
+STEP-th row; forced with ``localargmax._C._brgemm_block``), interleaved, with
+each block's speed against the rule's and whether its keys equal the rule's.
 """
 
 from __future__ import annotations
@@ -63,6 +67,100 @@ def op_call(op: str, hidden: torch.Tensor, weight: torch.Tensor, path: str):
     raise SystemExit(f"--epilogue-share: unknown op {op!r} (argmax, topk<k>, sample, lse)")
 
 
+def interleaved(call, settings, apply, args) -> dict:
+    """Times of call() under each setting (apply(setting) before its calls): a warm-up call each, then
+    args.rounds rounds of args.steps calls per setting, the settings interleaved within each round."""
+    times: dict = {s: [] for s in settings}
+    for s in settings:
+        apply(s)
+        call()
+    for _ in range(args.rounds):
+        for s in settings:
+            apply(s)
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                call()
+                times[s].append(time.perf_counter() - t0)
+    return times
+
+
+def parse_block(text: str) -> tuple[int, ...]:
+    """'64x64x4' -> (64, 64, 4); 'MxN' -> (M, N, 1)."""
+    try:
+        block = tuple(int(v) for v in text.split("x"))
+    except ValueError:
+        block = ()
+    if len(block) not in (2, 3):
+        raise SystemExit(f"--brgemm-blocks: {text!r} is not MxN or MxNxSTEP (e.g. 64x64x4)")
+    return block if len(block) == 3 else (*block, 1)
+
+
+def brgemm_blocks(args) -> int:
+    """path=brgemm argmax per batch under the rule's block and each forced block, interleaved."""
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    gen = torch.Generator().manual_seed(0)
+    weight = (torch.randn(args.rows, args.hidden, generator=gen) / args.hidden**0.5).to(dtype)
+    amx = localargmax._C._brgemm_mode(args.dtype) == "amx"
+    forced = [parse_block(b) for b in args.brgemm_blocks.split(",")]
+    settings = [(0, 0, 1), *forced]  # (0, 0, 1): the rule
+
+    def apply(block):
+        try:
+            localargmax._C._brgemm_block(1, args.hidden, amx, block)
+        except ValueError as e:
+            raise SystemExit(f"--brgemm-blocks: {e}") from None
+
+    rows = []
+    try:
+        for batch in (int(b) for b in args.batch.split(",")):
+            hidden = torch.randn(batch, args.hidden, generator=gen).to(dtype)
+            keys = {}
+            for block in settings:
+                apply(block)
+                keys[block] = localargmax.shard_argmax(hidden, weight, path="brgemm")
+            times = interleaved(lambda: localargmax.shard_argmax(hidden, weight, path="brgemm"), settings, apply, args)
+            rule = localargmax._C._brgemm_block(batch, args.hidden, amx, (0, 0))
+            base = statistics.median(times[(0, 0, 1)])
+            for block in settings:
+                median = statistics.median(times[block])
+                name = "rule {}x{}x{}".format(*rule) if block == (0, 0, 1) else "{}x{}x{}".format(*block)
+                rows.append(
+                    dict(
+                        block=name,
+                        batch=batch,
+                        dtype=args.dtype,
+                        rows=args.rows,
+                        hidden=args.hidden,
+                        median_us=median * 1e6,
+                        min_us=min(times[block]) * 1e6,
+                        speedup_vs_rule=base / median,
+                        keys_equal_rule=bool(torch.equal(keys[block], keys[(0, 0, 1)])),
+                        samples=len(times[block]),
+                    )
+                )
+                print(
+                    f"B={batch:4} {name:16} median {median * 1e3:9.2f} ms  min {min(times[block]) * 1e3:9.2f} ms  "
+                    f"x {base / median:4.2f} vs the rule  keys equal: {rows[-1]['keys_equal_rule']}"
+                )
+    finally:
+        localargmax._C._brgemm_block(1, args.hidden, amx, (0, 0))
+    if args.json:
+        doc = dict(
+            kind="brgemm_blocks",
+            command="PYTHONPATH=. python bench/cpu_paths.py " + " ".join(sys.argv[1:]),
+            env=dict(
+                env_info("cpu", args.threads),
+                brgemm_mode=localargmax._C._brgemm_mode(args.dtype),
+                load_average=list(os.getloadavg()),
+            ),
+            rows=rows,
+        )
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
 def epilogue_share(args) -> int:
     """path=brgemm per op and batch: median time with the epilogue and with the tiles alone, interleaved."""
     torch.set_num_threads(args.threads)
@@ -74,17 +172,9 @@ def epilogue_share(args) -> int:
     for batch in (int(b) for b in args.batch.split(",")):
         hidden = torch.randn(batch, args.hidden, generator=gen).to(dtype)
         for op in ops:
-            times: dict[bool, list[float]] = {True: [], False: []}
-            for on in (True, False):  # warm-up
-                localargmax._C._brgemm_epilogue(on)
-                op_call(op, hidden, weight, "brgemm")
-            for _ in range(args.rounds):
-                for on in (True, False):
-                    localargmax._C._brgemm_epilogue(on)
-                    for _ in range(args.steps):
-                        t0 = time.perf_counter()
-                        op_call(op, hidden, weight, "brgemm")
-                        times[on].append(time.perf_counter() - t0)
+            times = interleaved(
+                lambda: op_call(op, hidden, weight, "brgemm"), (True, False), localargmax._C._brgemm_epilogue, args
+            )
             localargmax._C._brgemm_epilogue(True)
             with_, tiles = statistics.median(times[True]), statistics.median(times[False])
             share, share_min = 1 - tiles / with_, 1 - min(times[False]) / min(times[True])
@@ -140,11 +230,19 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="comma-separated ops (argmax, topk<k>, sample, lse): time path=brgemm with and without its epilogue",
     )
+    ap.add_argument(
+        "--brgemm-blocks",
+        default=None,
+        help="comma-separated brgemm blocks MxN or MxNxSTEP (M, N 16 / 32 / 64; STEP 1 / 2 / 4, M / STEP >= 16): "
+        "time path=brgemm argmax under the rule's block and each of these, interleaved",
+    )
     args = ap.parse_args(argv)
     if args.shape:
         args.rows, args.hidden = SHAPES[args.shape]
     if args.epilogue_share:
         return epilogue_share(args)
+    if args.brgemm_blocks:
+        return brgemm_blocks(args)
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     paths = args.paths.split(",") if args.paths else cpu_paths_available()

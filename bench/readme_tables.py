@@ -304,6 +304,25 @@ def epilogue_table(docs: list) -> str:
     return "\n".join(lines + ["", _provenance(docs) + (f" brgemm mode: {mode}." if mode else "")])
 
 
+def blocks_table(docs: list) -> str:
+    """``bench/cpu_paths.py --brgemm-blocks``: per batch, path=brgemm argmax under the rule's block and each
+    forced block (median and fastest call), its speed against the rule's, and whether its keys equal the rule's."""
+    d = docs[0]
+    lines = [
+        "| dtype | rows x H | batch | block (M x N x step) | median (ms) | fastest (ms) | vs the rule "
+        "| keys = rule's |",
+        "|---|---|---|---|---|---|---|---|",
+        *(
+            f"| {r['dtype']} | {r['rows']} x {r['hidden']} | {r['batch']} | {r['block']} "
+            f"| {r['median_us'] / 1e3:.2f} | {r['min_us'] / 1e3:.2f} | {r['speedup_vs_rule']:.2f} "
+            f"| {'yes' if r['keys_equal_rule'] else 'no'} |"
+            for r in d["rows"]
+        ),
+    ]
+    mode = d["env"].get("brgemm_mode")
+    return "\n".join(lines + ["", _provenance(docs) + (f" brgemm mode: {mode}." if mode else "")])
+
+
 def log_odds_table(docs: list) -> str:
     """bench/log_odds_accuracy.py's record: |error| vs float64 by log-odds band, ours beside vLLM's."""
     d = docs[0]
@@ -412,6 +431,8 @@ def render(readme: str) -> str:
             body = compile_table(docs)
         elif docs[0].get("kind") == "epilogue_share":
             body = epilogue_table(docs)
+        elif docs[0].get("kind") == "brgemm_blocks":
+            body = blocks_table(docs)
         elif docs[0].get("kind") == "filtered":
             body = filtered_table(docs)
         elif docs[0].get("kind") == "vllm_drafters":  # bench/vllm_drafters.py's table per vLLM, the newest first

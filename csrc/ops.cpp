@@ -170,34 +170,35 @@ static PyObject* py_scalar_epilogue(PyObject*, PyObject* arg) {
   return set_switch(arg, localargmax::cpu::scalar_epilogue, localargmax::cpu::set_scalar_epilogue);
 }
 
-// localargmax._C._brgemm_block(batch, hidden_size, amx, force=None) -> (m, n):
-// the block (weight rows x batch rows per cpublas::brgemm call) the brgemm path
-// takes for a call of `batch` rows of `hidden_size` with (amx) or without AMX: the rule, or the
-// block forced. force=(m, n): tests only, every brgemm call then takes
-// m x n (16, 32 or 64 each; (0, 0): the rule again), process-wide;
-// TypeError for a force that is not a tuple of two ints, ValueError for
-// other values.
+// localargmax._C._brgemm_block(batch, hidden_size, amx, force=None) -> (m, n, step):
+// the block (weight rows x batch rows, in `step` cpublas::brgemm calls of
+// every step-th row) the brgemm path takes for a call of `batch` rows of
+// `hidden_size` with (amx) or without AMX: the rule, or the block forced.
+// force=(m, n) or (m, n, step): tests only, every brgemm call then takes it
+// (m, n 16, 32 or 64; step 1, 2 or 4, m / step >= 16; (0, 0): the rule
+// again), process-wide; TypeError for a force that is not a tuple of two or
+// three ints, ValueError for other values.
 static PyObject* py_brgemm_block(PyObject*, PyObject* args) {
   long long batch = 0, hidden_size = 0;
   int amx = 0;
   PyObject* force = Py_None;
   if (!PyArg_ParseTuple(args, "LLp|O", &batch, &hidden_size, &amx, &force)) return nullptr;
   if (force != Py_None) {
-    long long m = 0, n = 0;
-    if (!PyTuple_Check(force) || PyTuple_Size(force) != 2) {
-      PyErr_SetString(PyExc_TypeError, "_brgemm_block: force must be None or a tuple (m, n)");
+    long long m = 0, n = 0, step = 1;
+    if (!PyTuple_Check(force) || (PyTuple_Size(force) != 2 && PyTuple_Size(force) != 3)) {
+      PyErr_SetString(PyExc_TypeError, "_brgemm_block: force must be None or a tuple (m, n) or (m, n, step)");
       return nullptr;
     }
-    if (!PyArg_ParseTuple(force, "LL", &m, &n)) return nullptr;
+    if (!PyArg_ParseTuple(force, "LL|L", &m, &n, &step)) return nullptr;
     try {
-      localargmax::cpu::set_brgemm_block(m, n);
+      localargmax::cpu::set_brgemm_block(m, n, step);
     } catch (const c10::Error& e) {
       PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
       return nullptr;
     }
   }
   const localargmax::cpu::BrgemmBlock b = localargmax::cpu::brgemm_block_in_use(batch, hidden_size, amx != 0);
-  return Py_BuildValue("LL", static_cast<long long>(b.m), static_cast<long long>(b.n));
+  return Py_BuildValue("LLL", static_cast<long long>(b.m), static_cast<long long>(b.n), static_cast<long long>(b.step));
 }
 
 // localargmax._C._fma_peak(isa, iters) -> float: float32 FLOP/s of a tight
@@ -309,9 +310,9 @@ extern "C" PyObject* PyInit__C(void) {
        "_scalar_epilogue(on) -> bool: tests only; True makes the CPU ops fold every logit through the scalar "
        "epilogue (no screen, no vectorised log-partition). Returns the previous setting."},
       {"_brgemm_block", py_brgemm_block, METH_VARARGS,
-       "_brgemm_block(batch, hidden_size, amx, force=None) -> (m, n): the brgemm path's block for `batch` rows of "
-       "`hidden_size`; force=(m, n) "
-       "(tests only) makes every call take m x n ((0, 0): the rule)."},
+       "_brgemm_block(batch, hidden_size, amx, force=None) -> (m, n, step): the brgemm path's block for `batch` "
+       "rows of `hidden_size`, in `step` calls of every step-th row; force=(m, n) or (m, n, step) (tests only) "
+       "makes every call take it ((0, 0): the rule)."},
       {"_fma_peak", py_fma_peak, METH_VARARGS, "Float32 FLOP/s of a tight FMA loop (isa, iters)."},
       {"_cpu_paths", py_cpu_paths, METH_NOARGS,
        "_cpu_paths() -> the CPU paths: (name, needs, bit_exact, inner_loop) per path, in listing order."},

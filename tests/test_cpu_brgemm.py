@@ -28,8 +28,8 @@ from tests.support.shard_argmax_common import DTYPE_IDS, DTYPES, dominant_paddin
 
 
 @contextlib.contextmanager
-def forced_block(m: int, n: int):
-    _C._brgemm_block(1, 64, False, (m, n))
+def forced_block(m: int, n: int, step: int = 1):
+    _C._brgemm_block(1, 64, False, (m, n, step))
     try:
         yield
     finally:
@@ -98,44 +98,54 @@ def test_brgemm_row_keys_do_not_follow_batch_size_position_or_threads(gen, dtype
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_brgemm_blocks_do_not_change_a_rows_bits(gen, dtype):
-    """Every M x N block the path may take (M 16 / 32 / 64 weight rows, N 16
-    / 32 / 64 batch rows, forced with _C._brgemm_block) gives every op the
-    bits of the rule's block, a 70-row batch (every block boundary, the last
-    block partial) on a shard with a partial last tile: oneDNN's kernel
-    changes with the block, the per-element arithmetic must not."""
+    """Every block the path may take (M 16 / 32 / 64 weight rows, N 16 / 32
+    / 64 batch rows, in 1, 2 or 4 calls of every step-th row, forced with
+    _C._brgemm_block) gives every op the bits of the rule's block, a 70-row
+    batch (every block boundary, the last block partial) on a shard with a
+    partial last tile: oneDNN's kernel changes with the block, the
+    per-element arithmetic must not."""
     hidden, weight, bias, num_valid, temperature = seventy_rows(gen, dtype)
     want = run_ops(hidden, weight, bias, num_valid, temperature, 0)
     for m in (16, 32, 64):
         for n in (16, 32, 64):
-            with forced_block(m, n):
-                got = run_ops(hidden, weight, bias, num_valid, temperature, 0)
-                one = run_ops(hidden[33:34], weight, bias, num_valid, temperature[33:34], 33)
-            for i, (a, b) in enumerate(zip(got, want)):
-                assert torch.equal(a, b), (m, n, i)
-                assert torch.equal(one[i], b[33:34]), (m, n, i)
+            for step in (s for s in (1, 2, 4) if m // s >= 16):
+                with forced_block(m, n, step):
+                    got = run_ops(hidden, weight, bias, num_valid, temperature, 0)
+                    one = run_ops(hidden[33:34], weight, bias, num_valid, temperature[33:34], 33)
+                for i, (a, b) in enumerate(zip(got, want)):
+                    assert torch.equal(a, b), (m, n, step, i)
+                    assert torch.equal(one[i], b[33:34]), (m, n, step, i)
 
 
 def test_brgemm_block_rule():
     """The rule (csrc/cpu/shard_argmax_brgemm.h): on AMX 32 x 16 up to 16
     batch rows, else M x 32 up to 32 and M x 64 past, M = 64 weight rows at
-    H <= 1024 and 16 above; elsewhere 16 batch columns up to 16 rows, else
-    32, by 64 weight rows; a forced block outside 16 / 32 / 64 is a
-    ValueError."""
+    H <= 1024 (in 2 calls of every 2nd row up to 32, 4 of every 4th past)
+    and 16 above; elsewhere 16 batch columns up to 16 rows, else 32, by 64
+    weight rows, one call; a forced block outside 16 / 32 / 64, or a step
+    that leaves fewer than 16 rows a call, is a ValueError."""
     for hidden in (8, 1024, 1025, 4096):
-        m = 64 if hidden <= 1024 else 16
+        short = hidden <= 1024
         for batch in (1, 15, 16, 17, 32, 33, 64, 65, 1000):
-            want = (32, 16) if batch <= 16 else (m, 32) if batch <= 32 else (m, 64)
+            if batch <= 16:
+                want = (32, 16, 1)
+            elif batch <= 32:
+                want = (64, 32, 2) if short else (16, 32, 1)
+            else:
+                want = (64, 64, 4) if short else (16, 64, 1)
             assert _C._brgemm_block(batch, hidden, True) == want, (batch, hidden)
-            assert _C._brgemm_block(batch, hidden, False) == (64, 16 if batch <= 16 else 32)
-    for bad in ((8, 16), (16, 128), (0, 16), (64, 0)):
+            assert _C._brgemm_block(batch, hidden, False) == (64, 16 if batch <= 16 else 32, 1)
+    for bad in ((8, 16), (16, 128), (0, 16), (64, 0), (16, 16, 2), (32, 16, 4), (64, 16, 3), (64, 16, 0)):
         with pytest.raises(ValueError, match="16, 32 or 64"):
             _C._brgemm_block(1, 64, False, bad)
-    for bad in ([16, 16], (16,), (16, 16, 16)):
+    for bad in ([16, 16], (16,), (16, 16, 1, 1)):
         with pytest.raises(TypeError, match="force must be"):
             _C._brgemm_block(1, 64, False, bad)
-    with forced_block(64, 64):
-        assert _C._brgemm_block(1, 64, True) == (64, 64)  # the block in force
-    assert _C._brgemm_block(1, 64, True) == (32, 16)
+    with forced_block(64, 64, 2):
+        assert _C._brgemm_block(1, 64, True) == (64, 64, 2)  # the block in force
+    with forced_block(16, 32):
+        assert _C._brgemm_block(1, 64, True) == (16, 32, 1)
+    assert _C._brgemm_block(1, 64, True) == (32, 16, 1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -295,3 +305,34 @@ def test_cpu_paths_epilogue_share_record(tmp_path):
     assert torch.equal(
         localargmax.shard_argmax(h, w, path="brgemm"), localargmax.shard_sample(h, w, torch.zeros(2), 0, path="brgemm")
     )
+
+
+def test_cpu_paths_brgemm_blocks_record(tmp_path):
+    """bench/cpu_paths.py --brgemm-blocks: a row per (batch, block), the rule's first and named with its block,
+    each block's speed against the rule's from the same medians, keys equal to the rule's (every block gives the
+    same bits), the rule in force again after the run; a malformed or refused block exits with the reason."""
+    import json
+
+    from bench import cpu_paths
+
+    out = tmp_path / "blocks.json"
+    argv = ["--rows", "200", "--hidden", "64", "--dtype", "bfloat16", "--batch", "1,40", "--threads", "1"]
+    argv += ["--rounds", "1", "--steps", "1", "--brgemm-blocks", "64x64x4,16x32", "--json", str(out)]
+    assert cpu_paths.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "brgemm_blocks"
+    amx = _C._brgemm_mode("bfloat16") == "amx"
+    rule = {b: "rule {}x{}x{}".format(*_C._brgemm_block(b, 64, amx)) for b in (1, 40)}
+    assert [(r["batch"], r["block"]) for r in doc["rows"]] == [
+        (b, name) for b in (1, 40) for name in (rule[b], "64x64x4", "16x32x1")
+    ]
+    by_batch = {b: [r for r in doc["rows"] if r["batch"] == b] for b in (1, 40)}
+    for rows in by_batch.values():
+        for r in rows:
+            assert r["keys_equal_rule"] is True
+            assert r["speedup_vs_rule"] == pytest.approx(rows[0]["median_us"] / r["median_us"])
+    assert _C._brgemm_block(40, 64, True) == _C._brgemm_block(40, 64, True, (0, 0))  # no block left forced
+    for bad, reason in (("64x64x8", "step 1, 2 or 4"), ("64by64", "MxN or MxNxSTEP"), ("64x64x4x1", "MxN")):
+        with pytest.raises(SystemExit, match=reason):
+            cpu_paths.main([*argv[:-4], "--brgemm-blocks", bad])
+    assert _C._brgemm_block(40, 64, True) == _C._brgemm_block(40, 64, True, (0, 0))

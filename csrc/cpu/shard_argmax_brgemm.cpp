@@ -1,15 +1,16 @@
 // The brgemm CPU path (see shard_argmax_brgemm.h): per vocabulary tile and
-// block of N batch rows, cpublas::brgemm calls of M weight rows (brgemm_block:
-// the A operand read in place, lda = the weight's row stride; a stride below
-// H: each tile copied, lda = H) by N batch rows (the B operand: hidden
-// states transposed once per call, zero columns past the batch) over K = H,
-// float32 C; then emit_block, every path's epilogue, on the tile's
+// block of N batch rows, cpublas::brgemm calls of M weight rows (brgemm_block;
+// a block of step > 1 is step calls of every step-th row, lda and ldc step
+// rows': the A operand read in place, lda = the weight's row stride; a
+// stride below H: each tile copied, lda = H) by N batch rows (the B operand:
+// hidden states transposed once per call, zero columns past the batch) over
+// K = H, float32 C; then emit_block, every path's epilogue, on the tile's
 // kTileRows x N block. M, N, K, lda, ldb and ldc are the same in every call
 // of one problem (the last partial tile is copied to a zero-padded
-// kTileRows x lda block); across problems M and N may differ (brgemm_block:
-// by batch size), which gives a (row, batch row) the same bits: each C element is
-// one accumulation over K in oneDNN's order whatever M and N
-// (tests/test_cpu_brgemm.py forces every block and compares).
+// kTileRows x lda block); across problems M, N and the step may differ
+// (brgemm_block: by batch size), which gives a (row, batch row) the same
+// bits: each C element is one accumulation over K in oneDNN's order whatever
+// M, N, lda and ldc (tests/test_cpu_brgemm.py forces every block and compares).
 // Where ATen takes a VNNI B for bf16 / fp16 (brgemm_mode: AMX tiles where
 // cpublas::could_pack, oneDNN's AVX-512 ukernel elsewhere) B is VNNI-packed
 // here; otherwise brgemm runs with is_vnni = false, which ATen serves as it
@@ -39,28 +40,35 @@ namespace localargmax {
 namespace cpu {
 
 namespace {
-std::atomic<int64_t> g_forced_block{0};  // set_brgemm_block (tests only): m * 256 + n, 0 = the rule
+// set_brgemm_block (tests only): (m * 256 + n) * 8 + step, 0 = the rule
+std::atomic<int64_t> g_forced_block{0};
 }  // namespace
 
 BrgemmBlock brgemm_block(int64_t batch, int64_t hidden_size, bool amx) {
   if (amx) {
-    if (batch <= 16) return {32, 16};
-    const int64_t m = hidden_size <= 1024 ? 64 : 16;  // short K: fewer, longer calls
-    return {m, batch <= 32 ? int64_t{32} : int64_t{64}};
+    if (batch <= 16) return {32, 16, 1};
+    if (hidden_size > 1024) return {16, batch <= 32 ? int64_t{32} : int64_t{64}, 1};
+    // short K: 64 weight rows a block (fewer, longer calls), each call every
+    // 2nd / 4th row of the 64 (measured faster than 64 rows in order)
+    return batch <= 32 ? BrgemmBlock{64, 32, 2} : BrgemmBlock{64, 64, 4};
   }
-  return {kTileRows, batch <= 16 ? int64_t{16} : int64_t{32}};
+  return {kTileRows, batch <= 16 ? int64_t{16} : int64_t{32}, 1};
 }
 
 BrgemmBlock brgemm_block_in_use(int64_t batch, int64_t hidden_size, bool amx) {
   const int64_t forced = g_forced_block.load();
-  if (forced != 0) return {forced / 256, forced % 256};
+  if (forced != 0) return {forced / 8 / 256, forced / 8 % 256, forced % 8};
   return brgemm_block(batch, hidden_size, amx);
 }
 
-void set_brgemm_block(int64_t m, int64_t n) {
-  TORCH_CHECK_VALUE((m == 0 && n == 0) || ((m == 16 || m == 32 || m == 64) && (n == 16 || n == 32 || n == 64)),
-                    "_brgemm_block: m and n must each be 16, 32 or 64 (or both 0: the rule), got ", m, " and ", n);
-  g_forced_block.store(m * 256 + n);
+void set_brgemm_block(int64_t m, int64_t n, int64_t step) {
+  const auto size = [](int64_t v) { return v == 16 || v == 32 || v == 64; };
+  TORCH_CHECK_VALUE((m == 0 && n == 0 && step == 1) ||
+                        (size(m) && size(n) && (step == 1 || step == 2 || step == 4) && m / step >= 16),
+                    "_brgemm_block: m and n must each be 16, 32 or 64 and step 1, 2 or 4 with m / step >= 16 "
+                    "(or 0, 0, 1: the rule), got ",
+                    m, ", ", n, ", ", step);
+  g_forced_block.store(m == 0 ? 0 : (m * 256 + n) * 8 + step);
 }
 
 #if LAM_HAVE_BRGEMM
@@ -72,26 +80,27 @@ std::atomic<bool> g_epilogue{true};  // set_brgemm_epilogue (benchmark only)
 
 bool mkldnn_enabled() { return at::globalContext().userEnabledMkldnn(); }
 
-// C[brgemm_m, brgemm_n] = A[brgemm_m, H] (rows brgemm_lda apart) x B block.
-// False where ATen did not run it on the kernel the call decided.
-bool brgemm_block(const ShardArgmaxProblem& p, const void* a, const void* b, float* c) {
-  const int64_t M = p.brgemm_m, N = p.brgemm_n, K = p.hidden_size, lda = p.brgemm_lda;
+// C[M, N] (rows ldc apart) = A[M, H] (rows lda apart) x B block. False
+// where ATen did not run it on the kernel the call decided.
+bool brgemm_call(const ShardArgmaxProblem& p, const void* a, const void* b, float* c, int64_t M, int64_t lda,
+                 int64_t ldc) {
+  const int64_t N = p.brgemm_n, K = p.hidden_size;
   if (K == 0) {  // an empty sum is +0.0 (as every other path); oneDNN cannot make a K = 0 kernel
-    std::fill(c, c + M * N, 0.0f);
+    for (int64_t m = 0; m < M; ++m) std::fill(c + m * ldc, c + m * ldc + N, 0.0f);
     return true;
   }
   try {
     switch (p.weight_dtype) {
       case WeightDtype::kBFloat16:
-        blas::brgemm(M, N, K, lda, N, N, false, static_cast<const at::BFloat16*>(a),
+        blas::brgemm(M, N, K, lda, N, ldc, false, static_cast<const at::BFloat16*>(a),
                      static_cast<const at::BFloat16*>(b), c, p.brgemm_vnni);
         break;
       case WeightDtype::kFloat16:
-        blas::brgemm(M, N, K, lda, N, N, false, static_cast<const at::Half*>(a), static_cast<const at::Half*>(b), c,
+        blas::brgemm(M, N, K, lda, N, ldc, false, static_cast<const at::Half*>(a), static_cast<const at::Half*>(b), c,
                      p.brgemm_vnni);
         break;
       default:
-        blas::brgemm(M, N, K, lda, N, N, false, static_cast<const float*>(a), static_cast<const float*>(b), c, false);
+        blas::brgemm(M, N, K, lda, N, ldc, false, static_cast<const float*>(a), static_cast<const float*>(b), c, false);
     }
   } catch (const c10::Error&) {
     if (!p.brgemm_vnni) throw;
@@ -161,6 +170,7 @@ BrgemmOperands prepare_brgemm(const at::Tensor& hidden, const at::Tensor& weight
   const BrgemmBlock block = brgemm_block_in_use(batch, H, std::string(brgemm_mode(dtype)) == "amx");
   p.brgemm_m = block.m;
   p.brgemm_n = block.n;
+  p.brgemm_step = block.step;
   const int64_t N = block.n;
   const int64_t blocks = (batch + N - 1) / N;
   p.brgemm_vnni = !flag_free && H % 2 == 0 && std::string(brgemm_mode(dtype)) != "plain";
@@ -192,7 +202,7 @@ BrgemmOperands prepare_brgemm(const at::Tensor& hidden, const at::Tensor& weight
 void shard_argmax_tiles_brgemm(const ShardArgmaxProblem& p, int64_t tile_begin, int64_t tile_end, float* scratch,
                                uint64_t* best_keys) {
   const size_t esize = element_size(p.weight_dtype);
-  const int64_t N = p.brgemm_n, M = p.brgemm_m;
+  const int64_t N = p.brgemm_n, M = p.brgemm_m, step = p.brgemm_step;
   const size_t b_block_bytes = static_cast<size_t>(p.brgemm_ldk * N) * esize;
   const int64_t blocks = (p.batch + N - 1) / N;
   const size_t row_bytes = static_cast<size_t>(p.hidden_size) * esize;
@@ -214,10 +224,12 @@ void shard_argmax_tiles_brgemm(const ShardArgmaxProblem& p, int64_t tile_begin, 
       const int64_t b0 = j * N;
       const char* b = static_cast<const char*>(p.brgemm_hidden) + j * b_block_bytes;
       for (int64_t m0 = 0; m0 < kTileRows; m0 += M) {
-        if (!brgemm_block(p, static_cast<const char*>(a) + static_cast<size_t>(m0 * p.brgemm_lda) * esize, b,
-                          scratch + m0 * N)) {
-          p.brgemm_refused->store(true);
-          return;
+        for (int64_t q = m0; q < m0 + step; ++q) {  // rows q, q + step, ...: C rows in place (ldc = step N)
+          if (!brgemm_call(p, static_cast<const char*>(a) + static_cast<size_t>(q * p.brgemm_lda) * esize, b,
+                           scratch + q * N, M / step, step * p.brgemm_lda, step * N)) {
+            p.brgemm_refused->store(true);
+            return;
+          }
         }
       }
       if (epilogue) emit_block(p, scratch, N, row0, rows, b0, std::min(N, p.batch - b0), best_keys);

@@ -40,24 +40,28 @@ BrgemmOperands prepare_brgemm(const at::Tensor& hidden, const at::Tensor& weight
 // "plain" (VNNI pairs K). localargmax._C._brgemm_mode exports it.
 const char* brgemm_mode(at::ScalarType dtype);
 
-// One cpublas::brgemm call's block: m weight rows (a divisor of kTileRows)
-// by n batch rows (the B operand's columns, zero past the batch).
+// The brgemm calls of a block: m weight rows (a divisor of kTileRows) by n
+// batch rows (the B operand's columns, zero past the batch), taken as `step`
+// calls of m / step rows each, every step-th row of the m (lda = step row
+// strides, ldc = step n; C lands in row order).
 struct BrgemmBlock {
-  int64_t m, n;
+  int64_t m, n, step;
 };
 // The block a call of `batch` rows of `hidden_size` takes (DESIGN.md, "CPU
 // paths"): on AMX (brgemm_mode "amx") 32 x 16 up to 16 batch rows, else
-// M x 32 up to 32 and M x 64 past, M = 64 weight rows where H <= 1024 and 16
-// above (measured on an AMX Xeon); elsewhere 64 x 16 up to 16 batch rows,
-// else 64 x 32 (measured fastest on the EPYC). Every block gives a (row,
-// batch row) the same bits (tests/test_cpu_brgemm.py).
+// M x 32 up to 32 and M x 64 past, M = 64 weight rows where H <= 1024 (in
+// calls of every 2nd row up to 32 batch rows, every 4th past) and 16 above
+// (measured on an AMX Xeon); elsewhere 64 x 16 up to 16 batch rows, else
+// 64 x 32 (measured fastest on the EPYC); step 1 unless said. Every block
+// gives a (row, batch row) the same bits (tests/test_cpu_brgemm.py).
 BrgemmBlock brgemm_block(int64_t batch, int64_t hidden_size, bool amx);
 // brgemm_block, or the block set_brgemm_block forced.
 BrgemmBlock brgemm_block_in_use(int64_t batch, int64_t hidden_size, bool amx);
 // Tests only (localargmax._C._brgemm_block(batch, hidden_size, amx, force)): forces every
-// brgemm call's block to m x n (16, 32 or 64 each; 0, 0: the rule again);
-// process-wide. ValueError for any other m, n.
-void set_brgemm_block(int64_t m, int64_t n);
+// brgemm call's block to m x n in `step` calls (m, n 16, 32 or 64; step 1, 2
+// or 4 with m / step >= 16; 0, 0, 1: the rule again); process-wide.
+// ValueError for any other m, n, step.
+void set_brgemm_block(int64_t m, int64_t n, int64_t step);
 
 // Benchmark only (bench/cpu_paths.py --epilogue-share, through
 // localargmax._C._brgemm_epilogue): false makes the brgemm path skip

@@ -150,6 +150,7 @@ at::Tensor reduce_shard(const at::Tensor& hidden, const at::Tensor& weight, cons
   p.brgemm_ldk = 0;
   p.brgemm_n = 0;
   p.brgemm_m = 0;
+  p.brgemm_step = 1;
   p.brgemm_lda = 0;
   p.brgemm_vnni = false;
   p.brgemm_recheck = false;

@@ -74,7 +74,8 @@ struct ShardArgmaxProblem {
   const void* brgemm_weight_tail;
   int64_t brgemm_ldk;  // K rows of one B block (H)
   int64_t brgemm_n;    // N: batch rows per call (brgemm_block_in_use)
-  int64_t brgemm_m;    // M: weight rows per call, a divisor of kTileRows
+  int64_t brgemm_m;    // M: weight rows per block, a divisor of kTileRows
+  int64_t brgemm_step;  // calls per block: M / step rows each, every step-th row
   // A's leading dimension in every call: ldw, or H where ldw < H (a
   // broadcast or overlapping weight: each tile is then copied to a
   // kTileRows x H block first)
