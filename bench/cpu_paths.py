@@ -103,6 +103,8 @@ def brgemm_blocks(args) -> int:
     weight = (torch.randn(args.rows, args.hidden, generator=gen) / args.hidden**0.5).to(dtype)
     amx = localargmax._C._brgemm_mode(args.dtype) == "amx"
     forced = [parse_block(b) for b in args.brgemm_blocks.split(",")]
+    if len(set(forced)) < len(forced) or (0, 0, 1) in forced:
+        raise SystemExit(f"--brgemm-blocks: each block once, none 0x0 (the rule, always timed): {args.brgemm_blocks}")
     settings = [(0, 0, 1), *forced]  # (0, 0, 1): the rule
 
     def apply(block):

@@ -158,6 +158,12 @@ static PyObject* set_switch(PyObject* arg, bool (*get)(), void (*set)(bool)) {
   return PyBool_FromLong(was);
 }
 
+// localargmax._C._brgemm_calls() -> int: tests only; the cpublas::brgemm
+// calls path='brgemm' made since the last reading (which starts it again).
+static PyObject* py_brgemm_calls(PyObject*, PyObject*) {
+  return PyLong_FromLongLong(static_cast<long long>(localargmax::cpu::brgemm_calls()));
+}
+
 static PyObject* py_brgemm_epilogue(PyObject*, PyObject* arg) {
   return set_switch(arg, localargmax::cpu::brgemm_epilogue, localargmax::cpu::set_brgemm_epilogue);
 }
@@ -303,6 +309,9 @@ extern "C" PyObject* PyInit__C(void) {
        "this CPU) for weights of dtype ('float32' (None), 'bfloat16', 'float16')."},
       {"_brgemm_mode", py_brgemm_mode, METH_O,
        "_brgemm_mode(dtype) -> 'amx', 'vnni' or 'plain': how the brgemm CPU path runs for dtype on this CPU."},
+      {"_brgemm_calls", py_brgemm_calls, METH_NOARGS,
+       "_brgemm_calls() -> int: tests only; the cpublas::brgemm calls path='brgemm' made since the last reading "
+       "(which starts the count again)."},
       {"_brgemm_epilogue", py_brgemm_epilogue, METH_O,
        "_brgemm_epilogue(on) -> bool: benchmark only; False makes path='brgemm' skip its epilogue (tiles alone, "
        "empty keys). Returns the previous setting."},

@@ -117,6 +117,47 @@ def test_brgemm_blocks_do_not_change_a_rows_bits(gen, dtype):
                     assert torch.equal(one[i], b[33:34]), (m, n, step, i)
 
 
+BLOCKS = [(m, n, s) for m in (16, 32, 64) for n in (16, 32, 64) for s in (1, 2, 4) if m // s >= 16]
+
+
+@pytest.mark.parametrize("layout", ["padded rows", "one row broadcast"])
+def test_brgemm_blocks_on_strided_weights(gen, layout):
+    """A weight whose rows are H + 5 apart (every tile read in place at that stride, the last one copied) or
+    one row broadcast (stride 0: each tile copied to rows H apart first) gets the rule's bits under every
+    block and step (bf16: on AMX the tiles), the argmax within the float32 bound of float64."""
+    hidden, weight, bias, num_valid, temperature = seventy_rows(gen, torch.bfloat16)
+    rows, hsize = weight.shape
+    if layout == "padded rows":
+        weight = torch.randn(rows, hsize + 5, generator=gen).bfloat16()[:, :hsize]
+    else:
+        weight = weight[:1].expand(rows, hsize)  # every logit of a batch row ties: the bias decides
+        bias = torch.randperm(rows, generator=gen).float()
+    want = run_ops(hidden, weight, bias, num_valid, temperature, 0)
+    ids, _ = localargmax.decode_keys(want[0])
+    check_against_reference(ids - 7, hidden, weight[:num_valid], bias[:num_valid], context=layout)
+    for block in BLOCKS:
+        with forced_block(*block):
+            got = run_ops(hidden, weight, bias, num_valid, temperature, 0)
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), (layout, block, i)
+
+
+def test_brgemm_call_count_follows_the_block():
+    """The path makes tiles x batch blocks x (64 / M) x step cpublas::brgemm calls (_C._brgemm_calls counts
+    them): the rule's block (whose step the rule test pins) and every forced block, so a step the path did
+    not take, or took twice, shows; a stride below H (each tile copied) takes the same calls."""
+    hidden = torch.randn(40, 96).bfloat16()
+    weight = torch.randn(333, 96).bfloat16()  # 6 tiles, the last partial
+    amx = _C._brgemm_mode("bfloat16") == "amx"
+    _C._brgemm_calls()
+    for block in [None, *BLOCKS]:
+        m, n, step = _C._brgemm_block(40, 96, amx) if block is None else block
+        with forced_block(m, n, step) if block else contextlib.nullcontext():
+            for w in (weight, weight[:1].expand(333, 96)):
+                localargmax.shard_argmax(hidden, w, path="brgemm")
+                assert _C._brgemm_calls() == 6 * math.ceil(40 / n) * (64 // m) * step, (block, w.stride())
+
+
 def test_brgemm_block_rule():
     """The rule (csrc/cpu/shard_argmax_brgemm.h): on AMX 32 x 16 up to 16
     batch rows, else M x 32 up to 32 and M x 64 past, M = 64 weight rows at
@@ -135,7 +176,7 @@ def test_brgemm_block_rule():
                 want = (64, 64, 4) if short else (16, 64, 1)
             assert _C._brgemm_block(batch, hidden, True) == want, (batch, hidden)
             assert _C._brgemm_block(batch, hidden, False) == (64, 16 if batch <= 16 else 32, 1)
-    for bad in ((8, 16), (16, 128), (0, 16), (64, 0), (16, 16, 2), (32, 16, 4), (64, 16, 3), (64, 16, 0)):
+    for bad in ((8, 16), (16, 128), (0, 16), (64, 0), (16, 16, 2), (32, 16, 4), (64, 16, 3), (64, 16, 0), (0, 0, 2)):
         with pytest.raises(ValueError, match="16, 32 or 64"):
             _C._brgemm_block(1, 64, False, bad)
     for bad in ([16, 16], (16,), (16, 16, 1, 1)):
@@ -332,7 +373,14 @@ def test_cpu_paths_brgemm_blocks_record(tmp_path):
             assert r["keys_equal_rule"] is True
             assert r["speedup_vs_rule"] == pytest.approx(rows[0]["median_us"] / r["median_us"])
     assert _C._brgemm_block(40, 64, True) == _C._brgemm_block(40, 64, True, (0, 0))  # no block left forced
-    for bad, reason in (("64x64x8", "step 1, 2 or 4"), ("64by64", "MxN or MxNxSTEP"), ("64x64x4x1", "MxN")):
+    bad_blocks = (
+        ("64x64x4,64x64x8", "step 1, 2 or 4"),  # refused after a valid block was forced: the rule again after
+        ("64by64", "MxN or MxNxSTEP"),
+        ("64x64x4x1", "MxN"),
+        ("64x64,64x64x1", "each block once"),
+        ("0x0", "none 0x0"),
+    )
+    for bad, reason in bad_blocks:
         with pytest.raises(SystemExit, match=reason):
             cpu_paths.main([*argv[:-4], "--brgemm-blocks", bad])
-    assert _C._brgemm_block(40, 64, True) == _C._brgemm_block(40, 64, True, (0, 0))
+        assert _C._brgemm_block(40, 64, True) == _C._brgemm_block(40, 64, True, (0, 0)), bad

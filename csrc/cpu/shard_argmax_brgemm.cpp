@@ -77,6 +77,7 @@ namespace blas = at::native::cpublas;
 namespace {
 
 std::atomic<bool> g_epilogue{true};  // set_brgemm_epilogue (benchmark only)
+std::atomic<int64_t> g_calls{0};     // brgemm_calls (tests only)
 
 bool mkldnn_enabled() { return at::globalContext().userEnabledMkldnn(); }
 
@@ -85,6 +86,7 @@ bool mkldnn_enabled() { return at::globalContext().userEnabledMkldnn(); }
 bool brgemm_call(const ShardArgmaxProblem& p, const void* a, const void* b, float* c, int64_t M, int64_t lda,
                  int64_t ldc) {
   const int64_t N = p.brgemm_n, K = p.hidden_size;
+  g_calls.fetch_add(1, std::memory_order_relaxed);
   if (K == 0) {  // an empty sum is +0.0 (as every other path); oneDNN cannot make a K = 0 kernel
     for (int64_t m = 0; m < M; ++m) std::fill(c + m * ldc, c + m * ldc + N, 0.0f);
     return true;
@@ -239,6 +241,7 @@ void shard_argmax_tiles_brgemm(const ShardArgmaxProblem& p, int64_t tile_begin, 
 
 void set_brgemm_epilogue(bool on) { g_epilogue.store(on); }
 bool brgemm_epilogue() { return g_epilogue.load(); }
+int64_t brgemm_calls() { return g_calls.exchange(0); }
 
 BrgemmChunk::~BrgemmChunk() {
   if (!vnni_) return;
@@ -262,6 +265,7 @@ const char* brgemm_mode(at::ScalarType) { return "plain"; }
 
 void set_brgemm_epilogue(bool) {}
 bool brgemm_epilogue() { return true; }
+int64_t brgemm_calls() { return 0; }
 
 void shard_argmax_tiles_brgemm(const ShardArgmaxProblem&, int64_t, int64_t, float*, uint64_t*) {}
 

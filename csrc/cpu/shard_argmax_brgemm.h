@@ -63,6 +63,11 @@ BrgemmBlock brgemm_block_in_use(int64_t batch, int64_t hidden_size, bool amx);
 // ValueError for any other m, n, step.
 void set_brgemm_block(int64_t m, int64_t n, int64_t step);
 
+// Tests only (localargmax._C._brgemm_calls()): the cpublas::brgemm calls the
+// path made since the last reading (process-wide, every thread); reading
+// starts the count again.
+int64_t brgemm_calls();
+
 // Benchmark only (bench/cpu_paths.py --epilogue-share, through
 // localargmax._C._brgemm_epilogue): false makes the brgemm path skip
 // emit_block, so a call times the tiles alone and its keys are all empty.

@@ -110,7 +110,7 @@ void shard_argmax_tiles_avx512(const ShardArgmaxProblem& p, int64_t tile_begin,
 void shard_argmax_tiles_avx512_bf16(const ShardArgmaxProblem& p, int64_t tile_begin,
                                     int64_t tile_end, float* scratch, uint64_t* best_keys);
 // brgemm (shard_argmax_brgemm.cpp): the dot products by ATen's
-// cpublas::brgemm, [brgemm_m x brgemm_n] float32 per call, then emit_block
+// cpublas::brgemm, [brgemm_m / brgemm_step x brgemm_n] float32 per call, then emit_block
 // per tile. scratch: at least kTileRows * kBrgemmMaxBatchBlock floats.
 void shard_argmax_tiles_brgemm(const ShardArgmaxProblem& p, int64_t tile_begin,
                                int64_t tile_end, float* scratch, uint64_t* best_keys);
