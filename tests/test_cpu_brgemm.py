@@ -159,17 +159,18 @@ def test_brgemm_call_count_follows_the_block():
 
 
 def test_brgemm_block_rule():
-    """The rule (csrc/cpu/shard_argmax_brgemm.h): on AMX 32 x 16 up to 16
-    batch rows, else M x 32 up to 32 and M x 64 past, M = 64 weight rows at
-    H <= 1024 (in 2 calls of every 2nd row up to 32, 4 of every 4th past)
-    and 16 above; elsewhere 16 batch columns up to 16 rows, else 32, by 64
-    weight rows, one call; a forced block outside 16 / 32 / 64, or a step
-    that leaves fewer than 16 rows a call, is a ValueError."""
+    """The rule (csrc/cpu/shard_argmax_brgemm.h): on AMX at H <= 1024 64
+    weight rows by 16 / 32 / 64 batch rows (up to 16, up to 32, past), in 2
+    calls of every 2nd row up to 32 batch rows and 4 of every 4th past; above
+    H 1024 32 x 16 up to 16 batch rows, else 16 x 32 up to 32 and 16 x 64
+    past; elsewhere 16 batch columns up to 16 rows, else 32, by 64 weight
+    rows, one call; a forced block outside 16 / 32 / 64, or a step that
+    leaves fewer than 16 rows a call, is a ValueError."""
     for hidden in (8, 1024, 1025, 4096):
         short = hidden <= 1024
         for batch in (1, 15, 16, 17, 32, 33, 64, 65, 1000):
             if batch <= 16:
-                want = (32, 16, 1)
+                want = (64, 16, 2) if short else (32, 16, 1)
             elif batch <= 32:
                 want = (64, 32, 2) if short else (16, 32, 1)
             else:
@@ -186,7 +187,8 @@ def test_brgemm_block_rule():
         assert _C._brgemm_block(1, 64, True) == (64, 64, 2)  # the block in force
     with forced_block(16, 32):
         assert _C._brgemm_block(1, 64, True) == (16, 32, 1)
-    assert _C._brgemm_block(1, 64, True) == (32, 16, 1)
+    assert _C._brgemm_block(1, 64, True) == (64, 16, 2)
+    assert _C._brgemm_block(1, 4096, True) == (32, 16, 1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

@@ -46,11 +46,11 @@ std::atomic<int64_t> g_forced_block{0};
 
 BrgemmBlock brgemm_block(int64_t batch, int64_t hidden_size, bool amx) {
   if (amx) {
-    if (batch <= 16) return {32, 16, 1};
-    if (hidden_size > 1024) return {16, batch <= 32 ? int64_t{32} : int64_t{64}, 1};
+    const int64_t n = batch <= 16 ? 16 : batch <= 32 ? 32 : 64;
     // short K: 64 weight rows a block (fewer, longer calls), each call every
     // 2nd / 4th row of the 64 (measured faster than 64 rows in order)
-    return batch <= 32 ? BrgemmBlock{64, 32, 2} : BrgemmBlock{64, 64, 4};
+    if (hidden_size <= 1024) return {64, n, batch <= 32 ? int64_t{2} : int64_t{4}};
+    return {batch <= 16 ? int64_t{32} : int64_t{16}, n, 1};
   }
   return {kTileRows, batch <= 16 ? int64_t{16} : int64_t{32}, 1};
 }
