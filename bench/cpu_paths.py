@@ -84,6 +84,24 @@ def interleaved(call, settings, apply, args) -> dict:
     return times
 
 
+def write_brgemm_record(args, kind: str, rows: list) -> None:
+    """The JSON record of a path=brgemm mode (--brgemm-blocks, --epilogue-share) at args.json, if given."""
+    if not args.json:
+        return
+    doc = dict(
+        kind=kind,
+        command="PYTHONPATH=. python bench/cpu_paths.py " + " ".join(sys.argv[1:]),
+        env=dict(
+            env_info("cpu", args.threads),
+            brgemm_mode=localargmax._C._brgemm_mode(args.dtype),
+            load_average=list(os.getloadavg()),
+        ),
+        rows=rows,
+    )
+    with open(args.json, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
 def parse_block(text: str) -> tuple[int, ...]:
     """'64x64x4' -> (64, 64, 4); 'MxN' -> (M, N, 1)."""
     try:
@@ -147,19 +165,7 @@ def brgemm_blocks(args) -> int:
                 )
     finally:
         localargmax._C._brgemm_block(1, args.hidden, amx, (0, 0))
-    if args.json:
-        doc = dict(
-            kind="brgemm_blocks",
-            command="PYTHONPATH=. python bench/cpu_paths.py " + " ".join(sys.argv[1:]),
-            env=dict(
-                env_info("cpu", args.threads),
-                brgemm_mode=localargmax._C._brgemm_mode(args.dtype),
-                load_average=list(os.getloadavg()),
-            ),
-            rows=rows,
-        )
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+    write_brgemm_record(args, "brgemm_blocks", rows)
     return 0
 
 
@@ -199,19 +205,7 @@ def epilogue_share(args) -> int:
                 f"B={batch:4} {op:8} with epilogue {with_ * 1e3:9.2f} ms  tiles alone {tiles * 1e3:9.2f} ms  "
                 f"epilogue share {share:6.1%} (at the fastest calls: {share_min:6.1%})"
             )
-    if args.json:
-        doc = dict(
-            kind="epilogue_share",
-            command="PYTHONPATH=. python bench/cpu_paths.py " + " ".join(sys.argv[1:]),
-            env=dict(
-                env_info("cpu", args.threads),
-                brgemm_mode=localargmax._C._brgemm_mode(args.dtype),
-                load_average=list(os.getloadavg()),
-            ),
-            rows=rows,
-        )
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+    write_brgemm_record(args, "epilogue_share", rows)
     return 0
 
 

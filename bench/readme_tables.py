@@ -285,6 +285,12 @@ def paths_table(docs: list) -> str:
     return "\n".join(lines + ["", _provenance(docs)])
 
 
+def _brgemm_provenance(docs: list) -> str:
+    """_provenance, plus the brgemm mode the run recorded (bench/cpu_paths.py's path=brgemm modes)."""
+    mode = docs[0]["env"].get("brgemm_mode")
+    return _provenance(docs) + (f" brgemm mode: {mode}." if mode else "")
+
+
 def epilogue_table(docs: list) -> str:
     """``bench/cpu_paths.py --epilogue-share``: per op and batch, path=brgemm with its epilogue and with the
     tiles alone (median and fastest call), and the epilogue's share of the call."""
@@ -300,8 +306,7 @@ def epilogue_table(docs: list) -> str:
             for r in d["rows"]
         ),
     ]
-    mode = d["env"].get("brgemm_mode")
-    return "\n".join(lines + ["", _provenance(docs) + (f" brgemm mode: {mode}." if mode else "")])
+    return "\n".join(lines + ["", _brgemm_provenance(docs)])
 
 
 def blocks_table(docs: list) -> str:
@@ -319,8 +324,7 @@ def blocks_table(docs: list) -> str:
             for r in d["rows"]
         ),
     ]
-    mode = d["env"].get("brgemm_mode")
-    return "\n".join(lines + ["", _provenance(docs) + (f" brgemm mode: {mode}." if mode else "")])
+    return "\n".join(lines + ["", _brgemm_provenance(docs)])
 
 
 def log_odds_table(docs: list) -> str:
