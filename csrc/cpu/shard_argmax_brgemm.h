@@ -51,9 +51,10 @@ struct BrgemmBlock {
 // paths"): on AMX (brgemm_mode "amx") where H <= 1024 64 weight rows by
 // 16 batch rows up to 16, 32 up to 32 and 64 past, in calls of every 2nd row
 // up to 32 batch rows and every 4th past; above H 1024 32 x 16 up to 16 batch
-// rows, else 16 x 32 up to 32 and 16 x 64 past (measured on an AMX Xeon); elsewhere 64 x 16 up to 16 batch rows, else
-// 64 x 32 (measured fastest on the EPYC); step 1 unless said. Every block
-// gives a (row, batch row) the same bits (tests/test_cpu_brgemm.py).
+// rows, else 16 x 32 up to 32 and 16 x 64 past (measured on an AMX Xeon);
+// elsewhere 64 x 16 up to 16 batch rows, else 64 x 32 (measured fastest on
+// the EPYC); step 1 unless said. Every block gives a (row, batch row) the
+// same bits (tests/test_cpu_brgemm.py).
 BrgemmBlock brgemm_block(int64_t batch, int64_t hidden_size, bool amx);
 // brgemm_block, or the block set_brgemm_block forced.
 BrgemmBlock brgemm_block_in_use(int64_t batch, int64_t hidden_size, bool amx);
