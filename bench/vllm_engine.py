@@ -123,17 +123,25 @@ def run_engine(
     max_tokens: int = 24,
     num_spec: int = 3,
     breakdown=(),
+    repeats: int = 1,
     timeout: float = 600,
 ) -> dict:
     """Start one engine for ``method`` (:data:`METHODS`) in a subprocess and
     generate greedily (temperature 0, ``ignore_eos``) for each request count in
-    ``batches``. Returns ``{"tokens": {batch: [[ids]]}, "runs": [{batch,
-    seconds, output_tokens, tokens_per_s}], "workers": [per-worker counters
-    and timers], "start_s"}``; raises RuntimeError with the engine's output
-    tail if it fails."""
+    ``batches``, ``repeats`` times (the request counts interleaved in each
+    repeat). Returns ``{"tokens": {batch: [[ids]]}, "runs": [{batch, seconds,
+    output_tokens, tokens_per_s, tokens_per_s_each, workers}], "workers":
+    [per-worker facts], "start_s"}``: ``seconds`` and ``tokens_per_s`` are the
+    median repeat's, ``tokens_per_s_each`` every repeat's, a run's worker
+    timers summed over its repeats. Raises ValueError for an unknown method or
+    ``repeats`` < 1, RuntimeError with the engine's output tail if it fails or
+    a repeat's tokens differ from the first's."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
     spec = {"batches": list(batches), "dtype": dtype, "tp": tp, "max_tokens": max_tokens, "num_spec": num_spec}
+    spec["repeats"] = repeats
     spec.update({"method": method, "paths": paths, "breakdown": list(breakdown)})
     proc = subprocess.run(
         [sys.executable, "-m", "bench.vllm_engine", "--engine-json", json.dumps(spec)],
@@ -181,19 +189,45 @@ def _engine_main(spec: dict) -> dict:
     params = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True)
     llm.generate([{"prompt_token_ids": p} for p in prompts(2)], params, use_tqdm=False)  # warm-up
     llm.collective_rpc(_reset_timers)
-    tokens, runs = {}, []
+    tokens, seconds, workers = {}, {b: [] for b in spec["batches"]}, {b: [] for b in spec["batches"]}
+    for _ in range(spec.get("repeats", 1)):
+        for batch in spec["batches"]:
+            t0 = time.perf_counter()
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts(batch)], params, use_tqdm=False)
+            seconds[batch].append(time.perf_counter() - t0)
+            got = [list(o.outputs[0].token_ids) for o in outs]
+            if tokens.setdefault(str(batch), got) != got:
+                raise RuntimeError(f"{spec['method']}: {batch} requests gave other tokens on a repeat (greedy)")
+            workers[batch].append(llm.collective_rpc(_read_timers))
+            llm.collective_rpc(_reset_timers)
+    runs = []
     for batch in spec["batches"]:
-        t0 = time.perf_counter()
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts(batch)], params, use_tqdm=False)
-        seconds = time.perf_counter() - t0
-        tokens[str(batch)] = [list(o.outputs[0].token_ids) for o in outs]
         produced = sum(len(t) for t in tokens[str(batch)])
-        runs.append({"batch": batch, "seconds": seconds, "output_tokens": produced, "tokens_per_s": produced / seconds})
-        runs[-1]["workers"] = llm.collective_rpc(_read_timers)
-        llm.collective_rpc(_reset_timers)
+        median = statistics.median_low(seconds[batch])  # a repeat's own time (an odd count: the median)
+        runs.append(
+            {
+                "batch": batch,
+                "seconds": median,
+                "output_tokens": produced,
+                "tokens_per_s": produced / median,
+                "tokens_per_s_each": [produced / s for s in seconds[batch]],
+                "workers": [_summed(per_rank) for per_rank in zip(*workers[batch])],
+            }
+        )
     out = {"tokens": tokens, "runs": runs, "start_s": start_s, "workers": llm.collective_rpc(_worker_facts)}
     if spec["breakdown"] and spec["method"] != "none":
         out["breakdown"] = llm.collective_rpc(_head_breakdown, args=(spec["breakdown"],))
+    return out
+
+
+def _summed(timers) -> dict:
+    """One worker's timers over several repeats: numbers summed, the rest as
+    the last repeat left them."""
+    out = {}
+    for one in timers:
+        for key, value in one.items():
+            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+            out[key] = out.get(key, 0) + value if numeric else value
     return out
 
 
@@ -366,7 +400,9 @@ def markdown(report: dict) -> str:
             prop = worker.get("propose s", 0) / max(worker.get("propose calls", 0), 1) * 1e3
             ratio = f"{run['tokens_per_s'] / base[run['batch']]:.2f}x" if run["batch"] in base else "-"
             timing = f"{head:.2f} | {prop:.2f}" if worker.get("propose calls") else "- | -"
-            lines.append(f"| {method} | {run['batch']} | {run['tokens_per_s']:.1f} | {ratio} | {timing} |")
+            each = run.get("tokens_per_s_each", [])
+            spread = f" ({min(each):.1f}-{max(each):.1f})" if len(each) > 1 else ""
+            lines.append(f"| {method} | {run['batch']} | {run['tokens_per_s']:.1f}{spread} | {ratio} | {timing} |")
     breakdown = results.get("plugin", {}).get("breakdown")
     if breakdown:
         parts = list(next(iter(breakdown[0].values())))
@@ -374,18 +410,28 @@ def markdown(report: dict) -> str:
         for batch, row in breakdown[0].items():
             lines.append(f"| {batch} | " + " | ".join(f"{row[p]:.3f}" for p in parts) + " |")
     shape, worker = report["shape"], results["plugin"]["workers"][0] if "plugin" in results else {}
-    same = report["tokens_equal_first_method"]
+    baseline = "vllm-local-argmax" if "vllm-local-argmax" in results else next(iter(results))
+    same = [m for m, r in results.items() if m != baseline and r["tokens"] == results[baseline]["tokens"]]
+    other = [m for m, r in results.items() if r["tokens"] != results[baseline]["tokens"]]
+    repeats = report.get("repeats", 1)
     lines += [
         "",
-        f"ms, the parts each a median of 20 rounds, timed round-robin; `{report['command']}` on {report['date']}: "
+        (
+            f"tok/s: the median of {repeats} generate() calls per request count (their range in brackets), the "
+            "counts interleaved"
+            if repeats > 1
+            else "tok/s: one generate() call per request count"
+        )
+        + f"; ms, the parts each a median of 20 rounds, timed round-robin; `{report['command']}` on {report['date']}: "
         f"{report['cpu']} "
         f"({', '.join(report['cpu_flags'])}), {report['cores']} cores, vLLM {report['vllm']}, torch {report['torch']}, "
         f"TP {report['tp']} (one core per rank), {report['dtype']}, vocab {shape['vocab']}, draft hidden "
         f"{shape['draft_hidden']} (head shard {worker.get('draft head shard')}, CPU path {worker.get('cpu path')}), "
         f"{report['num_spec']} speculative tokens, {report['max_tokens']} output tokens per request; 1-minute load "
         f"{report['load_average_start'][0]:.1f} at the start, {report['load_average_end'][0]:.1f} at the end. "
-        f"Tokens equal the first method's: {', '.join(m for m, ok in same.items() if ok)}. "
-        f"From `{report['path']}`.",
+        f"Tokens equal to {baseline}'s: {', '.join(same) or 'no other method'}"
+        + (f"; other tokens: {', '.join(other)}. " if other else ". ")
+        + f"From `{report['path']}`.",
     ]
     return "\n".join(lines)
 
@@ -406,6 +452,13 @@ def main(argv=None) -> int:
     parser.add_argument("--tp", type=int, default=2, help="tensor-parallel size (default 2: one core per rank)")
     parser.add_argument("--max-tokens", type=int, default=48, help="output tokens per request (default 48)")
     parser.add_argument("--num-spec", type=int, default=4, help="speculative tokens per step (default 4)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="generate() calls per request count in each engine, the counts interleaved; tok/s is the median "
+        "repeat's (default 1; use an odd count)",
+    )
     parser.add_argument("--breakdown", action="store_true", help="time the draft head's parts in the workers")
     parser.add_argument("--json", metavar="PATH", help="write the results (with the command and the CPU) here")
     args = parser.parse_args(argv)
@@ -418,6 +471,8 @@ def main(argv=None) -> int:
     if bad:
         parser.error(f"--methods: unknown {bad}; choose from {', '.join(METHODS)}")
     requests = [int(x) for x in args.requests.split(",")]
+    if args.repeats < 1:
+        parser.error(f"--repeats: at least 1, got {args.repeats}")
     from tqdm import tqdm
 
     shape = LARGE if args.shape == "large" else SMALL
@@ -436,9 +491,8 @@ def main(argv=None) -> int:
                 max_tokens=args.max_tokens,
                 num_spec=args.num_spec,
                 breakdown=requests if args.breakdown and method == "plugin" else (),
+                repeats=args.repeats,
             )
-    first = next(iter(results.values()))["tokens"]
-    same = {m: r["tokens"] == first for m, r in results.items()}
     import torch
     import vllm
 
@@ -458,7 +512,7 @@ def main(argv=None) -> int:
         "tp": args.tp,
         "max_tokens": args.max_tokens,
         "num_spec": args.num_spec,
-        "tokens_equal_first_method": same,
+        "repeats": args.repeats,
         "results": results,
     }
     report["path"] = args.json or "(not written)"
