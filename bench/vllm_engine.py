@@ -131,9 +131,9 @@ def run_engine(
     ``batches``, ``repeats`` times (the request counts interleaved in each
     repeat). Returns ``{"tokens": {batch: [[ids]]}, "runs": [{batch, seconds,
     output_tokens, tokens_per_s, tokens_per_s_each, workers}], "workers":
-    [per-worker facts], "start_s"}``: ``seconds`` and ``tokens_per_s`` are the
-    median repeat's, ``tokens_per_s_each`` every repeat's, a run's worker
-    timers summed over its repeats. Raises ValueError for an unknown method or
+    [per-worker facts], "start_s"}``: ``tokens_per_s`` is the median of the
+    repeats' ``tokens_per_s_each`` (``seconds`` the time it stands for), a
+    run's worker timers and plugin counters summed over its repeats. Raises ValueError for an unknown method or
     ``repeats`` < 1, RuntimeError with the engine's output tail if it fails or
     a repeat's tokens differ from the first's."""
     if method not in METHODS:
@@ -203,14 +203,14 @@ def _engine_main(spec: dict) -> dict:
     runs = []
     for batch in spec["batches"]:
         produced = sum(len(t) for t in tokens[str(batch)])
-        median = statistics.median_low(seconds[batch])  # a repeat's own time (an odd count: the median)
+        each = [produced / s for s in seconds[batch]]
         runs.append(
             {
                 "batch": batch,
-                "seconds": median,
+                "seconds": produced / statistics.median(each),
                 "output_tokens": produced,
-                "tokens_per_s": produced / median,
-                "tokens_per_s_each": [produced / s for s in seconds[batch]],
+                "tokens_per_s": statistics.median(each),
+                "tokens_per_s_each": each,
                 "workers": [_summed(per_rank) for per_rank in zip(*workers[batch])],
             }
         )
@@ -221,13 +221,18 @@ def _engine_main(spec: dict) -> dict:
 
 
 def _summed(timers) -> dict:
-    """One worker's timers over several repeats: numbers summed, the rest as
-    the last repeat left them."""
+    """One worker's timers over several repeats: numbers summed, dicts of
+    counters (the plugin's stats) summed key by key, the rest (flags) as the
+    last repeat left them."""
     out = {}
     for one in timers:
         for key, value in one.items():
-            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-            out[key] = out.get(key, 0) + value if numeric else value
+            if isinstance(value, dict):
+                out[key] = _summed([out.get(key, {}), value])
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[key] = out.get(key, 0) + value
+            else:
+                out[key] = value
     return out
 
 
@@ -418,7 +423,7 @@ def markdown(report: dict) -> str:
         "",
         (
             f"tok/s: the median of {repeats} generate() calls per request count (their range in brackets), the "
-            "counts interleaved"
+            "counts interleaved, the draft times means over all their calls"
             if repeats > 1
             else "tok/s: one generate() call per request count"
         )
@@ -446,7 +451,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--engine-json", help=argparse.SUPPRESS)
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
-    parser.add_argument("--requests", default="1,16", help="request counts, each one generate() call (default 1,16)")
+    parser.add_argument(
+        "--requests", default="1,16", help="request counts, each --repeats generate() calls (default 1,16)"
+    )
     parser.add_argument("--shape", choices=("large", "small"), default="large", help=f"large: {LARGE}; small: {SMALL}")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--tp", type=int, default=2, help="tensor-parallel size (default 2: one core per rank)")
@@ -456,8 +463,8 @@ def main(argv=None) -> int:
         "--repeats",
         type=int,
         default=1,
-        help="generate() calls per request count in each engine, the counts interleaved; tok/s is the median "
-        "repeat's (default 1; use an odd count)",
+        help="generate() calls per request count in each engine, the counts interleaved; tok/s is their median, "
+        "the draft times means over all their calls (default 1)",
     )
     parser.add_argument("--breakdown", action="store_true", help="time the draft head's parts in the workers")
     parser.add_argument("--json", metavar="PATH", help="write the results (with the command and the CPU) here")
