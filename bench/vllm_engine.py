@@ -475,9 +475,14 @@ def main(argv=None) -> int:
         return 0
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
-    if bad:
-        parser.error(f"--methods: unknown {bad}; choose from {', '.join(METHODS)}")
-    requests = [int(x) for x in args.requests.split(",")]
+    if bad or not methods:
+        parser.error(f"--methods: {f'unknown {bad}' if bad else 'none given'}; choose from {', '.join(METHODS)}")
+    try:
+        requests = [int(x) for x in args.requests.split(",")]
+    except ValueError:
+        requests = []
+    if not requests or min(requests) < 1:
+        parser.error(f"--requests: comma-separated request counts of at least 1, got {args.requests!r}")
     if args.repeats < 1:
         parser.error(f"--repeats: at least 1, got {args.repeats}")
     from tqdm import tqdm

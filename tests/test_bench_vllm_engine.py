@@ -89,9 +89,22 @@ def test_repeats_show_their_range():
 def test_repeats_below_one_are_refused():
     with pytest.raises(ValueError, match="repeats must be at least 1, got 0"):
         vllm_engine.run_engine("plugin", {}, repeats=0)
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--repeats", "0"], "--repeats: at least 1, got 0"),
+        (["--requests", "1,x"], "--requests: comma-separated request counts of at least 1, got '1,x'"),
+        (["--requests", "0"], "--requests: comma-separated request counts of at least 1, got '0'"),
+        (["--methods", ","], "--methods: none given; choose from none, full-gather"),
+        (["--methods", "plugin,fast"], "--methods: unknown ['fast']"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_engine_starts(argv, says, capsys):
     with pytest.raises(SystemExit) as exit_:
-        vllm_engine.main(["--repeats", "0"])
-    assert exit_.value.code == 2
+        vllm_engine.main(argv)
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
 
 
 class _FakeLLM:
