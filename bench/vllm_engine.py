@@ -133,15 +133,16 @@ def run_engine(
     output_tokens, tokens_per_s, tokens_per_s_each, workers}], "workers":
     [per-worker facts], "start_s"}``: ``tokens_per_s`` is the median of the
     repeats' ``tokens_per_s_each`` (``seconds`` the time it stands for), a
-    run's worker timers and plugin counters summed over its repeats. Raises ValueError for an unknown method or
-    ``repeats`` < 1, RuntimeError with the engine's output tail if it fails or
-    a repeat's tokens differ from the first's."""
+    run's worker timers and plugin counters summed over its repeats. Raises
+    ValueError for an unknown method or ``repeats`` < 1, RuntimeError with the
+    engine's output tail if it fails or a repeat's tokens differ from the
+    first's."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     spec = {"batches": list(batches), "dtype": dtype, "tp": tp, "max_tokens": max_tokens, "num_spec": num_spec}
-    spec["repeats"] = repeats
+    spec.update(repeats=repeats)
     spec.update({"method": method, "paths": paths, "breakdown": list(breakdown)})
     proc = subprocess.run(
         [sys.executable, "-m", "bench.vllm_engine", "--engine-json", json.dumps(spec)],
