@@ -142,8 +142,7 @@ def run_engine(
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     spec = {"batches": list(batches), "dtype": dtype, "tp": tp, "max_tokens": max_tokens, "num_spec": num_spec}
-    spec.update(repeats=repeats)
-    spec.update({"method": method, "paths": paths, "breakdown": list(breakdown)})
+    spec.update({"repeats": repeats, "method": method, "paths": paths, "breakdown": list(breakdown)})
     proc = subprocess.run(
         [sys.executable, "-m", "bench.vllm_engine", "--engine-json", json.dumps(spec)],
         env=engine_env(method != "vllm-local-argmax"),
@@ -205,12 +204,13 @@ def _engine_main(spec: dict) -> dict:
     for batch in spec["batches"]:
         produced = sum(len(t) for t in tokens[str(batch)])
         each = [produced / s for s in seconds[batch]]
+        median = statistics.median(each)
         runs.append(
             {
                 "batch": batch,
-                "seconds": produced / statistics.median(each),
+                "seconds": produced / median,
                 "output_tokens": produced,
-                "tokens_per_s": statistics.median(each),
+                "tokens_per_s": median,
                 "tokens_per_s_each": each,
                 "workers": [_summed(per_rank) for per_rank in zip(*workers[batch])],
             }
