@@ -278,7 +278,13 @@ def main(argv: list[str] | None = None) -> int:
 
     packed = {}
     if "onednn-prepacked" in (args.paths or ""):  # oneDNN's weight reordered once per batch size, as vLLM's CPU linear
-        packed = {int(b): torch.ops.mkldnn._reorder_linear_weight(weight, int(b)) for b in args.batch.split(",")}
+        try:
+            packed = {int(b): torch.ops.mkldnn._reorder_linear_weight(weight, int(b)) for b in args.batch.split(",")}
+        except RuntimeError as e:  # e.g. bf16 on an AVX2-only CPU: oneDNN has no bf16 linear there
+            raise SystemExit(
+                f"--paths onednn-prepacked: oneDNN cannot prepack a {args.dtype} linear weight on this CPU "
+                f"({str(e).splitlines()[0]}); leave it out of --paths"
+            ) from None
 
     rows = []
     for batch in (int(b) for b in args.batch.split(",")):
