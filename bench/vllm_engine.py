@@ -296,8 +296,17 @@ def _read_timers(worker):
 
 def _worker_facts(worker):
     import torch
+    from vllm.distributed import get_tp_group
 
     facts = {"torch threads": torch.get_num_threads()}
+    # the TP group's all-gather: on the CPU vLLM's shared memory (_CPUSHMDistributed) where its extension has the
+    # ops, else torch.distributed; elsewhere the device communicator (none at TP 1)
+    comm = get_tp_group().device_communicator
+    dist = getattr(comm, "dist_module", None)
+    if comm is None or dist is None:
+        facts["tp all-gather"] = type(comm).__name__ if comm is not None else "none"
+    else:
+        facts["tp all-gather"] = getattr(dist, "__name__", type(dist).__name__)
     drafter = _drafter(worker)
     if drafter is not None:
         head = drafter.model.lm_head
@@ -432,7 +441,9 @@ def markdown(report: dict) -> str:
         f"{report['cpu']} "
         f"({', '.join(report['cpu_flags'])}), {report['cores']} cores, vLLM {report['vllm']}, torch {report['torch']}, "
         f"TP {report['tp']} (one core per rank), {report['dtype']}, vocab {shape['vocab']}, draft hidden "
-        f"{shape['draft_hidden']} (head shard {worker.get('draft head shard')}, CPU path {worker.get('cpu path')}), "
+        f"{shape['draft_hidden']} (head shard {worker.get('draft head shard')}, CPU path {worker.get('cpu path')}"
+        + (f", TP all-gather {worker['tp all-gather']}" if "tp all-gather" in worker else "")
+        + "), "
         f"{report['num_spec']} speculative tokens, {report['max_tokens']} output tokens per request; 1-minute load "
         f"{report['load_average_start'][0]:.1f} at the start, {report['load_average_end'][0]:.1f} at the end. "
         f"Tokens equal to {baseline}'s: {', '.join(same) or 'no other method'}"

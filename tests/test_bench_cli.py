@@ -196,6 +196,44 @@ def test_timeout_reaches_init_process_group(monkeypatch):
     assert calls[0]["init_method"] == "tcp://127.0.0.1:12345" and calls[1]["init_method"] == "env://"
 
 
+@pytest.mark.parametrize(
+    "flags, bf16, fp16",
+    [
+        ("fma avx2 f16c", False, False),  # the AVX2-only EPYC
+        ("avx2 avx512f avx512bw avx512_bf16", True, False),  # the AVX-512-BF16 EPYC
+        ("avx2 avx512f avx512bw avx512_bf16 avx512_fp16 amx_tile amx_bf16", True, True),  # the AMX Xeon
+        ("avx2 amx_tile amx_bf16", True, False),
+    ],
+)
+def test_gemm_peak_dtype_needs_its_units(flags, bf16, fp16):
+    from localargmax.bench import kernel
+
+    assert kernel._cpu_has_units(torch.bfloat16, flags) is bf16
+    assert kernel._cpu_has_units(torch.float16, flags) is fp16
+
+
+@pytest.mark.parametrize("units", [False, True])
+def test_gemm_peak_times_the_run_dtype_only_with_its_units(monkeypatch, units):
+    """Without bf16 arithmetic gemm-peak times float32 alone (torch's bf16 GEMM
+    took 1.3 s a call on the AVX2-only EPYC and cannot win); with it, both."""
+    from localargmax.bench import kernel, rival
+
+    timed = []
+    monkeypatch.setattr(kernel, "_cpu_has_units", lambda dtype: units)
+    monkeypatch.setattr(rival, "gemm_shape", lambda device: 64)
+    real = kernel.time_calls
+
+    def spy(fn, buffers, *args):
+        timed.append(buffers[0].dtype)
+        return real(fn, buffers, *args)
+
+    monkeypatch.setattr(kernel, "time_calls", spy)
+    cfg = runner.RunConfig(tp=1, device="cpu", dtype="bfloat16", batches=[1], methods=[], steps=3, warmup=1, threads=1)
+    row = kernel._gemm_peak(cfg, torch.device("cpu"), torch.bfloat16, 1.0, {})
+    assert timed == ([torch.bfloat16, torch.float32] if units else [torch.float32])
+    assert row["gemm_dtype"] in ({"bfloat16", "float32"} if units else {"float32"}) and row["tflops"] > 0
+
+
 def test_kernel_only_smoke_has_gbps(tmp_path):
     _, rows, out = kernel_smoke(tmp_path, "--no-plot")
     assert not out.with_suffix(".png").exists()  # --no-plot

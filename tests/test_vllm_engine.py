@@ -60,23 +60,35 @@ def engines(models):
 
 def test_every_key_bit_survives_each_cpu_route(seed):
     """Adversarial int64 words (halves that read as quiet / signalling NaNs of
-    both signs, infinities, -0.0, denormals) through vLLM's shared-memory
-    all-gather (the plugin's float32 view, as vLLM's own coordinator calls it)
-    and through gloo (int32, float32, int64), word for word at lengths 1 to 2
-    MiB; the shm route refuses int32 (why the plugin views the payload as
-    float32 there)."""
+    both signs, infinities, -0.0, denormals) through vLLM's TP all-gather
+    (``GroupCoordinator.all_gather``: the plugin's view, float32 and int32) and
+    through gloo (int32, float32, int64), word for word at lengths 1 to 2 MiB.
+    Where vLLM's CPU extension has its shared-memory ops (its AVX-512 build) the
+    coordinator takes ``shm_all_gather``, which refuses int32 (why the plugin
+    views the payload as float32 there); where it has none (its AVX2 build, on
+    an AVX2-only CPU) it takes torch.distributed (gloo) and the plugin's view is
+    int32."""
     from tests.support import vllm_routes
     from tests.support.launch import run_ranks
     from tests.support.vllm_common import rank_env
 
     with rank_env():
         results = run_ranks(vllm_routes.worker, 2, seed % 2**31, timeout=300, start_method="spawn")
+    assert len({r["shm ops"] for r in results}) == 1, results
+    shm = results[0]["shm ops"]
+    gloo = ["gloo float32", "gloo int32", "gloo int64"]
     for r in results:
-        assert r["communicator"] == "CpuCommunicator" and r["dist_module"] == "_CPUSHMDistributed", r
-        assert r["payload_dtype"] == "torch.float32", r
+        assert r["communicator"] == "CpuCommunicator", r
+        assert r["dist_module"] == ("_CPUSHMDistributed" if shm else "module"), r  # module: torch.distributed
+        assert r["payload_dtype"] == ("torch.float32" if shm else "torch.int32"), r
         assert r["mismatches"] == {}, r["mismatches"]
-        assert sorted(r["ran"]) == ["gloo float32", "gloo int32", "gloo int64", "plugin", "shm float32"], r
-        assert list(r["refused"]) == ["shm int32"] and "not implemented for 'Int'" in r["refused"]["shm int32"], r
+        if shm:
+            assert sorted(r["ran"]) == ["coordinator float32", *gloo, "plugin"], r
+            assert list(r["refused"]) == ["coordinator int32"], r
+            assert "not implemented for 'Int'" in r["refused"]["coordinator int32"], r
+        else:
+            assert sorted(r["ran"]) == ["coordinator float32", "coordinator int32", *gloo, "plugin"], r
+            assert r["refused"] == {}, r
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -93,9 +105,14 @@ def test_speculative_decoding_with_the_plugin_gives_the_targets_tokens(engines, 
 def test_the_fused_op_serves_every_draft_step_in_every_worker(engines, dtype):
     """In each of the 2 workers and for each generate() call: the plugin is
     active, every draft-head call (``_greedy_sample``) ran the fused op, each
-    fused call exchanged once through ``GroupCoordinator.all_gather`` on vLLM's
-    shared-memory route (float32 view), and nothing fell back."""
+    fused call exchanged once through ``GroupCoordinator.all_gather`` (vLLM's
+    shared-memory route with the float32 view where its CPU extension has it,
+    else torch.distributed with int32: the worker reports which), and nothing
+    fell back."""
     spec = engines["plugin", dtype]
+    routes = {w["tp all-gather"] for w in spec["workers"]}
+    assert routes in ({"_CPUSHMDistributed"}, {"torch.distributed"}), spec["workers"]
+    view = "float32" if routes == {"_CPUSHMDistributed"} else "int32"
     for run in spec["runs"]:
         assert len(run["workers"]) == 2
         for worker in run["workers"]:
@@ -104,7 +121,7 @@ def test_the_fused_op_serves_every_draft_step_in_every_worker(engines, dtype):
             assert worker["plugin active"] and calls > 0, worker
             assert stats == {
                 "fused": calls,
-                "collective: GroupCoordinator.all_gather (CpuCommunicator, float32)": calls,
+                f"collective: GroupCoordinator.all_gather (CpuCommunicator, {view})": calls,
             }, worker
     for worker in engines["none", dtype]["runs"][0]["workers"]:  # loaded, no draft: nothing served
         assert worker["plugin active"] and "draft head calls" not in worker and worker["plugin stats"] == {}, worker

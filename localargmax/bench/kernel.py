@@ -51,6 +51,7 @@ import torch.distributed as dist
 
 from .. import decode_keys, lm_head_argmax, shard_argmax
 from .data import Shape, free_memory, reference_ids
+from .report import cpu_features
 from .runner import DTYPES, SAMPLE_OFFSET, RunConfig, cpu_path_of, free_port
 from .timing import time_cuda
 
@@ -165,15 +166,21 @@ def _gemm_peak(cfg, device, dtype, budget_s, common) -> dict:
     """The ``gemm-peak`` yardstick: a square ``n x n x n`` torch GEMM
     (:func:`rival.gemm_shape`), ``tflops`` = 2·n³ / median. On CUDA in the run
     dtype (the tensor-core rate); on CPU the faster of the run dtype and
-    float32 (torch's bf16 / fp16 GEMM is far slower than its float32 GEMM on
-    CPUs without bf16 instructions, and any kernel can widen to float32 and use
-    the FMA units); ``gemm_dtype`` names the winner."""
+    float32 (any kernel can widen to float32 and use the FMA units), the run
+    dtype only where the CPU has its arithmetic (:func:`_cpu_has_units`):
+    elsewhere torch's bf16 / fp16 GEMM widens to float32 far slower than its
+    float32 GEMM (1.3 s a call at n 1024 on the AVX2-only EPYC) and cannot
+    win. ``gemm_dtype`` names the winner."""
     from .rival import gemm_shape
 
     n = gemm_shape(device)
     cuda = device.type == "cuda"
     best = None
-    for gemm_dtype in [dtype] + ([] if cuda or dtype == torch.float32 else [torch.float32]):
+    if cuda or dtype == torch.float32:
+        gemm_dtypes = [dtype]
+    else:
+        gemm_dtypes = ([dtype] if _cpu_has_units(dtype) else []) + [torch.float32]
+    for gemm_dtype in gemm_dtypes:
         a, b = (torch.randn(n, n, device=device).to(gemm_dtype) for _ in range(2))
         print(f"kernel-only: {n}x{n}x{n} {gemm_dtype} GEMM rate ...", file=sys.stderr)
         times, _ = time_calls(lambda m: m @ b, [a], cfg.steps, cfg.warmup, budget_s, cuda)  # noqa: B023
@@ -190,6 +197,18 @@ def _gemm_peak(cfg, device, dtype, budget_s, common) -> dict:
         if best is None or row["tflops"] > best["tflops"]:
             best = row
     return best
+
+
+def _cpu_has_units(dtype: torch.dtype, flags: str | None = None) -> bool:
+    """Whether this CPU (or one with /proc/cpuinfo ``flags``) has arithmetic
+    for ``dtype`` (bf16: avx512_bf16 or amx_bf16; fp16: avx512_fp16); True
+    where the flags cannot be read."""
+    have = cpu_features(flags)
+    if None in have.values():
+        return True
+    if dtype == torch.bfloat16:
+        return have["avx512_bf16"] or have["amx_bf16"]
+    return have["avx512_fp16"]
 
 
 def _samplers(cfg, compile_baselines: bool, cuda: bool):

@@ -1,6 +1,7 @@
 """The rank body of tests/test_vllm_engine.py's bit test: adversarial int64
 words through every all-gather route vLLM's CPU build takes (its shared-memory
-``shm_all_gather`` and gloo), compared word for word."""
+``shm_all_gather`` where its extension has the shared-memory ops, and gloo),
+compared word for word."""
 
 from __future__ import annotations
 
@@ -52,6 +53,8 @@ def worker(rank: int, world_size: int, seed: int) -> dict:
         coordinator = get_tp_group()
         communicator = coordinator.device_communicator
         out = {
+            # vLLM's AVX-512 extension has the shared-memory ops, its AVX2 one (AVX2-only CPUs) does not
+            "shm ops": hasattr(torch.ops._C, "init_shm_manager"),
             "communicator": type(communicator).__name__,
             "dist_module": type(getattr(communicator, "dist_module", None)).__name__,
             "payload_dtype": str(collective.payload_dtype(communicator)),
@@ -61,8 +64,8 @@ def worker(rank: int, world_size: int, seed: int) -> dict:
         plugin_gather = collective.coordinator_all_gather(coordinator)
         routes = {
             "plugin": plugin_gather,
-            "shm float32": lambda x: coordinator.all_gather(x.view(torch.float32), dim=0),
-            "shm int32": lambda x: coordinator.all_gather(x.view(torch.int32), dim=0),
+            "coordinator float32": lambda x: coordinator.all_gather(x.view(torch.float32), dim=0),
+            "coordinator int32": lambda x: coordinator.all_gather(x.view(torch.int32), dim=0),
         }
         for dtype in (torch.int32, torch.float32, torch.int64):
 
