@@ -259,23 +259,24 @@ def paths_table(docs: list) -> str:
         for r in doc["rows"]:
             cells.setdefault((r["dtype"], r["path"], r["batch"]), []).append(r)
     peak = "fraction_of_fma_peak" in docs[0]["rows"][0]  # bench/cpu_paths.py measures the core's FMA peak too
-    dp = docs[0]["rows"][0].get("fraction_of_dp_peak") is not None  # and, for bf16, its vdpbf16ps peak and stream
+    dp = docs[0]["rows"][0].get("fraction_of_dp_peak") is not None  # and, for bf16, its vdpbf16ps peak
+    stream = docs[0]["rows"][0].get("fraction_of_stream") is not None  # and the stream read of the weight
     head = "| dtype | path | batch | median_us | vs first path | keys = first path's |"
     head += " GFLOP/s | of the FMA peak |" if peak else ""
-    head += " of the vdpbf16ps peak | GB/s | of the stream read |" if dp else ""
+    head += " of the vdpbf16ps peak |" if dp else ""
+    head += " GB/s | of the stream read |" if stream else ""
     amx = docs[0]["rows"][0].get("fraction_of_amx_gemm") is not None  # AMX CPUs: of oneDNN's square GEMM
     head += " of the AMX GEMM |" if amx else ""
-    lines = [head, "|---" * (6 + 2 * peak + 3 * dp + amx) + "|"]
+    lines = [head, "|---" * (6 + 2 * peak + dp + 2 * stream + amx) + "|"]
     for (dtype, path, batch), rows in cells.items():
         us = _cell([r["median_us"] for r in rows]).split(" ")[0]
         extra = ""
         if peak:
             extra = f" {_cell([r['gflops'] for r in rows])} | {_cell([r['fraction_of_fma_peak'] for r in rows])} |"
         if dp:
-            extra += (
-                f" {_cell([r['fraction_of_dp_peak'] for r in rows])} | {_cell([r['gbps'] for r in rows])} "
-                f"| {_cell([r['fraction_of_stream'] for r in rows])} |"
-            )
+            extra += f" {_cell([r['fraction_of_dp_peak'] for r in rows])} |"
+        if stream:
+            extra += f" {_cell([r['gbps'] for r in rows])} | {_cell([r['fraction_of_stream'] for r in rows])} |"
         if amx:
             extra += f" {_cell([r['fraction_of_amx_gemm'] for r in rows])} |"
         lines.append(
